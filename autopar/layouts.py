@@ -1,0 +1,91 @@
+"""The table of layouts: Calculon's 23 execution fields as columns.
+
+A layout table is a ``dict[str, numpy.ndarray]`` with one equal-length column
+per execution field.  Integer fields are int64, flags are bool, and the
+string-valued fields are stored as small integer codes (int8) whose meaning is
+the position of the string in ``CHOICES[field]``.  This is the form the model,
+the enumerator and the searchers exchange; ``to_columns`` / ``to_records``
+convert from and to the JSON form (one dict per execution) that users write.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+
+# Order of Calculon's execution JSON.
+FIELDS: tuple[str, ...] = (
+    "num_procs", "tensor_par", "pipeline_par", "data_par",
+    "tensor_par_net", "pipeline_par_net", "data_par_net",
+    "batch_size", "microbatch_size", "datatype",
+    "fused_activation", "attention_type", "activation_recompute",
+    "pipeline_interleaving", "optimizer_sharding", "tensor_par_comm_type",
+    "tensor_par_overlap", "seq_par_ag_redo", "data_par_overlap",
+    "weight_offload", "activations_offload", "optimizer_offload", "training",
+)
+
+INT_FIELDS = frozenset({
+    "num_procs", "tensor_par", "pipeline_par", "data_par",
+    "tensor_par_net", "pipeline_par_net", "data_par_net",
+    "batch_size", "microbatch_size", "pipeline_interleaving",
+})
+
+BOOL_FIELDS = frozenset({
+    "fused_activation", "optimizer_sharding", "seq_par_ag_redo",
+    "data_par_overlap", "weight_offload", "activations_offload",
+    "optimizer_offload", "training",
+})
+
+# String fields: the code of a value is its index here.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "datatype": ("float8", "float16", "bfloat16", "float32"),
+    "attention_type": ("multihead", "multiquery"),
+    "activation_recompute": ("full", "attn_only", "none"),
+    "tensor_par_comm_type": ("ar", "p2p_rs_ag", "rs_ag"),
+    "tensor_par_overlap": ("none", "ring", "pipe"),
+}
+
+BYTES_PER_ELEMENT = {"float8": 1, "float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def code(field: str, value: str) -> int:
+    """The integer code of a string ``value`` of ``field``."""
+    return CHOICES[field].index(value)
+
+
+def to_columns(records: Iterable[Mapping]) -> dict[str, np.ndarray]:
+    """Execution dicts (already validated) -> a layout table."""
+    records = list(records)
+    cols: dict[str, np.ndarray] = {}
+    for f in FIELDS:
+        vals = [r[f] for r in records]
+        if f in CHOICES:
+            cols[f] = np.array([code(f, v) for v in vals], dtype=np.int8)
+        elif f in BOOL_FIELDS:
+            cols[f] = np.array(vals, dtype=bool)
+        else:
+            cols[f] = np.array(vals, dtype=np.int64)
+    return cols
+
+
+def to_records(cols: Mapping[str, np.ndarray]) -> list[dict]:
+    """A layout table -> execution dicts in Calculon's JSON form."""
+    n = len(next(iter(cols.values())))
+    out = []
+    for i in range(n):
+        out.append(record(cols, i))
+    return out
+
+
+def record(cols: Mapping[str, np.ndarray], i: int) -> dict:
+    """Row ``i`` of a layout table as one Calculon execution dict."""
+    rec = {}
+    for f in FIELDS:
+        v = cols[f][i]
+        if f in CHOICES:
+            rec[f] = CHOICES[f][int(v)]
+        elif f in BOOL_FIELDS:
+            rec[f] = bool(v)
+        else:
+            rec[f] = int(v)
+    return rec
