@@ -89,3 +89,41 @@ def record(cols: Mapping[str, np.ndarray], i: int) -> dict:
         else:
             rec[f] = int(v)
     return rec
+
+
+def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
+    """A pandas DataFrame with the execution fields as columns -> a layout table.
+
+    String fields may hold the names (``"full"``) or the integer codes.  A
+    missing column or an unknown value raises ``SpecError`` naming the column.
+    """
+    from .specs import SpecError
+
+    missing = [f for f in FIELDS if f not in frame.columns]
+    if missing:
+        raise SpecError(source, missing[0], "missing column")
+    cols: dict[str, np.ndarray] = {}
+    for f in FIELDS:
+        s = frame[f]
+        if f in CHOICES:
+            if s.dtype.kind in "iu":
+                v = s.to_numpy()
+                if len(v) and (v.min() < 0 or v.max() >= len(CHOICES[f])):
+                    raise SpecError(source, f, f"code out of range 0..{len(CHOICES[f]) - 1}")
+                cols[f] = v.astype(np.int8)
+            else:
+                mapped = s.map({v: i for i, v in enumerate(CHOICES[f])})
+                if mapped.isna().any():
+                    bad = s[mapped.isna()].iloc[0]
+                    raise SpecError(source, f, f"unknown value {bad!r} "
+                                               f"(one of: {', '.join(CHOICES[f])})")
+                cols[f] = mapped.to_numpy().astype(np.int8)
+        elif f in BOOL_FIELDS:
+            if s.dtype.kind != "b":
+                raise SpecError(source, f, f"expected booleans, got {s.dtype}")
+            cols[f] = s.to_numpy()
+        else:
+            if s.dtype.kind not in "iu":
+                raise SpecError(source, f, f"expected integers, got {s.dtype}")
+            cols[f] = s.to_numpy().astype(np.int64)
+    return cols

@@ -166,22 +166,37 @@ class _Memory:
 
 
 class _Net:
-    """One network tier per row (the tier a parallelism is assigned to)."""
+    """One network tier per row (the tier a parallelism is assigned to).
+
+    Per-tier constants are gathered to rows lazily, on first use.
+    """
 
     def __init__(self, networks, tier: np.ndarray):
-        t = np.clip(tier, 0, len(networks) - 1)
-        col = lambda f: np.array([f(n) for n in networks], dtype=float)[t]
-        self.tier = t
-        self.lat = col(lambda n: n.latency)
-        self.rate = col(lambda n: n.bandwidth * 1e9 * n.efficiency)
-        self.usage = col(lambda n: n.processor_usage)
-        self.scale = {op: col(lambda n, op=op: n.ops[op][0]) for op in _OPS}
-        self.offset = {op: col(lambda n, op=op: n.ops[op][1] or 0.0) for op in _OPS}
+        self.tier = np.clip(tier, 0, len(networks) - 1)
+        self._nets = networks
+        self._cache: dict = {}
+
+    def _col(self, name, f):
+        if name not in self._cache:
+            per_tier = np.array([f(n) for n in self._nets], dtype=float)
+            self._cache[name] = per_tier[self.tier]
+        return self._cache[name]
+
+    @property
+    def usage(self):
+        return self._col("usage", lambda n: n.processor_usage)
 
     def time(self, op: str, nbytes, peers) -> np.ndarray:
-        size = nbytes * self.scale[op]
-        size = size + size / peers * self.offset[op]
-        return self.lat + size / self.rate
+        lat = self._col("lat", lambda n: n.latency)
+        rate = self._col("rate", lambda n: n.bandwidth * 1e9 * n.efficiency)
+        scale = self.scale(op)
+        offset = self._col("off_" + op, lambda n: n.ops[op][1] or 0.0)
+        size = nbytes * scale
+        size = size + size / peers * offset
+        return lat + size / rate
+
+    def scale(self, op: str):
+        return self._col("scale_" + op, lambda n: n.ops[op][0])
 
 
 # ----------------------------------------------------------------------------
@@ -558,7 +573,95 @@ def _block(ctx: _Ctx, c: dict):
         (_dropout(ctx, ap, recompute=rf), True),
         (_residual(ctx, ap, ap, recompute=rf, stored=False, reused=True), True),
     ]
-    return _accumulate(ctx, c, seq, rf), dict(B=B, A=A, As=As, rf=rf)
+    return _accumulate(ctx, c, seq, rf)
+
+
+def _sizes(ctx: _Ctx, c: dict) -> dict:
+    """Activation sizes (elements) of one micro-batch and the recompute flag."""
+    B = c["microbatch_size"].astype(float) * ctx.m.seq_size
+    A = B * ctx.m.hidden
+    As = np.floor_divide(B, ctx.t) * ctx.m.hidden
+    rf = c["activation_recompute"] == CHOICES["activation_recompute"].index("full")
+    return dict(B=B, A=A, As=As, rf=rf)
+
+
+# Columns the per-block statistics depend on.
+_BLOCK_FIELDS = ("datatype", "tensor_par", "microbatch_size", "activation_recompute",
+                 "tensor_par_comm_type", "tensor_par_overlap", "seq_par_ag_redo",
+                 "fused_activation", "attention_type", "training", "tensor_par_net",
+                 "optimizer_sharding", "data_par")
+_OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
+               "optim_time")
+
+
+def _pack(parts) -> np.ndarray:
+    """One int64 key per row from (column, radix) pairs (mixed radix)."""
+    key = np.zeros(len(parts[0][0]), dtype=np.int64)
+    for col, radix in parts:
+        key = key * radix + col
+    return key
+
+
+def _compact(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """Small non-negative codes for an integer column, and their radix."""
+    hi = int(col.max()) + 1 if len(col) else 1
+    if hi <= 1 << 20:
+        return col, hi
+    _, inv = np.unique(col, return_inverse=True)
+    return inv, int(inv.max()) + 1
+
+
+class _Blocks:
+    """Per-block sums for every row, computed once per distinct block.
+
+    The block depends on a handful of columns; most layouts of a search share
+    their block with many others, so it is evaluated on the distinct keys and
+    gathered back.  Optimizer sharding only divides footprints (exactly) and
+    changes the optimizer step, which is evaluated on its own smaller key.
+    """
+
+    def __init__(self, model, system, c: dict, uniq_dt):
+        t = c["tensor_par"]
+        tpnet = np.where(t > 1, c["tensor_par_net"], 0)
+        tp_code, tp_rad = _compact(t)
+        mbs_code, mbs_rad = _compact(c["microbatch_size"])
+        key1 = _pack([(c["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
+                      (mbs_code, mbs_rad), (c["activation_recompute"].astype(np.int64), 3),
+                      (c["tensor_par_comm_type"].astype(np.int64), 3),
+                      (c["tensor_par_overlap"].astype(np.int64), 3),
+                      (c["seq_par_ag_redo"].astype(np.int64), 2),
+                      (c["fused_activation"].astype(np.int64), 2),
+                      (c["attention_type"].astype(np.int64), 2),
+                      (c["training"].astype(np.int64), 2), (tpnet, MAX_TIERS)])
+        _, idx1, inv1 = np.unique(key1, return_index=True, return_inverse=True)
+        sub = {f: c[f][idx1] for f in _BLOCK_FIELDS}
+        sub["tensor_par_net"] = tpnet[idx1]
+        sub["optimizer_sharding"] = np.zeros(len(idx1), dtype=bool)
+        sub["data_par"] = np.ones(len(idx1), dtype=np.int64)
+        k1 = _block(_Ctx(model, system, sub, uniq_dt), sub)
+
+        shard = np.where(c["optimizer_sharding"], c["data_par"], 1)
+        sh_code, sh_rad = _compact(shard)
+        key2 = _pack([(c["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
+                      (c["attention_type"].astype(np.int64), 2),
+                      ((c["tensor_par_overlap"] != 0).astype(np.int64), 2),
+                      (c["training"].astype(np.int64), 2), (sh_code, sh_rad)])
+        _, idx2, inv2 = np.unique(key2, return_index=True, return_inverse=True)
+        sub2 = {f: c[f][idx2] for f in _BLOCK_FIELDS}
+        k2 = _block(_Ctx(model, system, sub2, uniq_dt), sub2)
+        self.k1, self.inv1 = k1, inv1
+        self.k2, self.inv2 = k2, inv2
+        self.shard = shard
+
+    def rows(self, sl: slice) -> dict:
+        """Per-block sums for the rows ``sl``."""
+        i1, i2 = self.inv1[sl], self.inv2[sl]
+        k = {name: v[i1] for name, v in self.k1.items() if name not in _OPTIM_SUMS}
+        for name in _OPTIM_SUMS:
+            k[name] = self.k2[name][i2]
+        k["wgrad_space"] = k["wgrad_space"] / self.shard[sl]
+        k["optimizer_space"] = k["optimizer_space"] / self.shard[sl]
+        return k
 
 
 _SUMS = (
@@ -635,7 +738,7 @@ def _accumulate(ctx: _Ctx, c: dict, seq, rf) -> dict:
         add("optim_mem", L["mem_optim"], pt)
         add("optim_mem_time", L["mt_optim"], pt)
         add("optim_time", L["pt_optim"], pt)
-        add("useful_bw", L["agrad"] + L["wgrad"] + L["optim_flops"], pt)
+        add("useful_bw", L["agrad"] + L["wgrad"], pt)
         acc["tp_bw_req"] = np.maximum(acc["tp_bw_req"], np.where(pt, L["req_agrad"], 0.0))
         add("weight_space", L["weight_b"])
         add("act_working", L["act_b"], p & ~L["reused"])
@@ -654,6 +757,7 @@ def _accumulate(ctx: _Ctx, c: dict, seq, rf) -> dict:
 # Batch level: pipeline schedule, bubbles, DP communication, offload, memory.
 
 def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
+    """Whole-batch statistics per row from the per-block sums ``k``."""
     tr = ctx.training
     nb = ctx.m.num_blocks
     t, pp, dp = ctx.t, c["pipeline_par"], c["data_par"]
@@ -773,8 +877,8 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
         osh, dp_net.time("reduce_scatter", block_dp_size, dpeers)
         + dp_net.time("all_gather", block_dp_size, dpeers),
         dp_net.time("all_reduce", block_dp_size, dpeers)), 0.0)
-    op_scale = np.where(osh, dp_net.scale["reduce_scatter"] + dp_net.scale["all_gather"],
-                        dp_net.scale["all_reduce"])
+    op_scale = np.where(osh, dp_net.scale("reduce_scatter") + dp_net.scale("all_gather"),
+                        dp_net.scale("all_reduce"))
     usage = dp_net.usage
     n_ovl = ppint - 1
     last_size = bpc - 1
@@ -889,7 +993,7 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     S["proc_mem_tier1_cap_req"] = tier1
     S["proc_mem_tier2_cap_req"] = tier2
 
-    useful = k["useful_fw"] + k["useful_bw"]
+    useful = k["useful_fw"] + k["useful_bw"] + k["optim_flops"]
     compute_time = fw_time + bw_time + optim_time
     perfect = mult * useful / ctx.matrix.peak
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -988,49 +1092,99 @@ def _normalize(cols: Mapping) -> dict:
     return c
 
 
-def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping) -> dict:
+CHUNK = 1 << 14
+_MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
+
+
+def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
+                     stats=None) -> dict:
     """Every statistic for every layout of ``cols`` (a layout table).
 
-    Returns a dict of columns: each name of ``STATS`` (NaN where the layout
-    cannot run), ``feasible`` (bool) and ``reason_code`` (index in REASONS).
+    Returns a dict of columns: each name of ``STATS`` (or of ``stats``, a
+    subset, when given; NaN where the layout cannot run, except that a layout
+    that fails on memory capacity keeps its two ``proc_mem_tier*_cap_req``
+    requirements), ``feasible`` (bool) and ``reason_code`` (index in REASONS).  The block is evaluated once per
+    distinct block; the batch level runs in chunks that stay in cache.
     """
+    names = STATS if stats is None else tuple(stats)
+    unknown = [x for x in names if x not in STATS]
+    if unknown:
+        raise ValueError(f"unknown statistics: {', '.join(unknown)}")
     c = _normalize(cols)
     n = len(c["tensor_par"])
     code, dts = _reasons(model, system, c)
     ok = code == 0
-    # Compute on safe values everywhere; invalid rows are masked afterwards.
-    safe = dict(c)
+    out: dict = {}
+    if n and dts and ok.any():
+        safe = _safe(c, ok, dts)
+        uniq = sorted(set(np.unique(safe["datatype"]).tolist()))
+        for name in names:
+            out[name] = np.empty(n)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            blocks = _Blocks(model, system, safe, uniq)
+            for i in range(0, n, CHUNK):
+                sl = slice(i, min(i + CHUNK, n))
+                cs = {f: v[sl] for f, v in safe.items()}
+                ctx = _Ctx(model, system, cs, uniq)
+                S = _batch(ctx, cs, blocks.rows(sl), _sizes(ctx, cs), system)
+                cc = code[sl]
+                cc[(cc == 0) & (S["proc_mem_tier1_cap_req"] > S["_mem1_cap"])] = \
+                    _R["infeasible: mem tier1 capacity exceeded"]
+                cc[(cc == 0) & (S["proc_mem_tier2_cap_req"] > S["_mem2_cap"])] = \
+                    _R["infeasible: mem tier2 capacity exceeded"]
+                bad = cc != 0
+                # A layout that fails only on memory keeps its requirements,
+                # so that the reason can say how much it needs.
+                short = (cc == _R["infeasible: mem tier1 capacity exceeded"]) | \
+                        (cc == _R["infeasible: mem tier2 capacity exceeded"])
+                for name in names:
+                    o = out[name][sl]
+                    o[...] = S[name]
+                    o[(bad & ~short) if name in _MEM_REQ else bad] = np.nan
+    else:
+        for name in names:
+            out[name] = np.full(n, np.nan)
+    out["feasible"] = code == 0
+    out["reason_code"] = code
+    return out
+
+
+def _safe(c: dict, ok: np.ndarray, dts: list) -> dict:
+    """Columns with harmless stand-ins on invalid rows (masked afterwards)."""
+    safe = {}
     for f in ("tensor_par", "pipeline_par", "data_par", "microbatch_size",
               "pipeline_interleaving", "batch_size", "num_procs"):
         safe[f] = np.where(ok, c[f], 1).astype(np.int64)
     for f in ("tensor_par_net", "pipeline_par_net", "data_par_net"):
         safe[f] = np.where(ok, c[f], 0).astype(np.int64)
-    safe["datatype"] = np.where(ok, c["datatype"], dts[0] if dts else 0).astype(np.int8)
-    safe["training"] = c["training"].astype(bool)
+    safe["datatype"] = np.where(ok, c["datatype"], dts[0]).astype(np.int8)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
-              "optimizer_offload"):
+              "optimizer_offload", "training"):
         safe[f] = c[f].astype(bool)
     for f in ("attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap"):
         safe[f] = c[f].astype(np.int8)
-    out: dict = {}
-    if n and dts and ok.any():
-        uniq = sorted(set(np.unique(safe["datatype"]).tolist()))
-        ctx = _Ctx(model, system, safe, uniq)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            k, x = _block(ctx, safe)
-            S = _batch(ctx, safe, k, x, system)
-        code[(code == 0) & (S["proc_mem_tier1_cap_req"] > S["_mem1_cap"])] = \
-            _R["infeasible: mem tier1 capacity exceeded"]
-        code[(code == 0) & (S["proc_mem_tier2_cap_req"] > S["_mem2_cap"])] = \
-            _R["infeasible: mem tier2 capacity exceeded"]
-        ok = code == 0
-        for name in STATS:
-            out[name] = np.where(ok, np.broadcast_to(S[name], (n,)), np.nan)
-    else:
-        for name in STATS:
-            out[name] = np.full(n, np.nan)
-    out["feasible"] = code == 0
-    out["reason_code"] = code
-    return out
+    return safe
+
+
+def reason_text(out: Mapping, system: SystemSpec) -> list[str]:
+    """One reason string per row of an ``evaluate_columns`` result.
+
+    Memory failures say how much is needed against the tier's capacity.
+    """
+    codes = out["reason_code"]
+    texts = []
+    for i, code in enumerate(codes):
+        code = int(code)
+        if code in (_R["infeasible: mem tier1 capacity exceeded"],
+                    _R["infeasible: mem tier2 capacity exceeded"]):
+            tier = 1 if code == _R["infeasible: mem tier1 capacity exceeded"] else 2
+            need = out.get(f"proc_mem_tier{tier}_cap_req")
+            mem = system.mem1 if tier == 1 else system.mem2
+            if need is not None:
+                texts.append(f"infeasible: mem tier{tier} needs {need[i] / 1024**3:.2f} GiB "
+                             f"but has {mem.GiB:g} GiB")
+                continue
+        texts.append(REASONS[code])
+    return texts
