@@ -1,0 +1,52 @@
+"""The ``autopar`` command line.
+
+One subcommand per module named in ``COMMANDS``; each module defines
+``register(subparsers)``, which adds its parser and sets ``func=run`` where
+``run(args) -> int`` returns the exit code.  Command modules are imported
+when the parser is built, so they must import heavy dependencies (ray,
+optuna, pandas) inside ``run``, not at module level.
+
+Exit codes: 0 success, 1 the command ran but the answer is negative (e.g. an
+infeasible layout), 2 bad input (one line naming the file and the field),
+130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from autopar.specs import SpecError
+
+COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autopar",
+        description="Plan large-model training layouts with an analytical "
+                    "performance model (Calculon's method).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"autopar.cli.{name}").register(sub)
+    return parser
+
+
+def error_line(err: SpecError) -> str:
+    """The one line printed for bad input."""
+    text = f"autopar: error: {err.source}: {err.field}: {err.message}"
+    return " ".join(text.split())   # never more than one line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SpecError as err:
+        print(error_line(err), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autopar: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,6 @@
+"""``python -m autopar.cli ...`` runs the ``autopar`` command."""
+import sys
+
+from autopar.cli import main
+
+sys.exit(main())

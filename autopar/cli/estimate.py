@@ -1,0 +1,178 @@
+"""``autopar estimate MODEL SYSTEM EXECUTION [--json]``: one layout, explained.
+
+Predicts the batch time, memory and efficiency of one execution of one model
+on one system.  Exit 0 when the layout can run, 1 when it cannot (the reason
+on one line), 2 on bad input.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from autopar.specs import load_execution, load_model, load_system
+
+GiB = 1024 ** 3
+
+# (label, stats summed); the lines add up to total_time
+TIME_ROWS = (
+    ("forward", ("fw_time",)),
+    ("backward", ("bw_time",)),
+    ("recompute", ("recompute_time", "recomm_exposed_time")),
+    ("optimizer step", ("optim_step_time",)),
+    ("pipeline bubble", ("bubble_time",)),
+    ("TP comm exposed", ("tp_comm_exposed_time",)),
+    ("PP comm exposed", ("pp_comm_exposed_time",)),
+    ("DP comm exposed", ("dp_comm_exposed_time",)),
+    ("offload exposed", ("fw_offload_exposed_time", "bw_offload_exposed_time")),
+)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "estimate", help="predict time and memory of one layout",
+        description="Predict batch time, memory per tier and efficiency of one "
+                    "execution (Calculon JSON files). Exit 0 when the layout can "
+                    "run, 1 when it is invalid or infeasible (the reason on one "
+                    "line), 2 on bad input.")
+    p.add_argument("model", help="model (application) JSON file")
+    p.add_argument("system", help="system JSON file")
+    p.add_argument("execution", help="execution JSON file (Calculon's 23 fields)")
+    p.add_argument("--json", action="store_true",
+                   help="print the statistics as one JSON object")
+    p.set_defaults(func=run)
+
+
+def estimate(model, system, execution) -> dict:
+    """Evaluate one execution: {'feasible', 'reason', <every stat>}."""
+    from autopar import model as perf
+    from autopar.layouts import to_columns
+
+    res = perf.evaluate_columns(model, system, to_columns([execution]))
+    out = {"feasible": bool(res["feasible"][0]),
+           "reason": perf.REASONS[int(res["reason_code"][0])]}
+    for k in perf.STATS:
+        out[k] = _plain(res[k][0])
+    return out
+
+
+def _plain(v):
+    """A numpy scalar as a JSON value (NaN and infinities become null)."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def run(args) -> int:
+    model = load_model(args.model)
+    system = load_system(args.system)
+    execution = load_execution(args.execution, system=system)
+    result = estimate(model, system, execution)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif result["feasible"]:
+        print(report(model, system, execution, result))
+    else:
+        print(result["reason"])
+    return 0 if result["feasible"] else 1
+
+
+def _get(stats: dict, key: str) -> float:
+    v = stats.get(key)
+    return float(v) if v is not None else float("nan")
+
+
+def memory_rows(model, execution, stats: dict) -> list[tuple[str, float, float]]:
+    """(label, bytes in tier 1, bytes in tier 2) per kind of data.
+
+    The ``*_with_offload`` statistics are what stays in tier 1 when that kind
+    of data is offloaded; the plain ones are its full size (Calculon's
+    convention).  The rows add up to the tier requirements.  A missing (null)
+    statistic counts as 0: Calculon reports no checkpoint size in inference.
+    """
+    e = execution
+
+    def g(key: str) -> float:
+        v = stats.get(key)
+        return 0.0 if v is None else float(v)
+
+    full_recompute = e["activation_recompute"] == "full"
+    rows = []
+    if e["weight_offload"]:
+        rows.append(("weights", g("weight_space_with_offload"), g("weight_space")))
+    else:
+        rows.append(("weights", g("weight_space"), 0.0))
+    if e["activations_offload"]:
+        rows.append(("activations", g("act_space_with_offload"),
+                     0.0 if full_recompute else g("act_space")))
+        rows.append(("act checkpoints", g("act_checkpoint_size_with_offload"),
+                     g("act_checkpoint_size") if full_recompute else 0.0))
+    else:
+        rows.append(("activations", g("act_space"), 0.0))
+        rows.append(("act checkpoints", g("act_checkpoint_size"), 0.0))
+    if e["optimizer_offload"]:
+        blocks_per_proc = model.num_blocks / e["pipeline_par"]
+        rows.append(("weight grads", g("weight_grad_space_with_offload"),
+                     g("block_weight_grad_space") * blocks_per_proc))
+        rows.append(("optimizer", g("optimizer_space_with_offload"), g("optimizer_space")))
+    else:
+        rows.append(("weight grads", g("weight_grad_space"), 0.0))
+        rows.append(("optimizer", g("optimizer_space"), 0.0))
+    rows.append(("act grads", g("act_grad_space"), 0.0))
+    return rows
+
+
+def report(model, system, execution, stats: dict) -> str:
+    """A readable report of one evaluated layout."""
+    e = execution
+    lines = []
+    add = lines.append
+    add(f"model   {model.name or model.source}: {model.num_blocks} blocks, hidden "
+        f"{model.hidden}, feedforward {model.feedforward}, {model.attn_heads} heads x "
+        f"{model.attn_size}, seq {model.seq_size}"
+        + (f", {model.block} block" if model.block != "gpt" else "")
+        + (f", {model.kv_heads} kv heads" if model.kv_heads else ""))
+    add(f"system  {system.name or system.source}: {system.processing_mode}, "
+        f"{len(system.networks)} network tiers, mem1 {system.mem1.GiB:g} GiB, "
+        f"mem2 {system.mem2.GiB:g} GiB")
+    add(f"layout  {e['num_procs']} procs = TP {e['tensor_par']} (net {e['tensor_par_net']})"
+        f" x PP {e['pipeline_par']} (net {e['pipeline_par_net']})"
+        f" x DP {e['data_par']} (net {e['data_par_net']}); batch {e['batch_size']},"
+        f" microbatch {e['microbatch_size']}, {e['datatype']}"
+        f"{'' if e['training'] else ', inference'}")
+    flags = [f"recompute={e['activation_recompute']}",
+             f"attention={e['attention_type']}",
+             f"interleaving={e['pipeline_interleaving']}",
+             f"tp_comm={e['tensor_par_comm_type']}",
+             f"tp_overlap={e['tensor_par_overlap']}"]
+    flags += [f for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
+                          "data_par_overlap", "weight_offload", "activations_offload",
+                          "optimizer_offload") if e[f]]
+    add("        " + ", ".join(flags))
+
+    add("")
+    add(f"{'memory per processor (GiB)':<28}{'tier 1':>12}{'tier 2':>12}")
+    for label, t1, t2 in memory_rows(model, e, stats):
+        add(f"  {label:<26}{t1 / GiB:>12.2f}{t2 / GiB:>12.2f}")
+    add(f"  {'requirement':<26}{_get(stats, 'proc_mem_tier1_cap_req') / GiB:>12.2f}"
+        f"{_get(stats, 'proc_mem_tier2_cap_req') / GiB:>12.2f}")
+    add(f"  {'capacity':<26}{system.mem1.GiB:>12.2f}{system.mem2.GiB:>12.2f}")
+
+    total = _get(stats, "total_time")
+    add("")
+    add(f"{'time per batch (s)':<28}{'seconds':>12}{'share':>12}")
+    for label, keys in TIME_ROWS:
+        t = sum(_get(stats, k) for k in keys)
+        share = t / total * 100 if total > 0 else float("nan")
+        add(f"  {label:<26}{t:>12.4f}{share:>11.1f}%")
+    add(f"  {'total':<26}{total:>12.4f}{100.0:>11.1f}%")
+
+    add("")
+    add(f"efficiency   compute {_get(stats, 'compute_efficiency') * 100:.2f}%, system "
+        f"{_get(stats, 'system_efficiency') * 100:.2f}%, total "
+        f"{_get(stats, 'total_efficiency') * 100:.2f}%")
+    rate = _get(stats, "sample_rate")
+    add(f"sample rate  {rate:.4g} samples/s ({rate * model.seq_size:.4g} tokens/s)")
+    return "\n".join(lines)
+

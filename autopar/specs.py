@@ -1,0 +1,496 @@
+"""Typed specs: the model (application), the system and the execution.
+
+The three inputs are read in Calculon's JSON formats, unchanged:
+
+* model ("application"): ``hidden, feedforward, seq_size, attn_heads,
+  attn_size, num_blocks``; optional extension keys ``block`` ("gpt" |
+  "llama"), ``kv_heads``, ``vocab_size``, ``name`` and ``description``.
+* system: ``matrix, vector, mem1, mem2, processing_mode, networks``; optional
+  top-level ``name`` and ``description`` strings.
+* execution: exactly Calculon's 23 fields (``autopar.layouts.FIELDS``).
+
+Every value is checked here, once, and any problem raises ``SpecError(source,
+field, message)`` naming the file (or "dict") and a dotted field path such as
+``networks[1].ops.all_reduce``.  Rules that tie several execution fields
+together (tensor*pipeline*data == num_procs, divisibility, options that need
+others) are the model's business: it reports them as "invalid: ..." results.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from autopar.layouts import BOOL_FIELDS, CHOICES, FIELDS, INT_FIELDS
+
+
+class SpecError(ValueError):
+    """Bad input: names the file (or 'dict') and the field."""
+
+    def __init__(self, source: str, field: str, message: str):
+        self.source, self.field, self.message = source, field, message
+        super().__init__(f"{source}: {field}: {message}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    hidden: int
+    feedforward: int
+    seq_size: int
+    attn_heads: int
+    attn_size: int
+    num_blocks: int
+    # Extensions (all optional; defaults keep Calculon's meaning).
+    block: str = "gpt"            # "gpt" | "llama"
+    kv_heads: int | None = None   # None: as attention_type says (multihead/multiquery)
+    vocab_size: int = 0           # 0: embeddings/output layer not modelled (as Calculon)
+    name: str = ""
+    source: str = "dict"
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ProcessorSpec:
+    tflops: float
+    # ((gflops_threshold, efficiency), ...) in the file's (descending) order
+    gflops_efficiency: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    GiB: float
+    GBps: float
+    MB_efficiency: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    bandwidth: float          # GB/s
+    efficiency: float
+    size: int
+    latency: float            # s
+    ops: dict                 # op -> (scale, offset); offset 0.0 for p2p (null in JSON)
+    must_be_filled: bool
+    processor_usage: float
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    matrix: dict              # datatype -> ProcessorSpec
+    vector: dict              # datatype -> ProcessorSpec
+    mem1: MemorySpec
+    mem2: MemorySpec
+    processing_mode: str      # "roofline" | "no_overlap"
+    networks: tuple           # tuple[NetworkSpec, ...]
+    name: str = ""
+    source: str = "dict"
+    description: str = ""
+
+    @property
+    def datatypes(self) -> tuple[str, ...]:
+        """Datatypes the system can run: listed in both matrix and vector."""
+        return tuple(d for d in CHOICES["datatype"]
+                     if d in self.matrix and d in self.vector)
+
+
+MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
+              "num_blocks")
+MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "name", "description")
+BLOCK_TYPES = ("gpt", "llama")
+SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks")
+SYSTEM_EXTENSION_KEYS = ("name", "description")
+PROCESSING_MODES = ("roofline", "no_overlap")
+NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
+                "must_be_filled", "processor_usage")
+NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
+# Execution integer fields that count things (>= 1); the *_net tiers are >= 0.
+_COUNT_FIELDS = INT_FIELDS - {"tensor_par_net", "pipeline_par_net", "data_par_net"}
+
+
+# --------------------------------------------------------------------------
+# Reading files
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
+def _unique_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Parse a JSON (or .json.gz) file; SpecError on any problem."""
+    source = str(path)
+    p = Path(path)
+    try:
+        if p.suffix == ".gz":
+            with gzip.open(p, "rt", encoding="utf-8") as fh:
+                text = fh.read()
+        else:
+            text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(source, "(file)", "no such file") from None
+    except IsADirectoryError:
+        raise SpecError(source, "(file)", "is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(source, "(file)", f"cannot read: {e}") from None
+    try:
+        return json.loads(text, parse_constant=_no_constants,
+                          object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        raise SpecError(source, "(file)",
+                        f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
+                        ) from None
+    except ValueError as e:
+        raise SpecError(source, "(file)", f"invalid JSON: {e}") from None
+
+
+def _open(path_or_dict, source: str | None, what: str) -> tuple[dict, str]:
+    if isinstance(path_or_dict, Mapping):
+        return dict(path_or_dict), source or "dict"
+    if isinstance(path_or_dict, (str, os.PathLike)):
+        data, src = read_json(path_or_dict), source or str(path_or_dict)
+        if not isinstance(data, dict):
+            raise SpecError(src, "(root)",
+                            f"expected a JSON object ({what}), got {_kind(data)}")
+        return data, src
+    raise SpecError(source or "dict", "(root)",
+                    f"expected a file path or an object ({what}), got {_kind(path_or_dict)}")
+
+
+# --------------------------------------------------------------------------
+# Field checks
+
+def _kind(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, (list, tuple)):
+        return "a list"
+    if isinstance(v, Mapping):
+        return "an object"
+    return type(v).__name__
+
+
+class _Checker:
+    """Typed getters that raise SpecError naming ``source`` and the field."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, field: str, message: str):
+        raise SpecError(self.source, field, message)
+
+    def keys(self, obj, path: str, required, optional=()):
+        if not isinstance(obj, Mapping):
+            self.fail(path or "(root)", f"expected an object, got {_kind(obj)}")
+        prefix = f"{path}." if path else ""
+        for k in obj:
+            if k not in required and k not in optional:
+                allowed = ", ".join(list(required) + list(optional))
+                self.fail(f"{prefix}{k}", f"unknown key (expected: {allowed})")
+        for k in required:
+            if k not in obj:
+                self.fail(f"{prefix}{k}", "missing key")
+
+    def int(self, v, field: str, minimum: int | None = None) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.fail(field, f"expected an integer, got {_kind(v)} {_show(v)}")
+        if minimum is not None and v < minimum:
+            self.fail(field, f"must be >= {minimum}, got {v}")
+        return int(v)
+
+    def number(self, v, field: str) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            self.fail(field, f"expected a number, got {_kind(v)} {_show(v)}")
+        if not math.isfinite(v):
+            self.fail(field, f"must be finite, got {v}")
+        return float(v)
+
+    def positive(self, v, field: str) -> float:
+        x = self.number(v, field)
+        if x <= 0:
+            self.fail(field, f"must be > 0, got {_show(v)}")
+        return x
+
+    def efficiency(self, v, field: str) -> float:
+        x = self.number(v, field)
+        if not 0 < x <= 1:
+            self.fail(field, f"efficiency must be in (0, 1], got {_show(v)}")
+        return x
+
+    def bool(self, v, field: str) -> bool:
+        if not isinstance(v, bool):
+            self.fail(field, f"expected true or false, got {_kind(v)} {_show(v)}")
+        return v
+
+    def str(self, v, field: str) -> str:
+        if not isinstance(v, str):
+            self.fail(field, f"expected a string, got {_kind(v)} {_show(v)}")
+        return v
+
+    def choice(self, v, field: str, choices) -> str:
+        self.str(v, field)
+        if v not in choices:
+            self.fail(field, f"unknown value {v!r} (expected one of: {', '.join(choices)})")
+        return v
+
+    def table(self, v, field: str, unit: str) -> tuple[tuple[float, float], ...]:
+        """An efficiency table: [[threshold, efficiency], ...], thresholds
+        strictly descending and ending at 0 so every size is covered."""
+        if not isinstance(v, list) or not v:
+            self.fail(field, f"expected a non-empty list of [{unit}, efficiency] pairs, "
+                             f"got {_kind(v)}")
+        rows = []
+        for i, row in enumerate(v):
+            f = f"{field}[{i}]"
+            if not isinstance(row, list) or len(row) != 2:
+                self.fail(f, f"expected a [{unit}, efficiency] pair, got {_show(row)}")
+            t = self.number(row[0], f)
+            if t < 0:
+                self.fail(f, f"{unit} threshold must be >= 0, got {_show(row[0])}")
+            e = self.efficiency(row[1], f)
+            if rows and t >= rows[-1][0]:
+                self.fail(f, f"{unit} thresholds must be strictly descending "
+                             f"({_show(row[0])} after {_show(v[i - 1][0])})")
+            rows.append((t, e))
+        if rows[-1][0] != 0:
+            self.fail(f"{field}[{len(rows) - 1}]",
+                      f"the last {unit} threshold must be 0 so that every size is "
+                      f"covered, got {_show(v[-1][0])}")
+        return tuple(rows)
+
+
+def _show(v) -> str:
+    s = json.dumps(v, default=repr) if not isinstance(v, float) or math.isfinite(v) else str(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+# --------------------------------------------------------------------------
+# Model
+
+def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
+    """A model ("application") file or dict -> ModelSpec."""
+    if isinstance(path_or_dict, ModelSpec):
+        return path_or_dict
+    data, src = _open(path_or_dict, source, "a model")
+    c = _Checker(src)
+    c.keys(data, "", MODEL_KEYS, MODEL_EXTENSION_KEYS)
+    vals = {k: c.int(data[k], k, minimum=1) for k in MODEL_KEYS}
+    block = c.choice(data.get("block", "gpt"), "block", BLOCK_TYPES)
+    kv_heads = None
+    if data.get("kv_heads") is not None:
+        kv_heads = c.int(data["kv_heads"], "kv_heads", minimum=1)
+        if vals["attn_heads"] % kv_heads:
+            c.fail("kv_heads", f"must divide attn_heads ({vals['attn_heads']}), got {kv_heads}")
+    vocab = c.int(data.get("vocab_size", 0), "vocab_size", minimum=0)
+    if "name" in data:
+        name = c.str(data["name"], "name")
+    else:
+        name = _stem(path_or_dict)
+    desc = c.str(data.get("description", ""), "description")
+    return ModelSpec(**vals, block=block, kv_heads=kv_heads, vocab_size=vocab,
+                     name=name, source=src, description=desc)
+
+
+def model_to_json(model: ModelSpec) -> dict:
+    """ModelSpec -> Calculon application dict (extension keys only when set)."""
+    out = {k: getattr(model, k) for k in MODEL_KEYS}
+    if model.block != "gpt":
+        out["block"] = model.block
+    if model.kv_heads is not None:
+        out["kv_heads"] = model.kv_heads
+    if model.vocab_size:
+        out["vocab_size"] = model.vocab_size
+    if model.name:
+        out["name"] = model.name
+    if model.description:
+        out["description"] = model.description
+    return out
+
+
+def _stem(path_or_dict) -> str:
+    if isinstance(path_or_dict, (str, os.PathLike)):
+        name = Path(path_or_dict).name
+        for suffix in (".gz", ".json"):
+            name = name.removesuffix(suffix)
+        return name
+    return ""
+
+
+# --------------------------------------------------------------------------
+# System
+
+def _processor(c: _Checker, v, path: str) -> dict:
+    if not isinstance(v, Mapping):
+        c.fail(path, f"expected an object of datatypes, got {_kind(v)}")
+    if not v:
+        c.fail(path, "lists no datatype")
+    out = {}
+    for dt, spec in v.items():
+        f = f"{path}.{dt}"
+        if dt not in CHOICES["datatype"]:
+            c.fail(f, f"unknown datatype (expected one of: {', '.join(CHOICES['datatype'])})")
+        c.keys(spec, f, ("tflops", "gflops_efficiency"))
+        out[dt] = ProcessorSpec(
+            tflops=c.positive(spec["tflops"], f"{f}.tflops"),
+            gflops_efficiency=c.table(spec["gflops_efficiency"],
+                                      f"{f}.gflops_efficiency", "GFLOP"))
+    return out
+
+
+def _memory(c: _Checker, v, path: str) -> MemorySpec:
+    c.keys(v, path, ("GiB", "GBps", "MB_efficiency"))
+    return MemorySpec(GiB=c.positive(v["GiB"], f"{path}.GiB"),
+                      GBps=c.positive(v["GBps"], f"{path}.GBps"),
+                      MB_efficiency=c.table(v["MB_efficiency"],
+                                            f"{path}.MB_efficiency", "MB"))
+
+
+def _network(c: _Checker, v, path: str) -> NetworkSpec:
+    c.keys(v, path, NETWORK_KEYS)
+    ops_path = f"{path}.ops"
+    c.keys(v["ops"], ops_path, NETWORK_OPS)
+    ops = {}
+    for op in NETWORK_OPS:
+        f = f"{ops_path}.{op}"
+        pair = v["ops"][op]
+        if not isinstance(pair, list) or len(pair) != 2:
+            c.fail(f, f"expected a [scale, offset] pair, got {_show(pair)}")
+        scale = c.positive(pair[0], f)
+        if op == "p2p":
+            if pair[1] is not None:
+                c.fail(f, f"p2p takes no offset: write [scale, null], got {_show(pair)}")
+            offset = 0.0
+        else:
+            if pair[1] is None:
+                c.fail(f, f"{op} needs a numeric offset, got null")
+            offset = c.number(pair[1], f)
+        ops[op] = (scale, offset)
+    usage = c.number(v["processor_usage"], f"{path}.processor_usage")
+    if not 0 <= usage < 1:
+        c.fail(f"{path}.processor_usage", f"must be in [0, 1), got {_show(v['processor_usage'])}")
+    latency = c.number(v["latency"], f"{path}.latency")
+    if latency < 0:
+        c.fail(f"{path}.latency", f"must be >= 0, got {_show(v['latency'])}")
+    return NetworkSpec(
+        bandwidth=c.positive(v["bandwidth"], f"{path}.bandwidth"),
+        efficiency=c.efficiency(v["efficiency"], f"{path}.efficiency"),
+        size=c.int(v["size"], f"{path}.size", minimum=1),
+        latency=latency,
+        ops=ops,
+        must_be_filled=c.bool(v["must_be_filled"], f"{path}.must_be_filled"),
+        processor_usage=usage)
+
+
+def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
+    """A system file or dict -> SystemSpec."""
+    if isinstance(path_or_dict, SystemSpec):
+        return path_or_dict
+    data, src = _open(path_or_dict, source, "a system")
+    c = _Checker(src)
+    c.keys(data, "", SYSTEM_KEYS, SYSTEM_EXTENSION_KEYS)
+    matrix = _processor(c, data["matrix"], "matrix")
+    vector = _processor(c, data["vector"], "vector")
+    mem1 = _memory(c, data["mem1"], "mem1")
+    mem2 = _memory(c, data["mem2"], "mem2")
+    mode = c.choice(data["processing_mode"], "processing_mode", PROCESSING_MODES)
+    nets = data["networks"]
+    if not isinstance(nets, list) or not nets:
+        c.fail("networks", f"expected a non-empty list of networks, got {_show(nets)}")
+    networks = tuple(_network(c, n, f"networks[{i}]") for i, n in enumerate(nets))
+    name = c.str(data["name"], "name") if "name" in data else _stem(path_or_dict)
+    desc = c.str(data.get("description", ""), "description")
+    spec = SystemSpec(matrix=matrix, vector=vector, mem1=mem1, mem2=mem2,
+                      processing_mode=mode, networks=networks, name=name,
+                      source=src, description=desc)
+    if not spec.datatypes:
+        c.fail("vector", "no datatype is listed in both matrix and vector")
+    return spec
+
+
+def _num(x: float):
+    """JSON-friendly number: integral floats written as ints (312 not 312.0)."""
+    return int(x) if float(x).is_integer() and abs(x) < 2**53 else x
+
+
+def system_to_json(system: SystemSpec) -> dict:
+    """SystemSpec -> Calculon system dict."""
+    def proc(p: dict) -> dict:
+        return {dt: {"tflops": _num(s.tflops),
+                     "gflops_efficiency": [[_num(t), e] for t, e in s.gflops_efficiency]}
+                for dt, s in p.items()}
+
+    def mem(m: MemorySpec) -> dict:
+        return {"GiB": _num(m.GiB), "GBps": _num(m.GBps),
+                "MB_efficiency": [[_num(t), e] for t, e in m.MB_efficiency]}
+
+    def net(n: NetworkSpec) -> dict:
+        ops = {op: [n.ops[op][0], None if op == "p2p" else _num(n.ops[op][1])]
+               for op in NETWORK_OPS}
+        return {"bandwidth": _num(n.bandwidth), "efficiency": n.efficiency,
+                "size": n.size, "latency": n.latency, "ops": ops,
+                "must_be_filled": n.must_be_filled,
+                "processor_usage": n.processor_usage}
+
+    out: dict = {}
+    if system.name:
+        out["name"] = system.name
+    if system.description:
+        out["description"] = system.description
+    out.update({"matrix": proc(system.matrix), "vector": proc(system.vector),
+                "mem1": mem(system.mem1), "mem2": mem(system.mem2),
+                "processing_mode": system.processing_mode,
+                "networks": [net(n) for n in system.networks]})
+    return out
+
+
+# --------------------------------------------------------------------------
+# Execution
+
+def load_execution(path_or_dict, system: SystemSpec | None = None,
+                   source: str | None = None) -> dict:
+    """An execution file or dict -> dict of the 23 fields in FIELDS order.
+
+    With ``system``, also checks that the datatype is one the system runs
+    (listed in both matrix and vector) and that the network tiers exist.
+    """
+    data, src = _open(path_or_dict, source, "an execution")
+    c = _Checker(src)
+    c.keys(data, "", FIELDS)
+    out = {}
+    for f in FIELDS:
+        v = data[f]
+        if f in CHOICES:
+            out[f] = c.choice(v, f, CHOICES[f])
+        elif f in BOOL_FIELDS:
+            out[f] = c.bool(v, f)
+        else:
+            out[f] = c.int(v, f, minimum=1 if f in _COUNT_FIELDS else 0)
+    if system is not None:
+        if out["datatype"] not in system.datatypes:
+            where = system.source if system.source != "dict" else "the system"
+            c.fail("datatype", f"{out['datatype']!r} is not supported by {where} "
+                               f"(it runs: {', '.join(system.datatypes)})")
+        n = len(system.networks)
+        for f in ("tensor_par_net", "pipeline_par_net", "data_par_net"):
+            if out[f] >= n:
+                c.fail(f, f"network tier {out[f]} does not exist: the system has "
+                          f"{n} network{'s' if n != 1 else ''} (tiers 0..{n - 1})")
+    return out

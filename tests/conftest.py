@@ -1,0 +1,68 @@
+"""Shared fixtures: the repo root, the shared reference data, the CLI runner."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = REPO_ROOT.parent / "shared" / "reference"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def reference() -> Path:
+    """``../shared/reference`` (test oracles); skips where it is absent."""
+    if not REFERENCE.is_dir():
+        pytest.skip(f"reference data not found at {REFERENCE} "
+                    "(only present in the development checkout)")
+    return REFERENCE
+
+
+@pytest.fixture(scope="session")
+def golden(reference) -> list[dict]:
+    """The reference model's cases, one dict per line of golden.jsonl.gz."""
+    path = reference / "calculon-golden" / "golden.jsonl.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def run_autopar(*args, cwd: Path | None = None, timeout: float = 300
+                ) -> subprocess.CompletedProcess:
+    """Run the real command line (``python -m autopar.cli ARGS``)."""
+    return subprocess.run([sys.executable, "-m", "autopar.cli", *map(str, args)],
+                          cwd=cwd or REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """``cli(*args)`` runs the autopar command and returns the CompletedProcess."""
+    return run_autopar
+
+
+@pytest.fixture
+def execution() -> dict:
+    """A well-formed training execution of GPT-3 175B on 1024 processors."""
+    return {
+        "num_procs": 1024, "tensor_par": 8, "pipeline_par": 8, "data_par": 16,
+        "tensor_par_net": 0, "pipeline_par_net": 1, "data_par_net": 1,
+        "batch_size": 1536, "microbatch_size": 1, "datatype": "float16",
+        "fused_activation": True, "attention_type": "multihead",
+        "activation_recompute": "attn_only", "pipeline_interleaving": 2,
+        "optimizer_sharding": True, "tensor_par_comm_type": "rs_ag",
+        "tensor_par_overlap": "none", "seq_par_ag_redo": False,
+        "data_par_overlap": True, "weight_offload": False,
+        "activations_offload": False, "optimizer_offload": False,
+        "training": True,
+    }
