@@ -58,7 +58,7 @@ def evaluate(model, system, executions):
     if isinstance(executions, Mapping):
         executions = [executions]
     if not isinstance(executions, pd.DataFrame):
-        executions = _records_frame(executions)
+        executions = _records_frame(executions, model)
     cols = from_frame(executions)
     out = _model.evaluate_columns(model, system, cols)
     table = pd.DataFrame({"feasible": out["feasible"],
@@ -69,11 +69,12 @@ def evaluate(model, system, executions):
     return table
 
 
-def _records_frame(records: Iterable[Mapping]):
+def _records_frame(records: Iterable[Mapping], model):
     import pandas as pd
 
-    from .layouts import FIELDS
+    from .layouts import ALL_FIELDS, EXT_DEFAULTS
     rows = []
     for i, rec in enumerate(records):
-        rows.append(load_execution(dict(rec), source=f"executions[{i}]"))
-    return pd.DataFrame(rows, columns=list(FIELDS))
+        rows.append({**EXT_DEFAULTS, **load_execution(dict(rec), source=f"executions[{i}]",
+                                                   model=model)})
+    return pd.DataFrame(rows, columns=list(ALL_FIELDS))

@@ -47,6 +47,19 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 BYTES_PER_ELEMENT = {"float8": 1, "float16": 2, "bfloat16": 2, "float32": 4}
 
+# Extension fields: optional in files, absent from Calculon's format; the
+# defaults keep Calculon's meaning.  ``attention_impl`` is the attention
+# kernel (Calculon's separate matmul/softmax/dropout layers, a fused
+# scale-mask-softmax, or FlashAttention v1/v2); ``fused_norm`` a fused
+# LayerNorm/RMSNorm kernel; ``unsharded_grads`` keeps whole weight gradients
+# while the optimizer state is sharded (Megatron's distributed optimizer)
+# instead of sharding both (Calculon's optimizer_sharding).
+EXT_DEFAULTS: dict[str, object] = {"attention_impl": "unfused", "fused_norm": False,
+                                   "unsharded_grads": False}
+CHOICES["attention_impl"] = ("unfused", "fused_softmax", "flash_v1", "flash_v2")
+BOOL_FIELDS = BOOL_FIELDS | {"fused_norm", "unsharded_grads"}
+ALL_FIELDS: tuple[str, ...] = FIELDS + tuple(EXT_DEFAULTS)
+
 
 def code(field: str, value: str) -> int:
     """The integer code of a string ``value`` of ``field``."""
@@ -57,8 +70,8 @@ def to_columns(records: Iterable[Mapping]) -> dict[str, np.ndarray]:
     """Execution dicts (already validated) -> a layout table."""
     records = list(records)
     cols: dict[str, np.ndarray] = {}
-    for f in FIELDS:
-        vals = [r[f] for r in records]
+    for f in ALL_FIELDS:
+        vals = [r.get(f, EXT_DEFAULTS.get(f)) if f in EXT_DEFAULTS else r[f] for r in records]
         if f in CHOICES:
             cols[f] = np.array([code(f, v) for v in vals], dtype=np.int8)
         elif f in BOOL_FIELDS:
@@ -78,9 +91,15 @@ def to_records(cols: Mapping[str, np.ndarray]) -> list[dict]:
 
 
 def record(cols: Mapping[str, np.ndarray], i: int) -> dict:
-    """Row ``i`` of a layout table as one Calculon execution dict."""
+    """Row ``i`` of a layout table as one Calculon execution dict.
+
+    Extension fields appear only where they differ from their defaults, so a
+    plain layout is exactly Calculon's 23 fields.
+    """
     rec = {}
-    for f in FIELDS:
+    for f in ALL_FIELDS:
+        if f not in cols:
+            continue
         v = cols[f][i]
         if f in CHOICES:
             rec[f] = CHOICES[f][int(v)]
@@ -88,6 +107,8 @@ def record(cols: Mapping[str, np.ndarray], i: int) -> dict:
             rec[f] = bool(v)
         else:
             rec[f] = int(v)
+        if f in EXT_DEFAULTS and rec[f] == EXT_DEFAULTS[f]:
+            del rec[f]
     return rec
 
 
@@ -103,7 +124,9 @@ def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
     if missing:
         raise SpecError(source, missing[0], "missing column")
     cols: dict[str, np.ndarray] = {}
-    for f in FIELDS:
+    for f in ALL_FIELDS:
+        if f not in frame.columns:
+            continue
         s = frame[f]
         if f in CHOICES:
             if s.dtype.kind in "iu":

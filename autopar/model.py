@@ -19,7 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .layouts import BYTES_PER_ELEMENT, CHOICES, FIELDS
+from .layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS, FIELDS
 from .specs import ModelSpec, SystemSpec
 
 # ----------------------------------------------------------------------------
@@ -274,10 +274,15 @@ def _finish(ctx: _Ctx, L: dict) -> dict:
     """Compute times of a layer once its flops/mem columns are final."""
     flops = {"fw": L["fw"], "agrad": L["agrad"], "wgrad": L["wgrad"],
              "optim": L["optim_flops"]}
+    if "time_scale" in L:       # a kernel that executes other work than it counts
+        flops = dict(flops, agrad=flops["agrad"] + L["agrad_extra"])
     for s in _STAGES:
         eng = ctx.matrix if (L["matrix"] and s != "optim") else ctx.vector
         L["ft_" + s] = eng.time(flops[s])
         L["mt_" + s] = ctx.mem1.time(L["mem_" + s])
+    if "time_scale" in L:
+        for s in ("fw", "agrad"):
+            L["ft_" + s] = L["ft_" + s] * L["time_scale"]
     if L["kind"] == "plain":
         for s in _STAGES:
             L["pt_" + s] = ctx.proc(L["ft_" + s], L["mt_" + s])
@@ -308,10 +313,72 @@ def _bmm(ctx, batch, m, n, k, **kw):
                   matrix=True, **kw)
 
 
-def _layernorm(ctx, size, hidden, **kw):
+def _layernorm(ctx, size, hidden, fused_norm, **kw):
+    """LayerNorm as Calculon counts it (one pass; a fused kernel changes nothing)."""
     return _layer(ctx, fw=9 * size, agrad=14 * size, wgrad=7 * size,
                   inputs=size, outputs=size, act=size, act_grads=size,
                   weight=2 * hidden, weight_grads=2 * hidden, optim=4 * hidden, **kw)
+
+
+# PyTorch's reference RMSNorm upcasts to fp32 and runs as separate kernels:
+# about this many extra bytes per element move through memory, and autograd
+# keeps an fp32 copy of the input and the normalized fp32 output.
+_RMS_UNFUSED_TRAFFIC = {"fw": 48.0, "agrad": 80.0}
+_RMS_UNFUSED_STORED = 8.0
+
+
+def _rmsnorm(ctx, size, hidden, fused_norm, **kw):
+    """RMSNorm: a fused kernel is one pass; unfused adds fp32 intermediates."""
+    L = _layer(ctx, fw=4 * size, agrad=8 * size, wgrad=2 * size,
+               inputs=size, outputs=size, act=size, act_grads=size,
+               weight=hidden, weight_grads=hidden, optim=2 * hidden, **kw)
+    extra = np.where(fused_norm, 0.0, 1.0) * size
+    L["mem_fw"] = L["mem_fw"] + extra * _RMS_UNFUSED_TRAFFIC["fw"]
+    L["mem_agrad"] = L["mem_agrad"] + extra * _RMS_UNFUSED_TRAFFIC["agrad"]
+    # Stored beside the input that the Fork before it keeps.
+    L["keep_b"] = extra * _RMS_UNFUSED_STORED
+    return L
+
+
+def _rotary(ctx, size, **kw):
+    """Rotary position embedding applied to queries and keys (elementwise)."""
+    return _layer(ctx, fw=3 * size, agrad=3 * size, inputs=size, outputs=size,
+                  act=0.0, act_grads=size, **kw)
+
+
+def _swiglu(ctx, size, fused, **kw):
+    """SiLU(gate) * up over ``size`` outputs; keeps gate and up for backward
+    (and SiLU(gate) too when not fused)."""
+    keep = np.where(fused, 2.0, 3.0) * size
+    L = _layer(ctx, fw=6 * size, agrad=10 * size, inputs=2 * size, outputs=size,
+               act=keep, act_grads=size, **kw)
+    L["mem_agrad"] = L["mem_fw"]
+    return L
+
+
+# Executed work of a causal FlashAttention kernel relative to the counted
+# (dense) attention flops, and its speed relative to the matrix engine's
+# curve; FlashAttention-2 partitions work better than v1.
+_FLASH_CAUSAL = 0.5
+_FLASH_SPEED = {"flash_v1": 0.6, "flash_v2": 0.75}
+
+
+def _flash(ctx, mbs, heads_t, s, d, kv, impl, **kw):
+    """FlashAttention: QK^T, softmax and PV in one kernel; the s x s scores
+    never reach memory and are recomputed in the backward pass."""
+    q = mbs * s * heads_t * d
+    k = mbs * s * kv
+    fw = 4 * mbs * heads_t * s * s * d
+    L = _layer(ctx, fw=fw, agrad=2 * fw, inputs=q + 2 * k, outputs=q,
+               act=q + 2 * k, act_grads=q, matrix=True, **kw)
+    L["keep_b"] = mbs * heads_t * s * 4 + ctx.zeros          # log-sum-exp, fp32
+    L["mem_agrad"] = 2 * L["mem_fw"]
+    speed = np.where(impl == CHOICES["attention_impl"].index("flash_v1"),
+                     _FLASH_SPEED["flash_v1"], _FLASH_SPEED["flash_v2"])
+    # Scale the executed flops into the time the kernel takes.
+    L["time_scale"] = _FLASH_CAUSAL / speed
+    L["agrad_extra"] = fw                                      # recomputed forward
+    return L
 
 
 def _dropout(ctx, size, **kw):
@@ -333,9 +400,17 @@ def _gelu(ctx, size, fused, **kw):
     return L
 
 
-def _softmax(ctx, size, **kw):
+def _softmax(ctx, size, impl, llama, **kw):
+    """Softmax over the attention scores.  PyTorch's LLaMA code computes it in
+    fp32 with a separate scale/mask pass; a fused scale-mask-softmax kernel
+    (and Calculon's count) keeps one score tensor in the working precision."""
     L = _layer(ctx, fw=5 * size, agrad=8 * size, inputs=size, outputs=size,
                act=size, act_grads=size, **kw)
+    if llama:
+        torch = impl == CHOICES["attention_impl"].index("unfused")
+        extra = np.where(torch, size * (4 - ctx.bpe + 4), 0.0)   # fp32 probs + masked scores
+        L["act_b"] = L["act_b"] + extra
+        L["mem_fw"] = L["mem_fw"] + 2 * extra
     L["mem_agrad"] = L["mem_fw"]
     return L
 
@@ -517,9 +592,20 @@ def _finish_overlapped(ctx: _Ctx, L: dict):
 # sums over the sequence equal the running sums over each row's own layers.
 
 def _block(ctx: _Ctx, c: dict):
+    """Per-block sums of one micro-batch for every row of ``c``.
+
+    The GPT block with default options is exactly Calculon's layer sequence.
+    A LLaMA block (``model.block == "llama"``) has RMSNorm, rotary embeddings,
+    grouped-query attention (``kv_heads``), no dropout and a SwiGLU MLP whose
+    first matrix is two matrices wide.  ``attention_impl`` replaces the
+    attention core by a fused softmax or a FlashAttention kernel, and
+    ``fused_norm`` the norm by a fused kernel.
+    """
     m = ctx.m
+    llama = m.block == "llama"
     h, f, s, H, d = (float(m.hidden), float(m.feedforward), float(m.seq_size),
                      float(m.attn_heads), float(m.attn_size))
+    KV = float(m.kv_heads or m.attn_heads)
     t = ctx.t
     mbs = c["microbatch_size"].astype(float)
     B = mbs * s
@@ -535,44 +621,63 @@ def _block(ctx: _Ctx, c: dict):
     sep = c["tensor_par_overlap"] == 0          # TP comm as separate layers
     ovl = ~sep
     mq = c["attention_type"] == CHOICES["attention_type"].index("multiquery")
-    kv = np.where(mq, d, H * d / t)
+    kv = np.where(mq, d, KV * d / t)           # K (and V) output width per processor
+    impl = c["attention_impl"]
+    flash = impl >= CHOICES["attention_impl"].index("flash_v1")
+    core = ~flash
+    fused_norm = c["fused_norm"]
     fused = c["fused_activation"]
     heads_t = H / t
+    scores = heads_t * s * s * mbs
+    norm = _rmsnorm if llama else _layernorm
+    ff1 = 2 * f if llama else f                 # SwiGLU: gate and up projections
 
     seq = [
         # attention block
         (_fork(ctx, ap, 2, recompute=rf, stored=True), True),
-        (_layernorm(ctx, ap, h, recompute=rf, stored=False, reused=True), True),
+        (norm(ctx, ap, h, fused_norm, recompute=rf, stored=False, reused=True), True),
         (_tpcomm(ctx, A, False, recomm=rag_attn), sep),
         (_fork(ctx, A, 3, recompute=rag_attn, stored=~rag_attn), sep),
         (_linear(ctx, B, h, H * d / t, recompute=rf, stored=False, reused=True), sep),
-        (_overlapped(ctx, B, h, 3 * H * d, False, rf, rag_attn), ovl & ~mq),
+        (_overlapped(ctx, B, h, (H + 2 * KV) * d, False, rf, rag_attn), ovl & ~mq),
         (_overlapped(ctx, B, h, H * d, False, rf, rag_attn), ovl & mq),
         (_fork(ctx, A, 2, recompute=rag_attn, stored=~rag_attn), ovl & mq),
         (_linear(ctx, B, h, kv, recompute=rf, stored=False, reused=True), sep | mq),
         (_linear(ctx, B, h, kv, recompute=rf, stored=False, reused=True), sep | mq),
-        (_bmm(ctx, mbs * heads_t, s, d, s, recompute=raf, out_stored=~raf), True),
-        (_softmax(ctx, heads_t * s * s * mbs, recompute=raf, out_stored=~raf), True),
-        (_dropout(ctx, heads_t * s * s * mbs, recompute=raf, stored=~raf), True),
-        (_bmm(ctx, mbs * heads_t, s, s, d, recompute=rf), True),
+    ]
+    if llama:
+        seq.append((_rotary(ctx, B * (H * d / t + kv), recompute=raf), True))
+    seq += [
+        (_bmm(ctx, mbs * heads_t, s, d, s, recompute=raf, out_stored=~raf), core),
+        (_softmax(ctx, scores, impl, llama, recompute=raf, out_stored=~raf), core),
+    ]
+    if not llama:
+        seq.append((_dropout(ctx, scores, recompute=raf, stored=~raf), core))
+    seq += [
+        (_bmm(ctx, mbs * heads_t, s, s, d, recompute=rf), core),
+        (_flash(ctx, mbs, heads_t, s, d, kv, impl, recompute=rf), flash),
         (_linear(ctx, B, H * d / t, h, recompute=rf), sep),
         (_tpcomm(ctx, A, True, recomm=rf, stored=False), sep),
         (_overlapped(ctx, B, H * d, h, True, rf, rf), ovl),
-        (_dropout(ctx, ap, recompute=rf), True),
+    ]
+    if not llama:
+        seq.append((_dropout(ctx, ap, recompute=rf), True))
+    seq += [
         (_residual(ctx, ap, ap, recompute=rf, stored=False, reused=True), True),
         # MLP block
         (_fork(ctx, ap, 2, recompute=rf, stored=True), True),
-        (_layernorm(ctx, ap, h, recompute=rf, stored=False, reused=True), True),
+        (norm(ctx, ap, h, fused_norm, recompute=rf, stored=False, reused=True), True),
         (_tpcomm(ctx, A, False, recomm=rag_mlp), sep),
-        (_linear(ctx, B, h, f / t, recompute=rf, stored=~rag_mlp), sep),
-        (_overlapped(ctx, B, h, f, False, rf, rag_mlp), ovl),
-        (_gelu(ctx, f * B / t, fused, recompute=rf), True),
+        (_linear(ctx, B, h, ff1 / t, recompute=rf, stored=~rag_mlp), sep),
+        (_overlapped(ctx, B, h, ff1, False, rf, rag_mlp), ovl),
+        ((_swiglu if llama else _gelu)(ctx, f * B / t, fused, recompute=rf), True),
         (_linear(ctx, B, f / t, h, recompute=rf), sep),
         (_tpcomm(ctx, A, True, recomm=rf, stored=False), sep),
         (_overlapped(ctx, B, f, h, True, rf, rf), ovl),
-        (_dropout(ctx, ap, recompute=rf), True),
-        (_residual(ctx, ap, ap, recompute=rf, stored=False, reused=True), True),
     ]
+    if not llama:
+        seq.append((_dropout(ctx, ap, recompute=rf), True))
+    seq.append((_residual(ctx, ap, ap, recompute=rf, stored=False, reused=True), True))
     return _accumulate(ctx, c, seq, rf)
 
 
@@ -586,7 +691,8 @@ def _sizes(ctx: _Ctx, c: dict) -> dict:
 
 
 # Columns the per-block statistics depend on.
-_BLOCK_FIELDS = ("datatype", "tensor_par", "microbatch_size", "activation_recompute",
+_BLOCK_FIELDS = ("attention_impl", "fused_norm",
+                 "datatype", "tensor_par", "microbatch_size", "activation_recompute",
                  "tensor_par_comm_type", "tensor_par_overlap", "seq_par_ag_redo",
                  "fused_activation", "attention_type", "training", "tensor_par_net",
                  "optimizer_sharding", "data_par")
@@ -632,7 +738,9 @@ class _Blocks:
                       (c["seq_par_ag_redo"].astype(np.int64), 2),
                       (c["fused_activation"].astype(np.int64), 2),
                       (c["attention_type"].astype(np.int64), 2),
-                      (c["training"].astype(np.int64), 2), (tpnet, MAX_TIERS)])
+                      (c["training"].astype(np.int64), 2), (tpnet, MAX_TIERS),
+                      (c["attention_impl"].astype(np.int64), 4),
+                      (c["fused_norm"].astype(np.int64), 2)])
         _, idx1, inv1 = np.unique(key1, return_index=True, return_inverse=True)
         sub = {f: c[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]
@@ -652,6 +760,7 @@ class _Blocks:
         self.k1, self.inv1 = k1, inv1
         self.k2, self.inv2 = k2, inv2
         self.shard = shard
+        self.grad_shard = np.where(c["unsharded_grads"], 1, shard)
 
     def rows(self, sl: slice) -> dict:
         """Per-block sums for the rows ``sl``."""
@@ -659,7 +768,7 @@ class _Blocks:
         k = {name: v[i1] for name, v in self.k1.items() if name not in _OPTIM_SUMS}
         for name in _OPTIM_SUMS:
             k[name] = self.k2[name][i2]
-        k["wgrad_space"] = k["wgrad_space"] / self.shard[sl]
+        k["wgrad_space"] = k["wgrad_space"] / self.grad_shard[sl]
         k["optimizer_space"] = k["optimizer_space"] / self.shard[sl]
         return k
 
@@ -745,6 +854,9 @@ def _accumulate(ctx: _Ctx, c: dict, seq, rf) -> dict:
         add("act_storage", L["act_b"])
         add("act_storage", -L["out_b"], pt & ~L["out_stored"])
         add("act_storage", -L["act_b"], pt & ~L["stored"])
+        if "keep_b" in L:       # intermediates a kernel keeps beyond Calculon's count
+            add("act_storage", L["keep_b"])
+            add("act_working", L["keep_b"])
         add("wgrad_space", L["wgrad_sh"], pt)
         add("wgrad_space_full", L["wgrad_full"], pt)
         add("act_grad_space", L["agrad_b"], pt)
@@ -969,6 +1081,8 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     S["bw_offload_exposed_time"] = bw_oh
     total = (fw_time + bw_time + optim_time + fw_oh + bw_oh + re_time + recomm_exp
              + bubble + S["tp_comm_exposed_time"] + pp_link + dp_exp)
+    head_time, head_mem = _head(ctx, c, x, nmb, pp)
+    total = total + head_time
     S["total_time"] = total
 
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -989,7 +1103,10 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     tier2 = tier2 + np.where(ao, np.where(rf, ckpt_total, act_space), 0.0)
     tier1 = tier1 + np.where(oo, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + np.where(oo, k["wgrad_space"] * bpp + optimizer_space, 0.0)
-    tier1 = tier1 + act_grad
+    tier1 = tier1 + act_grad + head_mem
+    over = system.memory_overhead
+    if over is not None:
+        tier1 = tier1 * (1 + over.fraction) + over.reserved_GiB * 1024 ** 3
     S["proc_mem_tier1_cap_req"] = tier1
     S["proc_mem_tier2_cap_req"] = tier2
 
@@ -1005,6 +1122,37 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     S["_mem1_cap"] = ctx.mem1.capacity
     S["_mem2_cap"] = ctx.mem2.capacity
     return S
+
+
+def _head(ctx: _Ctx, c: dict, x: dict, nmb, pp):
+    """Time and memory of the embedding and the output layer with its loss.
+
+    Only for models that give ``vocab_size`` (Calculon models none).  The
+    output layer and the cross-entropy (in fp32) run on the last pipeline
+    stage for every micro-batch; that stage paces the pipeline, so the extra
+    time is paid in each of the ``nmb + pp - 1`` schedule slots.  The first
+    stage holds the embedding, the last the output matrix and one
+    micro-batch's logits; with one stage, both.
+    """
+    V = float(ctx.m.vocab_size)
+    if V <= 0:
+        return 0.0, 0.0
+    t, tr, b = ctx.t, ctx.training, ctx.bpe
+    B = x["B"]
+    out = _finish(ctx, _linear(ctx, B, float(ctx.m.hidden), V / t))
+    logits = B * V / t
+    loss = _finish(ctx, _layer(ctx, fw=5 * logits, agrad=3 * logits, inputs=logits,
+                               outputs=logits))
+    per_mb = out["pt_fw"] + loss["pt_fw"] + np.where(
+        tr, out["pt_agrad"] + out["pt_wgrad"] + loss["pt_agrad"], 0.0)
+    time = (nmb + pp - 1) * per_mb
+    params = V * ctx.m.hidden / t
+    grads = np.where(c["unsharded_grads"], b, b / ctx.shard)
+    per_param = b + np.where(tr, grads + np.where(b < 4, 12.0, 8.0) / ctx.shard, 0.0)
+    matrix = params * per_param
+    logit_mem = logits * (b + np.where(tr, 4.0, 0.0))
+    mem = np.where(pp == 1, 2 * matrix + logit_mem, matrix + logit_mem)
+    return time, mem
 
 
 # ----------------------------------------------------------------------------
@@ -1089,6 +1237,13 @@ def _normalize(cols: Mapping) -> dict:
         if a.shape != (n,):
             a = np.broadcast_to(a, (n,))
         c[f] = a
+    for f, default in EXT_DEFAULTS.items():
+        if f in cols:
+            c[f] = np.broadcast_to(np.asarray(cols[f]), (n,))
+        elif f in CHOICES:
+            c[f] = np.full(n, CHOICES[f].index(default), dtype=np.int8)
+        else:
+            c[f] = np.full(n, default, dtype=bool)
     return c
 
 
@@ -1160,31 +1315,26 @@ def _safe(c: dict, ok: np.ndarray, dts: list) -> dict:
     safe["datatype"] = np.where(ok, c["datatype"], dts[0]).astype(np.int8)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
-              "optimizer_offload", "training"):
+              "optimizer_offload", "training", "fused_norm", "unsharded_grads"):
         safe[f] = c[f].astype(bool)
     for f in ("attention_type", "activation_recompute", "tensor_par_comm_type",
-              "tensor_par_overlap"):
+              "tensor_par_overlap", "attention_impl"):
         safe[f] = c[f].astype(np.int8)
     return safe
 
 
-def reason_text(out: Mapping, system: SystemSpec) -> list[str]:
+def reason_text(out: Mapping, system: SystemSpec) -> np.ndarray:
     """One reason string per row of an ``evaluate_columns`` result.
 
     Memory failures say how much is needed against the tier's capacity.
     """
-    codes = out["reason_code"]
-    texts = []
-    for i, code in enumerate(codes):
-        code = int(code)
-        if code in (_R["infeasible: mem tier1 capacity exceeded"],
-                    _R["infeasible: mem tier2 capacity exceeded"]):
-            tier = 1 if code == _R["infeasible: mem tier1 capacity exceeded"] else 2
-            need = out.get(f"proc_mem_tier{tier}_cap_req")
-            mem = system.mem1 if tier == 1 else system.mem2
-            if need is not None:
-                texts.append(f"infeasible: mem tier{tier} needs {need[i] / 1024**3:.2f} GiB "
-                             f"but has {mem.GiB:g} GiB")
-                continue
-        texts.append(REASONS[code])
+    codes = np.asarray(out["reason_code"])
+    texts = np.array(REASONS, dtype=object)[codes]
+    for tier, mem in ((1, system.mem1), (2, system.mem2)):
+        need = out.get(f"proc_mem_tier{tier}_cap_req")
+        rows = np.flatnonzero(codes == _R[f"infeasible: mem tier{tier} capacity exceeded"])
+        if need is None or not len(rows):
+            continue
+        texts[rows] = [f"infeasible: mem tier{tier} needs {v / 1024**3:.2f} GiB "
+                       f"but has {mem.GiB:g} GiB" for v in need[rows]]
     return texts

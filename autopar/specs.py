@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.layouts import BOOL_FIELDS, CHOICES, FIELDS, INT_FIELDS
+from autopar.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS, INT_FIELDS
 
 
 class SpecError(ValueError):
@@ -79,6 +79,16 @@ class NetworkSpec:
 
 
 @dataclass(frozen=True)
+class MemoryOverhead:
+    """Memory a training framework needs beyond the model's own tensors:
+    ``reserved_GiB`` (CUDA context, communication buffers, workspaces) and
+    ``fraction`` (allocator fragmentation and temporary buffers, relative to
+    the counted requirement)."""
+    reserved_GiB: float = 0.0
+    fraction: float = 0.0
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     matrix: dict              # datatype -> ProcessorSpec
     vector: dict              # datatype -> ProcessorSpec
@@ -89,6 +99,8 @@ class SystemSpec:
     name: str = ""
     source: str = "dict"
     description: str = ""
+    # Extension: framework memory overheads on tier 1 (None: Calculon's count).
+    memory_overhead: MemoryOverhead | None = None
 
     @property
     def datatypes(self) -> tuple[str, ...]:
@@ -102,7 +114,7 @@ MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
 MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "name", "description")
 BLOCK_TYPES = ("gpt", "llama")
 SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks")
-SYSTEM_EXTENSION_KEYS = ("name", "description")
+SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead")
 PROCESSING_MODES = ("roofline", "no_overlap")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
@@ -417,9 +429,20 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     networks = tuple(_network(c, n, f"networks[{i}]") for i, n in enumerate(nets))
     name = c.str(data["name"], "name") if "name" in data else _stem(path_or_dict)
     desc = c.str(data.get("description", ""), "description")
+    overhead = None
+    if "memory_overhead" in data:
+        o = data["memory_overhead"]
+        c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction"))
+        reserved = c.number(o.get("reserved_GiB", 0.0), "memory_overhead.reserved_GiB")
+        fraction = c.number(o.get("fraction", 0.0), "memory_overhead.fraction")
+        if reserved < 0:
+            c.fail("memory_overhead.reserved_GiB", f"must be >= 0, got {reserved}")
+        if not 0 <= fraction < 1:
+            c.fail("memory_overhead.fraction", f"must be in [0, 1), got {fraction}")
+        overhead = MemoryOverhead(reserved, fraction)
     spec = SystemSpec(matrix=matrix, vector=vector, mem1=mem1, mem2=mem2,
                       processing_mode=mode, networks=networks, name=name,
-                      source=src, description=desc)
+                      source=src, description=desc, memory_overhead=overhead)
     if not spec.datatypes:
         c.fail("vector", "no datatype is listed in both matrix and vector")
     return spec
@@ -458,6 +481,9 @@ def system_to_json(system: SystemSpec) -> dict:
                 "mem1": mem(system.mem1), "mem2": mem(system.mem2),
                 "processing_mode": system.processing_mode,
                 "networks": [net(n) for n in system.networks]})
+    if system.memory_overhead is not None:
+        out["memory_overhead"] = {"reserved_GiB": _num(system.memory_overhead.reserved_GiB),
+                                  "fraction": system.memory_overhead.fraction}
     return out
 
 
@@ -465,17 +491,34 @@ def system_to_json(system: SystemSpec) -> dict:
 # Execution
 
 def load_execution(path_or_dict, system: SystemSpec | None = None,
-                   source: str | None = None) -> dict:
-    """An execution file or dict -> dict of the 23 fields in FIELDS order.
+                   source: str | None = None, model: ModelSpec | None = None) -> dict:
+    """An execution file or dict -> dict of the 23 fields in FIELDS order,
+    followed by the extension fields that differ from their defaults.
 
+    Extensions (optional): ``attention_impl`` (unfused | fused_softmax |
+    flash_v1 | flash_v2), ``fused_norm`` (bool), and the pair some Calculon
+    forks write: ``attention_type: "flash"`` (multi-head attention with a
+    FlashAttention-2 kernel) and ``structure_type`` ("gpt" | "llama"), which
+    must match the model's ``block`` when ``model`` is given.
     With ``system``, also checks that the datatype is one the system runs
     (listed in both matrix and vector) and that the network tiers exist.
     """
     data, src = _open(path_or_dict, source, "an execution")
     c = _Checker(src)
-    c.keys(data, "", FIELDS)
+    c.keys(data, "", FIELDS, tuple(EXT_DEFAULTS) + ("structure_type",))
+    data = dict(data)
+    if data.get("attention_type") == "flash":
+        data["attention_type"] = "multihead"
+        data.setdefault("attention_impl", "flash_v2")
+    if "structure_type" in data:
+        st = c.choice(data["structure_type"], "structure_type", BLOCK_TYPES)
+        if model is not None and st != model.block:
+            c.fail("structure_type", f"{st!r} does not match the model's block "
+                                     f"{model.block!r}")
     out = {}
-    for f in FIELDS:
+    for f in ALL_FIELDS:
+        if f not in data:
+            continue
         v = data[f]
         if f in CHOICES:
             out[f] = c.choice(v, f, CHOICES[f])
@@ -483,6 +526,8 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
             out[f] = c.bool(v, f)
         else:
             out[f] = c.int(v, f, minimum=1 if f in _COUNT_FIELDS else 0)
+        if f in EXT_DEFAULTS and out[f] == EXT_DEFAULTS[f]:
+            del out[f]
     if system is not None:
         if out["datatype"] not in system.datatypes:
             where = system.source if system.source != "dict" else "the system"

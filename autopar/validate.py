@@ -75,3 +75,145 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     g = table.groupby("figure", sort=False)["error_pct"]
     return pd.DataFrame({"mean_error_pct": g.mean(), "max_error_pct": g.max(),
                          "points": g.size()})
+
+
+# ----------------------------------------------------------------------------
+# Measured sweeps (the column format of the LLaMA sweeps).
+
+SWEEP_COLUMNS = ("sweep", "model", "seq_size", "global_batch", "world_size", "tensor_par",
+                 "pipeline_par", "microbatch_size", "checkpointing", "kernel",
+                 "sequence_parallel", "status", "step_time_s", "mfu")
+
+# kernel column -> (attention_impl, fused_norm)
+KERNELS = {
+    "torch": ("unfused", False),
+    "fused": ("fused_softmax", False),
+    "flash_attentionv1.0.8": ("flash_v1", False),
+    "flash_attention2": ("flash_v2", False),
+    "flash_attention2 + RMS kernel": ("flash_v2", True),
+}
+CHECKPOINTING = {"disabled": "none", "every_layer": "full", "selective": "attn_only"}
+
+
+def sweep_execution(row, system: SystemSpec) -> dict:
+    """The execution a measured row ran: Megatron-style placement and options.
+
+    Tensor parallelism stays inside a node (tier 0); pipeline and data
+    parallelism go on the first tier that holds them.  With dp > 1 the
+    optimizer state is sharded across data parallelism and the weight
+    gradients are not (Megatron's distributed optimizer).
+    """
+    tp, pp = int(row.tensor_par), int(row.pipeline_par)
+    world = int(row.world_size)
+    dp = world // (tp * pp)
+    impl, fused_norm = KERNELS[row.kernel]
+    sizes = [n.size for n in system.networks]
+
+    def tier(group: int) -> int:
+        for i, s in enumerate(sizes):
+            if group <= s:
+                return i
+        return len(sizes) - 1
+
+    return {
+        "num_procs": world, "tensor_par": tp, "pipeline_par": pp, "data_par": dp,
+        "tensor_par_net": 0, "pipeline_par_net": tier(tp * pp), "data_par_net": tier(world),
+        "batch_size": int(row.global_batch), "microbatch_size": int(row.microbatch_size),
+        "datatype": "bfloat16", "fused_activation": True, "attention_type": "multihead",
+        "activation_recompute": CHECKPOINTING[row.checkpointing],
+        "pipeline_interleaving": 1, "optimizer_sharding": dp > 1,
+        "tensor_par_comm_type": "rs_ag" if _truthy(row.sequence_parallel) else "ar",
+        "tensor_par_overlap": "none", "seq_par_ag_redo": False,
+        "data_par_overlap": dp > 1, "weight_offload": False, "activations_offload": False,
+        "optimizer_offload": False, "training": True,
+        "attention_impl": impl, "fused_norm": fused_norm, "unsharded_grads": dp > 1,
+    }
+
+
+def _truthy(v) -> bool:
+    return str(v).strip().lower() in ("true", "1", "yes")
+
+
+def read_sweep(path) -> pd.DataFrame:
+    from .specs import SpecError
+
+    try:
+        frame = pd.read_csv(path)
+    except FileNotFoundError:
+        raise SpecError(str(path), "(file)", "no such file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
+    missing = [c for c in SWEEP_COLUMNS if c not in frame.columns]
+    if missing:
+        raise SpecError(str(path), missing[0], "missing column")
+    bad = ~frame["kernel"].isin(list(KERNELS))
+    if bad.any():
+        raise SpecError(str(path), "kernel", f"unknown kernel {frame.kernel[bad].iloc[0]!r} "
+                                              f"(one of: {', '.join(KERNELS)})")
+    bad = ~frame["checkpointing"].isin(list(CHECKPOINTING))
+    if bad.any():
+        raise SpecError(str(path), "checkpointing",
+                        f"unknown value {frame.checkpointing[bad].iloc[0]!r}")
+    for col in ("world_size", "tensor_par", "pipeline_par", "microbatch_size", "global_batch",
+                "seq_size"):
+        if frame[col].dtype.kind not in "iu" or (frame[col] <= 0).any():
+            raise SpecError(str(path), col, "expected positive integers")
+    return frame
+
+
+def validate_sweep(path, system: SystemSpec, models_dir="models") -> pd.DataFrame:
+    """Predict every row of a measured sweep: adds pred_feasible, pred_reason,
+    pred_step_time_s, pred_mfu and pred_mem_gib."""
+    from pathlib import Path
+
+    from . import evaluate
+
+    frame = read_sweep(path)
+    out = []
+    for (mname, seq), rows in frame.groupby(["model", "seq_size"], sort=False):
+        model = load_model(Path(models_dir) / f"{mname}.json")
+        if model.seq_size != seq:
+            model = dataclasses.replace(model, seq_size=int(seq))
+        exes = [sweep_execution(r, system) for r in rows.itertuples()]
+        pred = evaluate(model, system, exes)
+        part = rows.copy()
+        part["pred_feasible"] = pred["feasible"].to_numpy()
+        part["pred_reason"] = pred["reason"].to_numpy()
+        part["pred_step_time_s"] = pred["total_time"].to_numpy()
+        part["pred_mem_gib"] = pred["proc_mem_tier1_cap_req"].to_numpy() / GIB
+        out.append(part)
+    return pd.concat(out).loc[frame.index]
+
+
+def sweep_report(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per sweep and overall: OOM agreement, Spearman, median |error|, top-1 regret."""
+    recs = []
+    for name, g in list(rows.groupby("sweep", sort=False)) + [("overall", rows)]:
+        ran = g["status"] == "ok"
+        agree = (g["pred_feasible"] == ran).mean()
+        both = g[ran & g["pred_feasible"]]
+        err = ((both.pred_step_time_s - both.step_time_s).abs() / both.step_time_s)
+        if name == "overall":
+            per = [r for r in recs]
+            rho = float(np.mean([r["spearman"] for r in per if not np.isnan(r["spearman"])]))
+            regret = float(np.mean([r["top1_regret"] for r in per]))
+        else:
+            rho = (both.step_time_s.rank().corr(both.pred_step_time_s.rank())
+                   if len(both) > 2 else np.nan)
+            regret = _regret(g)
+        recs.append({"sweep": name, "rows": len(g), "oom_agreement": agree,
+                     "spearman": rho, "median_abs_error": float(err.median()),
+                     "top1_regret": regret})
+    return pd.DataFrame(recs).set_index("sweep")
+
+
+def _regret(g: pd.DataFrame) -> float:
+    """Measured MFU lost by running the model's favourite layout of the sweep."""
+    best = g.loc[g.status == "ok", "mfu"].max()
+    cands = g[g.pred_feasible]
+    if not len(cands) or not best > 0:
+        return 1.0
+    fav = cands.loc[cands.pred_step_time_s.idxmin()]
+    if fav.status != "ok":
+        return 1.0
+    return float((best - fav.mfu) / best)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autopar.layouts import FIELDS, to_columns
+from autopar.layouts import ALL_FIELDS, FIELDS, to_columns
 from autopar.specs import (ModelSpec, SpecError, SystemSpec, load_execution,
                            load_model, load_system, model_to_json, system_to_json)
 
@@ -117,7 +117,7 @@ def test_execution_order_and_columns(execution, repo_root):
     e = load_execution(shuffled, system=system)
     assert list(e) == list(FIELDS) and e == execution
     cols = to_columns([e])
-    assert cols["tensor_par"][0] == 8 and len(cols) == len(FIELDS)
+    assert cols["tensor_par"][0] == 8 and len(cols) == len(ALL_FIELDS)
 
 
 def test_execution_file_and_gzip(tmp_path, execution):

@@ -67,7 +67,7 @@ def _plain(v):
 def run(args) -> int:
     model = load_model(args.model)
     system = load_system(args.system)
-    execution = load_execution(args.execution, system=system)
+    execution = load_execution(args.execution, system=system, model=model)
     result = estimate(model, system, execution)
     if args.json:
         print(json.dumps(result, indent=2))

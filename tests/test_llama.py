@@ -1,0 +1,182 @@
+"""LLaMA blocks, grouped-query and flash attention, fused kernels, sweeps."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import autopar
+from autopar.specs import load_model, load_system
+
+# A small LLaMA: 4 heads of 16, 2 key/value heads, SwiGLU 96 wide.
+SMALL = {"hidden": 64, "feedforward": 96, "seq_size": 32, "attn_heads": 4,
+         "attn_size": 16, "num_blocks": 4, "block": "llama", "kv_heads": 2}
+
+
+@pytest.fixture
+def system(repo_root):
+    return load_system(repo_root / "systems" / "a100_80g.json")
+
+
+def _exe(**kw):
+    e = {"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1,
+         "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+         "batch_size": 4, "microbatch_size": 2, "datatype": "bfloat16",
+         "fused_activation": True, "attention_type": "multihead",
+         "activation_recompute": "none", "pipeline_interleaving": 1,
+         "optimizer_sharding": False, "tensor_par_comm_type": "ar",
+         "tensor_par_overlap": "none", "seq_par_ag_redo": False,
+         "data_par_overlap": False, "weight_offload": False,
+         "activations_offload": False, "optimizer_offload": False, "training": True}
+    e.update(kw)
+    return e
+
+
+def _one(model, system, **kw):
+    return autopar.evaluate(load_model(model), system, _exe(**kw)).iloc[0]
+
+
+def test_llama_weights_by_hand(system):
+    h, f, H, KV, d = 64, 96, 4, 2, 16
+    row = _one(SMALL, system)
+    attn = h * H * d + 2 * h * KV * d + H * d * h      # Q, K, V (grouped), output
+    mlp = h * 2 * f + f * h                            # gate+up, down
+    norms = 2 * h                                      # two RMSNorm scales, no bias
+    assert row.block_weight_space == (attn + mlp + norms) * 2
+
+
+def test_llama_forward_flops_by_hand(system):
+    h, f, s, H, KV, d, b = 64, 96, 32, 4, 2, 16, 2
+    B = b * s
+    row = _one(SMALL, system)
+    matmuls = 2 * B * (h * H * d + 2 * h * KV * d + H * d * h + h * 2 * f + f * h)
+    attention = 2 * (2 * b * H * s * s * d) + 5 * b * H * s * s     # QK^T, PV, softmax
+    norms = 2 * 4 * B * h
+    rotary = 3 * B * (H * d + KV * d)
+    swiglu = 6 * B * f
+    residuals = 2 * B * h
+    assert row.block_fw_flops == matmuls + attention + norms + rotary + swiglu + residuals
+
+
+def test_flash_attention_counts_the_same_work_and_stores_no_scores(system):
+    h, s, H, d, b = 64, 32, 4, 16, 2
+    plain = _one(SMALL, system)
+    flash = _one(SMALL, system, attention_impl="flash_v2")
+    # The same counted matmul flops, without the softmax pass.
+    assert flash.block_fw_flops == plain.block_fw_flops - 5 * b * H * s * s
+    # The s x s scores and probabilities are no longer stored.
+    assert flash.block_act_storage_space < plain.block_act_storage_space - b * H * s * s * 2
+    # v1 is slower than v2 for the same work.
+    v1 = _one(SMALL, system, attention_impl="flash_v1")
+    assert v1.block_fw_time > flash.block_fw_time
+    assert v1.block_fw_flops == flash.block_fw_flops
+
+
+def test_fused_norm_saves_fp32_intermediates_and_traffic(system):
+    h, s, b = 64, 32, 2
+    unfused = _one(SMALL, system)
+    fused = _one(SMALL, system, fused_norm=True)
+    assert unfused.block_act_storage_space - fused.block_act_storage_space == 2 * b * s * h * 8
+    assert fused.block_fw_mem_accessed < unfused.block_fw_mem_accessed
+    assert fused.block_fw_flops == unfused.block_fw_flops
+
+
+def test_gpt_block_ignores_norm_fusion_and_keeps_calculon_counts(system):
+    gpt = dict(SMALL, block="gpt", kv_heads=None)
+    a = _one(gpt, system)
+    b = _one(gpt, system, fused_norm=True)
+    assert a.block_fw_time == b.block_fw_time
+    assert a.block_act_storage_space == b.block_act_storage_space
+
+
+def test_grouped_query_attention_shrinks_kv(system):
+    full = _one(dict(SMALL, kv_heads=4), system)
+    grouped = _one(SMALL, system)
+    single = _one(dict(SMALL, kv_heads=1), system)
+    assert full.block_weight_space > grouped.block_weight_space > single.block_weight_space
+    assert full.block_weight_space - grouped.block_weight_space == 2 * 64 * 2 * 16 * 2
+
+
+def test_vocabulary_adds_embedding_output_and_logits(system):
+    none = _one(SMALL, system)
+    vocab = _one(dict(SMALL, vocab_size=1000), system)
+    h, V, s, b = 64, 1000, 32, 2
+    params = 2 * V * h                                       # embedding + output, one stage
+    per_param = 2 + 2 + 12                                   # bf16 weight and grad, Adam fp32
+    logits = b * s * V * (2 + 4)
+    assert vocab.proc_mem_tier1_cap_req - none.proc_mem_tier1_cap_req == pytest.approx(
+        params * per_param + logits)
+    assert vocab.total_time > none.total_time
+
+
+def test_unsharded_grads_keep_whole_gradients(system):
+    kw = dict(num_procs=8, data_par=8, batch_size=16, microbatch_size=2, data_par_net=0,
+              optimizer_sharding=True)
+    zero2 = _one(SMALL, system, **kw)
+    megatron = _one(SMALL, system, unsharded_grads=True, **kw)
+    assert megatron.optimizer_space == zero2.optimizer_space
+    assert megatron.block_weight_grad_space == pytest.approx(8 * zero2.block_weight_grad_space)
+
+
+def test_fork_style_flash_and_structure_type(system, tmp_path, cli, repo_root):
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps(SMALL))
+    exe = _exe(attention_type="flash", structure_type="llama")
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(exe))
+    r = cli("estimate", model, repo_root / "systems" / "a100_80g.json", path, "--json")
+    assert r.returncode == 0, r.stderr
+    flash = _one(SMALL, system, attention_impl="flash_v2")
+    assert json.loads(r.stdout)["block_fw_flops"] == flash.block_fw_flops
+    path.write_text(json.dumps(_exe(structure_type="gpt")))
+    r = cli("estimate", model, repo_root / "systems" / "a100_80g.json", path)
+    assert r.returncode == 2
+    assert "structure_type" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_memory_overhead_field(system, repo_root):
+    import dataclasses
+
+    from autopar.specs import MemoryOverhead
+    base = _one(SMALL, system)
+    over = dataclasses.replace(system, memory_overhead=MemoryOverhead(2.0, 0.5))
+    row = autopar.evaluate(load_model(SMALL), over, _exe()).iloc[0]
+    assert row.proc_mem_tier1_cap_req == pytest.approx(
+        base.proc_mem_tier1_cap_req * 1.5 + 2 * 1024 ** 3)
+
+
+def test_shipped_llama_models_load(repo_root):
+    for name in ("llama-7B", "llama-13B", "llama-30B", "llama-65B", "llama2-7B",
+                 "llama2-13B", "llama2-70B", "llama3-8B", "llama3-70B", "llama3-405B"):
+        m = load_model(repo_root / "models" / f"{name}.json")
+        assert m.block == "llama" and m.vocab_size > 0 and m.kv_heads
+
+
+def test_validate_sweep_on_measured_data(reference, repo_root, tmp_path, cli):
+    csv = reference / "measured" / "llama-sweeps" / "llama_13B_65B_a100.csv"
+    out = tmp_path / "pred.csv"
+    r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
+            "--output", out)
+    assert r.returncode == 0, r.stderr
+    import pandas as pd
+    rows = pd.read_csv(out)
+    assert {"pred_feasible", "pred_step_time_s"} <= set(rows.columns)
+    assert len(rows) == 603
+    from autopar.validate import sweep_report
+    rep = sweep_report(rows).loc["overall"]
+    # What the calibrated model reaches today (see README); guards regressions.
+    assert rep.oom_agreement >= 0.90
+    assert rep.spearman >= 0.88
+    assert rep.median_abs_error <= 0.10
+
+
+def test_validate_sweep_bad_input(tmp_path, cli, repo_root):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("sweep,model\nx,llama-13B\n")
+    r = cli("validate", bad, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json")
+    assert r.returncode == 2
+    assert "bad.csv" in r.stderr and "Traceback" not in r.stderr
+    r = cli("validate", tmp_path / "missing.csv", "--system",
+            repo_root / "systems" / "a100_80g_dgx_hdr200.json")
+    assert r.returncode == 2 and "missing.csv" in r.stderr

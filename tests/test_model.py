@@ -1,0 +1,254 @@
+"""The analytical model: agreement with Calculon, validity rules, hand counts."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import autopar
+from autopar import model as M
+from autopar.layouts import to_columns
+from autopar.specs import load_model, load_system
+
+
+def _golden_groups(golden):
+    groups = collections.defaultdict(list)
+    for r in golden:
+        groups[(r["model"], r["system"])].append(r)
+    return groups
+
+
+def test_golden_agreement(golden, reference):
+    """Feasibility and key statistics agree with the reference on all 3,120 cases."""
+    systems = reference / "calculon-golden" / "systems"
+    total = agree = compared = 0
+    within_01 = within_1 = 0
+    for (mname, sname), rows in _golden_groups(golden).items():
+        model = load_model(rows[0]["application"])
+        system = load_system(systems / f"{sname}.json")
+        out = M.evaluate_columns(model, system, to_columns([r["execution"] for r in rows]))
+        for i, r in enumerate(rows):
+            total += 1
+            if bool(out["feasible"][i]) != r["ok"]:
+                continue
+            agree += 1
+            if not r["ok"]:
+                continue
+            for key in ("sample_rate", "total_time", "proc_mem_tier1_cap_req"):
+                compared += 1
+                rel = abs(out[key][i] - r["stats"][key]) / abs(r["stats"][key])
+                within_01 += rel <= 1e-3
+                within_1 += rel <= 1e-2
+    assert total == 3120
+    assert agree / total >= 0.999
+    assert compared > 3000
+    assert within_01 / compared >= 0.995
+    assert within_1 == compared
+
+
+def test_golden_every_statistic(golden, reference):
+    """Every statistic of every feasible case matches to 1e-9 (the same semantics)."""
+    systems = reference / "calculon-golden" / "systems"
+    worst = 0.0
+    for (mname, sname), rows in _golden_groups(golden).items():
+        model = load_model(rows[0]["application"])
+        system = load_system(systems / f"{sname}.json")
+        out = M.evaluate_columns(model, system, to_columns([r["execution"] for r in rows]))
+        for i, r in enumerate(rows):
+            if not r["ok"]:
+                assert M.REASONS[out["reason_code"][i]].startswith("infeasible:")
+                continue
+            for key, want in r["stats"].items():
+                if want is None:
+                    assert np.isnan(out[key][i])
+                    continue
+                got = out[key][i]
+                worst = max(worst, abs(got - want) / max(abs(want), 1e-300))
+    assert worst < 1e-9
+
+
+def test_golden_reasons_match(golden, reference):
+    """The first failing rule is the reference's (memory, network tier, offload)."""
+    systems = reference / "calculon-golden" / "systems"
+    for (mname, sname), rows in _golden_groups(golden).items():
+        model = load_model(rows[0]["application"])
+        system = load_system(systems / f"{sname}.json")
+        out = M.evaluate_columns(model, system, to_columns([r["execution"] for r in rows]))
+        for i, r in enumerate(rows):
+            if r["ok"]:
+                continue
+            ours = M.REASONS[out["reason_code"][i]].lower()
+            theirs = r["error"].lower()
+            if "mem tier1" in theirs:
+                assert "mem tier1" in ours
+            elif "mem tier2" in theirs:
+                assert "mem tier2" in ours
+            elif "offloading" in theirs:
+                assert "offloading" in ours
+            elif "network tier" in theirs:
+                tier = theirs.split("network tier")[1][0]
+                assert f"network tier{tier}" in ours
+                assert ("big enough" in ours) == ("big enough" in theirs)
+
+
+def test_megatron_published_errors_match_reference(reference):
+    """Reproduces the Megatron-LM figures with the reference model's errors."""
+    from autopar.validate import megatron, summarize
+
+    system = load_system(reference / "calculon-golden" / "systems" / "a100_80g.json")
+    s = summarize(megatron(system))
+    expect = {"fig1_activation_memory_gib": (2.08, 8.74),
+              "fig7_activation_memory_percent": (6.69, 30.41),
+              "tab5_batch_time_s": (3.65, 8.87)}
+    for fig, (mean, mx) in expect.items():
+        assert s.loc[fig, "mean_error_pct"] == pytest.approx(mean, abs=0.01)
+        assert s.loc[fig, "max_error_pct"] == pytest.approx(mx, abs=0.01)
+
+
+def test_validate_megatron_cli(cli, repo_root):
+    r = cli("validate", "megatron")
+    assert r.returncode == 0, r.stderr
+    assert "tab5_batch_time_s" in r.stdout and "mean_error_pct" in r.stdout
+
+
+# --- small hand-checked cases ------------------------------------------------
+
+TINY = {"hidden": 64, "feedforward": 256, "seq_size": 32, "attn_heads": 4,
+        "attn_size": 16, "num_blocks": 4}
+
+
+@pytest.fixture
+def tiny_system(repo_root):
+    return load_system(repo_root / "systems" / "a100_80g.json")
+
+
+def _exe(**kw):
+    e = {"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1,
+         "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+         "batch_size": 4, "microbatch_size": 2, "datatype": "float16",
+         "fused_activation": False, "attention_type": "multihead",
+         "activation_recompute": "none", "pipeline_interleaving": 1,
+         "optimizer_sharding": False, "tensor_par_comm_type": "ar",
+         "tensor_par_overlap": "none", "seq_par_ag_redo": False,
+         "data_par_overlap": False, "weight_offload": False,
+         "activations_offload": False, "optimizer_offload": False, "training": True}
+    e.update(kw)
+    return e
+
+
+def test_block_flops_and_weights_by_hand(tiny_system):
+    """Forward flops and weight bytes of one GPT block, counted by hand."""
+    m = load_model(TINY)
+    out = autopar.evaluate(m, tiny_system, _exe()).iloc[0]
+    h, f, s, H, d, b = 64, 256, 32, 4, 16, 2
+    B = b * s
+    matmuls = 2 * B * h * (3 * H * d) + 2 * B * (H * d) * h + 2 * B * h * f * 2
+    attn = b * H * 2 * s * d * s * 2              # QK^T and attention x V
+    softmax, dropout_attn = 5 * H * s * s * b, H * s * s * b
+    layernorms, gelu = 2 * 9 * B * h, 8 * B * f
+    dropouts, residuals = 2 * B * h, 2 * B * h
+    assert out.block_fw_flops == matmuls + attn + softmax + dropout_attn + layernorms \
+        + gelu + dropouts + residuals
+    weights = (3 * h * H * d + H * d * h + 2 * h * f + 2 * 2 * h) * 2   # fp16, no biases
+    assert out.block_weight_space == weights
+    # Adam: fp32 master copy + two fp32 moments per weight.
+    assert out.block_optimizer_space == pytest.approx(weights / 2 * 12)
+    assert out.useful_flops > out.block_fw_flops
+
+
+def test_column_of_one_equals_row_of_many(tiny_system):
+    m = load_model(TINY)
+    exes = [_exe(), _exe(activation_recompute="full"), _exe(microbatch_size=1),
+            _exe(training=False), _exe(fused_activation=True)]
+    many = autopar.evaluate(m, tiny_system, exes)
+    for i, e in enumerate(exes):
+        one = autopar.evaluate(m, tiny_system, e).iloc[0]
+        pd.testing.assert_series_equal(one, many.iloc[i], check_names=False)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(tensor_par=2), "tensor_par * pipeline_par * data_par != num_procs"),
+    (dict(batch_size=5, microbatch_size=1), None),
+    (dict(num_procs=2, data_par=2, batch_size=6, microbatch_size=2),
+     "local batch is not divisible by microbatch_size"),
+    (dict(num_procs=2, data_par=2, batch_size=5), "batch_size is not divisible by data_par"),
+    (dict(activation_recompute="full", training=False), "recompute is only for training"),
+    (dict(pipeline_interleaving=2), "pipeline_interleaving must be 1"),
+    (dict(optimizer_sharding=True), "optimizer_sharding needs data_par > 1"),
+    (dict(tensor_par_overlap="ring"), "tensor_par_overlap needs tensor_par > 1"),
+    (dict(seq_par_ag_redo=True), "seq_par_ag_redo needs tensor_par_comm_type rs_ag"),
+    (dict(seq_par_ag_redo=True, tensor_par_comm_type="rs_ag", activation_recompute="full"),
+     "not used with full recompute"),
+    (dict(data_par_overlap=True), "data_par_overlap needs training and data_par > 1"),
+    (dict(optimizer_offload=True, training=False), "optimizer_offload is only for training"),
+    (dict(num_procs=3, tensor_par=3, tensor_par_net=1), "must be divisible by tensor_par"),
+    (dict(num_procs=3, tensor_par=3), "network tier0 isn't fully used"),
+    (dict(num_procs=2, pipeline_par=2, pipeline_interleaving=3),
+     "pipeline_interleaving exceeds the blocks per processor"),
+    (dict(num_procs=2, pipeline_par=2, pipeline_interleaving=2, num_blocks=6),
+     "pipeline_interleaving must divide the blocks per processor"),
+    (dict(num_procs=2, pipeline_par=2, weight_offload=True), "at least 3 blocks"),
+    (dict(num_procs=16, tensor_par=16, tensor_par_net=0), "network tier0 isn't big enough"),
+    (dict(num_procs=3, data_par=3, batch_size=6, data_par_net=0),
+     "network tier0 isn't fully used"),
+    (dict(num_procs=2, data_par=2, data_par_net=0), None),
+    (dict(tensor_par_net=5), "network tier out of range"),
+    (dict(datatype="float8"), "datatype not supported"),
+])
+def test_invalid_layouts(tiny_system, change, reason):
+    m = load_model(dict(TINY, num_blocks=change.pop("num_blocks", TINY["num_blocks"])))
+    row = autopar.evaluate(m, tiny_system, _exe(**change)).iloc[0]
+    if reason is None:
+        assert row.feasible and row.reason == ""
+        return
+    assert not row.feasible
+    assert reason in row.reason
+    assert np.isnan(row.sample_rate)
+
+
+def test_memory_failure_says_how_much(tiny_system):
+    big = dict(TINY, hidden=16384, feedforward=65536, attn_heads=128, attn_size=128,
+               num_blocks=8)
+    row = autopar.evaluate(load_model(big), tiny_system, _exe()).iloc[0]
+    assert not row.feasible
+    assert row.reason.startswith("infeasible: mem tier1 needs ")
+    assert row.proc_mem_tier1_cap_req > 80 * 1024 ** 3
+    assert np.isnan(row.total_time)
+
+
+def test_uneven_blocks_shorten_the_bubble(tiny_system):
+    """5 blocks on 2 stages: 3 blocks on the first, bubble shortened by one block."""
+    m5 = load_model(dict(TINY, num_blocks=5))
+    m6 = load_model(dict(TINY, num_blocks=6))
+    e = _exe(num_procs=2, pipeline_par=2, batch_size=8, microbatch_size=1,
+             pipeline_par_net=1)
+    r5 = autopar.evaluate(m5, tiny_system, e).iloc[0]
+    r6 = autopar.evaluate(m6, tiny_system, e).iloc[0]
+    assert r5.fw_time == pytest.approx(r6.fw_time)          # 3 blocks per stage both
+    assert r5.bubble_time < r6.bubble_time
+
+
+def test_roofline_is_never_slower(reference):
+    systems = reference / "calculon-golden" / "systems"
+    m = load_model(reference / "calculon-golden" / "models" / "megatron-126M.json")
+    no = load_system(systems / "a100_80g.json")
+    roof = load_system(systems / "a100_80g_roofline.json")
+    e = _exe(num_procs=8, data_par=8, batch_size=64, microbatch_size=4, data_par_net=0)
+    a = autopar.evaluate(m, no, e).iloc[0]
+    b = autopar.evaluate(m, roof, e).iloc[0]
+    assert a.feasible and b.feasible
+    assert b.block_fw_time < a.block_fw_time
+    assert b.total_time < a.total_time
+
+
+def test_dataframe_input_and_order(tiny_system):
+    m = load_model(TINY)
+    frame = pd.DataFrame([_exe(microbatch_size=1), _exe(microbatch_size=2),
+                          _exe(tensor_par=2)], index=[10, 20, 30])
+    t = autopar.evaluate(m, tiny_system, frame)
+    assert list(t.index) == [10, 20, 30]
+    assert t.feasible.tolist() == [True, True, False]
+    assert t.loc[10, "block_fw_flops"] < t.loc[20, "block_fw_flops"]
+    assert set(M.STATS) <= set(t.columns)
