@@ -20,7 +20,7 @@ from typing import Mapping
 import numpy as np
 
 from .layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS, FIELDS
-from .specs import ModelSpec, SystemSpec
+from .specs import MemoryOverhead, ModelSpec, SystemSpec
 
 # ----------------------------------------------------------------------------
 # Statistics reported, by Calculon's names, in Calculon's order.
@@ -757,17 +757,20 @@ class _Blocks:
         _, idx2, inv2 = np.unique(key2, return_index=True, return_inverse=True)
         sub2 = {f: c[f][idx2] for f in _BLOCK_FIELDS}
         k2 = _block(_Ctx(model, system, sub2, uniq_dt), sub2)
-        self.k1, self.inv1 = k1, inv1
-        self.k2, self.inv2 = k2, inv2
+        # Sums stacked as (sum, distinct block) tables, gathered per chunk.
+        self._n1 = [name for name in k1 if name not in _OPTIM_SUMS]
+        self._t1 = np.stack([np.broadcast_to(k1[name], (len(idx1),)) for name in self._n1])
+        self._t2 = np.stack([np.broadcast_to(k2[name], (len(idx2),)) for name in _OPTIM_SUMS])
+        self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
         self.grad_shard = np.where(c["unsharded_grads"], 1, shard)
 
     def rows(self, sl: slice) -> dict:
-        """Per-block sums for the rows ``sl``."""
-        i1, i2 = self.inv1[sl], self.inv2[sl]
-        k = {name: v[i1] for name, v in self.k1.items() if name not in _OPTIM_SUMS}
-        for name in _OPTIM_SUMS:
-            k[name] = self.k2[name][i2]
+        """Per-block sums for the rows ``sl`` (one gather per key table)."""
+        a = self._t1[:, self.inv1[sl]]
+        b = self._t2[:, self.inv2[sl]]
+        k = dict(zip(self._n1, a))
+        k.update(zip(_OPTIM_SUMS, b))
         k["wgrad_space"] = k["wgrad_space"] / self.grad_shard[sl]
         k["optimizer_space"] = k["optimizer_space"] / self.shard[sl]
         return k
@@ -1081,7 +1084,7 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     S["bw_offload_exposed_time"] = bw_oh
     total = (fw_time + bw_time + optim_time + fw_oh + bw_oh + re_time + recomm_exp
              + bubble + S["tp_comm_exposed_time"] + pp_link + dp_exp)
-    head_time, head_mem = _head(ctx, c, x, nmb, pp)
+    head_time, head_mem = _head(ctx, c, x, nmb, pp, system)
     total = total + head_time
     S["total_time"] = total
 
@@ -1095,18 +1098,24 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
         S["offload_mem_bw_req"] = np.where(
             tr, np.maximum(fw_off_size / fw_ot, bw_off_size / bw_ot), fw_off_size / fw_ot)
 
-    tier1 = np.where(wo, weight_min, weight_space)
+    # Tier 1 holds persistent state (weights, gradients, optimizer) and
+    # transient tensors (activations, checkpoints, gradients of activations,
+    # logits); fragmentation is charged on the transient part.
+    static = np.where(wo, weight_min, weight_space)
     tier2 = np.where(wo, weight_space, 0.0)
     ao_rf = ao & rf
-    tier1 = tier1 + np.where(ao, act_min, act_space + ckpt_total)
-    tier1 = tier1 + np.where(ao_rf, np.nan_to_num(ckpt_min), 0.0)
+    transient = np.where(ao, act_min, act_space + ckpt_total)
+    transient = transient + np.where(ao_rf, np.nan_to_num(ckpt_min), 0.0)
     tier2 = tier2 + np.where(ao, np.where(rf, ckpt_total, act_space), 0.0)
-    tier1 = tier1 + np.where(oo, wgrad_min + optim_min, wgrad_space + optimizer_space)
+    static = static + np.where(oo, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + np.where(oo, k["wgrad_space"] * bpp + optimizer_space, 0.0)
-    tier1 = tier1 + act_grad + head_mem
+    transient = transient + act_grad + head_mem["transient"]
+    static = static + head_mem["static"]
     over = system.memory_overhead
     if over is not None:
-        tier1 = tier1 * (1 + over.fraction) + over.reserved_GiB * 1024 ** 3
+        transient = transient * (1 + over.fraction)
+        static = static + over.reserved_GiB * 1024 ** 3
+    tier1 = static + transient
     S["proc_mem_tier1_cap_req"] = tier1
     S["proc_mem_tier2_cap_req"] = tier2
 
@@ -1124,7 +1133,7 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     return S
 
 
-def _head(ctx: _Ctx, c: dict, x: dict, nmb, pp):
+def _head(ctx: _Ctx, c: dict, x: dict, nmb, pp, system: SystemSpec):
     """Time and memory of the embedding and the output layer with its loss.
 
     Only for models that give ``vocab_size`` (Calculon models none).  The
@@ -1132,11 +1141,12 @@ def _head(ctx: _Ctx, c: dict, x: dict, nmb, pp):
     stage for every micro-batch; that stage paces the pipeline, so the extra
     time is paid in each of the ``nmb + pp - 1`` schedule slots.  The first
     stage holds the embedding, the last the output matrix and one
-    micro-batch's logits; with one stage, both.
+    micro-batch's logits (with the fp32 copies the system's
+    ``memory_overhead`` says the loss keeps); with one stage, both.
     """
     V = float(ctx.m.vocab_size)
     if V <= 0:
-        return 0.0, 0.0
+        return 0.0, {"static": 0.0, "transient": 0.0}
     t, tr, b = ctx.t, ctx.training, ctx.bpe
     B = x["B"]
     out = _finish(ctx, _linear(ctx, B, float(ctx.m.hidden), V / t))
@@ -1150,9 +1160,10 @@ def _head(ctx: _Ctx, c: dict, x: dict, nmb, pp):
     grads = np.where(c["unsharded_grads"], b, b / ctx.shard)
     per_param = b + np.where(tr, grads + np.where(b < 4, 12.0, 8.0) / ctx.shard, 0.0)
     matrix = params * per_param
-    logit_mem = logits * (b + np.where(tr, 4.0, 0.0))
-    mem = np.where(pp == 1, 2 * matrix + logit_mem, matrix + logit_mem)
-    return time, mem
+    over = system.memory_overhead or MemoryOverhead()
+    logit_mem = B * V / (1.0 if over.logits_gathered else t) * (
+        b + np.where(tr, over.logits_fp32_copies * 4.0, 0.0))
+    return time, {"static": np.where(pp == 1, 2 * matrix, matrix), "transient": logit_mem}
 
 
 # ----------------------------------------------------------------------------
@@ -1292,10 +1303,11 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 # so that the reason can say how much it needs.
                 short = (cc == _R["infeasible: mem tier1 capacity exceeded"]) | \
                         (cc == _R["infeasible: mem tier2 capacity exceeded"])
+                keep_req = bad & ~short
                 for name in names:
                     o = out[name][sl]
                     o[...] = S[name]
-                    o[(bad & ~short) if name in _MEM_REQ else bad] = np.nan
+                    np.putmask(o, keep_req if name in _MEM_REQ else bad, np.nan)
     else:
         for name in names:
             out[name] = np.full(n, np.nan)

@@ -86,6 +86,10 @@ class MemoryOverhead:
     the counted requirement)."""
     reserved_GiB: float = 0.0
     fraction: float = 0.0
+    # The loss's fp32 copies of one micro-batch's logits, and whether the
+    # framework gathers the logits whole on every tensor-parallel rank.
+    logits_fp32_copies: float = 1.0
+    logits_gathered: bool = False
 
 
 @dataclass(frozen=True)
@@ -432,14 +436,19 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     overhead = None
     if "memory_overhead" in data:
         o = data["memory_overhead"]
-        c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction"))
+        c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction", "logits_fp32_copies",
+                                           "logits_gathered"))
         reserved = c.number(o.get("reserved_GiB", 0.0), "memory_overhead.reserved_GiB")
         fraction = c.number(o.get("fraction", 0.0), "memory_overhead.fraction")
         if reserved < 0:
             c.fail("memory_overhead.reserved_GiB", f"must be >= 0, got {reserved}")
         if not 0 <= fraction < 1:
             c.fail("memory_overhead.fraction", f"must be in [0, 1), got {fraction}")
-        overhead = MemoryOverhead(reserved, fraction)
+        copies = c.number(o.get("logits_fp32_copies", 1.0), "memory_overhead.logits_fp32_copies")
+        if copies < 0:
+            c.fail("memory_overhead.logits_fp32_copies", f"must be >= 0, got {copies}")
+        gathered = c.bool(o.get("logits_gathered", False), "memory_overhead.logits_gathered")
+        overhead = MemoryOverhead(reserved, fraction, copies, gathered)
     spec = SystemSpec(matrix=matrix, vector=vector, mem1=mem1, mem2=mem2,
                       processing_mode=mode, networks=networks, name=name,
                       source=src, description=desc, memory_overhead=overhead)
@@ -482,8 +491,10 @@ def system_to_json(system: SystemSpec) -> dict:
                 "processing_mode": system.processing_mode,
                 "networks": [net(n) for n in system.networks]})
     if system.memory_overhead is not None:
-        out["memory_overhead"] = {"reserved_GiB": _num(system.memory_overhead.reserved_GiB),
-                                  "fraction": system.memory_overhead.fraction}
+        o = system.memory_overhead
+        out["memory_overhead"] = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
+                                  "logits_fp32_copies": _num(o.logits_fp32_copies),
+                                  "logits_gathered": o.logits_gathered}
     return out
 
 
