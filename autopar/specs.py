@@ -245,6 +245,12 @@ class _Checker:
             self.fail(field, f"must be > 0, got {_show(v)}")
         return x
 
+    def non_negative(self, v, field: str) -> float:
+        x = self.number(v, field)
+        if x < 0:
+            self.fail(field, f"must be >= 0, got {_show(v)}")
+        return x
+
     def efficiency(self, v, field: str) -> float:
         x = self.number(v, field)
         if not 0 < x <= 1:
@@ -371,10 +377,12 @@ def _processor(c: _Checker, v, path: str) -> dict:
     return out
 
 
-def _memory(c: _Checker, v, path: str) -> MemorySpec:
+def _memory(c: _Checker, v, path: str, optional: bool = False) -> MemorySpec:
+    """A memory tier; an ``optional`` tier (mem2) may be absent: GiB 0."""
     c.keys(v, path, ("GiB", "GBps", "MB_efficiency"))
-    return MemorySpec(GiB=c.positive(v["GiB"], f"{path}.GiB"),
-                      GBps=c.positive(v["GBps"], f"{path}.GBps"),
+    size = c.positive if not optional else c.non_negative
+    return MemorySpec(GiB=size(v["GiB"], f"{path}.GiB"),
+                      GBps=size(v["GBps"], f"{path}.GBps"),
                       MB_efficiency=c.table(v["MB_efficiency"],
                                             f"{path}.MB_efficiency", "MB"))
 
@@ -425,7 +433,7 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     matrix = _processor(c, data["matrix"], "matrix")
     vector = _processor(c, data["vector"], "vector")
     mem1 = _memory(c, data["mem1"], "mem1")
-    mem2 = _memory(c, data["mem2"], "mem2")
+    mem2 = _memory(c, data["mem2"], "mem2", optional=True)
     mode = c.choice(data["processing_mode"], "processing_mode", PROCESSING_MODES)
     nets = data["networks"]
     if not isinstance(nets, list) or not nets:

@@ -252,3 +252,16 @@ def test_dataframe_input_and_order(tiny_system):
     assert t.feasible.tolist() == [True, True, False]
     assert t.loc[10, "block_fw_flops"] < t.loc[20, "block_fw_flops"]
     assert set(M.STATS) <= set(t.columns)
+
+
+def test_system_without_second_memory_tier(repo_root):
+    """mem2 of 0 GiB (Calculon's way to say 'none'): offloading cannot run."""
+    import json
+    data = json.loads((repo_root / "systems" / "a100_80g.json").read_text())
+    data["mem2"] = dict(data["mem2"], GiB=0, GBps=0)
+    system = load_system(data)
+    m = load_model(dict(TINY, num_blocks=8))
+    rows = autopar.evaluate(m, system, [_exe(), _exe(weight_offload=True)])
+    assert rows.feasible.tolist() == [True, False]
+    assert "mem tier2" in rows.reason[1]
+    assert rows.fw_offload_exposed_time[0] == 0
