@@ -21,7 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.layouts import CHOICES, FIELDS, record
+from autopar.layouts import ALL_FIELDS, CHOICES, EXT_DEFAULTS, record
 from autopar.space import Case, Space, load_space
 from autopar.specs import (ModelSpec, SpecError, SystemSpec, load_model,
                            load_system, model_to_json, system_to_json)
@@ -58,17 +58,23 @@ def _evaluate(model: ModelSpec, system: SystemSpec, space: Space, case: Case,
               start: int, stop: int, top_n: int, keep_rows: bool) -> _Part:
     from autopar import model as perf
     cols = space.layouts(case, start, stop)
-    res = perf.evaluate_columns(model, system, cols)
+    # Every statistic only when every row is kept; otherwise the sample rate
+    # ranks the chunk and the few best rows are evaluated again in full.
+    res = perf.evaluate_columns(model, system, cols,
+                                stats=None if keep_rows else ("sample_rate",))
     code = np.asarray(res["reason_code"])
     counts = np.bincount(code, minlength=len(perf.REASONS)).astype(np.int64)
     ok = np.asarray(res["feasible"], dtype=bool)
     rate = np.asarray(res["sample_rate"], dtype=np.float64)
     sel = _top_indices(rate, ok, top_n)
     top = {"index": sel.astype(np.int64) + start}
-    for f in FIELDS:
+    for f in ALL_FIELDS:
         top[f] = cols[f][sel]
+    full = res if keep_rows else perf.evaluate_columns(
+        model, system, {f: top[f] for f in ALL_FIELDS})
+    sub = slice(None) if not keep_rows else sel
     for s in perf.STATS:
-        top[s] = np.asarray(res[s])[sel]
+        top[s] = np.asarray(full[s])[sub]
     rows = None
     if keep_rows:
         rows = dict(cols)
@@ -178,7 +184,7 @@ def _ray_parts(model, system, space, case, ranges, top_n, keep_rows, address):
 def _arrow_table(rows: Mapping, reasons: tuple, stats: tuple, csv: bool):
     import pyarrow as pa
     arrays, names = [], []
-    for f in FIELDS:
+    for f in ALL_FIELDS:
         col = rows[f]
         if f in CHOICES:
             arr = pa.DictionaryArray.from_arrays(pa.array(col.astype(np.int8)),
@@ -226,7 +232,7 @@ class _RowsWriter:
             self.writer.close()
         if ok:
             if self.writer is None:    # no layout at all: still a valid empty file
-                self.write({**{f: np.zeros(0, dtype=np.int64) for f in FIELDS},
+                self.write({**{f: np.zeros(0, dtype=np.int64) for f in ALL_FIELDS},
                             "feasible": np.zeros(0, bool),
                             "reason_code": np.zeros(0, np.int16),
                             **{s: np.zeros(0) for s in self.stats}})
@@ -243,16 +249,16 @@ def _table(top: Mapping, reasons: tuple, stats: tuple):
     """Decoded pandas table: layout fields as Calculon writes them, then stats."""
     import pandas as pd
     data = {}
-    for f in FIELDS:
+    for f in ALL_FIELDS:
         col = np.asarray(top[f])
         if f in CHOICES:
             data[f] = pd.Categorical.from_codes(col.astype(np.int64), categories=list(CHOICES[f]))
         else:
             data[f] = col
     data["feasible"] = np.asarray(top["feasible"], dtype=bool) if "feasible" in top else \
-        np.ones(len(top[FIELDS[0]]), dtype=bool)
+        np.ones(len(top[ALL_FIELDS[0]]), dtype=bool)
     code = np.asarray(top["reason_code"]) if "reason_code" in top else \
-        np.zeros(len(top[FIELDS[0]]), dtype=np.int64)
+        np.zeros(len(top[ALL_FIELDS[0]]), dtype=np.int64)
     data["reason"] = pd.Categorical.from_codes(code.astype(np.int64), categories=list(reasons))
     for s in stats:
         data[s] = np.asarray(top[s], dtype=np.float64)
@@ -331,7 +337,7 @@ def exhaustive(model, system, num_procs: int, max_batch_size: int, datatype: str
             writer.close(ok)
     seconds = time.perf_counter() - t0
     if top is None:   # empty space
-        top = {"index": np.zeros(0, np.int64), **{f: np.zeros(0, np.int64) for f in FIELDS},
+        top = {"index": np.zeros(0, np.int64), **{f: np.zeros(0, np.int64) for f in ALL_FIELDS},
                **{s: np.zeros(0) for s in perf.STATS}}
     if keep_all:
         import pandas as pd
@@ -378,10 +384,13 @@ def top_json(table, n: int | None = None) -> dict:
 
 
 def execution_of(row) -> dict:
-    """A table row -> Calculon's 23-field execution dict (plain Python values)."""
+    """A table row -> Calculon's 23-field execution dict (plain Python values),
+    plus autopar's extension fields where they differ from their defaults."""
     from autopar.layouts import BOOL_FIELDS
     ex = {}
-    for f in FIELDS:
+    for f in ALL_FIELDS:
+        if f not in row:
+            continue
         v = row[f]
         if f in CHOICES:
             ex[f] = str(v)
@@ -389,6 +398,8 @@ def execution_of(row) -> dict:
             ex[f] = bool(v)
         else:
             ex[f] = int(v)
+        if f in EXT_DEFAULTS and ex[f] == EXT_DEFAULTS[f]:
+            del ex[f]
     return ex
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from autopar.layouts import BOOL_FIELDS, CHOICES, FIELDS
+from autopar.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
 from autopar.specs import SpecError
 
 # The parameters a space decides on, in define-by-run order (Calculon's loop
@@ -44,7 +44,11 @@ PARAMS: tuple[str, ...] = (
     "weight_offload", "activations_offload", "optimizer_offload",
     "fused_activation", "attention_type", "microbatch_size",
     "tensor_par_net", "pipeline_par_net", "data_par_net",
+    # autopar's extensions (optional in a file: when absent, fixed at their
+    # defaults, which keep Calculon's meaning).
+    "attention_impl", "fused_norm", "unsharded_grads",
 )
+OPTIONAL = tuple(EXT_DEFAULTS)
 DERIVED = ("data_par", "batch_size")          # computed from the others
 FROM_CASE = ("num_procs", "datatype", "training")
 BATCH_POLICIES = ("max", "fixed")
@@ -227,6 +231,16 @@ def _r_attn(c, s):
     return CHOICES["attention_type"], None
 
 
+def _r_impl(c, s):
+    return CHOICES["attention_impl"], None
+
+
+def _r_unsharded(c, s):
+    if not s["optimizer_sharding"]:
+        return (False,), "needs optimizer_sharding"
+    return _TF, None
+
+
 def _r_mbs(c, s):
     tp = s["tensor_par"]
     local = s["batch_size"] // s["data_par"]
@@ -275,6 +289,9 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("tensor_par_net", ("tensor_par",), _r_net("tensor_par"), "network tier"),
     _Rule("pipeline_par_net", ("pipeline_par",), _r_net("pipeline_par"), "network tier"),
     _Rule("data_par_net", ("data_par",), _r_net("data_par"), "network tier"),
+    _Rule("attention_impl", (), _r_impl, ""),
+    _Rule("fused_norm", (), _r_fused, ""),
+    _Rule("unsharded_grads", ("optimizer_sharding",), _r_unsharded, ""),
 )
 assert tuple(r.name for r in _RULES if r.name not in DERIVED) == PARAMS
 
@@ -440,6 +457,9 @@ def load_space(spec, source: str | None = None) -> "Space":
         if n in allowed:
             raise SpecError(src, f"fixed.{n}", "is also under params; a parameter is searched or fixed, not both")
         fixed_vals[n] = _value(src, f"fixed.{n}", n, v)
+    for p in OPTIONAL:
+        if p not in allowed and p not in fixed_vals:
+            fixed_vals[p] = EXT_DEFAULTS[p]
     missing = [p for p in PARAMS if p not in allowed and p not in fixed_vals]
     if missing:
         raise SpecError(src, "params", f"neither searched nor fixed: {', '.join(missing)}")
@@ -664,7 +684,10 @@ class Space:
             state[rule.name] = v
         out = {"num_procs": ctx.num_procs, "datatype": ctx.datatype, "training": ctx.training}
         out.update(state)
-        return {f: out[f] for f in FIELDS}
+        # Extension fields only where they differ from their defaults, as
+        # ``autopar.layouts.record`` writes them: plain layouts stay Calculon's.
+        return {f: out[f] for f in ALL_FIELDS
+                if f not in EXT_DEFAULTS or out[f] != EXT_DEFAULTS[f]}
 
     def check(self, case: Case, execution: Mapping) -> str:
         """'' when the layout is in the space, else 'invalid: <why>'.
@@ -678,7 +701,7 @@ class Space:
                         ("training", ctx.training)):
             if f in ex and ex[f] != want:
                 return f"invalid: {f} {_show(ex[f])} is not the case's {want!r}"
-        for f in FIELDS:
+        for f in ALL_FIELDS:
             if f in ex and not _typed(f, ex[f]):
                 return f"invalid: {f} {_show(ex[f])} is not a valid {_kind(f)} value"
         state: dict = {}
@@ -885,7 +908,7 @@ def _materialize(ctx: _Ctx, plan: _Plan, a: int, b: int) -> dict[str, np.ndarray
     n = b - a
     cols: dict[str, np.ndarray] = {}
     if n <= 0:
-        return {f: np.zeros(0, dtype=_out_dtype(f)) for f in FIELDS}
+        return {f: np.zeros(0, dtype=_out_dtype(f)) for f in ALL_FIELDS}
     off = plan.offsets
     p0 = int(np.searchsorted(off, a, side="right")) - 1
     p1 = int(np.searchsorted(off, b, side="left"))
@@ -904,7 +927,7 @@ def _materialize(ctx: _Ctx, plan: _Plan, a: int, b: int) -> dict[str, np.ndarray
     cols["datatype"] = np.full(n, CHOICES["datatype"].index(ctx.datatype), dtype=np.int8)
     cols["training"] = np.full(n, ctx.training, dtype=bool)
     out = {}
-    for f in FIELDS:
+    for f in ALL_FIELDS:
         c = cols[f]
         dt = _out_dtype(f)
         out[f] = c if c.dtype == dt else c.astype(dt)

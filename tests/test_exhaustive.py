@@ -110,11 +110,11 @@ def test_interrupted_search_writes_nothing(tmp_path, monkeypatch):
     from autopar import model as perf
     real, calls = perf.evaluate_columns, []
 
-    def interrupted(*args):          # the user presses Ctrl-C during chunk 3
+    def interrupted(*args, **kw):    # the user presses Ctrl-C during chunk 3
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(*args)
+        return real(*args, **kw)
 
     monkeypatch.setattr(perf, "evaluate_columns", interrupted)
     path = tmp_path / "all.parquet"

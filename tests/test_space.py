@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from autopar import space as space_mod
-from autopar.layouts import FIELDS, to_records
-from autopar.space import PARAMS, Case, divisors, load_space
+from autopar.layouts import ALL_FIELDS, EXT_DEFAULTS, FIELDS, to_records
+from autopar.space import OPTIONAL, PARAMS, Case, divisors, load_space
 from autopar.specs import SpecError, load_model, load_system
 
 from conftest import REPO_ROOT
@@ -95,12 +95,14 @@ def _all(space, case, chunk=1 << 20):
 def test_shipped_spaces_load():
     cal = load_space(SPACES / "calculon.yaml")
     assert cal.name == "calculon" and cal.batch_policy == "max"
-    assert set(cal.searched) == set(PARAMS) - {"fused_activation", "attention_type"}
-    assert cal.fixed == {"fused_activation": True, "attention_type": "multihead"}
+    assert set(cal.searched) == set(PARAMS) - {"fused_activation", "attention_type",
+                                               *OPTIONAL}
+    assert cal.fixed == {"fused_activation": True, "attention_type": "multihead",
+                         **EXT_DEFAULTS}
     assert cal.searched == tuple(p for p in PARAMS if p in cal.searched)   # define-by-run
     default = load_space("default")           # a bare name resolves to search_spaces/
     assert "fused_activation" in default.searched
-    assert default.fixed == {"attention_type": "multihead"}
+    assert default.fixed == {"attention_type": "multihead", **EXT_DEFAULTS}
     small = load_space(str(SPACES / "small.yaml"))
     assert small.allowed["microbatch_size"].high == 8
     # a Space round-trips through its dict form (what Ray workers receive)
@@ -190,7 +192,7 @@ def test_turing_enumeration_is_unique_and_complete(a100):
     chunks = list(cal.enumerate(case, 4000))
     assert [len(c["tensor_par"]) for c in chunks] == [4000, 4000, 2944]
     for c in chunks:
-        assert set(c) == set(FIELDS)
+        assert set(c) == set(ALL_FIELDS)
         assert c["tensor_par"].dtype == np.int64 and c["datatype"].dtype == np.int8
         assert c["weight_offload"].dtype == bool
         assert np.all(c["tensor_par"] * c["pipeline_par"] * c["data_par"] == 5128)
