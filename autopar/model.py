@@ -1269,8 +1269,9 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     Returns a dict of columns: each name of ``STATS`` (or of ``stats``, a
     subset, when given; NaN where the layout cannot run, except that a layout
     that fails on memory capacity keeps its two ``proc_mem_tier*_cap_req``
-    requirements), ``feasible`` (bool) and ``reason_code`` (index in REASONS).  The block is evaluated once per
-    distinct block; the batch level runs in chunks that stay in cache.
+    requirements), ``feasible`` (bool) and ``reason_code`` (index in
+    REASONS).  Only layouts that pass the rules are computed: the block once
+    per distinct block, the batch level in chunks that stay in cache.
     """
     names = STATS if stats is None else tuple(stats)
     unknown = [x for x in names if x not in STATS]
@@ -1279,60 +1280,55 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     c = _normalize(cols)
     n = len(c["tensor_par"])
     code, dts = _reasons(model, system, c)
-    ok = code == 0
-    out: dict = {}
-    if n and dts and ok.any():
-        safe = _safe(c, ok, dts)
-        uniq = sorted(set(np.unique(safe["datatype"]).tolist()))
-        for name in names:
-            out[name] = np.empty(n)
+    out = {name: np.full(n, np.nan) for name in names}
+    rows = np.flatnonzero(code == 0)
+    if len(rows):
+        every = len(rows) == n
+        valid = _typed_columns(c if every else {f: v[rows] for f, v in c.items()})
+        uniq = sorted(set(np.unique(valid["datatype"]).tolist()))
+        m = len(rows)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            blocks = _Blocks(model, system, safe, uniq)
-            for i in range(0, n, CHUNK):
-                sl = slice(i, min(i + CHUNK, n))
-                cs = {f: v[sl] for f, v in safe.items()}
+            blocks = _Blocks(model, system, valid, uniq)
+            for i in range(0, m, CHUNK):
+                sl = slice(i, min(i + CHUNK, m))
+                at = sl if every else rows[sl]
+                cs = {f: v[sl] for f, v in valid.items()}
                 ctx = _Ctx(model, system, cs, uniq)
                 S = _batch(ctx, cs, blocks.rows(sl), _sizes(ctx, cs), system)
-                cc = code[sl]
-                cc[(cc == 0) & (S["proc_mem_tier1_cap_req"] > S["_mem1_cap"])] = \
+                cc = np.zeros(sl.stop - sl.start, dtype=code.dtype)
+                cc[S["proc_mem_tier1_cap_req"] > S["_mem1_cap"]] = \
                     _R["infeasible: mem tier1 capacity exceeded"]
                 cc[(cc == 0) & (S["proc_mem_tier2_cap_req"] > S["_mem2_cap"])] = \
                     _R["infeasible: mem tier2 capacity exceeded"]
-                bad = cc != 0
+                code[at] = cc
                 # A layout that fails only on memory keeps its requirements,
                 # so that the reason can say how much it needs.
-                short = (cc == _R["infeasible: mem tier1 capacity exceeded"]) | \
-                        (cc == _R["infeasible: mem tier2 capacity exceeded"])
-                keep_req = bad & ~short
+                bad = cc != 0
                 for name in names:
-                    o = out[name][sl]
-                    o[...] = S[name]
-                    np.putmask(o, keep_req if name in _MEM_REQ else bad, np.nan)
-    else:
-        for name in names:
-            out[name] = np.full(n, np.nan)
+                    v = np.array(np.broadcast_to(S[name], cc.shape), dtype=float)
+                    if name not in _MEM_REQ:
+                        np.putmask(v, bad, np.nan)
+                    out[name][at] = v
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
 
 
-def _safe(c: dict, ok: np.ndarray, dts: list) -> dict:
-    """Columns with harmless stand-ins on invalid rows (masked afterwards)."""
-    safe = {}
+def _typed_columns(c: dict) -> dict:
+    """The columns in the dtypes the model computes with."""
+    typed = {}
     for f in ("tensor_par", "pipeline_par", "data_par", "microbatch_size",
-              "pipeline_interleaving", "batch_size", "num_procs"):
-        safe[f] = np.where(ok, c[f], 1).astype(np.int64)
-    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net"):
-        safe[f] = np.where(ok, c[f], 0).astype(np.int64)
-    safe["datatype"] = np.where(ok, c["datatype"], dts[0]).astype(np.int8)
+              "pipeline_interleaving", "batch_size", "num_procs",
+              "tensor_par_net", "pipeline_par_net", "data_par_net"):
+        typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
               "optimizer_offload", "training", "fused_norm", "unsharded_grads"):
-        safe[f] = c[f].astype(bool)
-    for f in ("attention_type", "activation_recompute", "tensor_par_comm_type",
+        typed[f] = c[f].astype(bool, copy=False)
+    for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl"):
-        safe[f] = c[f].astype(np.int8)
-    return safe
+        typed[f] = c[f].astype(np.int8, copy=False)
+    return typed
 
 
 def reason_text(out: Mapping, system: SystemSpec) -> np.ndarray:
