@@ -46,6 +46,7 @@ def evaluate(model, system, executions):
     feasible, else "invalid: ..." or "infeasible: ...") and every statistic of
     ``autopar.model.STATS`` (NaN where the layout cannot run).
     """
+    import numpy as np
     import pandas as pd
 
     from . import model as _model
@@ -61,11 +62,14 @@ def evaluate(model, system, executions):
         executions = _records_frame(executions, model)
     cols = from_frame(executions)
     out = _model.evaluate_columns(model, system, cols)
-    table = pd.DataFrame({"feasible": out["feasible"],
-                          "reason": _model.reason_text(out, system)})
-    stats = pd.DataFrame({name: out[name] for name in _model.STATS})
-    table = pd.concat([table, stats], axis=1)
-    table.index = executions.index
+    # The statistics share one (statistic, layout) buffer: wrap it, no copy.
+    first = out[_model.STATS[0]]
+    block = first.base if first.base is not None and first.base.shape[0] == len(
+        _model.STATS) else np.stack([out[name] for name in _model.STATS])
+    table = pd.DataFrame(block.T, columns=list(_model.STATS), index=executions.index,
+                         copy=False)
+    table.insert(0, "reason", _model.reason_text(out, system))
+    table.insert(0, "feasible", out["feasible"])
     return table
 
 

@@ -135,12 +135,13 @@ def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
                     raise SpecError(source, f, f"code out of range 0..{len(CHOICES[f]) - 1}")
                 cols[f] = v.astype(np.int8)
             else:
-                mapped = s.map({v: i for i, v in enumerate(CHOICES[f])})
-                if mapped.isna().any():
-                    bad = s[mapped.isna()].iloc[0]
+                import pandas as pd
+                codes = np.asarray(pd.Categorical(s, categories=list(CHOICES[f])).codes)
+                if (codes < 0).any():
+                    bad = s.iloc[int(np.flatnonzero(codes < 0)[0])]
                     raise SpecError(source, f, f"unknown value {bad!r} "
                                                f"(one of: {', '.join(CHOICES[f])})")
-                cols[f] = mapped.to_numpy().astype(np.int8)
+                cols[f] = codes.astype(np.int8)
         elif f in BOOL_FIELDS:
             if s.dtype.kind != "b":
                 raise SpecError(source, f, f"expected booleans, got {s.dtype}")

@@ -1280,7 +1280,9 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     c = _normalize(cols)
     n = len(c["tensor_par"])
     code, dts = _reasons(model, system, c)
-    out = {name: np.full(n, np.nan) for name in names}
+    # One (statistic, layout) table; each statistic is a contiguous row of it.
+    table = np.full((len(names), n), np.nan)
+    out = dict(zip(names, table))
     rows = np.flatnonzero(code == 0)
     if len(rows):
         every = len(rows) == n

@@ -83,6 +83,8 @@ def main() -> None:
     cols = random_layouts(model, 4096, 1536, args.layouts)
     frame = pd.DataFrame({f: cols[f] for f in FIELDS})
     for f in CHOICES:
+        if f not in frame:
+            continue
         frame[f] = pd.Categorical.from_codes(frame[f], CHOICES[f]).astype(str)
 
     best_cols = best_eval = float("inf")
