@@ -18,7 +18,8 @@ import sys
 
 from autopar.specs import SpecError
 
-COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate")
+COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate", "compare", "tune", "run",
+                             "codesign")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,224 @@
+"""Co-design outputs: tables, front exports, plots and a summary.
+
+Everything is computed first and each file written atomically
+(``autopar.writers``), so an error leaves no half-written result.
+
+Files (in the output folder):
+
+``trials.csv`` (a sampler run) or ``systems.csv`` (every system)
+    one row per trial / system: the hardware values, ``num_procs``, ``cost``,
+    ``sample_rate`` (best layout), ``reason`` when pruned, the winner's
+    breakdown and its ``execution`` (JSON).
+``front.csv``, ``front/NN/system.json``, ``front/NN/execution.json``
+    the Pareto front (the best point with one objective), cheapest first,
+    with a system and an execution file per point that ``autopar estimate``
+    re-evaluates to the reported figures.
+``front.png``
+    sample rate against cost (or processors): every evaluated system, the
+    front, and with a comparison the true front and each sampler's.
+``curves.csv``, ``regret.csv``, ``runs.csv``, ``regret.png`` (comparison)
+    regret per trial, the per-sampler summary (``autopar.regret``), one row
+    per run, and the regret plot.
+``summary.json``
+    the figures above in one place.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from autopar.writers import atomic_path, write_atomic_csv, write_json
+
+
+def _plain(v):
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def front_files(res, front) -> list[tuple[str, dict, dict, dict]]:
+    """(folder name, system JSON, execution JSON, summary entry) per front point."""
+    from autopar.specs import system_to_json
+    st = res.study
+    hw = st.hardware
+    out = []
+    width = max(2, len(str(len(front) - 1)))
+    for k, (_, row) in enumerate(front.iterrows()):
+        values = {n: _plain(row[n]) for n in hw.names if n in row and n != "num_procs"
+                  and row[n] == row[n]}
+        values = hw.canonical(values)
+        if "num_procs" in hw.names:
+            values = {"num_procs": int(row["num_procs"]), **values}
+        system = hw.system(values)
+        sj = system_to_json(system)
+        label = ", ".join(f"{n}={v:g}" for n, v in values.items()) or "base system"
+        sj["name"] = f"{st.name}-front-{k:0{width}d}"
+        sj["description"] = (f"co-design study {st.name}, front point {k}: {label} "
+                             f"(from {hw.base.get('name') or 'the base system'})")
+        ex = json.loads(row["execution"])
+        folder = f"front/{k:0{width}d}"
+        entry = {"point": k, **{n: _plain(v) for n, v in values.items()},
+                 "num_procs": int(row["num_procs"]), "cost": _plain(row["cost"]),
+                 "sample_rate": _plain(row["sample_rate"]),
+                 "sample_rate_per_proc": _plain(row["sample_rate_per_proc"]),
+                 "total_time": _plain(row["total_time"]),
+                 "system": f"{folder}/system.json", "execution": f"{folder}/execution.json"}
+        out.append((folder, sj, ex, entry))
+    return out
+
+
+def write_outputs(res, out_dir) -> tuple[Path, ...]:
+    out = Path(out_dir)
+    st = res.study
+    files = front_files(res, res.front)
+    front = res.front.copy()
+    front.insert(0, "point", range(len(front)))
+    front["system_file"] = [f[0] + "/system.json" for f in files]
+    front["execution_file"] = [f[0] + "/execution.json" for f in files]
+    written = []
+    table_name = "systems.csv" if "system" in res.table.columns else "trials.csv"
+    summary = summary_dict(res, [f[3] for f in files])
+    # Plots first: the slowest part, and nothing is on disk if they fail.
+    pngs = {"front.png": lambda p: plot_front(res, p)}
+    if res.curves is not None:
+        from autopar.regret import plot
+        two = len(st.objectives) == 2
+        what = "hypervolume" if two else "best sample rate"
+        note = (f"regret = 1 - {what} found / {what} of the enumerated optimum "
+                f"({len(res.truth)} systems)")
+        pngs["regret.png"] = lambda p: plot(res.curves, [s.name for s in st.compare.samplers], p,
+                                            title=f"{st.name}: outer samplers", note=note)
+    for name, fn in pngs.items():
+        fn(out / name)
+        written.append(out / name)
+    write_atomic_csv(res.table, out / table_name)
+    written.append(out / table_name)
+    write_atomic_csv(front, out / "front.csv")
+    written.append(out / "front.csv")
+    for folder, sj, ex, _ in files:
+        write_json(sj, out / folder / "system.json")
+        write_json(ex, out / folder / "execution.json")
+        written += [out / folder / "system.json", out / folder / "execution.json"]
+    if res.curves is not None:
+        import pandas as pd
+        curves = res.curves
+        if len(st.objectives) == 2:
+            curves = curves.rename(columns={"sample_rate": "hypervolume",
+                                            "best_sample_rate": "best_hypervolume"})
+        write_atomic_csv(curves, out / "curves.csv")
+        write_atomic_csv(res.regret, out / "regret.csv")
+        write_atomic_csv(pd.DataFrame(res.runs), out / "runs.csv")
+        written += [out / "curves.csv", out / "regret.csv", out / "runs.csv"]
+    write_json(summary, out / "summary.json")
+    written.append(out / "summary.json")
+    return tuple(written)
+
+
+def summary_dict(res, points) -> dict:
+    st = res.study
+    t = res.table
+    done = t["state"] == "COMPLETE"
+    d = {"study": st.name, "source": st.source, "objectives": list(st.objectives),
+         "search": "compare" if st.compare else st.search.sampler,
+         "inner": st.context.inner.to_dict(), "space": st.context.space.name,
+         "hardware": {n: ({"values": list(d.values)} if d.discrete else
+                          {"min": d.low, "max": d.high, "log": d.log}) | {"cost": d.cost}
+                      for n, d in zip(st.hardware.names, st.hardware.dims)},
+         "cost": {"processor": st.hardware.processor_cost, "fixed": st.hardware.fixed_cost},
+         "evaluated": int(len(t)), "feasible": int(done.sum()), "pruned": int((~done).sum()),
+         "seconds": round(res.seconds, 3), "parallel": st.parallel, "workers": st.workers,
+         "front": points}
+    if res.hypervolume is not None:
+        d["hypervolume"] = res.hypervolume
+        d["hypervolume_reference"] = {st.objectives[0]: 0.0 - res.reference[0],
+                                      st.objectives[1]: res.reference[1]}
+    if done.any():
+        best = t[done].loc[t[done]["sample_rate"].idxmax()]
+        d["best_sample_rate"] = float(best["sample_rate"])
+    if res.base is not None:
+        b = res.base
+        d["base_system"] = {**{n: _plain(b[n]) for n in st.hardware.names if n in b},
+                            "cost": _plain(b["cost"]), "sample_rate": _plain(b["sample_rate"]),
+                            "state": b["state"], "reason": b["reason"]}
+    if res.curves is not None:
+        d["systems"] = int(len(res.truth))
+        d["ground_truth_seconds"] = round(res.truth_seconds, 3)
+        d["runs"] = res.runs
+        d["regret"] = json.loads(res.regret.to_json(orient="records"))
+    return d
+
+
+def summary_text(res) -> str:
+    st = res.study
+    t = res.table
+    done = int((t["state"] == "COMPLETE").sum())
+    lines = [f"study {st.name}: {len(t)} systems evaluated, {done} feasible, "
+             f"{len(t) - done} pruned, {res.seconds:.1f} s"]
+    if res.hypervolume is not None:
+        lines.append(f"hypervolume {res.hypervolume:.6g}")
+    second = st.objectives[1] if len(st.objectives) == 2 else "cost"
+    lines.append(f"front ({len(res.front)} points): {second}, sample rate, system")
+    for k, (_, r) in enumerate(res.front.iterrows()):
+        vals = ", ".join(f"{n}={r[n]:g}" for n in st.hardware.names
+                         if n in r and r[n] == r[n])
+        lines.append(f"  {k:2d}  {r[second]:.6g}  {r['sample_rate']:.4f}/s  {vals}")
+    if res.base is not None and res.base["state"] == "COMPLETE":
+        lines.append(f"base system: {res.base[second]:.6g}  {res.base['sample_rate']:.4f}/s")
+    if res.regret is not None:
+        for _, r in res.regret.iterrows():
+            b = max(st.compare.budgets)
+            lines.append(f"  {r['sampler']:>12}: regret@{b} median "
+                         f"{r.get(f'regret_median@{b}', math.nan):.4f}, trials to 1%: "
+                         f"{r['trials_to_1pct']}")
+    return "\n".join(lines)
+
+
+def plot_front(res, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    st = res.study
+    x_name = st.objectives[1] if len(st.objectives) == 2 else "cost"
+    fig = Figure(figsize=(7.5, 4.8), dpi=120)
+    ax = fig.add_subplot(1, 1, 1)
+    t = res.table
+    ok = t["state"] == "COMPLETE"
+    scale = 1e6 if x_name == "cost" and t.loc[ok, "cost"].max() > 1e7 else 1.0
+    xl = "cost (millions)" if scale == 1e6 else x_name.replace("_", " ")
+    ax.scatter(t.loc[ok, x_name] / scale, t.loc[ok, "sample_rate"], s=6, color="0.75",
+               label=f"evaluated systems ({int(ok.sum())})", zorder=1)
+    colors = matplotlib.colormaps["tab10"]
+
+    def stairs(front, **kw):
+        if len(front):
+            x = front[x_name].to_numpy() / scale
+            y = front["sample_rate"].to_numpy()
+            ax.step(x, y, where="post", **kw)
+    if res.curves is not None:
+        for i, (label, fr) in enumerate(res.sampler_fronts.items()):
+            stairs(fr, color=colors(i), linewidth=1.1, marker="x", markersize=4, alpha=0.85,
+                   label=f"{label} front, seed {st.compare.seeds[0]} ({len(fr)} points)",
+                   zorder=2)
+        stairs(res.truth_front, color="k", linewidth=1.4, linestyle="--", marker="o",
+               markersize=3, label=f"true front ({len(res.truth_front)} points)", zorder=3)
+    else:
+        stairs(res.front, color=colors(0), linewidth=1.6, marker="o", markersize=4,
+               label=f"front ({len(res.front)} points)", zorder=3)
+        for k, (_, r) in enumerate(res.front.iterrows()):
+            ax.annotate(str(k), (r[x_name] / scale, r["sample_rate"]), xytext=(3, -9),
+                        textcoords="offset points", fontsize=7, color=colors(0))
+    b = res.base
+    if b is not None and b["state"] == "COMPLETE":
+        ax.scatter([b[x_name] / scale], [b["sample_rate"]], marker="*", s=110, color="tab:red",
+                   zorder=4, label=f"base system {st.hardware.base.get('name', '')}".rstrip())
+    ax.set_xlabel(xl)
+    ax.set_ylabel("best sample rate (samples/s)")
+    ax.grid(True, color="0.9", linewidth=0.6)
+    ax.set_title(f"{st.name}: sample rate against {x_name.replace('_', ' ')}", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right", frameon=False)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")

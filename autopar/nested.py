@@ -1,0 +1,355 @@
+"""The inner search of co-design: the best layout one system can run.
+
+``best_layout`` finds, for one model on one system at one processor count,
+the layout with the highest sample rate: by default by enumerating a layout
+space (``autopar.space``) and evaluating it with the array model on the
+sample rate alone, or with a sampler (``autopar.tune``) where the layout
+space is too large to enumerate for every system.  The winner is evaluated
+again on its own with every statistic, and those are the figures reported,
+so an exported system and execution re-evaluate to them exactly.
+
+``Point`` evaluation (one system of a co-design space -> one result row) and
+``run_tasks`` (serial, a process pool, or Ray tasks) serve the co-design
+search and the processor-count sweep.  Tasks carry only plain data
+(``Context.payload``), so Ray workers on other machines need no local files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from autopar.specs import SpecError
+
+INNER_SEARCHES = ("exhaustive", "tpe", "random", "cmaes", "bohb", "grid")
+PARALLEL = ("serial", "processes", "ray")
+# Reported with every point: Calculon's names.
+BREAKDOWN = ("total_time", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
+             "compute_efficiency", "system_efficiency", "total_efficiency")
+# Enumerated layout tables are kept per (processor count, tiers) up to this many rows.
+LAYOUT_CACHE_ROWS = 1 << 21
+
+
+@dataclass(frozen=True)
+class Inner:
+    """How each system's best layout is found."""
+    search: str = "exhaustive"        # or a sampler of autopar.tune
+    trials: int = 0                   # sampler trials per system
+    seed: int | None = 0
+
+    def to_dict(self) -> dict:
+        return {"search": self.search, "trials": self.trials, "seed": self.seed}
+
+
+def parse_inner(src: str, v) -> Inner:
+    if v is None:
+        return Inner()
+    if isinstance(v, str):
+        v = {"search": v}
+    if not isinstance(v, Mapping):
+        raise SpecError(src, "inner", f"expected a mapping (search, trials, seed), got {v!r}")
+    for k in v:
+        if k not in ("search", "trials", "seed"):
+            raise SpecError(src, f"inner.{k}", "unknown key; expected one of search, trials, seed")
+    search = v.get("search", "exhaustive")
+    if search not in INNER_SEARCHES:
+        raise SpecError(src, "inner.search", f"expected one of {', '.join(INNER_SEARCHES)}, "
+                                             f"got {search!r}")
+    trials = v.get("trials", 0 if search == "exhaustive" else 200)
+    if search != "exhaustive" and (isinstance(trials, bool) or not isinstance(trials, int)
+                                   or trials < 1):
+        raise SpecError(src, "inner.trials", f"expected an integer >= 1, got {trials!r}")
+    if search == "exhaustive" and "trials" in v:
+        raise SpecError(src, "inner.trials", "only for a sampler (the exhaustive search tries every layout)")
+    seed = v.get("seed", 0)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise SpecError(src, "inner.seed", f"expected an integer >= 0, got {seed!r}")
+    return Inner(search, int(trials), seed)
+
+
+# --------------------------------------------------------------------------
+# The best layout of one system
+
+_LAYOUTS: dict = {}
+_CACHED_ROWS = 0
+
+
+def _layout_chunks(space, case, space_key: str):
+    """The space's layout tables for this case, kept for reuse where small.
+
+    A space's layouts depend on the system only through whether it has a
+    second memory tier and how many network tiers it has, so systems that
+    differ in sizes and speeds share one enumeration."""
+    key = (space_key, case.model, int(case.num_procs), int(case.max_batch_size),
+           case.datatype, case.batch_policy, bool(case.training),
+           float(case.system.mem2.GiB) > 0, len(case.system.networks))
+    hit = _LAYOUTS.get(key)
+    if hit is not None:
+        return hit
+    size = space.size(case)
+    if size > LAYOUT_CACHE_ROWS:
+        return space.enumerate(case, chunk_size=1 << 17)
+    chunks = list(space.enumerate(case, chunk_size=1 << 17))
+    global _CACHED_ROWS
+    if _CACHED_ROWS + size > 4 * LAYOUT_CACHE_ROWS:      # bounded memory: start afresh
+        _LAYOUTS.clear()
+        _CACHED_ROWS = 0
+    _LAYOUTS[key] = chunks
+    _CACHED_ROWS += size
+    return chunks
+
+
+def full_stats(model, system, execution: Mapping) -> dict:
+    """Every statistic of one execution (what a re-evaluation reports)."""
+    from autopar import model as perf
+    from autopar.layouts import to_columns
+    res = perf.evaluate_columns(model, system, to_columns([execution]))
+    return {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in res.items()}
+
+
+def best_layout(case, space, inner: Inner = Inner(), space_key: str | None = None) -> dict:
+    """The best layout of ``space`` for ``case`` (an ``autopar.space.Case``).
+
+    Returns ``state`` (COMPLETE, or PRUNED when no layout runs), ``reason``
+    (the commonest reason when none runs), ``sample_rate``, ``execution``
+    (23-field dict or None), ``layouts`` (tried), ``feasible_layouts`` and the
+    ``BREAKDOWN`` statistics of the winner.
+    """
+    from autopar import model as perf
+    from autopar.layouts import record
+    model, system = case.model, case.system
+    if inner.search != "exhaustive":
+        return _best_by_sampler(case, space, inner)
+    counts = np.zeros(len(perf.REASONS), dtype=np.int64)
+    best_rate, best_ex, n = -math.inf, None, 0
+    key = space_key if space_key is not None else json.dumps(space.to_dict(), sort_keys=True,
+                                                             default=str)
+    for cols in _layout_chunks(space, case, key):
+        res = perf.evaluate_columns(model, system, cols, stats=("sample_rate",))
+        code = np.asarray(res["reason_code"])
+        counts += np.bincount(code, minlength=len(perf.REASONS))
+        n += len(code)
+        ok = np.asarray(res["feasible"], dtype=bool)
+        if ok.any():
+            rate = np.where(ok, res["sample_rate"], -np.inf)
+            i = int(np.argmax(rate))              # first of equals: enumeration order
+            if rate[i] > best_rate:
+                best_rate, best_ex = float(rate[i]), record(cols, i)
+    return _result(model, system, best_ex, n, int(counts[0]), counts, perf.REASONS)
+
+
+def _best_by_sampler(case, space, inner: Inner) -> dict:
+    from autopar import model as perf
+    from autopar.tune import best_execution, tune
+    table = tune(case.model, case.system, case.num_procs, case.max_batch_size, case.datatype,
+                 sampler=inner.search, trials=inner.trials, space=space, seed=inner.seed,
+                 batch_policy=case.batch_policy, training=case.training, progress=False)
+    ex = best_execution(table)
+    counts = np.zeros(len(perf.REASONS), dtype=np.int64)
+    for r in table.loc[table["state"] != "COMPLETE", "reason"]:
+        if r in perf.REASONS:
+            counts[perf.REASONS.index(r)] += 1
+    feasible = int((table["state"] == "COMPLETE").sum())
+    out = _result(case.model, case.system, ex, len(table), feasible, counts, perf.REASONS)
+    if ex is None and not counts[1:].any():
+        out["reason"] = "no layout fits: no trial ran"
+    return out
+
+
+def _result(model, system, ex, n, feasible, counts, reasons) -> dict:
+    if ex is None:
+        bad = counts.copy()
+        bad[0] = 0
+        if n == 0:
+            reason = "no layout in the space for this case"
+        else:
+            k = int(np.argmax(bad))
+            reason = f"no layout fits: {reasons[k]} ({int(bad[k])} of {n})"
+        out = {"state": "PRUNED", "reason": reason, "sample_rate": math.nan,
+               "execution": None, "layouts": int(n), "feasible_layouts": 0}
+        out.update({k: math.nan for k in BREAKDOWN})
+        return out
+    stats = full_stats(model, system, ex)
+    out = {"state": "COMPLETE", "reason": "", "sample_rate": float(stats["sample_rate"]),
+           "execution": ex, "layouts": int(n), "feasible_layouts": int(feasible)}
+    out.update({k: float(stats[k]) for k in BREAKDOWN})
+    return out
+
+
+# --------------------------------------------------------------------------
+# One co-design point: hardware values -> result row
+
+class Context:
+    """What every point of one study shares, rebuilt once per process."""
+
+    def __init__(self, model, hardware, space, max_batch_size: int, datatype: str,
+                 batch_policy: str | None, training: bool, inner: Inner):
+        self.model, self.hardware, self.space = model, hardware, space
+        self.max_batch_size, self.datatype = int(max_batch_size), datatype
+        self.batch_policy, self.training, self.inner = batch_policy, bool(training), inner
+        self.space_key = json.dumps(space.to_dict(), sort_keys=True, default=str)
+
+    def payload(self) -> dict:
+        from autopar.specs import model_to_json
+        return {"model": model_to_json(self.model), "hardware": self.hardware.to_dict(),
+                "space": self.space.to_dict(), "max_batch_size": self.max_batch_size,
+                "datatype": self.datatype, "batch_policy": self.batch_policy,
+                "training": self.training, "inner": self.inner.to_dict()}
+
+    def case(self, system, num_procs: int):
+        from autopar.space import Case
+        return Case(model=self.model, system=system, num_procs=int(num_procs),
+                    max_batch_size=self.max_batch_size, datatype=self.datatype,
+                    batch_policy=self.batch_policy, training=self.training)
+
+    def point(self, values: Mapping) -> dict:
+        """Evaluate one system of the space; a row for the trials table."""
+        t0 = time.perf_counter()
+        hw = self.hardware
+        vals = hw.canonical(values)
+        n = hw.procs(values)
+        row: dict = {**vals, "num_procs": n, "cost": hw.cost(values)}
+        try:
+            system = hw.system(values)
+        except SpecError as e:
+            res = _result(self.model, None, None, 0, 0, np.zeros(1, np.int64), ("",))
+            res["reason"] = f"invalid system: {e.field}: {e.message}"
+        else:
+            res = best_layout(self.case(system, n), self.space, self.inner, self.space_key)
+        row.update(res)
+        row["sample_rate_per_proc"] = row["sample_rate"] / n
+        row["eval_s"] = time.perf_counter() - t0
+        return row
+
+
+_CONTEXTS: dict = {}
+
+
+def context_from_payload(payload: Mapping) -> Context:
+    key = json.dumps(payload, sort_keys=True, default=str)
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        from autopar.hardware import hardware_from_dict
+        from autopar.space import load_space
+        from autopar.specs import load_model
+        ctx = Context(load_model(dict(payload["model"]), source="model"),
+                      hardware_from_dict(payload["hardware"]),
+                      load_space(dict(payload["space"]), source="space"),
+                      payload["max_batch_size"], payload["datatype"], payload["batch_policy"],
+                      payload["training"], Inner(**payload["inner"]))
+        _CONTEXTS.clear()
+        _CONTEXTS[key] = ctx
+    return ctx
+
+
+def points_task(payload: Mapping, values_list: Sequence[Mapping]) -> list[dict]:
+    """A task: evaluate several points (in a worker process or a Ray task)."""
+    ctx = context_from_payload(payload)
+    return [ctx.point(v) for v in values_list]
+
+
+# --------------------------------------------------------------------------
+# Running tasks: serial, a process pool, or Ray
+
+class Runner:
+    """Evaluates batches of points ``fn(payload, items) -> list`` serially, in
+    a pool of processes, or as Ray tasks (a local Ray on loopback without a
+    dashboard, or the cluster at ``address``).  Use as a context manager."""
+
+    def __init__(self, parallel: str = "serial", workers: int = 2, address: str | None = None):
+        if parallel not in PARALLEL:
+            raise SpecError("arguments", "parallel", f"expected one of {', '.join(PARALLEL)}, "
+                                                     f"got {parallel!r}")
+        self.parallel, self.workers, self.address = parallel, max(1, int(workers)), address
+        self._pool = None
+        self._ray_started = False
+        self._remote = {}
+
+    def __enter__(self):
+        if self.parallel == "processes":
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+            self._pool = ProcessPoolExecutor(self.workers,
+                                             mp_context=multiprocessing.get_context("spawn"))
+        elif self.parallel == "ray":
+            self._start_ray()
+        return self
+
+    def __exit__(self, *exc):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._ray_started:
+            import ray
+            ray.shutdown()
+            self._ray_started = False
+        return False
+
+    def _start_ray(self) -> None:
+        import ray
+        if ray.is_initialized():
+            return
+        if self.address:
+            from pathlib import Path
+            import autopar
+            env = {"py_modules": [str(Path(autopar.__file__).resolve().parent)]}
+            try:
+                ray.init(address=self.address, runtime_env=env, log_to_driver=False,
+                         logging_level="WARNING")
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise SpecError("arguments", "address",
+                                f"cannot connect to Ray at {self.address!r}: {first}") from None
+        else:
+            from autopar.tune_ray import start_local_ray
+            start_local_ray(num_cpus=self.workers)
+        self._ray_started = True
+
+    def map(self, fn: Callable, payload: Mapping, items: Sequence, chunk: int = 1,
+            on_done: Callable[[list], None] | None = None) -> list:
+        """``fn(payload, items[i:i+chunk])`` for every chunk; the results in
+        order, concatenated.  ``on_done`` sees each chunk's results as they
+        arrive."""
+        chunks = [list(items[i:i + chunk]) for i in range(0, len(items), max(1, chunk))]
+        results: list = [None] * len(chunks)
+        if self.parallel == "serial" or len(chunks) <= 1 and self.parallel != "ray":
+            for i, c in enumerate(chunks):
+                results[i] = fn(payload, c)
+                if on_done:
+                    on_done(results[i])
+        elif self.parallel == "processes":
+            futs = {self._pool.submit(fn, payload, c): i for i, c in enumerate(chunks)}
+            from concurrent.futures import as_completed
+            for f in as_completed(futs):
+                results[futs[f]] = f.result()
+                if on_done:
+                    on_done(results[futs[f]])
+        else:
+            import ray
+            remote = self._remote.get(fn)
+            if remote is None:
+                remote = self._remote[fn] = ray.remote(num_cpus=1, max_retries=1)(fn)
+            ref = ray.put(dict(payload))
+            pending = {remote.remote(ref, c): i for i, c in enumerate(chunks)}
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for r in ready:
+                    i = pending.pop(r)
+                    results[i] = ray.get(r)
+                    if on_done:
+                        on_done(results[i])
+        return [x for part in results for x in part]
+
+
+def progress_bar(total: int, desc: str, show: bool | None):
+    import sys
+    if show is None:
+        show = sys.stderr.isatty()
+    if not show:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="system", file=sys.stderr, dynamic_ncols=True)
