@@ -1,0 +1,160 @@
+"""``autopar tune MODEL SYSTEM --num-procs N --max-batch-size B --datatype DT ...``
+
+Samples layouts with a sampler (``--sampler tpe|cmaes|random|grid|bohb``) for
+``--trials`` trials and reports the best (``autopar.tune``).  Infeasible
+layouts end as pruned trials.  Files are written only when the search has
+run, each atomically:
+
+* ``--output``: the best execution, Calculon's 23 fields;
+* ``--trials-out``: one CSV row per trial (``trial, state, feasible, reason,
+  sample_rate``, the breakdown, the layout, ``node_id``, ``elapsed_s``).
+
+Exit 0 with a feasible layout, 1 when every trial was pruned (the commonest
+reasons on one line; ``--trials-out`` is still written), 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from autopar.layouts import CHOICES
+from autopar.specs import SpecError
+
+SOURCE = "command line"
+SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb")   # autopar.samplers.SAMPLERS (no optuna import here)
+
+
+def register(subparsers) -> None:
+    from autopar.encodings import ENCODINGS
+    p = subparsers.add_parser(
+        "tune", help="search layouts with a sampler (Optuna or Ray Tune)",
+        description="Search layouts with a sampler; infeasible layouts are pruned "
+                    "trials. Exit 0 found, 1 no feasible layout, 2 bad input.")
+    p.add_argument("model", help="model (application) JSON file")
+    p.add_argument("system", help="system JSON file")
+    p.add_argument("--num-procs", type=int, required=True, help="processors (GPUs)")
+    p.add_argument("--max-batch-size", type=int, required=True,
+                   help="global batch: the largest multiple of data_par up to this "
+                        "(batch policy max) or exactly this (fixed)")
+    p.add_argument("--datatype", required=True, choices=CHOICES["datatype"])
+    p.add_argument("--sampler", default="tpe", choices=SAMPLERS,
+                   help="default: tpe")
+    p.add_argument("--trials", type=int, default=100, help="trials to run (default 100)")
+    p.add_argument("--space", default=None,
+                   help="search space YAML file or name under search_spaces/ (default: calculon)")
+    p.add_argument("--batch-policy", choices=("max", "fixed"), default=None,
+                   help="default: the space's (max)")
+    p.add_argument("--backend", choices=("optuna", "ray"), default="optuna",
+                   help="optuna: a study in this process (default); ray: a Ray Tune Tuner")
+    p.add_argument("--encoding", choices=ENCODINGS, default=None,
+                   help="how samplers see the space (default: index; see autopar.encodings)")
+    p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (backend ray; default: a local Ray)")
+    p.add_argument("--storage", default=None,
+                   help="Optuna storage URL, e.g. sqlite:///tune.db (backend optuna): "
+                        "the study is kept there and a rerun resumes it")
+    p.add_argument("--study-name", default=None,
+                   help="study name in --storage (default: derived from the case, "
+                        "space, sampler, encoding and seed)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="trials at once (optuna: asked and evaluated together; ray: "
+                        "concurrent trials, default all CPUs)")
+    p.add_argument("--output", help="write the best execution (Calculon JSON)")
+    p.add_argument("--trials-out", help="write every trial (CSV)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: when stderr is a terminal)")
+    p.set_defaults(func=run)
+
+
+def _positive(name: str, v) -> None:
+    if v is not None and v < 1:
+        raise SpecError(SOURCE, name, f"must be a positive integer, got {v}")
+
+
+def target(name: str, path: str | None) -> Path | None:
+    """An output path that can be written (its folder exists), or None."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError(SOURCE, name, f"{path} is a directory")
+    if not p.parent.is_dir():
+        raise SpecError(SOURCE, name, f"directory {p.parent} does not exist")
+    return p
+
+
+def write_results(table, output: Path | None, trials_out: Path | None) -> dict | None:
+    """Write the best execution and the trials, both or neither; returns the best."""
+    import contextlib
+    import json
+
+    from autopar.tune import best_execution
+    from autopar.writers import atomic_path
+
+    best = best_execution(table)
+    with contextlib.ExitStack() as stack:
+        if trials_out is not None:
+            tmp = stack.enter_context(atomic_path(trials_out))
+            table.to_csv(tmp, index=False)
+        if output is not None and best is not None:
+            tmp = stack.enter_context(atomic_path(output))
+            with open(tmp, "w") as f:
+                f.write(json.dumps(best, indent=2) + "\n")
+    return best
+
+
+def summary_lines(table, label: str) -> list[str]:
+    """What a run printed: counts and the best layout."""
+    from autopar.tune import best_trial
+    n = len(table)
+    pruned = int((table["state"] == "PRUNED").sum())
+    lines = [f"{label}: {n} trials, {n - pruned} complete, {pruned} pruned "
+             f"({table['elapsed_s'].max():.1f} s)" if n else f"{label}: no trials"]
+    row = best_trial(table)
+    if row is not None:
+        lines.append(
+            f"best: {row['sample_rate']:.4g} samples/s (trial {int(row['trial'])})  "
+            f"tp={row['tensor_par']} pp={row['pipeline_par']} dp={row['data_par']} "
+            f"batch={row['batch_size']} mbs={row['microbatch_size']} "
+            f"ppint={row['pipeline_interleaving']} recompute={row['activation_recompute']} "
+            f"comm={row['tensor_par_comm_type']}")
+    return lines
+
+
+def no_feasible_line(table) -> str:
+    reasons = table["reason"].value_counts().head(3)
+    why = "; ".join(f"{r} ({n})" for r, n in reasons.items()) or "no trial ran"
+    return f"autopar: no feasible layout in {len(table)} trials: {why}"
+
+
+def run(args) -> int:
+    from autopar.tune import DEFAULT_SPACE, tune
+
+    _positive("--num-procs", args.num_procs)
+    _positive("--max-batch-size", args.max_batch_size)
+    _positive("--trials", args.trials)
+    _positive("--concurrency", args.concurrency)
+    if args.seed is not None and args.seed < 0:
+        raise SpecError(SOURCE, "--seed", f"must be >= 0, got {args.seed}")
+    if args.backend == "optuna" and args.address:
+        raise SpecError(SOURCE, "--address", "a Ray address needs --backend ray")
+    if args.backend == "ray" and args.storage:
+        raise SpecError(SOURCE, "--storage", "an Optuna storage needs --backend optuna")
+    output = target("--output", args.output)
+    trials_out = target("--trials-out", args.trials_out)
+    table = tune(args.model, args.system, args.num_procs, args.max_batch_size, args.datatype,
+                 sampler=args.sampler, trials=args.trials,
+                 space=args.space if args.space is not None else DEFAULT_SPACE,
+                 backend=args.backend, seed=args.seed, storage=args.storage,
+                 address=args.address, concurrency=args.concurrency, encoding=args.encoding,
+                 progress=args.progress, study_name=args.study_name,
+                 batch_policy=args.batch_policy)
+    best = write_results(table, output, trials_out)
+    for line in summary_lines(table, f"tune {args.sampler} ({args.backend})"):
+        print(line)
+    if best is None:
+        print(no_feasible_line(table), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,224 @@
+"""Experiment files: a search described in YAML, run by ``autopar run FILE``.
+
+Every file names its ``kind`` and one ``case``; the other keys are the
+options of that kind's command.  Paths (model, system, space files, outputs)
+are relative to the file's folder, as is the path of a ``sqlite:///`` storage
+URL.  ::
+
+    kind: tune                    # tune | exhaustive (| compare | codesign | cliffs)
+    name: gpt3-175b-tpe           # default: the file's stem
+    description: ...
+    case:
+      model: ../models/gpt3-175B.json     # a path or an inline mapping
+      system: ../systems/a100_80g.json
+      num_procs: 1024
+      max_batch_size: 1536
+      datatype: float16
+      space: calculon             # a name under search_spaces/, a path or a mapping
+      batch_policy: max           # optional
+    # kind: tune (the options of `autopar tune`)
+    sampler: tpe
+    trials: 500
+    seed: 0
+    backend: optuna               # optuna | ray
+    encoding: index               # optional
+    concurrency: 4                # optional
+    storage: sqlite:///../results/gpt3.db   # optional (optuna): resumable study
+    study_name: ...               # optional
+    address: ...                  # optional (ray)
+    output: ../results/gpt3-175b-tpe/best.json
+    trials_out: ../results/gpt3-175b-tpe/trials.csv
+    # kind: exhaustive (the options of `autopar exhaustive`)
+    top_n: 10
+    output: best.json
+    top: top.json
+    summary: summary.json
+    all: all.parquet
+    chunk_size: 1048576
+    address: ...
+
+``kind: compare`` files are read by ``autopar.compare``, ``codesign`` and
+``cliffs`` files by ``autopar.codesign`` / ``autopar.cliffs`` (see there).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Mapping
+
+from autopar.specs import SpecError
+
+# Kinds whose command lives elsewhere: kind -> module with
+# ``run_experiment(path, output_dir, address, progress, data) -> exit code``.
+EXTERNAL_KINDS = {"compare": "autopar.cli.compare", "codesign": "autopar.cli.codesign",
+                  "cliffs": "autopar.cli.codesign"}
+KINDS = ("tune", "exhaustive", *EXTERNAL_KINDS)
+COMMON_KEYS = ("kind", "name", "description", "case")
+CASE_KEYS = ("model", "system", "num_procs", "max_batch_size", "datatype", "space",
+             "batch_policy")
+CASE_REQUIRED = CASE_KEYS[:5]
+# key -> (type, default, is a path relative to the file)
+TUNE_KEYS: dict[str, tuple[Any, Any, bool]] = {
+    "sampler": (str, "tpe", False), "trials": (int, 100, False), "seed": (int, None, False),
+    "backend": (str, "optuna", False), "encoding": (str, None, False),
+    "concurrency": (int, None, False), "storage": (str, None, False),
+    "study_name": (str, None, False), "address": (str, None, False),
+    "output": (str, None, True), "trials_out": (str, None, True),
+}
+EXHAUSTIVE_KEYS: dict[str, tuple[Any, Any, bool]] = {
+    "top_n": (int, 1, False), "output": (str, None, True), "top": (str, None, True),
+    "summary": (str, None, True), "all": (str, None, True), "chunk_size": (int, None, False),
+    "address": (str, None, False),
+}
+
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def read(path) -> dict:
+    """An experiment file -> its mapping (SpecError if missing or not YAML)."""
+    from autopar.compare import read_experiment
+    return read_experiment(path)
+
+
+def _case(src: str, base: Path, case) -> dict:
+    if not isinstance(case, Mapping):
+        raise SpecError(src, "case", f"expected a mapping with {', '.join(CASE_REQUIRED)}, "
+                                     f"got {_show(case)}")
+    for k in case:
+        if k not in CASE_KEYS:
+            raise SpecError(src, f"case.{k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
+    for k in CASE_REQUIRED:
+        if k not in case:
+            raise SpecError(src, f"case.{k}", "missing")
+    out = dict(case)
+    for k in ("model", "system"):
+        v = case[k]
+        if isinstance(v, Mapping):
+            out[k] = dict(v)
+        elif isinstance(v, str) and v:
+            out[k] = str(_rel(base, v))
+        else:
+            raise SpecError(src, f"case.{k}", f"expected a file path or a mapping, got {_show(v)}")
+    sp = case.get("space")
+    if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
+        out["space"] = str(_rel(base, sp))
+    elif sp is not None and not (isinstance(sp, (str, Mapping)) and sp):
+        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {_show(sp)}")
+    for k in ("num_procs", "max_batch_size"):
+        v = case[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpecError(src, f"case.{k}", f"expected a positive integer, got {_show(v)}")
+    if not isinstance(case["datatype"], str):
+        raise SpecError(src, "case.datatype", f"expected a datatype name, got {_show(case['datatype'])}")
+    bp = case.get("batch_policy")
+    if bp is not None and bp not in ("max", "fixed"):
+        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {_show(bp)}")
+    return out
+
+
+def _rel(base: Path, p: str) -> Path:
+    q = Path(p)
+    return q if q.is_absolute() else base / q
+
+
+def _options(src: str, base: Path, data: Mapping, keys: Mapping) -> dict:
+    out = {}
+    for k, (typ, default, is_path) in keys.items():
+        v = data.get(k, default)
+        if v is not None:
+            if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
+                raise SpecError(src, k, f"expected an integer, got {_show(v)}")
+            if typ is str and (not isinstance(v, str) or not v):
+                raise SpecError(src, k, f"expected a non-empty string, got {_show(v)}")
+            if is_path:
+                v = str(_rel(base, v))
+        out[k] = v
+    return out
+
+
+def _storage(base: Path, url: str | None) -> str | None:
+    """``sqlite:///relative.db`` is relative to the experiment file's folder."""
+    prefix = "sqlite:///"
+    if url and url.startswith(prefix) and not url.startswith(prefix + "/"):
+        rest = url[len(prefix):]
+        if rest and rest != ":memory:":
+            return prefix + str(_rel(base, rest).resolve())
+    return url
+
+
+def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace | None]:
+    """Check an experiment mapping; returns (kind, the command's arguments).
+
+    For the external kinds (``compare``, ``codesign``, ``cliffs``) the
+    arguments are None: their own modules check the file.
+    """
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise SpecError(src, "kind", f"expected one of {', '.join(KINDS)}, got {_show(kind)}")
+    if kind in EXTERNAL_KINDS:
+        return kind, None
+    keys = TUNE_KEYS if kind == "tune" else EXHAUSTIVE_KEYS
+    for k in data:
+        if k not in COMMON_KEYS and k not in keys:
+            raise SpecError(src, str(k), f"unknown key for kind {kind}; expected one of "
+                                         f"{', '.join(COMMON_KEYS + tuple(keys))}")
+    name = data.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise SpecError(src, "name", f"expected a non-empty string, got {_show(name)}")
+    if not isinstance(data.get("description", ""), str):
+        raise SpecError(src, "description", f"expected a string, got {_show(data['description'])}")
+    case = _case(src, base, data.get("case"))
+    opts = _options(src, base, data, keys)
+    ns = argparse.Namespace(
+        model=case["model"], system=case["system"], num_procs=case["num_procs"],
+        max_batch_size=case["max_batch_size"], datatype=case["datatype"],
+        space=case.get("space"), batch_policy=case.get("batch_policy"), progress=None)
+    if kind == "tune":
+        from autopar.samplers import SAMPLERS
+        for k, options in (("sampler", SAMPLERS), ("backend", ("optuna", "ray"))):
+            if opts[k] not in options:
+                raise SpecError(src, k, f"expected one of {', '.join(options)}, got {_show(opts[k])}")
+        opts["storage"] = _storage(base, opts["storage"])
+        ns.trials_out = opts.pop("trials_out")
+    else:
+        ns.all_rows = opts.pop("all")
+    for k, v in opts.items():
+        setattr(ns, k, v)
+    return kind, ns
+
+
+def run_file(path, *, address: str | None = None, progress: bool | None = None,
+             output_dir=None) -> int:
+    """Run one experiment file; the exit code of its command."""
+    src = str(path)
+    data = read(path)
+    base = Path(path).resolve().parent
+    kind, ns = parse(data, src, base)
+    if kind in EXTERNAL_KINDS:
+        import importlib
+        module = importlib.import_module(EXTERNAL_KINDS[kind])
+        return module.run_experiment(path, output_dir, address, progress, data=data)
+    if output_dir is not None:
+        raise SpecError("command line", "--output-dir",
+                        f"not for kind {kind} (its file names its outputs)")
+    ns.progress = progress
+    if address is not None:
+        ns.address = address
+    # the folders the file names for its outputs are made (files are written whole)
+    outs = [getattr(ns, k, None) for k in ("output", "trials_out", "top", "summary", "all_rows")]
+    storage = getattr(ns, "storage", None)
+    if storage and storage.startswith("sqlite:///"):
+        outs.append(storage[len("sqlite:///"):])
+    for p in outs:
+        if p:
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+    if kind == "tune":
+        from autopar.cli.tune import run
+    else:
+        from autopar.cli.exhaustive import run
+    label = data.get("name") or Path(path).name.removesuffix(".yaml").removesuffix(".yml")
+    print(f"experiment {label} ({kind})")
+    return run(ns)

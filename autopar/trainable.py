@@ -1,0 +1,184 @@
+"""The analytical model as a trial: a layout in, its sample rate out.
+
+A *problem* is what every trial of one search shares: the case (model, system,
+num_procs, batch, datatype), the space and the encoding.  It travels inside
+each Ray trial's config as plain JSON (``problem_payload``) so that workers on
+other nodes need no local files; a worker builds it once and keeps it by its
+key.  ``layout_trainable`` is the Ray Tune function trainable (a top-level
+importable function, so a restored or remote experiment can find it);
+``evaluate_params`` is the same evaluation for many layouts at once, used by
+the in-process Optuna backend.
+
+A trial ends one of two ways:
+
+* ``COMPLETE``: the layout runs; ``sample_rate`` and the breakdown are set.
+* ``PRUNED``: the layout is invalid (flat encoding only) or infeasible;
+  ``feasible`` is False, ``reason`` says why and ``sample_rate`` is None.
+  Reporting the metric *as None* keeps Ray Tune's strict metric check
+  satisfied (the key is present) while Ray's OptunaSearch, which reads a
+  missing value as "pruned", tells the study ``TrialState.PRUNED``; no
+  process-wide switch (TUNE_DISABLE_STRICT_METRIC_CHECKING) is needed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from autopar.layouts import FIELDS
+
+METRIC = "sample_rate"
+# The breakdown reported with every trial (Calculon's names).
+BREAKDOWN: tuple[str, ...] = (
+    "total_time", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
+    "compute_efficiency", "system_efficiency", "total_efficiency",
+)
+PAYLOAD_KEY = "autopar"      # the config entry that carries the problem
+
+
+# --------------------------------------------------------------------------
+# The problem: case + space + encoding, as JSON and back
+
+def case_to_json(case) -> dict:
+    from autopar.specs import model_to_json, system_to_json
+    return {"model": model_to_json(case.model), "system": system_to_json(case.system),
+            "num_procs": int(case.num_procs), "max_batch_size": int(case.max_batch_size),
+            "datatype": case.datatype, "batch_policy": case.batch_policy,
+            "training": bool(case.training)}
+
+
+def case_from_json(d: Mapping):
+    from autopar.space import Case
+    from autopar.specs import load_model, load_system
+    return Case(model=load_model(dict(d["model"]), source="case.model"),
+                system=load_system(dict(d["system"]), source="case.system"),
+                num_procs=int(d["num_procs"]), max_batch_size=int(d["max_batch_size"]),
+                datatype=d["datatype"], batch_policy=d.get("batch_policy"),
+                training=bool(d.get("training", True)))
+
+
+@dataclass
+class Problem:
+    key: str
+    case: Any
+    space: Any
+    encoder: Any
+
+    def payload(self) -> dict:
+        return problem_payload(self.case, self.space, self.encoder.encoding)
+
+
+def problem_payload(case, space, encoding: str) -> dict:
+    """The JSON form of a problem (what a Ray trial's config carries)."""
+    body = {"case": case_to_json(case), "space": space.to_dict(), "encoding": encoding}
+    key = hashlib.sha1(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return {"key": key, **body}
+
+
+_PROBLEMS: dict[str, Problem] = {}
+
+
+def make_problem(case, space, encoding: str) -> Problem:
+    from autopar.encodings import Encoder
+    payload = problem_payload(case, space, encoding)
+    prob = _PROBLEMS.get(payload["key"])
+    if prob is None:
+        prob = Problem(payload["key"], case, space, Encoder(space, case, encoding))
+        _PROBLEMS[payload["key"]] = prob
+    return prob
+
+
+def problem_from_payload(payload: Mapping) -> Problem:
+    """Rebuild (once per process) the problem a trial's config carries."""
+    prob = _PROBLEMS.get(payload["key"])
+    if prob is None:
+        from autopar.encodings import Encoder
+        from autopar.space import load_space
+        case = case_from_json(payload["case"])
+        space = load_space(dict(payload["space"]), source="space")
+        prob = Problem(payload["key"], case, space, Encoder(space, case, payload["encoding"]))
+        _PROBLEMS[payload["key"]] = prob
+    return prob
+
+
+# --------------------------------------------------------------------------
+# Evaluation
+
+def pruned_row(reason: str, execution: Mapping | None = None) -> dict:
+    row = {"state": "PRUNED", "feasible": False, "reason": reason, METRIC: math.nan}
+    row.update({k: math.nan for k in BREAKDOWN})
+    row.update({f: (execution or {}).get(f) for f in FIELDS})
+    return row
+
+
+def evaluate_params(prob: Problem, params_list: list) -> list[dict]:
+    """Searched parameters (or ``encodings.Invalid``) -> one result row each.
+
+    All valid layouts go through the model in one call.
+    """
+    from autopar import model as perf
+    from autopar.encodings import Invalid
+    from autopar.layouts import to_columns
+
+    rows: list = [None] * len(params_list)
+    execs, where = [], []
+    for i, params in enumerate(params_list):
+        if isinstance(params, Invalid):
+            rows[i] = pruned_row(params.reason)
+            continue
+        ex = prob.space.complete(prob.case, params)
+        reason = prob.space.check(prob.case, ex)
+        if reason:
+            rows[i] = pruned_row(reason, ex)
+            continue
+        execs.append(ex)
+        where.append(i)
+    if execs:
+        res = perf.evaluate_columns(prob.case.model, prob.case.system, to_columns(execs))
+        for j, (i, ex) in enumerate(zip(where, execs)):
+            if not bool(res["feasible"][j]):
+                rows[i] = pruned_row(perf.REASONS[int(res["reason_code"][j])], ex)
+                continue
+            row = {"state": "COMPLETE", "feasible": True, "reason": "",
+                   METRIC: float(res[METRIC][j])}
+            row.update({k: float(res[k][j]) for k in BREAKDOWN})
+            row.update(ex)
+            rows[i] = row
+    return rows
+
+
+def evaluate_config(config: Mapping) -> dict:
+    """One Ray trial's config -> its result row (no Ray needed)."""
+    from autopar.encodings import Invalid
+    prob = problem_from_payload(config[PAYLOAD_KEY])
+    if "params" in config:            # grid and define-by-run: already decoded
+        params = dict(config["params"])
+    else:
+        raw = {**prob.encoder.raw_defaults(), **{k: v for k, v in config.items() if k != PAYLOAD_KEY}}
+        try:
+            params = prob.encoder.decode(raw)
+        except Invalid as e:
+            params = e
+    return evaluate_params(prob, [params])[0]
+
+
+def layout_trainable(config: dict) -> None:
+    """Ray Tune function trainable: evaluate one layout and report once.
+
+    The report carries ``done=True`` so Tune stops the trial after this one
+    result (one round trip per trial).  Pruned trials report the metric as
+    None; see the module docstring.
+    """
+    import ray
+    from ray import tune
+
+    row = evaluate_config(config)
+    if row["state"] == "PRUNED":
+        row[METRIC] = None
+        for k in BREAKDOWN:
+            row[k] = None
+    row["node_id"] = ray.get_runtime_context().get_node_id()
+    row["done"] = True
+    tune.report(row)

@@ -1,0 +1,254 @@
+"""The ray backend: the model as a Ray Tune trainable, run by a Tuner.
+
+Ray Tune's defaults are made for trials that train for minutes; ours take
+milliseconds, so the settings that matter are the per-trial overheads:
+actors are reused (``reuse_actors``), Tune's automatic CSV/JSON/TensorBoard
+loggers are off (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``, set only while the
+Tuner is built and run), no checkpoints are taken, and every trial reports
+once with ``done=True``.  Results are collected on the driver by a callback
+(``_Collector``), not read back from files.
+
+A Ray started here is local, listens on loopback only and has no dashboard;
+with ``address`` (or ``RAY_ADDRESS``) an existing cluster is joined instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+import warnings
+
+import ray
+from ray import tune
+from ray.tune.search.basic_variant import BasicVariantGenerator
+from ray.tune.search.bohb import TuneBOHB
+
+from autopar.samplers import BohbJob, optuna_sampler
+from autopar.trainable import BREAKDOWN, METRIC, PAYLOAD_KEY, layout_trainable
+
+
+class DefineByRun:
+    """Ray OptunaSearch's define-by-run space: suggest, decode, pass the params on."""
+
+    def __init__(self, encoder):
+        self.encoder = encoder
+
+    def __call__(self, trial) -> dict:
+        return {"params": self.encoder.suggest(trial)}
+
+
+class TuneBOHBAll(TuneBOHB):
+    """TuneBOHB that learns from every finished trial (see autopar.samplers).
+
+    hpbandster's deprecation warnings about ConfigSpace are kept quiet.
+    """
+
+    def _setup_bohb(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            super()._setup_bohb()
+
+    def suggest(self, trial_id):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return super().suggest(trial_id)
+
+    def on_trial_complete(self, trial_id, result=None, error=False):
+        config = self.trial_to_params.get(trial_id)
+        if config is not None and not error and result is not None:
+            value = result.get(self.metric)
+            ok = isinstance(value, (int, float)) and math.isfinite(value)
+            loss = self._metric_op * value if ok else math.inf
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.bohber.new_result(BohbJob(loss, dict(config)))
+        super().on_trial_complete(trial_id, result=result, error=error)
+
+
+def ray_search(name: str, encoder, seed: int | None, trials: int,
+               concurrency: int | None, grid: list[dict] | None = None) -> dict:
+    """Ray Tune pieces for a sampler: search_alg, scheduler, param_space, num_samples."""
+    if name == "grid":
+        return {"search_alg": BasicVariantGenerator(max_concurrent=concurrency or 0),
+                "scheduler": None, "num_samples": 1,
+                "param_space": {"params": tune.grid_search(grid or [])}}
+    if name == "random" and encoder.encoding != "named":
+        return {"search_alg": BasicVariantGenerator(random_state=seed,
+                                                    max_concurrent=concurrency or 0),
+                "scheduler": None, "num_samples": trials,
+                "param_space": encoder.ray_space()}
+    if name == "bohb":
+        from ray.tune.schedulers import HyperBandForBOHB
+        alg = TuneBOHBAll(encoder.configspace(seed), metric=METRIC, mode="max",
+                          seed=seed, max_concurrent=concurrency or 0)
+        sched = HyperBandForBOHB(time_attr="training_iteration", max_t=1)
+        return {"search_alg": alg, "scheduler": sched, "num_samples": trials, "param_space": {}}
+    from ray.tune.search.optuna import OptunaSearch
+    sampler = optuna_sampler(name, encoder, seed, concurrency=concurrency or 2)
+    # A static space lets the workers decode; only "named" must run on the driver.
+    space = DefineByRun(encoder) if encoder.encoding == "named" else encoder.distributions()
+    alg = OptunaSearch(space=space, metric=METRIC, mode="max", sampler=sampler)
+    return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
+
+
+class _Collector(tune.Callback):
+    """Keeps each finished trial's result row, numbered in creation order."""
+
+    def __init__(self, on_row=None):
+        self.rows: dict[int, dict] = {}
+        self.errors: list[str] = []
+        self._index: dict[str, int] = {}
+        self._seen = 0
+        self._t0 = time.monotonic()
+        self._on_row = on_row
+
+    def restart_clock(self) -> None:
+        self._t0 = time.monotonic()
+
+    def _number(self, trials, trial) -> int:
+        for t in trials[self._seen:]:
+            self._index[t.trial_id] = len(self._index)
+        self._seen = len(trials)
+        return self._index[trial.trial_id]
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        r = trial.last_result or {}
+        row = {"trial": self._number(trials, trial)}
+        if "state" not in r:          # finished without reporting: cannot happen for ours
+            self.errors.append(f"trial {trial.trial_id} ended without a result")
+            return
+        for k in ("state", "feasible", "reason"):
+            row[k] = r[k]
+        for k in (METRIC, *BREAKDOWN):
+            row[k] = math.nan if r.get(k) is None else r[k]
+        from autopar.layouts import FIELDS
+        for f in FIELDS:
+            row[f] = r.get(f)
+        row["node_id"] = r.get("node_id", "")
+        row["elapsed_s"] = time.monotonic() - self._t0
+        self.rows[row["trial"]] = row
+        if self._on_row is not None:
+            self._on_row(row)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.errors.append(f"trial {trial.trial_id}: {trial.error_file or 'error'}")
+
+
+def start_local_ray(num_cpus: int | None = None) -> None:
+    """Start a new local Ray (never joins a running one) on loopback only, no dashboard.
+
+    Ray 2.60 binds its servers to the node's IP address, but ``ray.init``
+    replaces a loopback ``_node_ip_address`` by the machine's outward address
+    unless Ray's cluster mode is off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    read once at import as ``ray_constants.ENABLE_RAY_CLUSTER``).  It is
+    switched off only while the node starts, so every server listens on
+    127.0.0.1 and nothing is reachable from other machines.
+    """
+    from ray._private import ray_constants
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", log_to_driver=False,
+                 logging_level=logging.WARNING)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None):
+    """Use the running Ray, else start one (local, or joining ``address``)."""
+    started = False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            start_local_ray()
+        started = True
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+class _Quiet(logging.Filter):
+    """Drops Tune's complaint that trials wrote no result files (we keep none)."""
+
+    def filter(self, record):
+        return "Failed to fetch metrics" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _tune_settings():
+    import optuna
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",   # no per-trial CSV/JSON/TB files
+           "RAY_AIR_NEW_OUTPUT": "0"}                   # no tables printed on stdout
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    quiet = _Quiet()
+    lg = logging.getLogger("ray.tune")
+    level = lg.level
+    lg.setLevel(logging.WARNING)
+    ea = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    ea.addFilter(quiet)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+        ea.removeFilter(quiet)
+        lg.setLevel(level)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _short_name(trial) -> str:
+    return f"t{trial.trial_id}"
+
+
+def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
+        concurrency: int | None, grid: list[dict] | None, on_row=None,
+        trainable=layout_trainable, keep: dict | None = None) -> list[dict]:
+    """Run the search on Ray; returns the rows of all trials, in trial order.
+
+    ``keep``: a dict that receives the ``search_alg`` (to inspect its study).
+    """
+    collector = _Collector(on_row)
+    storage = tempfile.mkdtemp(prefix="autopar-ray-")
+    try:
+        with ray_session(address), _tune_settings():
+            pieces = ray_search(sampler, prob.encoder, seed, trials, concurrency, grid)
+            param_space = {PAYLOAD_KEY: prob.payload(), **pieces["param_space"]}
+            if keep is not None:
+                keep["search_alg"] = pieces["search_alg"]
+            tuner = tune.Tuner(
+                trainable,
+                param_space=param_space,
+                tune_config=tune.TuneConfig(
+                    metric=METRIC, mode="max", num_samples=pieces["num_samples"],
+                    search_alg=pieces["search_alg"], scheduler=pieces["scheduler"],
+                    max_concurrent_trials=concurrency, reuse_actors=True,
+                    trial_dirname_creator=_short_name, trial_name_creator=_short_name),
+                run_config=tune.RunConfig(
+                    name="autopar-tune", storage_path=storage, verbose=0,
+                    callbacks=[collector], log_to_file=False,
+                    checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
+                    failure_config=tune.FailureConfig(max_failures=0)))
+            collector.restart_clock()
+            results = tuner.fit()
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    if results.errors or collector.errors:
+        first = results.errors[0] if results.errors else collector.errors[0]
+        raise RuntimeError(f"{len(results.errors) or len(collector.errors)} trial(s) failed; first: {first}")
+    return [collector.rows[k] for k in sorted(collector.rows)]

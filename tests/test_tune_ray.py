@@ -1,0 +1,113 @@
+"""``autopar.tune`` on the ray backend: a real local Ray (2 CPUs), real Tune runs.
+
+Ray is started once for the module (``autopar.tune_ray.start_local_ray``:
+loopback only, no dashboard) and shut down at the end.  Each sampler runs
+once; the TPE and BOHB runs also expose their search algorithm, to check what
+Ray's OptunaSearch told its study and what BOHB learnt.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from optuna.trial import TrialState
+
+from autopar import tune_ray
+from autopar.layouts import FIELDS
+from autopar.space import load_space
+from autopar.trainable import make_problem
+from autopar.tune import best_execution, best_trial, make_case, trials_table, tune
+from test_tune import CASE, MODEL, SYSTEM, check_trials
+
+ray = pytest.importorskip("ray")
+TRIALS = 10
+
+
+@pytest.fixture(scope="module")
+def local_ray(repo_root):
+    import os
+    cwd = os.getcwd()
+    os.chdir(repo_root)
+    assert not ray.is_initialized()
+    tune_ray.start_local_ray(num_cpus=2)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        os.chdir(cwd)
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(repo_root, monkeypatch):
+    monkeypatch.chdir(repo_root)
+
+
+def _problem(encoding: str):
+    return make_problem(make_case(MODEL, SYSTEM, **CASE), load_space("calculon"), encoding)
+
+
+def _check_ray(table) -> None:
+    check_trials(table, TRIALS, in_order=False)
+    assert list(table["trial"]) == list(range(TRIALS))
+    node = ray.get_runtime_context().get_node_id()
+    assert (table["node_id"] == node).all()        # the one local node ran every trial
+
+
+@pytest.mark.parametrize("sampler", ["random", "grid", "cmaes"])
+def test_ray_trials_prune_exactly_the_infeasible(local_ray, sampler):
+    table = tune(MODEL, SYSTEM, sampler=sampler, trials=TRIALS, seed=1, backend="ray",
+                 progress=False, **CASE)
+    _check_ray(table)
+    best = best_trial(table)
+    if best is not None:
+        assert best["sample_rate"] == table["sample_rate"].max()
+        assert best_execution(table) == {
+            f: (best[f].item() if hasattr(best[f], "item") else best[f]) for f in FIELDS}
+
+
+def test_ray_optuna_study_marks_infeasible_trials_pruned(local_ray):
+    """Ray's OptunaSearch sees a trial reported without a value and tells PRUNED."""
+    keep: dict = {}
+    rows = tune_ray.run(_problem("named"), "tpe", TRIALS, 2, None, 2, None, keep=keep)
+    _check_ray(trials_table(rows))
+    study = keep["search_alg"]._ot_study          # OptunaSearch's study (no public accessor)
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == len(rows)
+    for t, row in zip(trials, rows):
+        if row["feasible"]:
+            assert t.state == TrialState.COMPLETE
+            assert t.value == pytest.approx(row["sample_rate"], rel=1e-12)
+        else:
+            assert t.state == TrialState.PRUNED and math.isnan(row["sample_rate"])
+    assert {t.state for t in trials} == {TrialState.COMPLETE, TrialState.PRUNED}
+
+
+def test_ray_bohb_learns_from_every_trial(local_ray):
+    """TuneBOHBAll feeds BOHB each finished trial, infeasible ones with loss +inf."""
+    pytest.importorskip("hpbandster")
+    keep: dict = {}
+    rows = tune_ray.run(_problem("index"), "bohb", TRIALS, 0, None, 2, None, keep=keep)
+    _check_ray(trials_table(rows))
+    bohber = keep["search_alg"].bohber
+    assert len(bohber.configs[1.0]) == len(rows)
+    losses = bohber.losses[1.0]
+    assert sum(math.isinf(x) for x in losses) == sum(not r["feasible"] for r in rows)
+
+
+def test_local_ray_listens_on_loopback_only(local_ray):
+    """Every socket our Ray processes listen on is bound to 127.0.0.1; no dashboard."""
+    psutil = pytest.importorskip("psutil")
+    me = psutil.Process()
+    kids = me.children(recursive=True)
+    pids = {p.pid for p in kids} | {me.pid}
+    listening = [c for c in psutil.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    assert listening, "no Ray server found among this process's children"
+    for c in listening:
+        assert c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1"), c
+    cmds = [" ".join(p.cmdline()) for p in kids if p.is_running()]
+    assert any("gcs_server" in c for c in cmds)
+    # include_dashboard=False leaves only Ray's minimal head process: no web frontend
+    for c in cmds:
+        if "dashboard/dashboard.py" in c:
+            assert "--minimal" in c and "--disable-frontend" in c, c
