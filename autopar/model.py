@@ -224,6 +224,8 @@ class _Ctx:
         self.t = c["tensor_par"].astype(float)
         shard = np.where(c["optimizer_sharding"], c["data_par"], 1)
         self.shard = shard.astype(float)
+        unsharded = c.get("unsharded_grads", False)
+        self.grad_shard = np.where(unsharded, 1.0, self.shard)
         self.tp_net = _Net(system.networks, c["tensor_par_net"])
         ct = c["tensor_par_comm_type"]
         self.rs_ag = ct == CHOICES["tensor_par_comm_type"].index("rs_ag")
@@ -263,7 +265,7 @@ def _layer(ctx: _Ctx, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outputs=0.0,
     L["weight_b"] = L["weight"] * b
     L["act_b"] = L["act"] * b
     L["out_b"] = L["outputs"] * b
-    L["wgrad_sh"] = L["weight_grads"] * b / ctx.shard
+    L["wgrad_sh"] = L["weight_grads"] * b / ctx.grad_shard
     L["wgrad_full"] = L["weight_grads"] * 4
     L["agrad_b"] = L["act_grads"] * b
     L["kind"] = "plain"
@@ -717,6 +719,9 @@ def _compact(col: np.ndarray) -> tuple[np.ndarray, int]:
     return inv, int(inv.max()) + 1
 
 
+_FEW = 64
+
+
 class _Blocks:
     """Per-block sums for every row, computed once per distinct block.
 
@@ -727,6 +732,15 @@ class _Blocks:
     """
 
     def __init__(self, model, system, c: dict, uniq_dt):
+        n = len(c["tensor_par"])
+        if n <= _FEW:        # a handful of layouts: no deduplication to win
+            k = _block(_Ctx(model, system, c, uniq_dt), c)
+            self._n1 = [name for name in k if name not in _OPTIM_SUMS]
+            self._t1 = np.stack([np.broadcast_to(k[name], (n,)) for name in self._n1])
+            self._t2 = np.stack([np.broadcast_to(k[name], (n,)) for name in _OPTIM_SUMS])
+            self.inv1 = self.inv2 = np.arange(n)
+            self.shard = self.grad_shard = np.ones(n)     # already divided
+            return
         t = c["tensor_par"]
         tpnet = np.where(t > 1, c["tensor_par_net"], 0)
         tp_code, tp_rad = _compact(t)
@@ -801,12 +815,17 @@ def _accumulate(ctx: _Ctx, c: dict, seq, rf) -> dict:
     acc["tp_bw_req"] = z.copy()
     tr = ctx.training
     for L, present in seq:
-        _finish(ctx, L)
         p = np.broadcast_to(present, z.shape)
+        if not p.any():
+            continue
+        _finish(ctx, L)
         pt = p & tr
 
         def add(key, val, mask=p):
-            acc[key] += np.where(mask, val, 0.0)
+            if mask is True or mask.all():
+                acc[key] += val
+            elif mask.any():
+                acc[key] += np.where(mask, val, 0.0)
 
         add("fw_flops", L["fw"])
         add("fw_flops_time", L["ft_fw"])

@@ -1,0 +1,666 @@
+"""Compare samplers against the exhaustive optimum: ``compare(experiment)``.
+
+An experiment (YAML file or dict, ``kind: compare``) names one case, the
+samplers, the seeds and the trial budget.  ``compare`` finds the case's
+optimum by exhaustive search, runs every sampler with every seed (each run an
+independent ``autopar.tune`` search), and measures each run's regret
+(``autopar.regret``).  With an output folder it writes ``optimum.json``,
+``curves.csv``, ``summary.csv`` and ``regret.png`` there, each atomically and
+only once everything has run.
+
+The experiment file::
+
+    kind: compare                   # optional here; `autopar run` dispatches on it
+    name: quick                     # default: the file's stem
+    description: ...
+    case:
+      model: ../models/gpt3-13B.json      # paths: relative to this file's folder
+      system: ../systems/a100_80g.json
+      num_procs: 64
+      max_batch_size: 512
+      datatype: float16
+      space: small                  # a name under search_spaces/ or a path (default: calculon)
+      batch_policy: max             # optional (default: the space's)
+    samplers:                       # names, or mappings with options for autopar.tune
+      - random
+      - tpe
+      - {name: tpe, label: tpe-flat, encoding: flat}
+    seeds: 3                        # 0, 1, 2; or a list of seeds
+    trials: 100                     # per run
+    budgets: [10, 25, 50, 100]      # where the summary reads regret (default 25..1000 up to trials)
+    parallel: serial                # serial | processes | ray (default: ray with an address, else serial)
+    workers: 2                      # processes (default: 2)
+    output_dir: ../results/quick    # optional; --output-dir overrides
+
+Runs are independent: ``serial`` runs them one after another in this process,
+``processes`` in a local pool of ``workers`` processes, ``ray`` as Ray tasks
+(on the cluster at ``address``, else a local Ray).  A sampler with option
+``backend: ray`` is a Ray Tune experiment per run, started from here one after
+another.  Every run is seeded, so the same experiment gives the same curves
+whichever way it is spread.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from autopar.specs import SpecError
+
+TOP_KEYS = ("kind", "name", "description", "case", "samplers", "seeds", "trials",
+            "budgets", "parallel", "workers", "output_dir")
+CASE_KEYS = ("model", "system", "num_procs", "max_batch_size", "datatype", "space",
+             "batch_policy")
+PARALLEL = ("serial", "processes", "ray")
+DEFAULT_SPACE = "calculon"        # the same default as `autopar exhaustive`
+DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
+DEFAULT_WORKERS = 2
+# autopar.tune arguments an experiment decides itself (not sampler options)
+_RESERVED = ("model", "system", "num_procs", "max_batch_size", "datatype", "sampler",
+             "trials", "space", "seed", "storage", "address", "progress", "study_name",
+             "batch_policy", "training")
+OUTPUT_FILES = ("optimum.json", "curves.csv", "summary.csv", "regret.png")
+
+
+@dataclass(frozen=True)
+class SamplerEntry:
+    label: str                       # the name in curves.csv / summary.csv
+    name: str                        # autopar.tune's sampler
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    source: str
+    name: str
+    description: str
+    model: Any                       # ModelSpec
+    system: Any                      # SystemSpec
+    model_given: Any                 # as written in the experiment
+    system_given: Any
+    num_procs: int
+    max_batch_size: int
+    datatype: str
+    space: Any                       # autopar.space.Space
+    batch_policy: str | None
+    samplers: tuple[SamplerEntry, ...]
+    seeds: tuple[int, ...]
+    trials: int
+    budgets: tuple[int, ...]
+    parallel: str | None             # None: decided by the address
+    workers: int
+    output_dir: Path | None
+
+
+@dataclass
+class CompareResult:
+    experiment: Experiment
+    optimum: dict                    # what optimum.json holds
+    curves: Any                      # pandas DataFrame (curves.csv)
+    summary: Any                     # pandas DataFrame (summary.csv)
+    runs: list                       # per run: sampler, seed, trials, pruned, wall_s, ...
+    output_dir: Path | None = None
+    files: tuple[Path, ...] = ()
+
+
+# --------------------------------------------------------------------------
+# Loading the experiment
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _int(src, fld, v, minimum) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise SpecError(src, fld, f"expected an integer >= {minimum}, got {_show(v)}")
+    return int(v)
+
+
+def is_compare(data) -> bool:
+    """Whether a loaded experiment mapping is a comparison (``kind: compare``)."""
+    return isinstance(data, Mapping) and data.get("kind") == "compare"
+
+
+def read_experiment(path) -> dict:
+    """An experiment YAML file -> its mapping (SpecError if unreadable)."""
+    import yaml
+    src = str(path)
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(src, "(file)", "no such file")
+    if not p.is_file():
+        raise SpecError(src, "(file)", "not a file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"line {mark.line + 1}" if mark is not None else "(file)"
+        raise SpecError(src, at, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(src, "(file)", f"cannot read: {e}") from None
+    if not isinstance(data, Mapping):
+        raise SpecError(src, "(root)", f"expected a mapping, got {_show(data)}")
+    return dict(data)
+
+
+def load_experiment(spec, overrides: Mapping | None = None,
+                    base_dir=None, source: str | None = None) -> Experiment:
+    """A comparison experiment (YAML path, dict or Experiment) -> Experiment.
+
+    Relative paths in a file are relative to the file's folder; in a dict,
+    to ``base_dir`` (default: the current directory).  ``overrides`` replace
+    top-level keys (``case`` is merged key by key).  Bad input raises
+    ``SpecError(file, field, message)``.
+    """
+    if isinstance(spec, Experiment) and not overrides:
+        return spec
+    if isinstance(spec, (str, os.PathLike)):
+        data, src = read_experiment(spec), source or str(spec)
+        base = Path(spec).resolve().parent
+        stem = Path(spec).name.removesuffix(".yaml").removesuffix(".yml")
+    elif isinstance(spec, Mapping):
+        data, src = dict(spec), source or "experiment"
+        base = Path(base_dir or os.getcwd())
+        stem = Path(source).name.removesuffix(".yaml").removesuffix(".yml") if source else "compare"
+    else:
+        raise SpecError(source or "experiment", "(root)",
+                        f"expected a file path or a mapping, got {type(spec).__name__}")
+    overrides = dict(overrides or {})
+    if "trials" in overrides and "budgets" not in overrides and isinstance(data.get("budgets"), list):
+        t = overrides["trials"]     # fewer trials: keep the budgets that still fit
+        if isinstance(t, int) and not isinstance(t, bool) and t >= 1:
+            fit = [b for b in data["budgets"] if not isinstance(b, int) or b <= t]
+            overrides["budgets"] = fit or [t]
+    for k, v in overrides.items():
+        if k == "case" and isinstance(v, Mapping) and isinstance(data.get("case"), Mapping):
+            data["case"] = {**data["case"], **v}
+        else:
+            data[k] = v
+    return _parse(data, src, base, stem)
+
+
+def _parse(data: Mapping, src: str, base: Path, stem: str) -> Experiment:
+    from autopar.space import load_space
+    from autopar.specs import load_model, load_system
+
+    for k in data:
+        if k not in TOP_KEYS:
+            raise SpecError(src, str(k), f"unknown key; expected one of {', '.join(TOP_KEYS)}")
+    kind = data.get("kind", "compare")
+    if kind != "compare":
+        raise SpecError(src, "kind", f"expected compare, got {_show(kind)}")
+    name = data.get("name", stem)
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError(src, "name", f"expected a non-empty string, got {_show(name)}")
+    desc = data.get("description", "")
+    if not isinstance(desc, str):
+        raise SpecError(src, "description", f"expected a string, got {_show(desc)}")
+
+    case = data.get("case")
+    if not isinstance(case, Mapping):
+        raise SpecError(src, "case", f"expected a mapping with {', '.join(CASE_KEYS[:5])}, "
+                                     f"got {_show(case)}")
+    for k in case:
+        if k not in CASE_KEYS:
+            raise SpecError(src, f"case.{k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
+    for k in CASE_KEYS[:5]:
+        if k not in case:
+            raise SpecError(src, f"case.{k}", "missing")
+
+    def path_of(fld, v):
+        if isinstance(v, Mapping):
+            return dict(v)
+        if not isinstance(v, str) or not v:
+            raise SpecError(src, fld, f"expected a file path or a mapping, got {_show(v)}")
+        p = Path(v)
+        return str(p if p.is_absolute() else base / p)
+
+    model = load_model(path_of("case.model", case["model"]))
+    system = load_system(path_of("case.system", case["system"]))
+    num_procs = _int(src, "case.num_procs", case["num_procs"], 1)
+    max_batch = _int(src, "case.max_batch_size", case["max_batch_size"], 1)
+    datatype = case["datatype"]
+    if datatype not in system.datatypes:
+        raise SpecError(src, "case.datatype", f"{_show(datatype)} is not supported by "
+                        f"{system.source} (it runs: {', '.join(system.datatypes)})")
+    sp = case.get("space", DEFAULT_SPACE)
+    if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
+        sp = path_of("case.space", sp)
+    elif not isinstance(sp, (str, Mapping)) or not sp:
+        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {_show(sp)}")
+    space = load_space(sp)
+    policy = case.get("batch_policy")
+    if policy is not None and policy not in ("max", "fixed"):
+        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {_show(policy)}")
+
+    samplers = _samplers(src, data.get("samplers"))
+    seeds = _seeds(src, data.get("seeds", 1))
+    if "trials" not in data:
+        raise SpecError(src, "trials", "missing (trials per run)")
+    trials = _int(src, "trials", data["trials"], 1)
+    budgets = _budgets(src, data.get("budgets"), trials)
+    parallel = data.get("parallel")
+    if parallel is not None and parallel not in PARALLEL:
+        raise SpecError(src, "parallel", f"expected one of {', '.join(PARALLEL)}, got {_show(parallel)}")
+    workers = _int(src, "workers", data.get("workers", DEFAULT_WORKERS), 1)
+    out = data.get("output_dir")
+    if out is not None:
+        if not isinstance(out, str) or not out:
+            raise SpecError(src, "output_dir", f"expected a folder path, got {_show(out)}")
+        out = Path(out) if Path(out).is_absolute() else base / out
+    return Experiment(source=src, name=name.strip(), description=desc, model=model,
+                      system=system, model_given=case["model"], system_given=case["system"],
+                      num_procs=num_procs, max_batch_size=max_batch, datatype=datatype,
+                      space=space, batch_policy=policy, samplers=samplers, seeds=seeds,
+                      trials=trials, budgets=budgets, parallel=parallel, workers=workers,
+                      output_dir=out)
+
+
+def sampler_options() -> dict[str, inspect.Parameter]:
+    """The ``autopar.tune`` keyword arguments a sampler entry may set."""
+    from autopar.tune import tune
+    return {n: p for n, p in inspect.signature(tune).parameters.items()
+            if n not in _RESERVED and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def _samplers(src: str, v) -> tuple[SamplerEntry, ...]:
+    from autopar.samplers import SAMPLERS
+    if not isinstance(v, list) or not v:
+        raise SpecError(src, "samplers", f"expected a non-empty list, got {_show(v)}")
+    allowed = sampler_options()
+    out, labels = [], set()
+    for i, item in enumerate(v):
+        fld = f"samplers[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, Mapping):
+            raise SpecError(src, fld, f"expected a sampler name or a mapping, got {_show(item)}")
+        name = item.get("name")
+        if name not in SAMPLERS:
+            raise SpecError(src, f"{fld}.name", f"expected one of {', '.join(SAMPLERS)}, got {_show(name)}")
+        label = item.get("label", name)
+        if not isinstance(label, str) or not label or label == "exhaustive":
+            raise SpecError(src, f"{fld}.label", f"expected a name other than exhaustive, got {_show(label)}")
+        if label in labels:
+            raise SpecError(src, f"{fld}.label", f"{label!r} is used twice; give each entry its own label")
+        labels.add(label)
+        options = {}
+        for k, val in item.items():
+            if k in ("name", "label"):
+                continue
+            if k not in allowed:
+                raise SpecError(src, f"{fld}.{k}", "unknown option; a sampler takes name, label"
+                                + "".join(f", {o}" for o in allowed))
+            options[k] = _option(src, f"{fld}.{k}", k, val)
+        out.append(SamplerEntry(label=label, name=name, options=options))
+    return tuple(out)
+
+
+def _option(src: str, fld: str, key: str, val):
+    """Check the options autopar.tune knows of; others go to tune as they are."""
+    if key == "encoding":
+        from autopar.encodings import ENCODINGS
+        if val not in ENCODINGS:
+            raise SpecError(src, fld, f"expected one of {', '.join(ENCODINGS)}, got {_show(val)}")
+    elif key == "backend":
+        from autopar.tune import BACKENDS
+        if val not in BACKENDS:
+            raise SpecError(src, fld, f"expected one of {', '.join(BACKENDS)}, got {_show(val)}")
+    elif key == "concurrency" and val is not None:
+        _int(src, fld, val, 1)
+    return val
+
+
+def _seeds(src: str, v) -> tuple[int, ...]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return tuple(range(_int(src, "seeds", v, 1)))
+    if not isinstance(v, list) or not v:
+        raise SpecError(src, "seeds", f"expected a count or a non-empty list of seeds, got {_show(v)}")
+    seeds = tuple(_int(src, f"seeds[{i}]", s, 0) for i, s in enumerate(v))
+    if len(set(seeds)) != len(seeds):
+        raise SpecError(src, "seeds", "lists a seed twice")
+    return seeds
+
+
+def _budgets(src: str, v, trials: int) -> tuple[int, ...]:
+    if v is None:
+        return tuple(sorted({b for b in DEFAULT_BUDGETS if b < trials} | {trials}))
+    if not isinstance(v, list) or not v:
+        raise SpecError(src, "budgets", f"expected a non-empty list of trial counts, got {_show(v)}")
+    out = []
+    for i, b in enumerate(v):
+        b = _int(src, f"budgets[{i}]", b, 1)
+        if b > trials:
+            raise SpecError(src, f"budgets[{i}]", f"{b} exceeds trials ({trials})")
+        out.append(b)
+    return tuple(sorted(set(out)))
+
+
+# --------------------------------------------------------------------------
+# One run (a top-level function: it runs in pool processes and Ray tasks)
+
+def _job_base(exp: Experiment) -> dict:
+    """What every run needs, as plain data (no files needed where it runs)."""
+    from autopar.specs import model_to_json, system_to_json
+    return {"model": model_to_json(exp.model), "system": system_to_json(exp.system),
+            "num_procs": exp.num_procs, "max_batch_size": exp.max_batch_size,
+            "datatype": exp.datatype, "space": exp.space.to_dict(),
+            "batch_policy": exp.batch_policy, "trials": exp.trials}
+
+
+def run_one(base: Mapping, sampler: str, label: str, options: Mapping, seed: int,
+            address: str | None = None) -> dict:
+    """One sampler with one seed: an ``autopar.tune`` search -> its run record."""
+    from autopar.tune import tune
+    t0 = time.perf_counter()
+    table = tune(base["model"], base["system"], base["num_procs"], base["max_batch_size"],
+                 base["datatype"], sampler=sampler, trials=base["trials"],
+                 space=base["space"], seed=seed, batch_policy=base["batch_policy"],
+                 progress=False, **options,
+                 **({"address": address} if address and options.get("backend") == "ray" else {}))
+    wall = time.perf_counter() - t0
+    rate = table["sample_rate"].to_numpy(dtype=float).copy()
+    rate[~table["feasible"].to_numpy(dtype=bool)] = math.nan
+    best = None
+    if (table["state"] == "COMPLETE").any():
+        from autopar.tune import best_execution
+        best = best_execution(table)
+    return {"sampler": label, "seed": int(seed), "trials": int(len(table)),
+            "pruned": int((table["state"] == "PRUNED").sum()),
+            "sample_rate": rate.tolist(),
+            "elapsed_s": table["elapsed_s"].to_numpy(dtype=float).tolist(),
+            "wall_s": wall, "best_execution": best}
+
+
+def _wrap_tune_error(exp: Experiment, entry: SamplerEntry, err: SpecError) -> SpecError:
+    """tune's complaints about an option name the experiment's field."""
+    if err.source == "tune":
+        i = exp.samplers.index(entry)
+        return SpecError(exp.source, f"samplers[{i}].{err.field}", err.message)
+    return err
+
+
+# --------------------------------------------------------------------------
+# Spreading the runs
+
+def _jobs(exp: Experiment):
+    return [(e, s) for e in exp.samplers for s in exp.seeds]
+
+
+def _run_serial(exp, base, jobs, address, done):
+    out = []
+    for entry, seed in jobs:
+        try:
+            rec = run_one(base, entry.name, entry.label, entry.options, seed, address)
+        except SpecError as err:
+            raise _wrap_tune_error(exp, entry, err) from None
+        done(rec)
+        out.append(rec)
+    return out
+
+
+def _run_processes(exp, base, jobs, workers, done):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    out = []
+    # fork where there is one: a spawned worker re-imports the caller's main
+    # module, which breaks scripts without a __main__ guard.  Ray is never
+    # started on this path, so there is nothing unsafe to fork.
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        futs = {pool.submit(run_one, base, e.name, e.label, dict(e.options), s): e
+                for e, s in jobs}
+        try:
+            for f in as_completed(futs):
+                try:
+                    rec = f.result()
+                except SpecError as err:
+                    raise _wrap_tune_error(exp, futs[f], err) from None
+                done(rec)
+                out.append(rec)
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            raise
+    return out
+
+
+def _run_ray(exp, base, jobs, address, done):
+    import ray
+    import autopar
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+        else:
+            from autopar.tune_ray import start_local_ray
+            start_local_ray()
+        started = True
+    try:
+        out = []
+        driver = [(e, s) for e, s in jobs if e.options.get("backend") == "ray"]
+        tasks = [(e, s) for e, s in jobs if e.options.get("backend") != "ray"]
+        env = {"py_modules": [str(Path(autopar.__file__).resolve().parent)]} if address else {}
+        remote = ray.remote(num_cpus=1, max_retries=1)(run_one)
+        if env:
+            remote = remote.options(runtime_env=env)
+        base_ref = ray.put(dict(base))
+        pending = {remote.remote(base_ref, e.name, e.label, dict(e.options), s): e
+                   for e, s in tasks}
+        # Tune experiments (backend: ray) are driven from here, one at a time,
+        # while the tasks run on the cluster.
+        out.extend(_run_serial(exp, base, driver, address, done))
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                entry = pending.pop(ref)
+                try:
+                    rec = ray.get(ref)
+                except ray.exceptions.RayTaskError as err:
+                    cause = getattr(err, "cause", None)
+                    if isinstance(cause, SpecError):
+                        raise _wrap_tune_error(exp, entry, cause) from None
+                    raise
+                done(rec)
+                out.append(rec)
+        return out
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# --------------------------------------------------------------------------
+# The comparison
+
+class _Progress:
+    def __init__(self, total: int, show: bool):
+        self.bar = None
+        if show:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit="trial", desc="compare", file=sys.stderr,
+                            dynamic_ncols=True)
+
+    def say(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+
+    def run_done(self, rec: Mapping, optimum: float) -> None:
+        if self.bar is None:
+            return
+        rates = [r for r in rec["sample_rate"] if r == r]
+        best = max(rates) if rates else None
+        gap = "no feasible trial" if best is None else f"regret {1 - best / optimum:.4f}"
+        self.bar.set_postfix_str(f"{rec['sampler']} seed {rec['seed']}: {gap}", refresh=False)
+        self.bar.update(rec["trials"])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def compare(experiment, output_dir=None, *, address: str | None = None,
+            progress: bool | None = None, **overrides) -> CompareResult:
+    """Run a comparison experiment; returns a ``CompareResult``.
+
+    ``experiment``: a YAML path, a mapping or an ``Experiment``; keyword
+    ``overrides`` replace its top-level keys (e.g. ``seeds=2, trials=50``).
+    ``output_dir`` (else the experiment's ``output_dir``): where the four
+    files are written; None writes nothing.  ``address``: a Ray cluster; the
+    runs become Ray tasks there (as ``parallel: ray``).  ``progress``: a bar
+    on stderr (None: when stderr is a terminal).
+    """
+    from autopar import regret
+    from autopar.exhaustive import exhaustive
+
+    exp = load_experiment(experiment, overrides=overrides or None)
+    out_dir = Path(output_dir) if output_dir is not None else exp.output_dir
+    if out_dir is not None:
+        _check_output_dir(out_dir)
+    address = address or None
+    parallel = exp.parallel or ("ray" if address else "serial")
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+
+    t0 = time.perf_counter()
+    _, summ = exhaustive(exp.model, exp.system, exp.num_procs, exp.max_batch_size,
+                         exp.datatype, space=exp.space, batch_policy=exp.batch_policy,
+                         address=address if parallel == "ray" else None, progress=show)
+    if summ["best"] is None:
+        why = "; ".join(f"{r} ({n:,})" for r, n in list(summ["infeasible"].items())[:3])
+        raise SpecError(exp.source, "case", f"no feasible layout among {summ['layouts']:,} "
+                        f"layouts of space {summ['space']}: {why or 'the space is empty'}")
+    opt = float(summ["best"]["sample_rate"])
+    optimum = {
+        "name": exp.name, "model": exp.model_given, "system": exp.system_given,
+        "model_name": exp.model.name, "system_name": exp.system.name,
+        "num_procs": exp.num_procs, "max_batch_size": exp.max_batch_size,
+        "datatype": exp.datatype, "batch_policy": summ["batch_policy"],
+        "space": summ["space"], "space_size": summ["layouts"],
+        "feasible_layouts": summ["feasible"],
+        "execution": summ["best"]["execution"], "sample_rate": opt,
+        "exhaustive_seconds": summ["seconds"],
+        "exhaustive_runner": summ["runner"],
+    }
+    jobs = _jobs(exp)
+    bar = _Progress(len(jobs) * exp.trials, show)
+    bar.say(f"exhaustive: {summ['layouts']:,} layouts ({summ['feasible']:,} feasible) in "
+            f"{summ['seconds']:.1f} s; optimum {opt:.6g} samples/s")
+    base = _job_base(exp)
+    done = lambda rec: bar.run_done(rec, opt)     # noqa: E731
+    try:
+        if parallel == "ray":
+            runs = _run_ray(exp, base, jobs, address, done)
+        elif parallel == "processes" and len(jobs) > 1 and exp.workers > 1:
+            runs = _run_processes(exp, base, jobs, exp.workers, done)
+        else:
+            runs = _run_serial(exp, base, jobs, address, done)
+    finally:
+        bar.close()
+    order = {(e.label, s): i for i, (e, s) in enumerate(jobs)}
+    runs.sort(key=lambda r: order[(r["sampler"], r["seed"])])
+    labels = [e.label for e in exp.samplers]
+    curves = regret.curves(runs, opt)
+    summary = regret.summarize(curves, runs, labels, exp.budgets,
+                               exhaustive={"layouts": summ["layouts"], "feasible": summ["feasible"],
+                                           "seconds": summ["seconds"]})
+    optimum["compare_seconds"] = round(time.perf_counter() - t0, 3)
+    optimum["runner"] = parallel if parallel != "ray" else f"ray:{address or 'local'}"
+    result = CompareResult(experiment=exp, optimum=optimum, curves=curves,
+                           summary=summary, runs=runs)
+    if out_dir is not None:
+        result.files = write_outputs(result, out_dir)
+        result.output_dir = out_dir
+    return result
+
+
+def _check_output_dir(out_dir: Path) -> None:
+    """Fail before any work if the results could not be written there."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SpecError(str(out_dir), "output_dir", "exists and is not a folder")
+    probe = out_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise SpecError(str(out_dir), "output_dir", f"cannot write into {probe}")
+
+
+def write_outputs(result: CompareResult, out_dir) -> tuple[Path, ...]:
+    """optimum.json, curves.csv, summary.csv and regret.png, each atomically."""
+    from autopar import regret
+    from autopar.writers import write_atomic_csv, write_json
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exp, opt = result.experiment, result.optimum
+    paths = tuple(out_dir / f for f in OUTPUT_FILES)
+    write_json(opt, paths[0])
+    write_atomic_csv(result.curves, paths[1])
+    write_atomic_csv(result.summary, paths[2])
+    title = (f"{exp.model.name or 'model'} on {exp.num_procs:,} x {exp.system.name or 'system'}, "
+             f"{exp.datatype}, space {opt['space']} ({opt['space_size']:,} layouts)")
+    note = (f"optimum {opt['sample_rate']:.4g} samples/s; exhaustive search: "
+            f"{opt['exhaustive_seconds']:.3g} s")
+    regret.plot(result.curves, [e.label for e in exp.samplers], paths[3], title=title, note=note)
+    return paths
+
+
+# --------------------------------------------------------------------------
+# The summary as text
+
+def summary_text(result: CompareResult) -> str:
+    """The summary as an aligned text table (what the terminal ends with)."""
+    s, exp, opt = result.summary, result.experiment, result.optimum
+    budgets = [b for b in exp.budgets]
+    head = ["sampler", "runs"] + [f"regret@{b}" for b in budgets] + \
+        ["trials to 5%", "trials to 1%", "s to 1%", "pruned", "ms/trial"]
+    rows = []
+    for _, r in s.iterrows():
+        ex = r["sampler"] == "exhaustive"
+        cells = [str(r["sampler"]), str(int(r["runs"]))]
+        for b in budgets:
+            med = r[f"regret_median@{b}"]
+            cells.append("" if ex or med != med else
+                         f"{med:.3f} [{r[f'regret_q1@{b}']:.3f}-{r[f'regret_q3@{b}']:.3f}]")
+        for tag in ("5pct", "1pct"):
+            v = r[f"trials_to_{tag}"]
+            cells.append(_count(v) + ("" if ex else f" ({int(r[f'reached_{tag}'])}/{int(r['runs'])})"))
+        cells.append(_secs(r["seconds_to_1pct"]))
+        cells.append(f"{r['pruned_fraction']:.0%}")
+        cells.append(f"{r['ms_per_trial']:.3g}")
+        rows.append(cells)
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)   # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    lines = [f"{exp.name}: {opt['model_name']} on {exp.num_procs:,} x {opt['system_name']}, "
+             f"{exp.datatype}, space {opt['space']} ({opt['space_size']:,} layouts); "
+             f"optimum {opt['sample_rate']:.6g} samples/s",
+             "regret: median [IQR] after N trials; trials to X%: median (runs that got there)",
+             fmt(head), fmt(["-" * w for w in widths])]
+    lines += [fmt(r) for r in rows]
+    return "\n".join(lines)
+
+
+def _count(v) -> str:
+    if isinstance(v, str):
+        return v
+    return f"{v:,.0f}" if v == v else ""
+
+
+def _secs(v) -> str:
+    if isinstance(v, str):
+        return v
+    return f"{v:.3g}" if v == v else ""
+
+
+# ``autopar.compare`` is both this module and the function; importing the
+# module sets the package attribute to the module, so make it callable.
+class _CallableModule(__import__("types").ModuleType):
+    def __call__(self, *args, **kwargs):
+        return compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
