@@ -90,7 +90,8 @@ def write_outputs(res, out_dir) -> tuple[Path, ...]:
         note = (f"regret = 1 - {what} found / {what} of the enumerated optimum "
                 f"({len(res.truth)} systems)")
         pngs["regret.png"] = lambda p: plot(res.curves, [s.name for s in st.compare.samplers], p,
-                                            title=f"{st.name}: outer samplers", note=note)
+                                            title=f"{st.name}: outer samplers", note=note,
+                                            ylabel=f"regret = 1 - {what} / optimum")
     for name, fn in pngs.items():
         fn(out / name)
         written.append(out / name)

@@ -166,7 +166,7 @@ def _seconds_at(run: Mapping, t: float) -> float:
 # The plot
 
 def plot(curve_table, labels: Sequence[str], path, title: str = "",
-         note: str = "") -> None:
+         note: str = "", ylabel: str = "regret = 1 - best / optimum") -> None:
     """Regret versus trials (log x): median line and interquartile band per
     sampler.  Writes a PNG atomically."""
     import matplotlib
@@ -208,7 +208,7 @@ def plot(curve_table, labels: Sequence[str], path, title: str = "",
     ax.set_ylim(0, 1.05)
     ax.set_xlim(1, longest)
     ax.set_xlabel("trials")
-    ax.set_ylabel("regret = 1 - best / optimum")
+    ax.set_ylabel(ylabel)
     ax.grid(True, which="major", color="0.9", linewidth=0.6)
     if title:
         ax.set_title(title, fontsize=10)
