@@ -98,8 +98,10 @@ CHECKPOINTING = {"disabled": "none", "every_layer": "full", "selective": "attn_o
 def sweep_execution(row, system: SystemSpec) -> dict:
     """The execution a measured row ran: Megatron-style placement and options.
 
-    Tensor parallelism stays inside a node (tier 0); pipeline and data
-    parallelism go on the first tier that holds them.  With dp > 1 the
+    Ranks are laid out as Megatron does (tensor fastest, then data, then
+    pipeline): tensor parallelism stays inside a node (tier 0), data
+    parallelism goes on the first tier that holds tensor x data ranks, and
+    pipeline parallelism on the tier that holds the whole world.  With dp > 1 the
     optimizer state is sharded across data parallelism and the weight
     gradients are not (Megatron's distributed optimizer).
     """
@@ -117,7 +119,7 @@ def sweep_execution(row, system: SystemSpec) -> dict:
 
     return {
         "num_procs": world, "tensor_par": tp, "pipeline_par": pp, "data_par": dp,
-        "tensor_par_net": 0, "pipeline_par_net": tier(tp * pp), "data_par_net": tier(world),
+        "tensor_par_net": 0, "data_par_net": tier(tp * dp), "pipeline_par_net": tier(world),
         "batch_size": int(row.global_batch), "microbatch_size": int(row.microbatch_size),
         "datatype": "bfloat16", "fused_activation": True, "attention_type": "multihead",
         "activation_recompute": CHECKPOINTING[row.checkpointing],
