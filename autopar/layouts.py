@@ -112,6 +112,19 @@ def record(cols: Mapping[str, np.ndarray], i: int) -> dict:
     return rec
 
 
+def _string_codes(series, choices) -> np.ndarray:
+    """Codes of a column of strings (-1 for unknown values), vectorised."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    try:
+        arr = pa.array(series.array if hasattr(series, "array") else series, from_pandas=True)
+        codes = pc.index_in(arr, value_set=pa.array(list(choices)))
+        return np.asarray(codes.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        import pandas as pd
+        return np.asarray(pd.Categorical(series, categories=list(choices)).codes, dtype=np.int64)
+
+
 def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
     """A pandas DataFrame with the execution fields as columns -> a layout table.
 
@@ -135,8 +148,7 @@ def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
                     raise SpecError(source, f, f"code out of range 0..{len(CHOICES[f]) - 1}")
                 cols[f] = v.astype(np.int8)
             else:
-                import pandas as pd
-                codes = np.asarray(pd.Categorical(s, categories=list(CHOICES[f])).codes)
+                codes = _string_codes(s, CHOICES[f])
                 if (codes < 0).any():
                     bad = s.iloc[int(np.flatnonzero(codes < 0)[0])]
                     raise SpecError(source, f, f"unknown value {bad!r} "

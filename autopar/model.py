@@ -1352,18 +1352,22 @@ def _typed_columns(c: dict) -> dict:
     return typed
 
 
-def reason_text(out: Mapping, system: SystemSpec) -> np.ndarray:
-    """One reason string per row of an ``evaluate_columns`` result.
+def reason_text(out: Mapping, system: SystemSpec):
+    """One reason per row of an ``evaluate_columns`` result, as a pandas
+    Categorical ('' when feasible).  Memory failures say how much is needed
+    against the tier's capacity."""
+    import pandas as pd
 
-    Memory failures say how much is needed against the tier's capacity.
-    """
-    codes = np.asarray(out["reason_code"])
-    texts = np.array(REASONS, dtype=object)[codes]
+    codes = np.asarray(out["reason_code"]).astype(np.int64)
+    cats = list(REASONS)
     for tier, mem in ((1, system.mem1), (2, system.mem2)):
         need = out.get(f"proc_mem_tier{tier}_cap_req")
         rows = np.flatnonzero(codes == _R[f"infeasible: mem tier{tier} capacity exceeded"])
         if need is None or not len(rows):
             continue
-        texts[rows] = [f"infeasible: mem tier{tier} needs {v / 1024**3:.2f} GiB "
-                       f"but has {mem.GiB:g} GiB" for v in need[rows]]
-    return texts
+        gib = np.round(need[rows] / 1024 ** 3, 2)
+        values, inverse = np.unique(gib, return_inverse=True)
+        codes[rows] = len(cats) + inverse
+        cats += [f"infeasible: mem tier{tier} needs {v:.2f} GiB but has {mem.GiB:g} GiB"
+                 for v in values]
+    return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
