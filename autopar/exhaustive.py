@@ -118,35 +118,17 @@ def _worker_space(space_json) -> Space:
 
 
 def _reachable(address: str) -> None:
-    """Fail fast (one line) when a host:port address does not answer;
-    Ray itself would retry for minutes."""
-    import socket
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return          # "auto", "ray://...", or something Ray interprets
-    try:
-        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5).close()
-    except OSError as e:
-        raise SpecError("arguments", "address",
-                        f"no Ray cluster answers at {address}: {e.strerror or e}") from None
+    from autopar.cluster import reachable
+    reachable(address)
 
 
 def _ray_parts(model, system, space, case, ranges, top_n, keep_rows, address):
     """Yield the parts of ``ranges`` in order, computed as Ray tasks."""
     import ray
-    import autopar
+    from autopar.cluster import join
     started = False
     if not ray.is_initialized():
-        # The package travels with the job, so workers need no local copy.
-        env = {"py_modules": [str(Path(autopar.__file__).resolve().parent)]}
-        _reachable(address)
-        try:
-            ray.init(address=address, runtime_env=env, log_to_driver=False,
-                     logging_level="WARNING")
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SpecError("arguments", "address",
-                            f"cannot connect to Ray at {address!r}: {first}") from None
+        join(address)     # the package travels with the job: workers need no copy
         started = True
     try:
         task = ray.remote(num_cpus=1, max_retries=2)(_ray_part)

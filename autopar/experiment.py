@@ -25,7 +25,10 @@ URL.  ::
     concurrency: 4                # optional
     storage: sqlite:///../results/gpt3.db   # optional (optuna): resumable study
     study_name: ...               # optional
-    address: ...                  # optional (ray)
+    address: ...                  # optional (ray; default $RAY_ADDRESS, else a local Ray)
+    storage_path: ../results/ray  # optional (ray): keep the Tune experiment (resumable with
+                                  #   autopar tune --resume); a folder or a URI (s3://...)
+    max_failures: 3               # optional (ray): retries of a failed trial
     output: ../results/gpt3-175b-tpe/best.json
     trials_out: ../results/gpt3-175b-tpe/trials.csv
     # kind: exhaustive (the options of `autopar exhaustive`)
@@ -63,6 +66,7 @@ TUNE_KEYS: dict[str, tuple[Any, Any, bool]] = {
     "backend": (str, "optuna", False), "encoding": (str, None, False),
     "concurrency": (int, None, False), "storage": (str, None, False),
     "study_name": (str, None, False), "address": (str, None, False),
+    "storage_path": (str, None, False), "max_failures": (int, 3, False),
     "output": (str, None, True), "trials_out": (str, None, True),
 }
 EXHAUSTIVE_KEYS: dict[str, tuple[Any, Any, bool]] = {
@@ -182,6 +186,10 @@ def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace 
             if opts[k] not in options:
                 raise SpecError(src, k, f"expected one of {', '.join(options)}, got {_show(opts[k])}")
         opts["storage"] = _storage(base, opts["storage"])
+        sp = opts["storage_path"]
+        if sp and "://" not in sp:
+            opts["storage_path"] = str(_rel(base, sp))
+        ns.resume, ns.name = None, None
         ns.trials_out = opts.pop("trials_out")
     else:
         ns.all_rows = opts.pop("all")

@@ -171,14 +171,21 @@ def layout_trainable(config: dict) -> None:
     result (one round trip per trial).  Pruned trials report the metric as
     None; see the module docstring.
     """
+    import os
+    import time
+
     import ray
     from ray import tune
 
+    delay = os.environ.get("AUTOPAR_TRIAL_DELAY")   # seconds; for fault-tolerance tests
+    if delay:
+        time.sleep(float(delay))
     row = evaluate_config(config)
     if row["state"] == "PRUNED":
         row[METRIC] = None
         for k in BREAKDOWN:
             row[k] = None
     row["node_id"] = ray.get_runtime_context().get_node_id()
+    row["finished_at"] = time.time()
     row["done"] = True
     tune.report(row)

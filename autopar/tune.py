@@ -112,12 +112,17 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
          address: str | None = None, concurrency: int | None = None,
          encoding: str | None = None, progress: bool | None = None,
          study_name: str | None = None, batch_policy: str | None = None,
-         training: bool = True):
+         training: bool = True, storage_path: str | None = None,
+         name: str | None = None, max_failures: int = 3, on_start=None):
     """Search layouts of ``model`` on ``system`` with a sampler; returns the trials.
 
     ``model``/``system``: file paths, dicts (Calculon JSON) or specs.
     ``space``: a space file, a name under ``search_spaces/``, a dict or a Space.
     ``progress``: a progress bar on stderr (None: when stderr is a terminal).
+    Backend ray: ``storage_path`` keeps the experiment at
+    ``storage_path/name`` (resumable with ``resume``; None: a temporary
+    folder), ``max_failures`` retries of a failed trial, ``on_start(path)``
+    is told where the experiment is kept.
     Returns a pandas DataFrame with ``TRIAL_COLUMNS``.  Bad arguments raise
     ``autopar.specs.SpecError``.
     """
@@ -137,6 +142,10 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
         _bad("address", "a Ray address needs backend ray")
     if backend == "ray" and storage:
         _bad("storage", "an Optuna storage needs backend optuna")
+    if backend == "optuna" and storage_path:
+        _bad("storage_path", "a Ray Tune storage path needs backend ray "
+                             "(backend optuna keeps its study in storage)")
+    max_failures = _int("max_failures", max_failures, 0)
     case = make_case(model, system, num_procs, max_batch_size, datatype, batch_policy, training)
     sp = load_space(space)
     size = sp.size(case)
@@ -157,10 +166,23 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
         else:
             from autopar import tune_ray
             rows = tune_ray.run(prob, sampler, trials, seed, address, concurrency, grid,
-                                on_row=bar.update)
+                                on_row=bar.update, storage_path=storage_path, name=name,
+                                max_failures=max_failures, on_start=on_start)
     finally:
         bar.close()
     return trials_table(rows)
+
+
+def resume(path: str, address: str | None = None):
+    """Finish a ray-backend experiment kept at ``path`` (``storage_path/name``);
+    returns the trials table of all its trials."""
+    from autopar import tune_ray
+    if not isinstance(path, str) or not path:
+        _bad("resume", f"expected an experiment path, got {path!r}")
+    if not tune_ray.can_resume(path):
+        _bad("resume", f"{path} holds no Ray Tune experiment (expected "
+                       "STORAGE_PATH/NAME of an autopar tune --backend ray run)")
+    return trials_table(tune_ray.resume(path, address))
 
 
 def trials_table(rows: list[dict]):

@@ -9,7 +9,17 @@ once with ``done=True``.  Results are collected on the driver by a callback
 (``_Collector``), not read back from files.
 
 A Ray started here is local, listens on loopback only and has no dashboard;
-with ``address`` (or ``RAY_ADDRESS``) an existing cluster is joined instead.
+with ``address`` (or ``RAY_ADDRESS``) an existing cluster is joined instead,
+and the autopar package travels with the job (runtime_env ``py_modules``) so
+nodes need only Ray installed.
+
+Results: with ``storage_path`` the experiment is kept at
+``storage_path/name`` (any path Ray Tune accepts: a local or shared folder,
+``s3://...``, ``gs://...``) and ``resume(path)`` finishes a killed run with
+``Tuner.restore``: the trials asked for, each once.  Without it a temporary
+folder is used and removed.  Failed trials (a lost node) are retried
+``max_failures`` times (``FailureConfig``).  The trials table is read from the
+experiment's results at the end, so a resumed run reports every trial.
 """
 from __future__ import annotations
 
@@ -102,18 +112,25 @@ class _Collector(tune.Callback):
         self.rows: dict[int, dict] = {}
         self.errors: list[str] = []
         self._index: dict[str, int] = {}
-        self._seen = 0
         self._t0 = time.monotonic()
         self._on_row = on_row
 
     def restart_clock(self) -> None:
         self._t0 = time.monotonic()
 
+    def __getstate__(self):
+        # Tune pickles its callbacks into the experiment (tuner.pkl); the
+        # progress hook and the rows belong to this process only.
+        return {**self.__dict__, "_on_row": None, "rows": {}, "errors": [],
+                "_index": {}}
+
     def _number(self, trials, trial) -> int:
-        for t in trials[self._seen:]:
-            self._index[t.trial_id] = len(self._index)
-        self._seen = len(trials)
-        return self._index[trial.trial_id]
+        # Position in Tune's trial list (creation order); the final table is
+        # numbered the same way from the results (see result_rows).
+        if trial.trial_id not in self._index:
+            for k, t in enumerate(trials):
+                self._index.setdefault(t.trial_id, k)
+        return self._index.get(trial.trial_id, len(self._index))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         r = trial.last_result or {}
@@ -129,7 +146,7 @@ class _Collector(tune.Callback):
         for f in FIELDS:
             row[f] = r.get(f)
         row["node_id"] = r.get("node_id", "")
-        row["elapsed_s"] = time.monotonic() - self._t0
+        row["elapsed_s"] = _elapsed(r)
         self.rows[row["trial"]] = row
         if self._on_row is not None:
             self._on_row(row)
@@ -166,7 +183,8 @@ def ray_session(address: str | None):
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            from autopar.cluster import join
+            join(address)
         else:
             start_local_ray()
         started = True
@@ -216,19 +234,67 @@ def _short_name(trial) -> str:
     return f"t{trial.trial_id}"
 
 
+def _elapsed(r) -> float:
+    """Seconds from the experiment's start to the trial's end (wall clocks)."""
+    start = (r.get("config") or {}).get(PAYLOAD_KEY, {}).get("started_at")
+    end = r.get("finished_at")
+    return float(end - start) if start is not None and end is not None else math.nan
+
+
+def result_rows(results) -> list[dict]:
+    """A ResultGrid -> one row per trial that reported, in creation order
+    (Tune's trial list, kept in that order by a restore too)."""
+    from autopar.layouts import FIELDS
+    rows = []
+    for res in results:
+        r = res.metrics or {}
+        if "state" not in r:
+            continue
+        row = {"trial": len(rows), "state": r["state"],
+               "feasible": r["feasible"], "reason": r["reason"]}
+        for k in (METRIC, *BREAKDOWN):
+            row[k] = math.nan if r.get(k) is None else r[k]
+        for f in FIELDS:
+            row[f] = r.get(f)
+        row["node_id"] = r.get("node_id", "")
+        row["elapsed_s"] = _elapsed({**r, "config": res.config})
+        rows.append(row)
+    return rows
+
+
+def default_name(sampler: str) -> str:
+    return f"autopar-tune-{sampler}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _finish(results, collector_errors) -> list[dict]:
+    errors = list(results.errors)
+    if errors or collector_errors:
+        first = errors[0] if errors else collector_errors[0]
+        raise RuntimeError(f"{len(errors) or len(collector_errors)} trial(s) failed; first: {first}")
+    return result_rows(results)
+
+
 def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
         concurrency: int | None, grid: list[dict] | None, on_row=None,
-        trainable=layout_trainable, keep: dict | None = None) -> list[dict]:
+        trainable=layout_trainable, keep: dict | None = None,
+        storage_path: str | None = None, name: str | None = None,
+        max_failures: int = 3, on_start=None) -> list[dict]:
     """Run the search on Ray; returns the rows of all trials, in trial order.
 
     ``keep``: a dict that receives the ``search_alg`` (to inspect its study).
+    ``storage_path``/``name``: where the experiment is kept (None: a temporary
+    folder, removed at the end).  ``on_start(path)`` is told the experiment's
+    path before the first trial.
     """
     collector = _Collector(on_row)
-    storage = tempfile.mkdtemp(prefix="autopar-ray-")
+    temp = storage_path is None
+    storage = tempfile.mkdtemp(prefix="autopar-ray-") if temp else storage_path
+    name = name or ("autopar-tune" if temp else default_name(sampler))
     try:
         with ray_session(address), _tune_settings():
             pieces = ray_search(sampler, prob.encoder, seed, trials, concurrency, grid)
-            param_space = {PAYLOAD_KEY: prob.payload(), **pieces["param_space"]}
+            payload = {**prob.payload(), "started_at": time.time()}
+            param_space = {PAYLOAD_KEY: payload, **pieces["param_space"]}
             if keep is not None:
                 keep["search_alg"] = pieces["search_alg"]
             tuner = tune.Tuner(
@@ -240,15 +306,38 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                     max_concurrent_trials=concurrency, reuse_actors=True,
                     trial_dirname_creator=_short_name, trial_name_creator=_short_name),
                 run_config=tune.RunConfig(
-                    name="autopar-tune", storage_path=storage, verbose=0,
+                    name=name, storage_path=storage, verbose=0,
                     callbacks=[collector], log_to_file=False,
                     checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
-                    failure_config=tune.FailureConfig(max_failures=0)))
+                    failure_config=tune.FailureConfig(max_failures=max_failures)))
+            if on_start is not None and not temp:
+                on_start(_join(storage, name))
             collector.restart_clock()
             results = tuner.fit()
+            return _finish(results, collector.errors)
     finally:
-        shutil.rmtree(storage, ignore_errors=True)
-    if results.errors or collector.errors:
-        first = results.errors[0] if results.errors else collector.errors[0]
-        raise RuntimeError(f"{len(results.errors) or len(collector.errors)} trial(s) failed; first: {first}")
-    return [collector.rows[k] for k in sorted(collector.rows)]
+        if temp:
+            shutil.rmtree(storage, ignore_errors=True)
+
+
+def _join(storage: str, name: str) -> str:
+    return storage.rstrip("/") + "/" + name if "://" in storage else \
+        os.path.join(os.path.abspath(os.path.expanduser(storage)), name)
+
+
+def can_resume(path: str) -> bool:
+    return tune.Tuner.can_restore(path)
+
+
+def resume(path: str, address: str | None = None, trainable=layout_trainable) -> list[dict]:
+    """Finish the experiment at ``path`` (Tuner.restore); rows of all its trials.
+
+    Trials a killed driver left running or pending are run; finished ones are
+    kept; errored ones are run again.  The search algorithm (its study and
+    trial count) is restored with the experiment, so the run ends with the
+    trials first asked for.
+    """
+    with ray_session(address), _tune_settings():
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True,
+                                   resume_errored=True)
+        return _finish(tuner.fit(), [])

@@ -210,17 +210,19 @@ def _free_port() -> int:
 def ray_cluster(monkeypatch):
     """A real single-node Ray cluster on loopback, stopped afterwards.
 
-    Token authentication is off for this throwaway loopback cluster (Ray 2.60
-    turns it on whenever ~/.ray/auth_token exists, and drivers then need the
-    same token).
+    Token authentication stays on (Ray 2.60's default): the node and this
+    driver both run with ``RAY_AUTH_MODE=token`` and read ~/.ray/auth_token
+    (``ray start --head`` creates it when missing).  A process-wide
+    "disabled" here would stay cached in Ray's config and break the local
+    Rays that later tests start (with token auth, their default).
     """
     pytest.importorskip("ray")
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="apray-", dir="/tmp")
     ray_bin = Path(sys.executable).with_name("ray")
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    env = dict(os.environ, RAY_AUTH_MODE="token")
     proc = subprocess.Popen(
         [str(ray_bin), "start", "--head", "--block", f"--port={port}",
          "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",

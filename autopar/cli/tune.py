@@ -9,6 +9,12 @@ run, each atomically:
 * ``--trials-out``: one CSV row per trial (``trial, state, feasible, reason,
   sample_rate``, the breakdown, the layout, ``node_id``, ``elapsed_s``).
 
+Backend ray: ``--storage-path DIR`` keeps the experiment at ``DIR/NAME``
+(``--name``; default ``autopar-tune-SAMPLER-TIMESTAMP``; any path Ray Tune
+accepts) and prints that path; ``autopar tune --resume DIR/NAME`` finishes a
+killed run (no model or system arguments), with the same output options.
+Failed trials are retried ``--max-failures`` times (default 3).
+
 Exit 0 with a feasible layout, 1 when every trial was pruned (the commonest
 reasons on one line; ``--trials-out`` is still written), 2 on bad input.
 """
@@ -31,13 +37,13 @@ def register(subparsers) -> None:
         "tune", help="search layouts with a sampler (Optuna or Ray Tune)",
         description="Search layouts with a sampler; infeasible layouts are pruned "
                     "trials. Exit 0 found, 1 no feasible layout, 2 bad input.")
-    p.add_argument("model", help="model (application) JSON file")
-    p.add_argument("system", help="system JSON file")
-    p.add_argument("--num-procs", type=int, required=True, help="processors (GPUs)")
-    p.add_argument("--max-batch-size", type=int, required=True,
+    p.add_argument("model", nargs="?", help="model (application) JSON file")
+    p.add_argument("system", nargs="?", help="system JSON file")
+    p.add_argument("--num-procs", type=int, help="processors (GPUs); required")
+    p.add_argument("--max-batch-size", type=int,
                    help="global batch: the largest multiple of data_par up to this "
                         "(batch policy max) or exactly this (fixed)")
-    p.add_argument("--datatype", required=True, choices=CHOICES["datatype"])
+    p.add_argument("--datatype", choices=CHOICES["datatype"], help="required")
     p.add_argument("--sampler", default="tpe", choices=SAMPLERS,
                    help="default: tpe")
     p.add_argument("--trials", type=int, default=100, help="trials to run (default 100)")
@@ -51,7 +57,17 @@ def register(subparsers) -> None:
                    help="how samplers see the space (default: index; see autopar.encodings)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
     p.add_argument("--address", default=None,
-                   help="Ray cluster address (backend ray; default: a local Ray)")
+                   help="Ray cluster address (backend ray; default: $RAY_ADDRESS, else "
+                        "a local Ray on loopback)")
+    p.add_argument("--storage-path", default=None,
+                   help="backend ray: keep the experiment in this folder or URI "
+                        "(resumable; default: a temporary folder, removed)")
+    p.add_argument("--name", default=None,
+                   help="backend ray: experiment name under --storage-path")
+    p.add_argument("--resume", metavar="PATH", default=None,
+                   help="finish the ray experiment at PATH (STORAGE_PATH/NAME)")
+    p.add_argument("--max-failures", type=int, default=3,
+                   help="backend ray: retries of a failed trial (default 3)")
     p.add_argument("--storage", default=None,
                    help="Optuna storage URL, e.g. sqlite:///tune.db (backend optuna): "
                         "the study is kept there and a rerun resumes it")
@@ -129,9 +145,55 @@ def no_feasible_line(table) -> str:
     return f"autopar: no feasible layout in {len(table)} trials: {why}"
 
 
+def _resume(args) -> int:
+    from autopar.tune import resume
+    for flag, v in (("model", args.model), ("system", args.system),
+                    ("--num-procs", args.num_procs), ("--storage-path", args.storage_path),
+                    ("--storage", args.storage)):
+        if v is not None:
+            raise SpecError(SOURCE, flag, "not with --resume (the experiment keeps its case)")
+    output = target("--output", args.output)
+    trials_out = target("--trials-out", args.trials_out)
+    table = resume(args.resume, address=args.address)
+    best = write_results(table, output, trials_out)
+    for line in summary_lines(table, "tune (ray, resumed)"):
+        print(line)
+    if best is None:
+        print(no_feasible_line(table), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _ray_options(args) -> dict:
+    if args.backend != "ray":
+        return {}
+
+    def started(path):
+        print(f"experiment: {path} (resume with: autopar tune --resume {path})",
+              file=sys.stderr, flush=True)
+    return {"storage_path": getattr(args, "storage_path", None),
+            "name": getattr(args, "name", None),
+            "max_failures": getattr(args, "max_failures", 3), "on_start": started}
+
+
 def run(args) -> int:
     from autopar.tune import DEFAULT_SPACE, tune
 
+    if getattr(args, "resume", None) is not None:
+        return _resume(args)
+    for flag, v in (("model", args.model), ("system", args.system),
+                    ("--num-procs", args.num_procs),
+                    ("--max-batch-size", args.max_batch_size),
+                    ("--datatype", args.datatype)):
+        if v is None:
+            raise SpecError(SOURCE, flag, "required (unless --resume)")
+    max_failures = getattr(args, "max_failures", 3)
+    if max_failures < 0:
+        raise SpecError(SOURCE, "--max-failures", f"must be >= 0, got {max_failures}")
+    storage_path, name = getattr(args, "storage_path", None), getattr(args, "name", None)
+    if args.backend == "optuna" and (storage_path or name):
+        raise SpecError(SOURCE, "--storage-path" if storage_path else "--name",
+                        "needs --backend ray (backend optuna uses --storage)")
     _positive("--num-procs", args.num_procs)
     _positive("--max-batch-size", args.max_batch_size)
     _positive("--trials", args.trials)
@@ -150,7 +212,7 @@ def run(args) -> int:
                  backend=args.backend, seed=args.seed, storage=args.storage,
                  address=args.address, concurrency=args.concurrency, encoding=args.encoding,
                  progress=args.progress, study_name=args.study_name,
-                 batch_policy=args.batch_policy)
+                 batch_policy=args.batch_policy, **_ray_options(args))
     best = write_results(table, output, trials_out)
     for line in summary_lines(table, f"tune {args.sampler} ({args.backend})"):
         print(line)
