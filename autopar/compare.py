@@ -433,11 +433,11 @@ def _run_processes(exp, base, jobs, workers, done):
 
 def _run_ray(exp, base, jobs, address, done):
     import ray
-    import autopar
     started = False
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+            from autopar.cluster import join
+            join(address)           # ships the package in the job's runtime_env
         else:
             from autopar.tune_ray import start_local_ray
             start_local_ray()
@@ -446,10 +446,7 @@ def _run_ray(exp, base, jobs, address, done):
         out = []
         driver = [(e, s) for e, s in jobs if e.options.get("backend") == "ray"]
         tasks = [(e, s) for e, s in jobs if e.options.get("backend") != "ray"]
-        env = {"py_modules": [str(Path(autopar.__file__).resolve().parent)]} if address else {}
         remote = ray.remote(num_cpus=1, max_retries=1)(run_one)
-        if env:
-            remote = remote.options(runtime_env=env)
         base_ref = ray.put(dict(base))
         pending = {remote.remote(base_ref, e.name, e.label, dict(e.options), s): e
                    for e, s in tasks}
@@ -522,7 +519,7 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     out_dir = Path(output_dir) if output_dir is not None else exp.output_dir
     if out_dir is not None:
         _check_output_dir(out_dir)
-    address = address or None
+    address = address or os.environ.get("RAY_ADDRESS") or None
     parallel = exp.parallel or ("ray" if address else "serial")
     show = sys.stderr.isatty() if progress is None else bool(progress)
 

@@ -21,7 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.layouts import ALL_FIELDS, CHOICES, EXT_DEFAULTS, record
+from autopar.layouts import ALL_FIELDS, CHOICES, execution_from_row, record
 from autopar.space import Case, Space, load_space
 from autopar.specs import (ModelSpec, SpecError, SystemSpec, load_model,
                            load_system, model_to_json, system_to_json)
@@ -366,23 +366,8 @@ def top_json(table, n: int | None = None) -> dict:
 
 
 def execution_of(row) -> dict:
-    """A table row -> Calculon's 23-field execution dict (plain Python values),
-    plus autopar's extension fields where they differ from their defaults."""
-    from autopar.layouts import BOOL_FIELDS
-    ex = {}
-    for f in ALL_FIELDS:
-        if f not in row:
-            continue
-        v = row[f]
-        if f in CHOICES:
-            ex[f] = str(v)
-        elif f in BOOL_FIELDS:
-            ex[f] = bool(v)
-        else:
-            ex[f] = int(v)
-        if f in EXT_DEFAULTS and ex[f] == EXT_DEFAULTS[f]:
-            del ex[f]
-    return ex
+    """A table row -> an execution dict (see ``layouts.execution_from_row``)."""
+    return execution_from_row(row)
 
 
 def _num(v):

@@ -112,6 +112,27 @@ def record(cols: Mapping[str, np.ndarray], i: int) -> dict:
     return rec
 
 
+def execution_from_row(row) -> dict:
+    """A table row or mapping (names or codes) -> an execution dict: Calculon's
+    23 fields, plus the extension fields that differ from their defaults."""
+    out = {}
+    for f in ALL_FIELDS:
+        v = row.get(f) if hasattr(row, "get") else row[f]
+        if f in EXT_DEFAULTS and (v is None or (isinstance(v, float) and v != v)):
+            continue
+        v = v.item() if hasattr(v, "item") else v
+        if f in CHOICES:
+            v = CHOICES[f][v] if isinstance(v, int) and not isinstance(v, bool) else str(v)
+        elif f in BOOL_FIELDS:
+            v = bool(v)
+        else:
+            v = int(v)
+        if f in EXT_DEFAULTS and v == EXT_DEFAULTS[f]:
+            continue
+        out[f] = v
+    return out
+
+
 def _string_codes(series, choices) -> np.ndarray:
     """Codes of a column of strings (-1 for unknown values), vectorised."""
     import pyarrow as pa

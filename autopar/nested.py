@@ -294,16 +294,8 @@ class Runner:
         if ray.is_initialized():
             return
         if self.address:
-            from pathlib import Path
-            import autopar
-            env = {"py_modules": [str(Path(autopar.__file__).resolve().parent)]}
-            try:
-                ray.init(address=self.address, runtime_env=env, log_to_driver=False,
-                         logging_level="WARNING")
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise SpecError("arguments", "address",
-                                f"cannot connect to Ray at {self.address!r}: {first}") from None
+            from autopar.cluster import join
+            join(self.address)      # ships the package in the job's runtime_env
         else:
             from autopar.tune_ray import start_local_ray
             start_local_ray(num_cpus=self.workers)

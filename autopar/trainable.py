@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from autopar.layouts import FIELDS
+from autopar.layouts import ALL_FIELDS, EXT_DEFAULTS
 
 METRIC = "sample_rate"
 # The breakdown reported with every trial (Calculon's names).
@@ -109,7 +109,10 @@ def problem_from_payload(payload: Mapping) -> Problem:
 def pruned_row(reason: str, execution: Mapping | None = None) -> dict:
     row = {"state": "PRUNED", "feasible": False, "reason": reason, METRIC: math.nan}
     row.update({k: math.nan for k in BREAKDOWN})
-    row.update({f: (execution or {}).get(f) for f in FIELDS})
+    if execution:
+        row.update({f: execution.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS})
+    else:
+        row.update({f: None for f in ALL_FIELDS})
     return row
 
 
@@ -144,7 +147,7 @@ def evaluate_params(prob: Problem, params_list: list) -> list[dict]:
             row = {"state": "COMPLETE", "feasible": True, "reason": "",
                    METRIC: float(res[METRIC][j])}
             row.update({k: float(res[k][j]) for k in BREAKDOWN})
-            row.update(ex)
+            row.update({**EXT_DEFAULTS, **ex})
             rows[i] = row
     return rows
 

@@ -40,7 +40,7 @@ import types
 from typing import Mapping
 
 from autopar.encodings import ENCODINGS, Invalid, default_encoding
-from autopar.layouts import FIELDS
+from autopar.layouts import ALL_FIELDS, execution_from_row
 from autopar.samplers import SAMPLERS
 from autopar.specs import SpecError
 from autopar.trainable import BREAKDOWN, METRIC
@@ -48,7 +48,7 @@ from autopar.trainable import BREAKDOWN, METRIC
 BACKENDS: tuple[str, ...] = ("optuna", "ray")
 DEFAULT_SPACE = "calculon"      # the same default as exhaustive and compare
 TRIAL_COLUMNS: tuple[str, ...] = (
-    "trial", "state", "feasible", "reason", METRIC, *BREAKDOWN, *FIELDS,
+    "trial", "state", "feasible", "reason", METRIC, *BREAKDOWN, *ALL_FIELDS,
     "node_id", "elapsed_s",
 )
 SOURCE = "arguments"     # SpecError source for bad arguments
@@ -387,17 +387,9 @@ def best_execution(table) -> dict | None:
     row = best_trial(table)
     if row is None:
         return None
-    return _execution(row)
+    return execution_from_row(row)
 
 
-def _execution(row) -> dict:
-    from autopar.layouts import BOOL_FIELDS, CHOICES
-    ex = {}
-    for f in FIELDS:
-        v = row[f]
-        v = v.item() if hasattr(v, "item") else v
-        ex[f] = v if f in CHOICES else (bool(v) if f in BOOL_FIELDS else int(v))
-    return ex
 
 
 def write_best(table, path) -> dict | None:

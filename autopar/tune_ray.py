@@ -142,8 +142,8 @@ class _Collector(tune.Callback):
             row[k] = r[k]
         for k in (METRIC, *BREAKDOWN):
             row[k] = math.nan if r.get(k) is None else r[k]
-        from autopar.layouts import FIELDS
-        for f in FIELDS:
+        from autopar.layouts import ALL_FIELDS
+        for f in ALL_FIELDS:
             row[f] = r.get(f)
         row["node_id"] = r.get("node_id", "")
         row["elapsed_s"] = _elapsed(r)
@@ -244,7 +244,7 @@ def _elapsed(r) -> float:
 def result_rows(results) -> list[dict]:
     """A ResultGrid -> one row per trial that reported, in creation order
     (Tune's trial list, kept in that order by a restore too)."""
-    from autopar.layouts import FIELDS
+    from autopar.layouts import ALL_FIELDS
     rows = []
     for res in results:
         r = res.metrics or {}
@@ -254,7 +254,7 @@ def result_rows(results) -> list[dict]:
                "feasible": r["feasible"], "reason": r["reason"]}
         for k in (METRIC, *BREAKDOWN):
             row[k] = math.nan if r.get(k) is None else r[k]
-        for f in FIELDS:
+        for f in ALL_FIELDS:
             row[f] = r.get(f)
         row["node_id"] = r.get("node_id", "")
         row["elapsed_s"] = _elapsed({**r, "config": res.config})

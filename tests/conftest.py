@@ -3,11 +3,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# Ray 2.60 keeps token authentication on for the clusters it starts, and a
+# process keeps the auth mode of its first Ray for good.  So the whole test
+# session (this process, the clusters the tests start with `ray start`, the
+# drivers they run) uses one token, set before anything imports Ray.  A
+# user's own ~/.ray/auth_token is neither read nor written.
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+os.environ.pop("RAY_ADDRESS", None)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = REPO_ROOT.parent / "shared" / "reference"

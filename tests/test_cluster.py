@@ -4,7 +4,7 @@ The cluster is started once for the module with ``ray start --head --block``
 and ``ray start --address ... --block``, each in its own process group, with
 one CPU, a small object store and a private ``--temp-dir``.  Token
 authentication stays on (Ray 2.60's default for ``ray start``): the nodes and
-the drivers read the same ``~/.ray/auth_token``.  Trials sleep
+the drivers share the session token (``RAY_AUTH_TOKEN``, conftest.py).  Trials sleep
 ``AUTOPAR_TRIAL_DELAY`` seconds (set in the raylets' environment, inherited by
 their workers) so that a node or a driver can be killed mid-run.  Every
 process started here is killed at the end by its process group and, for
@@ -34,7 +34,7 @@ RAY = str(Path(sys.executable).with_name("ray"))
 MODEL, SYSTEM = "models/gpt3-175B.json", "systems/a100_80g.json"
 CASE = ["--num-procs", "1024", "--max-batch-size", "1536", "--datatype", "float16"]
 NODE_ENV = {
-    "RAY_AUTH_MODE": "token",      # nodes and drivers: token from ~/.ray/auth_token
+    "RAY_AUTH_MODE": "token",      # nodes and drivers: the session's token (conftest.py)
     "AUTOPAR_TRIAL_DELAY": "0.25",
     # a killed node is declared dead within about two seconds
     "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
