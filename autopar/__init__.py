@@ -27,6 +27,23 @@ _LAZY = {
 }
 
 
+def _callable_module(module_name: str, function) -> None:
+    """Make a submodule callable as its namesake function.
+
+    ``autopar.tune`` (and ``exhaustive``, ``compare``) is a function of the
+    package and also a submodule; importing the submodule rebinds the package
+    attribute to the module, so the module forwards calls to the function.
+    """
+    import sys
+    import types
+
+    class _Module(types.ModuleType):
+        def __call__(self, *args, **kwargs):
+            return function(*args, **kwargs)
+
+    sys.modules[module_name].__class__ = _Module
+
+
 def __getattr__(name):
     if name in _LAZY:
         import importlib

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from autopar import _callable_module
 from autopar.specs import SpecError
 
 TOP_KEYS = ("kind", "name", "description", "case", "samplers", "seeds", "trials",
@@ -653,11 +654,4 @@ def _secs(v) -> str:
     return f"{v:.3g}" if v == v else ""
 
 
-# ``autopar.compare`` is both this module and the function; importing the
-# module sets the package attribute to the module, so make it callable.
-class _CallableModule(__import__("types").ModuleType):
-    def __call__(self, *args, **kwargs):
-        return compare(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+_callable_module(__name__, compare)

@@ -21,6 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
+from autopar import _callable_module
 from autopar.layouts import ALL_FIELDS, CHOICES, execution_from_row, record
 from autopar.space import Case, Space, load_space
 from autopar.specs import (ModelSpec, SpecError, SystemSpec, load_model,
@@ -375,3 +376,6 @@ def _num(v):
     if math.isnan(v) or math.isinf(v):
         return None
     return int(v) if v.is_integer() and abs(v) < 2 ** 53 else v
+
+
+_callable_module(__name__, exhaustive)

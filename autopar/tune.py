@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import math
 import sys
-import types
 from typing import Mapping
 
 from autopar.encodings import ENCODINGS, Invalid, default_encoding
 from autopar.layouts import ALL_FIELDS, execution_from_row
 from autopar.samplers import SAMPLERS
+from autopar import _callable_module
 from autopar.specs import SpecError
 from autopar.trainable import BREAKDOWN, METRIC
 
@@ -407,11 +407,4 @@ def write_trials(table, path) -> None:
     write_atomic_csv(table, path)
 
 
-# ``autopar.tune`` is both this module and the function; make the module
-# callable so ``import autopar.tune`` never shadows ``autopar.tune(...)``.
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return tune(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+_callable_module(__name__, tune)
