@@ -19,6 +19,9 @@ import pytest
 os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ.pop("RAY_ADDRESS", None)
+# `autopar tune --backend ray` keeps its experiments here unless told otherwise.
+os.environ.setdefault("AUTOPAR_RESULTS", os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"autopar-test-results-{os.getpid()}"))
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = REPO_ROOT.parent / "shared" / "reference"

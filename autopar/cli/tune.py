@@ -61,7 +61,7 @@ def register(subparsers) -> None:
                         "a local Ray on loopback)")
     p.add_argument("--storage-path", default=None,
                    help="backend ray: keep the experiment in this folder or URI "
-                        "(resumable; default: a temporary folder, removed)")
+                        "(resumable; default: $AUTOPAR_RESULTS, else ~/autopar_results)")
     p.add_argument("--name", default=None,
                    help="backend ray: experiment name under --storage-path")
     p.add_argument("--resume", metavar="PATH", default=None,
@@ -164,6 +164,13 @@ def _resume(args) -> int:
     return 0
 
 
+def default_storage_path() -> str:
+    """Where ``autopar tune --backend ray`` keeps experiments by default."""
+    import os
+    return os.environ.get("AUTOPAR_RESULTS") or os.path.join(os.path.expanduser("~"),
+                                                             "autopar_results")
+
+
 def _ray_options(args) -> dict:
     if args.backend != "ray":
         return {}
@@ -171,7 +178,8 @@ def _ray_options(args) -> dict:
     def started(path):
         print(f"experiment: {path} (resume with: autopar tune --resume {path})",
               file=sys.stderr, flush=True)
-    return {"storage_path": getattr(args, "storage_path", None),
+    storage = getattr(args, "storage_path", None) or default_storage_path()
+    return {"storage_path": storage,
             "name": getattr(args, "name", None),
             "max_failures": getattr(args, "max_failures", 3), "on_start": started}
 
