@@ -102,18 +102,8 @@ def load_sweep(spec, overrides: Mapping | None = None, base_dir=None,
         raise SpecError(source or "cliffs", "(root)",
                         f"expected a file path or a mapping, got {type(spec).__name__}")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    for k in data:
-        if k not in TOP_KEYS:
-            raise SpecError(src, str(k), f"unknown key; expected one of {', '.join(TOP_KEYS)}")
-    kind = data.get("kind", "cliffs")
-    if kind != "cliffs":
-        raise SpecError(src, "kind", f"expected cliffs, got {kind!r}")
-    name = data.get("name", stem)
-    if not isinstance(name, str) or not name.strip():
-        raise SpecError(src, "name", f"expected a non-empty string, got {name!r}")
-    desc = data.get("description", "")
-    if not isinstance(desc, str):
-        raise SpecError(src, "description", f"expected a string, got {desc!r}")
+    from autopar.experiment import header
+    name, desc = header(data, src, stem, "cliffs", TOP_KEYS)
     case = parse_case(src, base, data.get("case"))
     if case["num_procs"] is not None:
         raise SpecError(src, "case.num_procs", "a sweep gives its counts in num_procs (top level)")

@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from autopar.experiment import header, relative, storage_url
 from autopar.nested import BREAKDOWN, PARALLEL, Context, Runner, parse_inner, points_task
 from autopar.specs import SpecError
 
@@ -140,11 +141,6 @@ def load_study(spec, overrides: Mapping | None = None, base_dir=None,
     return _parse(data, src, base, stem)
 
 
-def _rel(base: Path, v: str) -> str:
-    p = Path(v)
-    return str(p if p.is_absolute() else base / p)
-
-
 def parse_case(src: str, base: Path, case, need_procs: bool = False) -> dict:
     """The ``case:`` section -> model spec, base system JSON and case values."""
     from autopar.space import load_space
@@ -164,7 +160,7 @@ def parse_case(src: str, base: Path, case, need_procs: bool = False) -> dict:
             return dict(v)
         if not isinstance(v, str) or not v:
             raise SpecError(src, fld, f"expected a file path or a mapping, got {_show(v)}")
-        return _rel(base, v)
+        return str(relative(base, v))
 
     model = load_model(file_or_map("case.model", case["model"]))
     system = load_system(file_or_map("case.system", case["system"]))
@@ -179,7 +175,7 @@ def parse_case(src: str, base: Path, case, need_procs: bool = False) -> dict:
     out["datatype"] = dt
     sp = case.get("space", DEFAULT_SPACE)
     if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
-        sp = _rel(base, sp)
+        sp = str(relative(base, sp))
     elif not isinstance(sp, (str, Mapping)) or not sp:
         raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {_show(sp)}")
     out["space"] = load_space(sp)
@@ -252,29 +248,9 @@ def _search(src: str, fld: str, v, n_obj: int, defaults: Search | None = None) -
     return Search(sampler, trials, seed, population, batch, storage, name, label)
 
 
-def _storage_url(base: Path, url: str | None) -> str | None:
-    prefix = "sqlite:///"
-    if url and url.startswith(prefix) and not url.startswith(prefix + "/"):
-        rest = url[len(prefix):]
-        if rest and rest != ":memory:":
-            return prefix + str((base / rest).resolve())
-    return url
-
-
 def _parse(data: Mapping, src: str, base: Path, stem: str) -> Study:
     from autopar.hardware import parse_hardware
-    for k in data:
-        if k not in TOP_KEYS:
-            raise SpecError(src, str(k), f"unknown key; expected one of {', '.join(TOP_KEYS)}")
-    kind = data.get("kind", "codesign")
-    if kind != "codesign":
-        raise SpecError(src, "kind", f"expected codesign, got {_show(kind)}")
-    name = data.get("name", stem)
-    if not isinstance(name, str) or not name.strip():
-        raise SpecError(src, "name", f"expected a non-empty string, got {_show(name)}")
-    desc = data.get("description", "")
-    if not isinstance(desc, str):
-        raise SpecError(src, "description", f"expected a string, got {_show(desc)}")
+    name, desc = header(data, src, stem, "codesign", TOP_KEYS)
     case = parse_case(src, base, data.get("case"))
     hw = parse_hardware(src, data.get("hardware"), data.get("cost"), case["base"],
                         case["num_procs"])
@@ -293,7 +269,7 @@ def _parse(data: Mapping, src: str, base: Path, stem: str) -> Study:
     inner = parse_inner(src, data.get("inner"))
     n_obj = len(objectives)
     search = _search(src, "search", data.get("search"), n_obj)
-    search = replace(search, storage=_storage_url(base, search.storage))
+    search = replace(search, storage=storage_url(base, search.storage))
     if search.sampler == "exhaustive" and not hw.discrete:
         raise SpecError(src, "search.sampler", "exhaustive needs every hardware domain discrete "
                                                "(a list, or a range with step or num)")

@@ -190,18 +190,8 @@ def _parse(data: Mapping, src: str, base: Path, stem: str) -> Experiment:
     from autopar.space import load_space
     from autopar.specs import load_model, load_system
 
-    for k in data:
-        if k not in TOP_KEYS:
-            raise SpecError(src, str(k), f"unknown key; expected one of {', '.join(TOP_KEYS)}")
-    kind = data.get("kind", "compare")
-    if kind != "compare":
-        raise SpecError(src, "kind", f"expected compare, got {_show(kind)}")
-    name = data.get("name", stem)
-    if not isinstance(name, str) or not name.strip():
-        raise SpecError(src, "name", f"expected a non-empty string, got {_show(name)}")
-    desc = data.get("description", "")
-    if not isinstance(desc, str):
-        raise SpecError(src, "description", f"expected a string, got {_show(desc)}")
+    from autopar.experiment import header
+    name, desc = header(data, src, stem, "compare", TOP_KEYS)
 
     case = data.get("case")
     if not isinstance(case, Mapping):

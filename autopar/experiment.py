@@ -103,12 +103,12 @@ def _case(src: str, base: Path, case) -> dict:
         if isinstance(v, Mapping):
             out[k] = dict(v)
         elif isinstance(v, str) and v:
-            out[k] = str(_rel(base, v))
+            out[k] = str(relative(base, v))
         else:
             raise SpecError(src, f"case.{k}", f"expected a file path or a mapping, got {_show(v)}")
     sp = case.get("space")
     if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
-        out["space"] = str(_rel(base, sp))
+        out["space"] = str(relative(base, sp))
     elif sp is not None and not (isinstance(sp, (str, Mapping)) and sp):
         raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {_show(sp)}")
     for k in ("num_procs", "max_batch_size"):
@@ -123,9 +123,29 @@ def _case(src: str, base: Path, case) -> dict:
     return out
 
 
-def _rel(base: Path, p: str) -> Path:
+def relative(base: Path, p: str) -> Path:
+    """A path of an experiment file: relative to the file's folder."""
     q = Path(p)
     return q if q.is_absolute() else base / q
+
+
+def header(data: Mapping, src: str, stem: str, kind: str, keys) -> tuple[str, str]:
+    """The keys every experiment file shares: no unknown key, the right
+    ``kind`` (default: ``kind``), ``name`` (default: the file's stem) and
+    ``description``.  Returns (name, description)."""
+    for k in data:
+        if k not in keys:
+            raise SpecError(src, str(k), f"unknown key; expected one of {', '.join(keys)}")
+    got = data.get("kind", kind)
+    if got != kind:
+        raise SpecError(src, "kind", f"expected {kind}, got {_show(got)}")
+    name = data.get("name", stem)
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError(src, "name", f"expected a non-empty string, got {_show(name)}")
+    desc = data.get("description", "")
+    if not isinstance(desc, str):
+        raise SpecError(src, "description", f"expected a string, got {_show(desc)}")
+    return name, desc
 
 
 def _options(src: str, base: Path, data: Mapping, keys: Mapping) -> dict:
@@ -138,18 +158,18 @@ def _options(src: str, base: Path, data: Mapping, keys: Mapping) -> dict:
             if typ is str and (not isinstance(v, str) or not v):
                 raise SpecError(src, k, f"expected a non-empty string, got {_show(v)}")
             if is_path:
-                v = str(_rel(base, v))
+                v = str(relative(base, v))
         out[k] = v
     return out
 
 
-def _storage(base: Path, url: str | None) -> str | None:
+def storage_url(base: Path, url: str | None) -> str | None:
     """``sqlite:///relative.db`` is relative to the experiment file's folder."""
     prefix = "sqlite:///"
     if url and url.startswith(prefix) and not url.startswith(prefix + "/"):
         rest = url[len(prefix):]
         if rest and rest != ":memory:":
-            return prefix + str(_rel(base, rest).resolve())
+            return prefix + str(relative(base, rest).resolve())
     return url
 
 
@@ -185,10 +205,10 @@ def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace 
         for k, options in (("sampler", SAMPLERS), ("backend", ("optuna", "ray"))):
             if opts[k] not in options:
                 raise SpecError(src, k, f"expected one of {', '.join(options)}, got {_show(opts[k])}")
-        opts["storage"] = _storage(base, opts["storage"])
+        opts["storage"] = storage_url(base, opts["storage"])
         sp = opts["storage_path"]
         if sp and "://" not in sp:
-            opts["storage_path"] = str(_rel(base, sp))
+            opts["storage_path"] = str(relative(base, sp))
         ns.resume, ns.name = None, None
         ns.trials_out = opts.pop("trials_out")
     else:
