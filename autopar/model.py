@@ -894,7 +894,7 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     """Whole-batch statistics per row from the per-block sums ``k``."""
     tr = ctx.training
     nb = ctx.m.num_blocks
-    t, pp, dp = ctx.t, c["pipeline_par"], c["data_par"]
+    pp, dp = c["pipeline_par"], c["data_par"]
     ppf = pp.astype(float)
     ppint = c["pipeline_interleaving"]
     bpe = ctx.bpe

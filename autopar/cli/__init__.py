@@ -22,6 +22,28 @@ COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate", "compare", "t
                              "codesign")
 
 
+SOURCE = "command line"    # what SpecError names for a bad argument
+
+
+def positive(name: str, v) -> None:
+    """A count given on the command line must be at least 1 (None: not given)."""
+    if v is not None and v < 1:
+        raise SpecError(SOURCE, name, f"must be a positive integer, got {v}")
+
+
+def output_path(name: str, path: str | None):
+    """An output file argument that can be written (its folder exists), or None."""
+    from pathlib import Path
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError(SOURCE, name, f"{path} is a directory")
+    if not p.parent.is_dir():
+        raise SpecError(SOURCE, name, f"directory {p.parent} does not exist")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autopar",

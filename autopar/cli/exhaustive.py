@@ -23,9 +23,8 @@ import sys
 from pathlib import Path
 
 from autopar.layouts import CHOICES
-from autopar.specs import SpecError
+from autopar.cli import output_path, positive
 
-SOURCE = "command line"
 
 
 def register(subparsers) -> None:
@@ -61,22 +60,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _positive(name: str, v) -> None:
-    if v is not None and v < 1:
-        raise SpecError(SOURCE, name, f"must be a positive integer, got {v}")
-
-
-def _target(name: str, path: str | None) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    if p.is_dir():
-        raise SpecError(SOURCE, name, f"{path} is a directory")
-    if not p.parent.is_dir():
-        raise SpecError(SOURCE, name, f"directory {p.parent} does not exist")
-    return p
-
-
 def _write_json(path: Path, data) -> Path:
     """Write JSON to a temporary file next to ``path``; returns it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -89,14 +72,14 @@ def run(args) -> int:
     from autopar.space import load_space
     from autopar.specs import load_model, load_system
 
-    _positive("--num-procs", args.num_procs)
-    _positive("--max-batch-size", args.max_batch_size)
-    _positive("--top-n", args.top_n)
-    _positive("--chunk-size", args.chunk_size)
-    outs = {"--output": _target("--output", args.output),
-            "--top": _target("--top", args.top),
-            "--all": _target("--all", args.all_rows),
-            "--summary": _target("--summary", args.summary)}
+    positive("--num-procs", args.num_procs)
+    positive("--max-batch-size", args.max_batch_size)
+    positive("--top-n", args.top_n)
+    positive("--chunk-size", args.chunk_size)
+    outs = {"--output": output_path("--output", args.output),
+            "--top": output_path("--top", args.top),
+            "--all": output_path("--all", args.all_rows),
+            "--summary": output_path("--summary", args.summary)}
     model = load_model(args.model)
     system = load_system(args.system)
     space = load_space(args.space if args.space is not None else DEFAULT_SPACE)

@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 
 from autopar.layouts import CHOICES
+from autopar.cli import SOURCE, output_path, positive
 from autopar.specs import SpecError
 
-SOURCE = "command line"
 SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb")   # autopar.samplers.SAMPLERS (no optuna import here)
 
 
@@ -84,23 +84,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _positive(name: str, v) -> None:
-    if v is not None and v < 1:
-        raise SpecError(SOURCE, name, f"must be a positive integer, got {v}")
-
-
-def target(name: str, path: str | None) -> Path | None:
-    """An output path that can be written (its folder exists), or None."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.is_dir():
-        raise SpecError(SOURCE, name, f"{path} is a directory")
-    if not p.parent.is_dir():
-        raise SpecError(SOURCE, name, f"directory {p.parent} does not exist")
-    return p
-
-
 def write_results(table, output: Path | None, trials_out: Path | None) -> dict | None:
     """Write the best execution and the trials, both or neither; returns the best."""
     import contextlib
@@ -152,8 +135,8 @@ def _resume(args) -> int:
                     ("--storage", args.storage)):
         if v is not None:
             raise SpecError(SOURCE, flag, "not with --resume (the experiment keeps its case)")
-    output = target("--output", args.output)
-    trials_out = target("--trials-out", args.trials_out)
+    output = output_path("--output", args.output)
+    trials_out = output_path("--trials-out", args.trials_out)
     table = resume(args.resume, address=args.address)
     best = write_results(table, output, trials_out)
     for line in summary_lines(table, "tune (ray, resumed)"):
@@ -202,18 +185,18 @@ def run(args) -> int:
     if args.backend == "optuna" and (storage_path or name):
         raise SpecError(SOURCE, "--storage-path" if storage_path else "--name",
                         "needs --backend ray (backend optuna uses --storage)")
-    _positive("--num-procs", args.num_procs)
-    _positive("--max-batch-size", args.max_batch_size)
-    _positive("--trials", args.trials)
-    _positive("--concurrency", args.concurrency)
+    positive("--num-procs", args.num_procs)
+    positive("--max-batch-size", args.max_batch_size)
+    positive("--trials", args.trials)
+    positive("--concurrency", args.concurrency)
     if args.seed is not None and args.seed < 0:
         raise SpecError(SOURCE, "--seed", f"must be >= 0, got {args.seed}")
     if args.backend == "optuna" and args.address:
         raise SpecError(SOURCE, "--address", "a Ray address needs --backend ray")
     if args.backend == "ray" and args.storage:
         raise SpecError(SOURCE, "--storage", "an Optuna storage needs --backend optuna")
-    output = target("--output", args.output)
-    trials_out = target("--trials-out", args.trials_out)
+    output = output_path("--output", args.output)
+    trials_out = output_path("--trials-out", args.trials_out)
     table = tune(args.model, args.system, args.num_procs, args.max_batch_size, args.datatype,
                  sampler=args.sampler, trials=args.trials,
                  space=args.space if args.space is not None else DEFAULT_SPACE,
