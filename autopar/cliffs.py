@@ -87,14 +87,12 @@ def parse_counts(src: str, fld: str, v) -> tuple[int, ...]:
 def load_sweep(spec, overrides: Mapping | None = None, base_dir=None,
                source: str | None = None) -> Sweep:
     from autopar.codesign import parse_case, parse_output_dir, parse_parallel
-    from autopar.compare import read_experiment
+    from autopar.experiment import open_file
     from autopar.hardware import parse_hardware
     if isinstance(spec, Sweep) and not overrides:
         return spec
     if isinstance(spec, (str, os.PathLike)):
-        data, src = read_experiment(spec), source or str(spec)
-        base = Path(spec).resolve().parent
-        stem = Path(spec).name.removesuffix(".yaml").removesuffix(".yml")
+        data, src, base, stem = open_file(spec, source)
     elif isinstance(spec, Mapping):
         data, src = dict(spec), source or "cliffs"
         base, stem = Path(base_dir or os.getcwd()), "cliffs"

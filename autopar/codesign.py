@@ -37,9 +37,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from autopar.experiment import header, relative, storage_url
+from autopar.experiment import header, integer, open_file, relative, storage_url
 from autopar.nested import BREAKDOWN, PARALLEL, Context, Runner, parse_inner, points_task
-from autopar.specs import SpecError
+from autopar.specs import SpecError, brief
 
 TOP_KEYS = ("kind", "name", "description", "case", "hardware", "cost", "objectives", "inner",
             "search", "compare", "parallel", "workers", "address", "output_dir")
@@ -54,17 +54,6 @@ DEFAULT_POPULATION = 20
 # Hypervolume reference: rate 0 and this multiple of the dearest system's cost
 # (or of the largest processor count).
 HV_MARGIN = 1.1
-
-
-def _show(v) -> str:
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
-def _int(src, fld, v, minimum) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise SpecError(src, fld, f"expected an integer >= {minimum}, got {_show(v)}")
-    return int(v)
 
 
 # --------------------------------------------------------------------------
@@ -117,13 +106,10 @@ def load_study(spec, overrides: Mapping | None = None, base_dir=None,
                source: str | None = None) -> Study:
     """A co-design file (path) or mapping -> Study; ``overrides`` replace
     top-level keys (``search`` is merged key by key)."""
-    from autopar.compare import read_experiment
     if isinstance(spec, Study) and not overrides:
         return spec
     if isinstance(spec, (str, os.PathLike)):
-        data, src = read_experiment(spec), source or str(spec)
-        base = Path(spec).resolve().parent
-        stem = Path(spec).name.removesuffix(".yaml").removesuffix(".yml")
+        data, src, base, stem = open_file(spec, source)
     elif isinstance(spec, Mapping):
         data, src = dict(spec), source or "codesign"
         base = Path(base_dir or os.getcwd())
@@ -147,7 +133,7 @@ def parse_case(src: str, base: Path, case, need_procs: bool = False) -> dict:
     from autopar.specs import load_model, load_system, system_to_json
     if not isinstance(case, Mapping):
         raise SpecError(src, "case", f"expected a mapping with model, system, max_batch_size, "
-                                     f"datatype, got {_show(case)}")
+                                     f"datatype, got {brief(case)}")
     for k in case:
         if k not in CASE_KEYS:
             raise SpecError(src, f"case.{k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
@@ -159,29 +145,29 @@ def parse_case(src: str, base: Path, case, need_procs: bool = False) -> dict:
         if isinstance(v, Mapping):
             return dict(v)
         if not isinstance(v, str) or not v:
-            raise SpecError(src, fld, f"expected a file path or a mapping, got {_show(v)}")
+            raise SpecError(src, fld, f"expected a file path or a mapping, got {brief(v)}")
         return str(relative(base, v))
 
     model = load_model(file_or_map("case.model", case["model"]))
     system = load_system(file_or_map("case.system", case["system"]))
     out = {"model": model, "system": system, "base": system_to_json(system)}
     out["num_procs"] = (None if case.get("num_procs") is None
-                        else _int(src, "case.num_procs", case["num_procs"], 1))
-    out["max_batch_size"] = _int(src, "case.max_batch_size", case["max_batch_size"], 1)
+                        else integer(src, "case.num_procs", case["num_procs"], 1))
+    out["max_batch_size"] = integer(src, "case.max_batch_size", case["max_batch_size"], 1)
     dt = case["datatype"]
     if dt not in system.datatypes:
-        raise SpecError(src, "case.datatype", f"{_show(dt)} is not supported by {system.source} "
+        raise SpecError(src, "case.datatype", f"{brief(dt)} is not supported by {system.source} "
                                               f"(it runs: {', '.join(system.datatypes)})")
     out["datatype"] = dt
     sp = case.get("space", DEFAULT_SPACE)
     if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
         sp = str(relative(base, sp))
     elif not isinstance(sp, (str, Mapping)) or not sp:
-        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {_show(sp)}")
+        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {brief(sp)}")
     out["space"] = load_space(sp)
     bp = case.get("batch_policy")
     if bp is not None and bp not in ("max", "fixed"):
-        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {_show(bp)}")
+        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {brief(bp)}")
     out["batch_policy"] = bp
     return out
 
@@ -189,13 +175,13 @@ def parse_case(src: str, base: Path, case, need_procs: bool = False) -> dict:
 def parse_parallel(src: str, data: Mapping) -> tuple[str, int, str | None]:
     address = data.get("address")
     if address is not None and (not isinstance(address, str) or not address):
-        raise SpecError(src, "address", f"expected a Ray address, got {_show(address)}")
+        raise SpecError(src, "address", f"expected a Ray address, got {brief(address)}")
     parallel = data.get("parallel", "ray" if address else "serial")
     if parallel not in PARALLEL:
-        raise SpecError(src, "parallel", f"expected one of {', '.join(PARALLEL)}, got {_show(parallel)}")
+        raise SpecError(src, "parallel", f"expected one of {', '.join(PARALLEL)}, got {brief(parallel)}")
     if address and parallel != "ray":
         raise SpecError(src, "address", "a Ray address needs parallel: ray")
-    workers = _int(src, "workers", data.get("workers", 2), 1)
+    workers = integer(src, "workers", data.get("workers", 2), 1)
     return parallel, workers, address
 
 
@@ -203,7 +189,7 @@ def parse_output_dir(src: str, base: Path, v) -> Path | None:
     if v is None:
         return None
     if not isinstance(v, (str, os.PathLike)) or not str(v):
-        raise SpecError(src, "output_dir", f"expected a folder path, got {_show(v)}")
+        raise SpecError(src, "output_dir", f"expected a folder path, got {brief(v)}")
     p = Path(v)
     return (p if p.is_absolute() else base / p).resolve()
 
@@ -214,7 +200,7 @@ def _search(src: str, fld: str, v, n_obj: int, defaults: Search | None = None) -
     if v is None:
         v = {}
     if not isinstance(v, Mapping):
-        raise SpecError(src, fld, f"expected a mapping ({', '.join(SEARCH_KEYS)}), got {_show(v)}")
+        raise SpecError(src, fld, f"expected a mapping ({', '.join(SEARCH_KEYS)}), got {brief(v)}")
     allowed = SEARCH_KEYS + (("label",) if fld != "search" else ())
     for k in v:
         if k not in allowed:
@@ -223,28 +209,28 @@ def _search(src: str, fld: str, v, n_obj: int, defaults: Search | None = None) -
     sampler = v.get("sampler", d.sampler)
     if sampler not in OUTER_SAMPLERS:
         raise SpecError(src, f"{fld}.sampler", f"expected one of {', '.join(OUTER_SAMPLERS)}, "
-                                               f"got {_show(sampler)}")
+                                               f"got {brief(sampler)}")
     if sampler == "nsga2" and n_obj == 1:
         raise SpecError(src, f"{fld}.sampler", "nsga2 is for two objectives; use tpe or random")
     if sampler == "motpe" and n_obj == 1:
         raise SpecError(src, f"{fld}.sampler", "motpe is for two objectives; use tpe")
-    trials = _int(src, f"{fld}.trials", v.get("trials", d.trials), 1)
+    trials = integer(src, f"{fld}.trials", v.get("trials", d.trials), 1)
     seed = v.get("seed", d.seed)
     if seed is not None:
-        seed = _int(src, f"{fld}.seed", seed, 0)
-    population = _int(src, f"{fld}.population", v.get("population", d.population), 2)
+        seed = integer(src, f"{fld}.seed", seed, 0)
+    population = integer(src, f"{fld}.population", v.get("population", d.population), 2)
     batch = v.get("batch", d.batch)
     if batch is not None:
-        batch = _int(src, f"{fld}.batch", batch, 1)
+        batch = integer(src, f"{fld}.batch", batch, 1)
     storage = v.get("storage", d.storage)
     if storage is not None and (not isinstance(storage, str) or not storage):
-        raise SpecError(src, f"{fld}.storage", f"expected an Optuna storage URL, got {_show(storage)}")
+        raise SpecError(src, f"{fld}.storage", f"expected an Optuna storage URL, got {brief(storage)}")
     name = v.get("study_name", d.study_name)
     if name is not None and (not isinstance(name, str) or not name):
-        raise SpecError(src, f"{fld}.study_name", f"expected a non-empty string, got {_show(name)}")
+        raise SpecError(src, f"{fld}.study_name", f"expected a non-empty string, got {brief(name)}")
     label = v.get("label", "")
     if not isinstance(label, str):
-        raise SpecError(src, f"{fld}.label", f"expected a string, got {_show(label)}")
+        raise SpecError(src, f"{fld}.label", f"expected a string, got {brief(label)}")
     return Search(sampler, trials, seed, population, batch, storage, name, label)
 
 
@@ -258,14 +244,14 @@ def _parse(data: Mapping, src: str, base: Path, stem: str) -> Study:
     if isinstance(objectives, str):
         objectives = [objectives]
     if not isinstance(objectives, list) or not objectives:
-        raise SpecError(src, "objectives", f"expected a list, got {_show(objectives)}")
+        raise SpecError(src, "objectives", f"expected a list, got {brief(objectives)}")
     for i, o in enumerate(objectives):
         if o not in OBJECTIVES:
             raise SpecError(src, f"objectives[{i}]", f"expected one of {', '.join(OBJECTIVES)}, "
-                                                     f"got {_show(o)}")
+                                                     f"got {brief(o)}")
     if objectives[0] != "sample_rate" or len(objectives) > 2 or len(set(objectives)) != len(objectives):
         raise SpecError(src, "objectives", "expected [sample_rate] or sample_rate with one of "
-                                           f"cost, num_procs, got {_show(objectives)}")
+                                           f"cost, num_procs, got {brief(objectives)}")
     inner = parse_inner(src, data.get("inner"))
     n_obj = len(objectives)
     search = _search(src, "search", data.get("search"), n_obj)
@@ -290,14 +276,14 @@ def _parse(data: Mapping, src: str, base: Path, stem: str) -> Study:
 
 def _compare(src: str, v, n_obj: int) -> Compare:
     if not isinstance(v, Mapping):
-        raise SpecError(src, "compare", f"expected a mapping ({', '.join(COMPARE_KEYS)}), got {_show(v)}")
+        raise SpecError(src, "compare", f"expected a mapping ({', '.join(COMPARE_KEYS)}), got {brief(v)}")
     for k in v:
         if k not in COMPARE_KEYS:
             raise SpecError(src, f"compare.{k}", f"unknown key; expected one of {', '.join(COMPARE_KEYS)}")
-    trials = _int(src, "compare.trials", v.get("trials", 100), 1)
+    trials = integer(src, "compare.trials", v.get("trials", 100), 1)
     raw = v.get("samplers")
     if not isinstance(raw, list) or not raw:
-        raise SpecError(src, "compare.samplers", f"expected a non-empty list, got {_show(raw)}")
+        raise SpecError(src, "compare.samplers", f"expected a non-empty list, got {brief(raw)}")
     samplers = []
     for i, s in enumerate(raw):
         d = _search(src, f"compare.samplers[{i}]", s, n_obj,
@@ -313,16 +299,16 @@ def _compare(src: str, v, n_obj: int) -> Compare:
         raise SpecError(src, "compare.samplers", "two entries share a label: give each a label")
     seeds = v.get("seeds", 1)
     if isinstance(seeds, int) and not isinstance(seeds, bool):
-        seeds = list(range(_int(src, "compare.seeds", seeds, 1)))
+        seeds = list(range(integer(src, "compare.seeds", seeds, 1)))
     if not isinstance(seeds, list) or not seeds:
-        raise SpecError(src, "compare.seeds", f"expected a count or a list of seeds, got {_show(seeds)}")
-    seeds = tuple(_int(src, f"compare.seeds[{i}]", s, 0) for i, s in enumerate(seeds))
+        raise SpecError(src, "compare.seeds", f"expected a count or a list of seeds, got {brief(seeds)}")
+    seeds = tuple(integer(src, f"compare.seeds[{i}]", s, 0) for i, s in enumerate(seeds))
     budgets = v.get("budgets")
     if budgets is None:
         budgets = [b for b in (10, 25, 50, 100, 250, 500, 1000) if b <= trials] or [trials]
     if not isinstance(budgets, list) or not budgets:
-        raise SpecError(src, "compare.budgets", f"expected a list of trial counts, got {_show(budgets)}")
-    budgets = tuple(_int(src, f"compare.budgets[{i}]", b, 1) for i, b in enumerate(budgets))
+        raise SpecError(src, "compare.budgets", f"expected a list of trial counts, got {brief(budgets)}")
+    budgets = tuple(integer(src, f"compare.budgets[{i}]", b, 1) for i, b in enumerate(budgets))
     for i, b in enumerate(budgets):
         if b > trials:
             raise SpecError(src, f"compare.budgets[{i}]", f"exceeds the trials per run ({trials})")

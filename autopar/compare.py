@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autopar import _callable_module
-from autopar.specs import SpecError
+from autopar.experiment import integer, open_file
+from autopar.specs import SpecError, brief
 
 TOP_KEYS = ("kind", "name", "description", "case", "samplers", "seeds", "trials",
             "budgets", "parallel", "workers", "output_dir")
@@ -112,42 +113,9 @@ class CompareResult:
 # --------------------------------------------------------------------------
 # Loading the experiment
 
-def _show(v) -> str:
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
-def _int(src, fld, v, minimum) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise SpecError(src, fld, f"expected an integer >= {minimum}, got {_show(v)}")
-    return int(v)
-
-
 def is_compare(data) -> bool:
     """Whether a loaded experiment mapping is a comparison (``kind: compare``)."""
     return isinstance(data, Mapping) and data.get("kind") == "compare"
-
-
-def read_experiment(path) -> dict:
-    """An experiment YAML file -> its mapping (SpecError if unreadable)."""
-    import yaml
-    src = str(path)
-    p = Path(path)
-    if not p.exists():
-        raise SpecError(src, "(file)", "no such file")
-    if not p.is_file():
-        raise SpecError(src, "(file)", "not a file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f"line {mark.line + 1}" if mark is not None else "(file)"
-        raise SpecError(src, at, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(src, "(file)", f"cannot read: {e}") from None
-    if not isinstance(data, Mapping):
-        raise SpecError(src, "(root)", f"expected a mapping, got {_show(data)}")
-    return dict(data)
 
 
 def load_experiment(spec, overrides: Mapping | None = None,
@@ -162,9 +130,7 @@ def load_experiment(spec, overrides: Mapping | None = None,
     if isinstance(spec, Experiment) and not overrides:
         return spec
     if isinstance(spec, (str, os.PathLike)):
-        data, src = read_experiment(spec), source or str(spec)
-        base = Path(spec).resolve().parent
-        stem = Path(spec).name.removesuffix(".yaml").removesuffix(".yml")
+        data, src, base, stem = open_file(spec, source)
     elif isinstance(spec, Mapping):
         data, src = dict(spec), source or "experiment"
         base = Path(base_dir or os.getcwd())
@@ -196,7 +162,7 @@ def _parse(data: Mapping, src: str, base: Path, stem: str) -> Experiment:
     case = data.get("case")
     if not isinstance(case, Mapping):
         raise SpecError(src, "case", f"expected a mapping with {', '.join(CASE_KEYS[:5])}, "
-                                     f"got {_show(case)}")
+                                     f"got {brief(case)}")
     for k in case:
         if k not in CASE_KEYS:
             raise SpecError(src, f"case.{k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
@@ -208,42 +174,42 @@ def _parse(data: Mapping, src: str, base: Path, stem: str) -> Experiment:
         if isinstance(v, Mapping):
             return dict(v)
         if not isinstance(v, str) or not v:
-            raise SpecError(src, fld, f"expected a file path or a mapping, got {_show(v)}")
+            raise SpecError(src, fld, f"expected a file path or a mapping, got {brief(v)}")
         p = Path(v)
         return str(p if p.is_absolute() else base / p)
 
     model = load_model(path_of("case.model", case["model"]))
     system = load_system(path_of("case.system", case["system"]))
-    num_procs = _int(src, "case.num_procs", case["num_procs"], 1)
-    max_batch = _int(src, "case.max_batch_size", case["max_batch_size"], 1)
+    num_procs = integer(src, "case.num_procs", case["num_procs"], 1)
+    max_batch = integer(src, "case.max_batch_size", case["max_batch_size"], 1)
     datatype = case["datatype"]
     if datatype not in system.datatypes:
-        raise SpecError(src, "case.datatype", f"{_show(datatype)} is not supported by "
+        raise SpecError(src, "case.datatype", f"{brief(datatype)} is not supported by "
                         f"{system.source} (it runs: {', '.join(system.datatypes)})")
     sp = case.get("space", DEFAULT_SPACE)
     if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
         sp = path_of("case.space", sp)
     elif not isinstance(sp, (str, Mapping)) or not sp:
-        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {_show(sp)}")
+        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {brief(sp)}")
     space = load_space(sp)
     policy = case.get("batch_policy")
     if policy is not None and policy not in ("max", "fixed"):
-        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {_show(policy)}")
+        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {brief(policy)}")
 
     samplers = _samplers(src, data.get("samplers"))
     seeds = _seeds(src, data.get("seeds", 1))
     if "trials" not in data:
         raise SpecError(src, "trials", "missing (trials per run)")
-    trials = _int(src, "trials", data["trials"], 1)
+    trials = integer(src, "trials", data["trials"], 1)
     budgets = _budgets(src, data.get("budgets"), trials)
     parallel = data.get("parallel")
     if parallel is not None and parallel not in PARALLEL:
-        raise SpecError(src, "parallel", f"expected one of {', '.join(PARALLEL)}, got {_show(parallel)}")
-    workers = _int(src, "workers", data.get("workers", DEFAULT_WORKERS), 1)
+        raise SpecError(src, "parallel", f"expected one of {', '.join(PARALLEL)}, got {brief(parallel)}")
+    workers = integer(src, "workers", data.get("workers", DEFAULT_WORKERS), 1)
     out = data.get("output_dir")
     if out is not None:
         if not isinstance(out, str) or not out:
-            raise SpecError(src, "output_dir", f"expected a folder path, got {_show(out)}")
+            raise SpecError(src, "output_dir", f"expected a folder path, got {brief(out)}")
         out = Path(out) if Path(out).is_absolute() else base / out
     return Experiment(source=src, name=name.strip(), description=desc, model=model,
                       system=system, model_given=case["model"], system_given=case["system"],
@@ -263,7 +229,7 @@ def sampler_options() -> dict[str, inspect.Parameter]:
 def _samplers(src: str, v) -> tuple[SamplerEntry, ...]:
     from autopar.samplers import SAMPLERS
     if not isinstance(v, list) or not v:
-        raise SpecError(src, "samplers", f"expected a non-empty list, got {_show(v)}")
+        raise SpecError(src, "samplers", f"expected a non-empty list, got {brief(v)}")
     allowed = sampler_options()
     out, labels = [], set()
     for i, item in enumerate(v):
@@ -271,13 +237,13 @@ def _samplers(src: str, v) -> tuple[SamplerEntry, ...]:
         if isinstance(item, str):
             item = {"name": item}
         if not isinstance(item, Mapping):
-            raise SpecError(src, fld, f"expected a sampler name or a mapping, got {_show(item)}")
+            raise SpecError(src, fld, f"expected a sampler name or a mapping, got {brief(item)}")
         name = item.get("name")
         if name not in SAMPLERS:
-            raise SpecError(src, f"{fld}.name", f"expected one of {', '.join(SAMPLERS)}, got {_show(name)}")
+            raise SpecError(src, f"{fld}.name", f"expected one of {', '.join(SAMPLERS)}, got {brief(name)}")
         label = item.get("label", name)
         if not isinstance(label, str) or not label or label == "exhaustive":
-            raise SpecError(src, f"{fld}.label", f"expected a name other than exhaustive, got {_show(label)}")
+            raise SpecError(src, f"{fld}.label", f"expected a name other than exhaustive, got {brief(label)}")
         if label in labels:
             raise SpecError(src, f"{fld}.label", f"{label!r} is used twice; give each entry its own label")
         labels.add(label)
@@ -298,22 +264,22 @@ def _option(src: str, fld: str, key: str, val):
     if key == "encoding":
         from autopar.encodings import ENCODINGS
         if val not in ENCODINGS:
-            raise SpecError(src, fld, f"expected one of {', '.join(ENCODINGS)}, got {_show(val)}")
+            raise SpecError(src, fld, f"expected one of {', '.join(ENCODINGS)}, got {brief(val)}")
     elif key == "backend":
         from autopar.tune import BACKENDS
         if val not in BACKENDS:
-            raise SpecError(src, fld, f"expected one of {', '.join(BACKENDS)}, got {_show(val)}")
+            raise SpecError(src, fld, f"expected one of {', '.join(BACKENDS)}, got {brief(val)}")
     elif key == "concurrency" and val is not None:
-        _int(src, fld, val, 1)
+        integer(src, fld, val, 1)
     return val
 
 
 def _seeds(src: str, v) -> tuple[int, ...]:
     if isinstance(v, int) and not isinstance(v, bool):
-        return tuple(range(_int(src, "seeds", v, 1)))
+        return tuple(range(integer(src, "seeds", v, 1)))
     if not isinstance(v, list) or not v:
-        raise SpecError(src, "seeds", f"expected a count or a non-empty list of seeds, got {_show(v)}")
-    seeds = tuple(_int(src, f"seeds[{i}]", s, 0) for i, s in enumerate(v))
+        raise SpecError(src, "seeds", f"expected a count or a non-empty list of seeds, got {brief(v)}")
+    seeds = tuple(integer(src, f"seeds[{i}]", s, 0) for i, s in enumerate(v))
     if len(set(seeds)) != len(seeds):
         raise SpecError(src, "seeds", "lists a seed twice")
     return seeds
@@ -323,10 +289,10 @@ def _budgets(src: str, v, trials: int) -> tuple[int, ...]:
     if v is None:
         return tuple(sorted({b for b in DEFAULT_BUDGETS if b < trials} | {trials}))
     if not isinstance(v, list) or not v:
-        raise SpecError(src, "budgets", f"expected a non-empty list of trial counts, got {_show(v)}")
+        raise SpecError(src, "budgets", f"expected a non-empty list of trial counts, got {brief(v)}")
     out = []
     for i, b in enumerate(v):
-        b = _int(src, f"budgets[{i}]", b, 1)
+        b = integer(src, f"budgets[{i}]", b, 1)
         if b > trials:
             raise SpecError(src, f"budgets[{i}]", f"{b} exceeds trials ({trials})")
         out.append(b)

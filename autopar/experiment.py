@@ -49,7 +49,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.specs import SpecError
+from autopar.specs import SpecError, brief
 
 # Kinds whose command lives elsewhere: kind -> module with
 # ``run_experiment(path, output_dir, address, progress, data) -> exit code``.
@@ -76,21 +76,46 @@ EXHAUSTIVE_KEYS: dict[str, tuple[Any, Any, bool]] = {
 }
 
 
-def _show(v) -> str:
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
 def read(path) -> dict:
-    """An experiment file -> its mapping (SpecError if missing or not YAML)."""
-    from autopar.compare import read_experiment
-    return read_experiment(path)
+    """An experiment YAML file -> its mapping (SpecError if missing or not YAML)."""
+    import yaml
+    src = str(path)
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(src, "(file)", "no such file")
+    if not p.is_file():
+        raise SpecError(src, "(file)", "not a file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"line {mark.line + 1}" if mark is not None else "(file)"
+        raise SpecError(src, at, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(src, "(file)", f"cannot read: {e}") from None
+    if not isinstance(data, Mapping):
+        raise SpecError(src, "(root)", f"expected a mapping, got {brief(data)}")
+    return dict(data)
+
+
+def open_file(path, source: str | None = None) -> tuple[dict, str, Path, str]:
+    """An experiment file -> (its mapping, the name errors give it, the folder
+    its relative paths start from, its stem: the default experiment name)."""
+    stem = Path(path).name.removesuffix(".yaml").removesuffix(".yml")
+    return read(path), source or str(path), Path(path).resolve().parent, stem
+
+
+def integer(src: str, fld: str, v, minimum: int) -> int:
+    """An integer field of an experiment file, at least ``minimum``."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise SpecError(src, fld, f"expected an integer >= {minimum}, got {brief(v)}")
+    return int(v)
 
 
 def _case(src: str, base: Path, case) -> dict:
     if not isinstance(case, Mapping):
         raise SpecError(src, "case", f"expected a mapping with {', '.join(CASE_REQUIRED)}, "
-                                     f"got {_show(case)}")
+                                     f"got {brief(case)}")
     for k in case:
         if k not in CASE_KEYS:
             raise SpecError(src, f"case.{k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
@@ -105,21 +130,21 @@ def _case(src: str, base: Path, case) -> dict:
         elif isinstance(v, str) and v:
             out[k] = str(relative(base, v))
         else:
-            raise SpecError(src, f"case.{k}", f"expected a file path or a mapping, got {_show(v)}")
+            raise SpecError(src, f"case.{k}", f"expected a file path or a mapping, got {brief(v)}")
     sp = case.get("space")
     if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
         out["space"] = str(relative(base, sp))
     elif sp is not None and not (isinstance(sp, (str, Mapping)) and sp):
-        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {_show(sp)}")
+        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {brief(sp)}")
     for k in ("num_procs", "max_batch_size"):
         v = case[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpecError(src, f"case.{k}", f"expected a positive integer, got {_show(v)}")
+            raise SpecError(src, f"case.{k}", f"expected a positive integer, got {brief(v)}")
     if not isinstance(case["datatype"], str):
-        raise SpecError(src, "case.datatype", f"expected a datatype name, got {_show(case['datatype'])}")
+        raise SpecError(src, "case.datatype", f"expected a datatype name, got {brief(case['datatype'])}")
     bp = case.get("batch_policy")
     if bp is not None and bp not in ("max", "fixed"):
-        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {_show(bp)}")
+        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {brief(bp)}")
     return out
 
 
@@ -138,13 +163,13 @@ def header(data: Mapping, src: str, stem: str, kind: str, keys) -> tuple[str, st
             raise SpecError(src, str(k), f"unknown key; expected one of {', '.join(keys)}")
     got = data.get("kind", kind)
     if got != kind:
-        raise SpecError(src, "kind", f"expected {kind}, got {_show(got)}")
+        raise SpecError(src, "kind", f"expected {kind}, got {brief(got)}")
     name = data.get("name", stem)
     if not isinstance(name, str) or not name.strip():
-        raise SpecError(src, "name", f"expected a non-empty string, got {_show(name)}")
+        raise SpecError(src, "name", f"expected a non-empty string, got {brief(name)}")
     desc = data.get("description", "")
     if not isinstance(desc, str):
-        raise SpecError(src, "description", f"expected a string, got {_show(desc)}")
+        raise SpecError(src, "description", f"expected a string, got {brief(desc)}")
     return name, desc
 
 
@@ -154,9 +179,9 @@ def _options(src: str, base: Path, data: Mapping, keys: Mapping) -> dict:
         v = data.get(k, default)
         if v is not None:
             if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
-                raise SpecError(src, k, f"expected an integer, got {_show(v)}")
+                raise SpecError(src, k, f"expected an integer, got {brief(v)}")
             if typ is str and (not isinstance(v, str) or not v):
-                raise SpecError(src, k, f"expected a non-empty string, got {_show(v)}")
+                raise SpecError(src, k, f"expected a non-empty string, got {brief(v)}")
             if is_path:
                 v = str(relative(base, v))
         out[k] = v
@@ -181,7 +206,7 @@ def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace 
     """
     kind = data.get("kind")
     if kind not in KINDS:
-        raise SpecError(src, "kind", f"expected one of {', '.join(KINDS)}, got {_show(kind)}")
+        raise SpecError(src, "kind", f"expected one of {', '.join(KINDS)}, got {brief(kind)}")
     if kind in EXTERNAL_KINDS:
         return kind, None
     keys = TUNE_KEYS if kind == "tune" else EXHAUSTIVE_KEYS
@@ -191,9 +216,9 @@ def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace 
                                          f"{', '.join(COMMON_KEYS + tuple(keys))}")
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise SpecError(src, "name", f"expected a non-empty string, got {_show(name)}")
+        raise SpecError(src, "name", f"expected a non-empty string, got {brief(name)}")
     if not isinstance(data.get("description", ""), str):
-        raise SpecError(src, "description", f"expected a string, got {_show(data['description'])}")
+        raise SpecError(src, "description", f"expected a string, got {brief(data['description'])}")
     case = _case(src, base, data.get("case"))
     opts = _options(src, base, data, keys)
     ns = argparse.Namespace(
@@ -204,7 +229,7 @@ def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace 
         from autopar.samplers import SAMPLERS
         for k, options in (("sampler", SAMPLERS), ("backend", ("optuna", "ray"))):
             if opts[k] not in options:
-                raise SpecError(src, k, f"expected one of {', '.join(options)}, got {_show(opts[k])}")
+                raise SpecError(src, k, f"expected one of {', '.join(options)}, got {brief(opts[k])}")
         opts["storage"] = storage_url(base, opts["storage"])
         sp = opts["storage_path"]
         if sp and "://" not in sp:

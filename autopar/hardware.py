@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from autopar.specs import SpecError, SystemSpec, load_system
+from autopar.specs import SpecError, SystemSpec, brief, load_system
 
 PROCS = "num_procs"
 DIM_KEYS = ("values", "min", "max", "step", "num", "log", "cost")
@@ -43,11 +43,6 @@ INT_LEAVES = ("size",)          # system fields that are integers
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*$")
 _TOKEN = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 _NO_TIER2 = "mem2.GiB"
-
-
-def _show(v) -> str:
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
 
 
 def _number(v) -> bool:
@@ -117,12 +112,12 @@ def _grid(src, fld, lo, hi, step, num, log, integer) -> tuple:
         if log:
             raise SpecError(src, f"{fld}.step", "a log range takes num (points), not step")
         if not _number(step) or step <= 0:
-            raise SpecError(src, f"{fld}.step", f"expected a number > 0, got {_show(step)}")
+            raise SpecError(src, f"{fld}.step", f"expected a number > 0, got {brief(step)}")
         k = int(math.floor((hi - lo) / step + 1e-9))
         vals = [lo + i * step for i in range(k + 1)]
     else:
         if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-            raise SpecError(src, f"{fld}.num", f"expected an integer >= 1, got {_show(num)}")
+            raise SpecError(src, f"{fld}.num", f"expected an integer >= 1, got {brief(num)}")
         if num == 1:
             vals = [lo]
         elif log:
@@ -147,24 +142,24 @@ def parse_dim(src: str, name: str, spec, integer: bool, minimum: float | None) -
         spec = {"values": spec}
     if not isinstance(spec, Mapping):
         raise SpecError(src, fld, f"expected a list of values or a mapping with values or "
-                                  f"min/max, got {_show(spec)}")
+                                  f"min/max, got {brief(spec)}")
     for k in spec:
         if k not in DIM_KEYS:
             raise SpecError(src, f"{fld}.{k}", f"unknown key; expected one of {', '.join(DIM_KEYS)}")
     cost = spec.get("cost", 0)
     if not _number(cost) or cost < 0:
-        raise SpecError(src, f"{fld}.cost", f"expected a number >= 0, got {_show(cost)}")
+        raise SpecError(src, f"{fld}.cost", f"expected a number >= 0, got {brief(cost)}")
     log = spec.get("log", False)
     if not isinstance(log, bool):
-        raise SpecError(src, f"{fld}.log", f"expected true or false, got {_show(log)}")
+        raise SpecError(src, f"{fld}.log", f"expected true or false, got {brief(log)}")
     kind = "integers" if integer else "numbers"
 
     def check(v, where):
         ok = (isinstance(v, int) and not isinstance(v, bool)) if integer else _number(v)
         if not ok:
-            raise SpecError(src, where, f"expected {kind}, got {_show(v)}")
+            raise SpecError(src, where, f"expected {kind}, got {brief(v)}")
         if minimum is not None and v < minimum:
-            raise SpecError(src, where, f"must be >= {minimum:g}, got {_show(v)}")
+            raise SpecError(src, where, f"must be >= {minimum:g}, got {brief(v)}")
         return v
 
     if "values" in spec:
@@ -173,7 +168,7 @@ def parse_dim(src: str, name: str, spec, integer: bool, minimum: float | None) -
             raise SpecError(src, f"{fld}.{extra[0]}", "give either values or a min/max range, not both")
         vals = spec["values"]
         if not isinstance(vals, list) or not vals:
-            raise SpecError(src, f"{fld}.values", f"expected a non-empty list, got {_show(vals)}")
+            raise SpecError(src, f"{fld}.values", f"expected a non-empty list, got {brief(vals)}")
         vals = tuple(check(v, f"{fld}.values[{i}]") for i, v in enumerate(vals))
         if len(set(vals)) != len(vals):
             raise SpecError(src, f"{fld}.values", "lists a value twice")
@@ -183,9 +178,9 @@ def parse_dim(src: str, name: str, spec, integer: bool, minimum: float | None) -
             raise SpecError(src, f"{fld}.{k}", "missing (a range needs min and max; or give values)")
     lo, hi = check(spec["min"], f"{fld}.min"), check(spec["max"], f"{fld}.max")
     if hi < lo:
-        raise SpecError(src, f"{fld}.max", f"must be >= min ({_show(lo)}), got {_show(hi)}")
+        raise SpecError(src, f"{fld}.max", f"must be >= min ({brief(lo)}), got {brief(hi)}")
     if log and lo <= 0:
-        raise SpecError(src, f"{fld}.min", f"a log range needs min > 0, got {_show(lo)}")
+        raise SpecError(src, f"{fld}.min", f"a log range needs min > 0, got {brief(lo)}")
     if "step" in spec and "num" in spec:
         raise SpecError(src, f"{fld}.num", "give step or num, not both")
     if "step" in spec or "num" in spec:
@@ -320,11 +315,11 @@ def parse_hardware(src: str, hardware, cost, base_json: Mapping,
     if hardware is None:
         hardware = {}
     if not isinstance(hardware, Mapping):
-        raise SpecError(src, "hardware", f"expected a mapping of field path -> domain, got {_show(hardware)}")
+        raise SpecError(src, "hardware", f"expected a mapping of field path -> domain, got {brief(hardware)}")
     if cost is None:
         cost = {}
     if not isinstance(cost, Mapping):
-        raise SpecError(src, "cost", f"expected a mapping with {', '.join(COST_KEYS)}, got {_show(cost)}")
+        raise SpecError(src, "cost", f"expected a mapping with {', '.join(COST_KEYS)}, got {brief(cost)}")
     for k in cost:
         if k not in COST_KEYS:
             raise SpecError(src, f"cost.{k}", f"unknown key; expected one of {', '.join(COST_KEYS)} "
@@ -333,13 +328,13 @@ def parse_hardware(src: str, hardware, cost, base_json: Mapping,
     for k in COST_KEYS:
         v = cost.get(k, 0)
         if not _number(v) or v < 0:
-            raise SpecError(src, f"cost.{k}", f"expected a number >= 0, got {_show(v)}")
+            raise SpecError(src, f"cost.{k}", f"expected a number >= 0, got {brief(v)}")
         costs[k] = float(v)
     dims = []
     for name, spec in hardware.items():
         fld = f"hardware.{name}"
         if not isinstance(name, str):
-            raise SpecError(src, "hardware", f"expected field paths as keys, got {_show(name)}")
+            raise SpecError(src, "hardware", f"expected field paths as keys, got {brief(name)}")
         if name == PROCS:
             dims.append(parse_dim(src, name, spec, integer=True, minimum=1))
             continue
@@ -351,7 +346,7 @@ def parse_hardware(src: str, hardware, cost, base_json: Mapping,
         except KeyError:
             raise SpecError(src, fld, "no such field in the base system") from None
         if not _number(current):
-            raise SpecError(src, fld, f"not a numeric field of the system (it holds {_show(current)})")
+            raise SpecError(src, fld, f"not a numeric field of the system (it holds {brief(current)})")
         integer = keys[-1] in INT_LEAVES
         dims.append(parse_dim(src, name, spec, integer=integer, minimum=0))
     dims.sort(key=lambda d: d.name != PROCS)            # num_procs first
@@ -373,6 +368,6 @@ def parse_hardware(src: str, hardware, cost, base_json: Mapping,
                 build_system(base_json, {d.name: v}, source=src)
             except SpecError as e:
                 raise SpecError(src, f"hardware.{d.name}",
-                                f"value {_show(v)} makes an invalid system: {e.field}: {e.message}"
+                                f"value {brief(v)} makes an invalid system: {e.field}: {e.message}"
                                 ) from None
     return hw

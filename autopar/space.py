@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from autopar.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
-from autopar.specs import SpecError
+from autopar.specs import SpecError, brief
 
 # The parameters a space decides on, in define-by-run order (Calculon's loop
 # nesting; fused_activation and attention_type, which Calculon fixes, sit
@@ -309,25 +309,20 @@ def _encode(name: str, v) -> int:
 # --------------------------------------------------------------------------
 # Loading space files
 
-def _show(v) -> str:
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
 def _value(src: str, where: str, name: str, v):
     """One allowed/fixed value, checked for its parameter's type."""
     kind = _kind(name)
     if kind == "str":
         if not isinstance(v, str) or v not in CHOICES[name]:
-            raise SpecError(src, where, f"expected one of {', '.join(CHOICES[name])}, got {_show(v)}")
+            raise SpecError(src, where, f"expected one of {', '.join(CHOICES[name])}, got {brief(v)}")
         return v
     if kind == "bool":
         if not isinstance(v, bool):
-            raise SpecError(src, where, f"expected true or false, got {_show(v)}")
+            raise SpecError(src, where, f"expected true or false, got {brief(v)}")
         return v
     low = 0 if name in NET_FIELDS else 1
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise SpecError(src, where, f"expected an integer >= {low}, got {_show(v)}")
+        raise SpecError(src, where, f"expected an integer >= {low}, got {brief(v)}")
     return v
 
 
@@ -380,7 +375,7 @@ def _allowed(src: str, name: str, spec) -> _Allowed:
         if lo is not None and hi is not None and lo > hi:
             raise SpecError(src, where, f"min {lo} is above max {hi}")
         return _Allowed(low=lo, high=hi)
-    raise SpecError(src, where, f"expected 'derived', a list of values or {{min, max}}, got {_show(spec)}")
+    raise SpecError(src, where, f"expected 'derived', a list of values or {{min, max}}, got {brief(spec)}")
 
 
 def _param_error(src: str, where: str, name: str) -> None:
@@ -427,24 +422,24 @@ def load_space(spec, source: str | None = None) -> "Space":
     else:
         raise SpecError(source or "space", "space", f"expected a file path, a dict or a Space, got {type(spec).__name__}")
     if not isinstance(data, Mapping):
-        raise SpecError(src, "space", f"expected a mapping at the top level, got {_show(data)}")
+        raise SpecError(src, "space", f"expected a mapping at the top level, got {brief(data)}")
     for k in data:
         if k not in TOP_KEYS:
             raise SpecError(src, str(k), f"unknown key; expected {', '.join(TOP_KEYS)}")
     name = data.get("name", stem)
     if not isinstance(name, str) or not name:
-        raise SpecError(src, "name", f"expected a non-empty string, got {_show(name)}")
+        raise SpecError(src, "name", f"expected a non-empty string, got {brief(name)}")
     desc = data.get("description", "")
     if not isinstance(desc, str):
-        raise SpecError(src, "description", f"expected a string, got {_show(desc)}")
+        raise SpecError(src, "description", f"expected a string, got {brief(desc)}")
     policy = data.get("batch_policy", "max")
     if policy not in BATCH_POLICIES:
-        raise SpecError(src, "batch_policy", f"expected max or fixed, got {_show(policy)}")
+        raise SpecError(src, "batch_policy", f"expected max or fixed, got {brief(policy)}")
     params = data.get("params") or {}
     fixed = data.get("fixed") or {}
     for key, part in (("params", params), ("fixed", fixed)):
         if not isinstance(part, Mapping):
-            raise SpecError(src, key, f"expected a mapping of parameter names, got {_show(part)}")
+            raise SpecError(src, key, f"expected a mapping of parameter names, got {brief(part)}")
     allowed: dict[str, _Allowed] = {}
     for n, v in params.items():
         if n not in PARAMS:
@@ -700,10 +695,10 @@ class Space:
         for f, want in (("num_procs", ctx.num_procs), ("datatype", ctx.datatype),
                         ("training", ctx.training)):
             if f in ex and ex[f] != want:
-                return f"invalid: {f} {_show(ex[f])} is not the case's {want!r}"
+                return f"invalid: {f} {brief(ex[f])} is not the case's {want!r}"
         for f in ALL_FIELDS:
             if f in ex and not _typed(f, ex[f]):
-                return f"invalid: {f} {_show(ex[f])} is not a valid {_kind(f)} value"
+                return f"invalid: {f} {brief(ex[f])} is not a valid {_kind(f)} value"
         state: dict = {}
         for rule in self._rules:
             name = rule.name
@@ -739,23 +734,23 @@ class Space:
 
     def _derived_mismatch(self, ctx, name, state, v, want) -> str:
         if name == "data_par":
-            return f"data_par {_show(v)} is not num_procs/(tensor_par*pipeline_par) = {want}"
+            return f"data_par {brief(v)} is not num_procs/(tensor_par*pipeline_par) = {want}"
         how = ("the batch size" if ctx.policy == "fixed"
                else f"the largest multiple of data_par {state['data_par']} <= {ctx.max_batch}")
-        return f"batch_size {_show(v)} is not {how} = {want} (batch policy {ctx.policy})"
+        return f"batch_size {brief(v)} is not {how} = {want} (batch policy {ctx.policy})"
 
     def _why_not(self, ctx, rule, state, v) -> str:
         cands, forced = rule.fn(ctx, state)
         name = rule.name
         if forced is not None:
-            return f"{name} {_show(v)}: {forced}"
+            return f"{name} {brief(v)}: {forced}"
         if v not in cands:
             if name in NET_FIELDS:
-                return f"{name} {_show(v)} is not a network tier of the system (0..{ctx.nets - 1})"
-            return f"{name} {_show(v)} {rule.text or 'is not a valid value'}"
+                return f"{name} {brief(v)} is not a network tier of the system (0..{ctx.nets - 1})"
+            return f"{name} {brief(v)} {rule.text or 'is not a valid value'}"
         if name in self.fixed:
-            return f"{name} {_show(v)} is not the space's fixed value {self.fixed[name]!r}"
-        return f"{name} {_show(v)} is outside space {self.name!r} ({self.allowed[name].to_yaml()})"
+            return f"{name} {brief(v)} is not the space's fixed value {self.fixed[name]!r}"
+        return f"{name} {brief(v)} is outside space {self.name!r} ({self.allowed[name].to_yaml()})"
 
     # -- enumeration --------------------------------------------------------
 

@@ -28,6 +28,12 @@ from typing import Any, Mapping
 from autopar.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS, INT_FIELDS
 
 
+def brief(v) -> str:
+    """A value as an error message quotes it: its repr, cut to 40 characters."""
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
 class SpecError(ValueError):
     """Bad input: names the file (or 'dict') and the field."""
 

@@ -62,8 +62,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from autopar.compare import read_experiment
-    data = read_experiment(args.study)
+    from autopar.experiment import read
+    data = read(args.study)
     if data.get("kind") == "cliffs":
         for opt in ("sampler", "trials", "seed"):
             if getattr(args, opt) is not None:
