@@ -1056,6 +1056,11 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     act_space = np.where(tr & ~rf, k["act_working"] + k["act_storage"] * (bpp * pp_factor - 1),
                          k["act_working"])
     ckpt_total = np.where(tr & rf, bpp * ckpt * pp_factor, 0.0)
+    # The last stage has one micro-batch in flight where the first has mem_mb.
+    last_factor = pp_factor / np.maximum(mem_mb, 1.0)
+    act_last = np.where(tr & ~rf, k["act_working"] + k["act_storage"] * (bpp * last_factor - 1),
+                        k["act_working"])
+    ckpt_last = np.where(tr & rf, bpp * ckpt * last_factor, 0.0)
     act_grad = np.where(tr, k["act_grad_space"], 0.0)
     wgrad_space = np.where(tr, k["wgrad_space_full"] + k["wgrad_space"] * (bpp - 1), 0.0)
     optimizer_space = np.where(tr, k["optimizer_space"] * bpp, 0.0)
@@ -1097,7 +1102,6 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     S["pp_comm_link_time"] = pp_link
     S["dp_comm_link_time"] = dp_link
     S["tp_comm_exposed_time"] = tp_fw_exp + tp_bw_exp
-    S["pp_comm_exposed_time"] = pp_link
     S["dp_comm_exposed_time"] = dp_exp
     S["fw_offload_exposed_time"] = fw_oh
     S["bw_offload_exposed_time"] = bw_oh
@@ -1105,7 +1109,13 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
              + bubble + S["tp_comm_exposed_time"] + pp_link + dp_exp)
     head_time, head_mem = _head(ctx, c, x, nmb, pp, system)
     total = total + head_time
-    S["total_time"] = total
+    # Pipelined steps run slower by the system's pipeline_fraction: at every
+    # synchronising p2p exchange a stage waits for its neighbour.
+    frac = system.time_overhead.pipeline_fraction if system.time_overhead else 0.0
+    pp_sync = np.where(pp > 1, frac * total, 0.0)
+    S["pp_comm_exposed_time"] = pp_link + pp_sync
+    S["total_time"] = total + pp_sync
+    total = S["total_time"]
 
     with np.errstate(divide="ignore", invalid="ignore"):
         fw_ot = np.minimum(base_fw_no, edge_fw_no) - k["fw_mem_time"]
@@ -1119,22 +1129,25 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
 
     # Tier 1 holds persistent state (weights, gradients, optimizer) and
     # transient tensors (activations, checkpoints, gradients of activations,
-    # logits); fragmentation is charged on the transient part.
+    # logits); fragmentation is charged on the transient part.  The need is
+    # that of the fuller of the first stage (most micro-batches in flight,
+    # the embedding) and the last (one micro-batch, the output layer and the
+    # logits); with one stage, they are the same.
     static = np.where(wo, weight_min, weight_space)
     tier2 = np.where(wo, weight_space, 0.0)
     ao_rf = ao & rf
-    transient = np.where(ao, act_min, act_space + ckpt_total)
-    transient = transient + np.where(ao_rf, np.nan_to_num(ckpt_min), 0.0)
+    ckpt_off = np.where(ao_rf, np.nan_to_num(ckpt_min), 0.0)
+    transient = np.where(ao, act_min, act_space + ckpt_total) + ckpt_off + act_grad
+    last = np.where(ao, act_min, act_last + ckpt_last) + ckpt_off + act_grad + head_mem["logits"]
     tier2 = tier2 + np.where(ao, np.where(rf, ckpt_total, act_space), 0.0)
     static = static + np.where(oo, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + np.where(oo, k["wgrad_space"] * bpp + optimizer_space, 0.0)
-    transient = transient + act_grad + head_mem["transient"]
-    static = static + head_mem["static"]
     over = system.memory_overhead
+    grow = 1.0 + (over.fraction if over is not None else 0.0)
+    tier1 = np.maximum(static + head_mem["first"] + transient * grow,
+                       static + head_mem["last"] + last * grow)
     if over is not None:
-        transient = transient * (1 + over.fraction)
-        static = static + over.reserved_GiB * 1024 ** 3
-    tier1 = static + transient
+        tier1 = tier1 + over.reserved_GiB * 1024 ** 3
     S["proc_mem_tier1_cap_req"] = tier1
     S["proc_mem_tier2_cap_req"] = tier2
 
@@ -1165,7 +1178,7 @@ def _head(ctx: _Ctx, c: dict, x: dict, nmb, pp, system: SystemSpec):
     """
     V = float(ctx.m.vocab_size)
     if V <= 0:
-        return 0.0, {"static": 0.0, "transient": 0.0}
+        return 0.0, {"first": 0.0, "last": 0.0, "logits": 0.0}
     t, tr, b = ctx.t, ctx.training, ctx.bpe
     B = x["B"]
     out = _finish(ctx, _linear(ctx, B, float(ctx.m.hidden), V / t))
@@ -1182,7 +1195,8 @@ def _head(ctx: _Ctx, c: dict, x: dict, nmb, pp, system: SystemSpec):
     over = system.memory_overhead or MemoryOverhead()
     logit_mem = B * V / (1.0 if over.logits_gathered else t) * (
         b + np.where(tr, over.logits_fp32_copies * 4.0, 0.0))
-    return time, {"static": np.where(pp == 1, 2 * matrix, matrix), "transient": logit_mem}
+    return time, {"first": matrix, "last": np.where(pp == 1, 2 * matrix, matrix),
+                  "logits": logit_mem}
 
 
 # ----------------------------------------------------------------------------

@@ -99,6 +99,15 @@ class MemoryOverhead:
 
 
 @dataclass(frozen=True)
+class TimeOverhead:
+    """Time a training framework spends beyond the model's own work:
+    with pipeline_par > 1 a step takes ``pipeline_fraction`` longer, as the
+    stages wait for each other at every synchronising point-to-point
+    exchange."""
+    pipeline_fraction: float = 0.0
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     matrix: dict              # datatype -> ProcessorSpec
     vector: dict              # datatype -> ProcessorSpec
@@ -111,6 +120,8 @@ class SystemSpec:
     description: str = ""
     # Extension: framework memory overheads on tier 1 (None: Calculon's count).
     memory_overhead: MemoryOverhead | None = None
+    # Extension: framework time overheads (None: none, as Calculon).
+    time_overhead: TimeOverhead | None = None
 
     @property
     def datatypes(self) -> tuple[str, ...]:
@@ -124,7 +135,7 @@ MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
 MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "name", "description")
 BLOCK_TYPES = ("gpt", "llama")
 SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks")
-SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead")
+SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhead")
 PROCESSING_MODES = ("roofline", "no_overlap")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
@@ -463,9 +474,18 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
             c.fail("memory_overhead.logits_fp32_copies", f"must be >= 0, got {copies}")
         gathered = c.bool(o.get("logits_gathered", False), "memory_overhead.logits_gathered")
         overhead = MemoryOverhead(reserved, fraction, copies, gathered)
+    time_overhead = None
+    if "time_overhead" in data:
+        o = data["time_overhead"]
+        c.keys(o, "time_overhead", (), ("pipeline_fraction",))
+        frac = c.number(o.get("pipeline_fraction", 0.0), "time_overhead.pipeline_fraction")
+        if not 0 <= frac < 1:
+            c.fail("time_overhead.pipeline_fraction", f"must be in [0, 1), got {frac}")
+        time_overhead = TimeOverhead(frac)
     spec = SystemSpec(matrix=matrix, vector=vector, mem1=mem1, mem2=mem2,
                       processing_mode=mode, networks=networks, name=name,
-                      source=src, description=desc, memory_overhead=overhead)
+                      source=src, description=desc, memory_overhead=overhead,
+                      time_overhead=time_overhead)
     if not spec.datatypes:
         c.fail("vector", "no datatype is listed in both matrix and vector")
     return spec
@@ -509,6 +529,8 @@ def system_to_json(system: SystemSpec) -> dict:
         out["memory_overhead"] = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
                                   "logits_fp32_copies": _num(o.logits_fp32_copies),
                                   "logits_gathered": o.logits_gathered}
+    if system.time_overhead is not None:
+        out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
     return out
 
 
