@@ -163,6 +163,9 @@ def read_sweep(path) -> pd.DataFrame:
     return frame
 
 
+UNEVEN = "invalid: Megatron needs pipeline_par to divide the blocks"
+
+
 def validate_sweep(path, system: SystemSpec, models_dir="models") -> pd.DataFrame:
     """Predict every row of a measured sweep: adds pred_feasible, pred_reason,
     pred_step_time_s, pred_mfu and pred_mem_gib."""
@@ -179,9 +182,12 @@ def validate_sweep(path, system: SystemSpec, models_dir="models") -> pd.DataFram
         exes = [sweep_execution(r, system) for r in rows.itertuples()]
         pred = evaluate(model, system, exes)
         part = rows.copy()
-        part["pred_feasible"] = pred["feasible"].to_numpy()
-        part["pred_reason"] = pred["reason"].to_numpy()
-        part["pred_step_time_s"] = pred["total_time"].to_numpy()
+        # Megatron splits the blocks evenly over the stages: it does not run
+        # a pipeline that does not divide them (Calculon would).
+        uneven = (model.num_blocks % part["pipeline_par"] != 0).to_numpy()
+        part["pred_feasible"] = pred["feasible"].to_numpy() & ~uneven
+        part["pred_reason"] = np.where(uneven, UNEVEN, pred["reason"].astype(object).to_numpy())
+        part["pred_step_time_s"] = np.where(uneven, np.nan, pred["total_time"].to_numpy())
         part["pred_mem_gib"] = pred["proc_mem_tier1_cap_req"].to_numpy() / GIB
         out.append(part)
     return pd.concat(out).loc[frame.index]
@@ -197,7 +203,8 @@ def sweep_report(rows: pd.DataFrame) -> pd.DataFrame:
         err = ((both.pred_step_time_s - both.step_time_s).abs() / both.step_time_s)
         if name == "overall":
             per = [r for r in recs]
-            rho = float(np.mean([r["spearman"] for r in per if not np.isnan(r["spearman"])]))
+            rhos = [r["spearman"] for r in per if not np.isnan(r["spearman"])]
+            rho = float(np.mean(rhos)) if rhos else np.nan
             regret = float(np.mean([r["top1_regret"] for r in per]))
         else:
             rho = (both.step_time_s.rank().corr(both.pred_step_time_s.rank())

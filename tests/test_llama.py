@@ -221,6 +221,28 @@ def test_validate_sweep_on_measured_data(reference, repo_root, tmp_path, cli):
     assert rep.top1_regret <= 0.03
 
 
+def test_validate_sweep_layouts_megatron_cannot_run(tmp_path, repo_root):
+    # LLaMA 30B: 60 blocks and 52 heads.  Pipeline 8 does not divide the
+    # blocks and tensor 8 not the heads: neither is predicted to run.
+    import pandas as pd
+
+    from autopar.validate import sweep_report, validate_sweep
+    cols = "sweep,model,seq_size,global_batch,world_size,tensor_par,pipeline_par," \
+           "microbatch_size,checkpointing,kernel,sequence_parallel,status,step_time_s,mfu\n"
+    rows = ["s,llama-30B,2048,2048,128,4,8,1,every_layer,flash_attention2,False,error,,",
+            "s,llama-30B,2048,2048,128,8,4,1,every_layer,flash_attention2,False,error,,",
+            "s,llama-30B,2048,2048,128,4,4,1,every_layer,flash_attention2,False,ok,100.0,0.5"]
+    csv = tmp_path / "s.csv"
+    csv.write_text(cols + "\n".join(rows) + "\n")
+    out = validate_sweep(csv, load_system(repo_root / "systems" / "a100_80g_dgx_hdr200.json"),
+                         models_dir=repo_root / "models")
+    assert out.pred_feasible.tolist() == [False, False, True]
+    assert "divide the blocks" in out.pred_reason[0]
+    assert "divisible by tensor_par" in out.pred_reason[1]
+    assert pd.isna(out.pred_step_time_s[0]) and out.pred_step_time_s[2] > 0
+    assert sweep_report(out).loc["overall", "oom_agreement"] == 1.0
+
+
 def test_validate_sweep_bad_input(tmp_path, cli, repo_root):
     bad = tmp_path / "bad.csv"
     bad.write_text("sweep,model\nx,llama-13B\n")
