@@ -1053,14 +1053,16 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     weight_space = k["weight_space"] * bpp
     mem_mb = np.minimum(nmb, pp).astype(float)
     pp_factor = np.where(ppint > 1, mem_mb * (1 + (pp - 1) / (ppint * ppf)), mem_mb)
-    act_space = np.where(tr & ~rf, k["act_working"] + k["act_storage"] * (bpp * pp_factor - 1),
-                         k["act_working"])
-    ckpt_total = np.where(tr & rf, bpp * ckpt * pp_factor, 0.0)
+
+    def stage_acts(in_flight):
+        """Activations and checkpoints of a stage with ``in_flight`` micro-batches."""
+        act = np.where(tr & ~rf, k["act_working"] + k["act_storage"] * (bpp * in_flight - 1),
+                       k["act_working"])
+        return act, np.where(tr & rf, bpp * ckpt * in_flight, 0.0)
+
+    act_space, ckpt_total = stage_acts(pp_factor)
     # The last stage has one micro-batch in flight where the first has mem_mb.
-    last_factor = pp_factor / np.maximum(mem_mb, 1.0)
-    act_last = np.where(tr & ~rf, k["act_working"] + k["act_storage"] * (bpp * last_factor - 1),
-                        k["act_working"])
-    ckpt_last = np.where(tr & rf, bpp * ckpt * last_factor, 0.0)
+    act_last, ckpt_last = stage_acts(pp_factor / np.maximum(mem_mb, 1.0))
     act_grad = np.where(tr, k["act_grad_space"], 0.0)
     wgrad_space = np.where(tr, k["wgrad_space_full"] + k["wgrad_space"] * (bpp - 1), 0.0)
     optimizer_space = np.where(tr, k["optimizer_space"] * bpp, 0.0)
@@ -1114,8 +1116,8 @@ def _batch(ctx: _Ctx, c: dict, k: dict, x: dict, system: SystemSpec) -> dict:
     frac = system.time_overhead.pipeline_fraction if system.time_overhead else 0.0
     pp_sync = np.where(pp > 1, frac * total, 0.0)
     S["pp_comm_exposed_time"] = pp_link + pp_sync
-    S["total_time"] = total + pp_sync
-    total = S["total_time"]
+    total = total + pp_sync
+    S["total_time"] = total
 
     with np.errstate(divide="ignore", invalid="ignore"):
         fw_ot = np.minimum(base_fw_no, edge_fw_no) - k["fw_mem_time"]

@@ -202,10 +202,9 @@ def sweep_report(rows: pd.DataFrame) -> pd.DataFrame:
         both = g[ran & g["pred_feasible"]]
         err = ((both.pred_step_time_s - both.step_time_s).abs() / both.step_time_s)
         if name == "overall":
-            per = [r for r in recs]
-            rhos = [r["spearman"] for r in per if not np.isnan(r["spearman"])]
+            rhos = [r["spearman"] for r in recs if not np.isnan(r["spearman"])]
             rho = float(np.mean(rhos)) if rhos else np.nan
-            regret = float(np.mean([r["top1_regret"] for r in per]))
+            regret = float(np.mean([r["top1_regret"] for r in recs]))
         else:
             rho = (both.step_time_s.rank().corr(both.pred_step_time_s.rank())
                    if len(both) > 2 else np.nan)
