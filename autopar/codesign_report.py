@@ -28,15 +28,7 @@ import json
 import math
 from pathlib import Path
 
-from autopar.writers import atomic_path, write_atomic_csv, write_json
-
-
-def _plain(v):
-    if hasattr(v, "item"):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+from autopar.writers import atomic_path, json_value, write_atomic_csv, write_json
 
 
 def front_files(res, front) -> list[tuple[str, dict, dict, dict]]:
@@ -47,7 +39,7 @@ def front_files(res, front) -> list[tuple[str, dict, dict, dict]]:
     out = []
     width = max(2, len(str(len(front) - 1)))
     for k, (_, row) in enumerate(front.iterrows()):
-        values = {n: _plain(row[n]) for n in hw.names if n in row and n != "num_procs"
+        values = {n: json_value(row[n]) for n in hw.names if n in row and n != "num_procs"
                   and row[n] == row[n]}
         values = hw.canonical(values)
         if "num_procs" in hw.names:
@@ -60,11 +52,11 @@ def front_files(res, front) -> list[tuple[str, dict, dict, dict]]:
                              f"(from {hw.base.get('name') or 'the base system'})")
         ex = json.loads(row["execution"])
         folder = f"front/{k:0{width}d}"
-        entry = {"point": k, **{n: _plain(v) for n, v in values.items()},
-                 "num_procs": int(row["num_procs"]), "cost": _plain(row["cost"]),
-                 "sample_rate": _plain(row["sample_rate"]),
-                 "sample_rate_per_proc": _plain(row["sample_rate_per_proc"]),
-                 "total_time": _plain(row["total_time"]),
+        entry = {"point": k, **{n: json_value(v) for n, v in values.items()},
+                 "num_procs": int(row["num_procs"]), "cost": json_value(row["cost"]),
+                 "sample_rate": json_value(row["sample_rate"]),
+                 "sample_rate_per_proc": json_value(row["sample_rate_per_proc"]),
+                 "total_time": json_value(row["total_time"]),
                  "system": f"{folder}/system.json", "execution": f"{folder}/execution.json"}
         out.append((folder, sj, ex, entry))
     return out
@@ -141,8 +133,8 @@ def summary_dict(res, points) -> dict:
         d["best_sample_rate"] = float(best["sample_rate"])
     if res.base is not None:
         b = res.base
-        d["base_system"] = {**{n: _plain(b[n]) for n in st.hardware.names if n in b},
-                            "cost": _plain(b["cost"]), "sample_rate": _plain(b["sample_rate"]),
+        d["base_system"] = {**{n: json_value(b[n]) for n in st.hardware.names if n in b},
+                            "cost": json_value(b["cost"]), "sample_rate": json_value(b["sample_rate"]),
                             "state": b["state"], "reason": b["reason"]}
     if res.curves is not None:
         d["systems"] = int(len(res.truth))

@@ -19,7 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS, FIELDS
+from .layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS, FIELDS, to_columns
 from .specs import MemoryOverhead, ModelSpec, SystemSpec
 
 # ----------------------------------------------------------------------------
@@ -1349,6 +1349,12 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
+
+
+def evaluate_one(model: ModelSpec, system: SystemSpec, execution: Mapping) -> dict:
+    """One execution -> what ``evaluate_columns`` returns, as Python values."""
+    out = evaluate_columns(model, system, to_columns([execution]))
+    return {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in out.items()}
 
 
 def _typed_columns(c: dict) -> dict:

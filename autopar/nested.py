@@ -103,14 +103,6 @@ def _layout_chunks(space, case, space_key: str):
     return chunks
 
 
-def full_stats(model, system, execution: Mapping) -> dict:
-    """Every statistic of one execution (what a re-evaluation reports)."""
-    from autopar import model as perf
-    from autopar.layouts import to_columns
-    res = perf.evaluate_columns(model, system, to_columns([execution]))
-    return {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in res.items()}
-
-
 def best_layout(case, space, inner: Inner = Inner(), space_key: str | None = None) -> dict:
     """The best layout of ``space`` for ``case`` (an ``autopar.space.Case``).
 
@@ -173,7 +165,8 @@ def _result(model, system, ex, n, feasible, counts, reasons) -> dict:
                "execution": None, "layouts": int(n), "feasible_layouts": 0}
         out.update({k: math.nan for k in BREAKDOWN})
         return out
-    stats = full_stats(model, system, ex)
+    from autopar.model import evaluate_one
+    stats = evaluate_one(model, system, ex)
     out = {"state": "COMPLETE", "reason": "", "sample_rate": float(stats["sample_rate"]),
            "execution": ex, "layouts": int(n), "feasible_layouts": int(feasible)}
     out.update({k: float(stats[k]) for k in BREAKDOWN})

@@ -13,9 +13,8 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-from .layouts import to_columns
-from .model import evaluate_columns
-from .specs import ModelSpec, SystemSpec, load_model
+from .model import evaluate_one
+from .specs import SystemSpec, load_model
 
 GIB = 1024 ** 3
 
@@ -33,11 +32,6 @@ def unbounded(system: SystemSpec) -> SystemSpec:
                                mem2=dataclasses.replace(system.mem2, GiB=big))
 
 
-def _predict(model: ModelSpec, system: SystemSpec, execution: dict) -> dict:
-    out = evaluate_columns(model, system, to_columns([execution]))
-    return {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in out.items()}
-
-
 def megatron(system: SystemSpec) -> pd.DataFrame:
     """One row per published figure: figure, model, variant, published, predicted, error."""
     data = megatron_data()
@@ -51,18 +45,18 @@ def megatron(system: SystemSpec) -> pd.DataFrame:
 
     for m, variants in data["fig1_memory_gib"].items():
         for v, pub in variants.items():
-            s = _predict(models[m], free, data["layouts"]["fig1"][m][v])
+            s = evaluate_one(models[m], free, data["layouts"]["fig1"][m][v])
             par_opt = (s["weight_space"] + s["weight_grad_space"] + s["optimizer_space"]) / GIB
             rows.append(("fig1_activation_memory_gib", m, v, pub["act"], act(s)))
             rows.append(("fig1_weights_grads_optimizer_gib", m, v, pub["par_opt"], par_opt))
     for m, variants in data["fig7_activation_memory_percent_of_none"].items():
-        base = act(_predict(models[m], free, data["layouts"]["fig7"][m]["none"]))
+        base = act(evaluate_one(models[m], free, data["layouts"]["fig7"][m]["none"]))
         for v, pub in variants.items():
-            s = _predict(models[m], free, data["layouts"]["fig7"][m][v])
+            s = evaluate_one(models[m], free, data["layouts"]["fig7"][m][v])
             rows.append(("fig7_activation_memory_percent", m, v, pub, 100 * act(s) / base))
     for m, variants in data["tab5_batch_time_s"].items():
         for v, pub in variants.items():
-            s = _predict(models[m], system, data["layouts"]["tab5"][m][v])
+            s = evaluate_one(models[m], system, data["layouts"]["tab5"][m][v])
             pred = s["total_time"] if s["feasible"] else np.nan
             rows.append(("tab5_batch_time_s", m, v, pub, pred))
     table = pd.DataFrame(rows, columns=["figure", "model", "variant", "published", "predicted"])

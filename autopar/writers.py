@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -63,3 +64,12 @@ def _plain(v):
     if hasattr(v, "item"):
         return v.item()
     raise TypeError(f"not JSON serializable: {type(v).__name__}")
+
+
+def json_value(v):
+    """A numpy scalar as a JSON value: a Python number, NaN and infinities as null."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autopar import space as space_mod
-from autopar.layouts import ALL_FIELDS, EXT_DEFAULTS, FIELDS, to_records
+from autopar.layouts import ALL_FIELDS, EXT_DEFAULTS, to_records
 from autopar.space import OPTIONAL, PARAMS, Case, divisors, load_space
 from autopar.specs import SpecError, load_model, load_system
 

@@ -7,7 +7,6 @@ on one line), 2 on bad input.
 from __future__ import annotations
 
 import json
-import math
 
 from autopar.specs import load_execution, load_model, load_system
 
@@ -45,23 +44,13 @@ def register(subparsers) -> None:
 def estimate(model, system, execution) -> dict:
     """Evaluate one execution: {'feasible', 'reason', <every stat>}."""
     from autopar import model as perf
-    from autopar.layouts import to_columns
+    from autopar.writers import json_value
 
-    res = perf.evaluate_columns(model, system, to_columns([execution]))
-    out = {"feasible": bool(res["feasible"][0]),
-           "reason": perf.REASONS[int(res["reason_code"][0])]}
+    res = perf.evaluate_one(model, system, execution)
+    out = {"feasible": bool(res["feasible"]), "reason": perf.REASONS[int(res["reason_code"])]}
     for k in perf.STATS:
-        out[k] = _plain(res[k][0])
+        out[k] = json_value(res[k])
     return out
-
-
-def _plain(v):
-    """A numpy scalar as a JSON value (NaN and infinities become null)."""
-    if hasattr(v, "item"):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 def run(args) -> int:
