@@ -27,6 +27,42 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = REPO_ROOT.parent / "shared" / "reference"
 
 
+def one_proc_execution(**kw) -> dict:
+    """A training execution on one processor (batch 4, micro-batch 2, float16,
+    nothing fused, shared, overlapped or offloaded), with ``kw`` replacing fields."""
+    e = {"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1,
+         "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+         "batch_size": 4, "microbatch_size": 2, "datatype": "float16",
+         "fused_activation": False, "attention_type": "multihead",
+         "activation_recompute": "none", "pipeline_interleaving": 1,
+         "optimizer_sharding": False, "tensor_par_comm_type": "ar",
+         "tensor_par_overlap": "none", "seq_par_ag_redo": False,
+         "data_par_overlap": False, "weight_offload": False,
+         "activations_offload": False, "optimizer_offload": False, "training": True}
+    e.update(kw)
+    return e
+
+
+DELETE = object()
+
+
+def set_key(*path_and_value):
+    """A mutation of a loaded JSON document: set the key at ``path`` (keys and
+    indices) to ``value``, or remove it when ``value`` is ``DELETE``."""
+    *path, value = path_and_value
+
+    def apply(d):
+        obj = d
+        for k in path[:-1]:
+            obj = obj[k]
+        if value is DELETE:
+            del obj[path[-1]]
+        else:
+            obj[path[-1]] = value
+        return d
+    return apply
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

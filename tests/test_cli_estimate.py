@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import DELETE, set_key
 
 MODEL = "models/gpt3-175B.json"
 SYSTEM = "systems/a100_80g.json"
@@ -26,22 +27,6 @@ def _write(path: Path, data) -> Path:
 
 # ------------------------------------------------------------ bad input: exit 2
 
-def _set(*path_and_value):
-    *path, value = path_and_value
-
-    def apply(d):
-        obj = d
-        for k in path[:-1]:
-            obj = obj[k]
-        if value is DELETE:
-            del obj[path[-1]]
-        else:
-            obj[path[-1]] = value
-        return d
-    return apply
-
-
-DELETE = object()
 
 # (id, which file, mutation or raw text or None for a missing file, field named)
 BAD = [
@@ -50,60 +35,60 @@ BAD = [
     ("not-an-object", "execution", "[1, 2, 3]", "(root)"),
     ("nan", "system", '{"matrix": NaN}', "(file)"),
     ("duplicate-key", "execution", '{"num_procs": 8, "num_procs": 16}', "(file)"),
-    ("model-missing-key", "model", _set("num_blocks", DELETE), "num_blocks"),
-    ("model-unknown-key", "model", _set("layers", 96), "layers"),
-    ("model-wrong-type", "model", _set("hidden", "12288"), "hidden"),
-    ("model-bool-int", "model", _set("attn_heads", True), "attn_heads"),
-    ("model-float-int", "model", _set("hidden", 12288.0), "hidden"),
-    ("model-zero", "model", _set("seq_size", 0), "seq_size"),
-    ("model-negative", "model", _set("feedforward", -1), "feedforward"),
-    ("model-block", "model", _set("block", "bert"), "block"),
-    ("model-kv-heads", "model", _set("kv_heads", 5), "kv_heads"),
-    ("model-vocab", "model", _set("vocab_size", -5), "vocab_size"),
-    ("system-unknown-key", "system", _set("gpus", 8), "gpus"),
+    ("model-missing-key", "model", set_key("num_blocks", DELETE), "num_blocks"),
+    ("model-unknown-key", "model", set_key("layers", 96), "layers"),
+    ("model-wrong-type", "model", set_key("hidden", "12288"), "hidden"),
+    ("model-bool-int", "model", set_key("attn_heads", True), "attn_heads"),
+    ("model-float-int", "model", set_key("hidden", 12288.0), "hidden"),
+    ("model-zero", "model", set_key("seq_size", 0), "seq_size"),
+    ("model-negative", "model", set_key("feedforward", -1), "feedforward"),
+    ("model-block", "model", set_key("block", "bert"), "block"),
+    ("model-kv-heads", "model", set_key("kv_heads", 5), "kv_heads"),
+    ("model-vocab", "model", set_key("vocab_size", -5), "vocab_size"),
+    ("system-unknown-key", "system", set_key("gpus", 8), "gpus"),
     ("efficiency-above-1", "system",
-     _set("matrix", "float16", "gflops_efficiency", 2, 1, 1.2),
+     set_key("matrix", "float16", "gflops_efficiency", 2, 1, 1.2),
      "matrix.float16.gflops_efficiency[2]"),
-    ("efficiency-zero", "system", _set("mem1", "MB_efficiency", 1, 1, 0.0),
+    ("efficiency-zero", "system", set_key("mem1", "MB_efficiency", 1, 1, 0.0),
      "mem1.MB_efficiency[1]"),
     ("table-not-descending", "system",
-     _set("vector", "bfloat16", "gflops_efficiency", 2, 0, 1),
+     set_key("vector", "bfloat16", "gflops_efficiency", 2, 0, 1),
      "vector.bfloat16.gflops_efficiency[2]"),
-    ("table-not-ending-at-0", "system", _set("mem2", "MB_efficiency", 3, 0, 1),
+    ("table-not-ending-at-0", "system", set_key("mem2", "MB_efficiency", 3, 0, 1),
      "mem2.MB_efficiency[3]"),
-    ("processing-mode", "system", _set("processing_mode", "overlap"), "processing_mode"),
-    ("processor-usage", "system", _set("networks", 1, "processor_usage", 1),
+    ("processing-mode", "system", set_key("processing_mode", "overlap"), "processing_mode"),
+    ("processor-usage", "system", set_key("networks", 1, "processor_usage", 1),
      "networks[1].processor_usage"),
-    ("ops-missing", "system", _set("networks", 1, "ops", "all_reduce", DELETE),
+    ("ops-missing", "system", set_key("networks", 1, "ops", "all_reduce", DELETE),
      "networks[1].ops.all_reduce"),
-    ("ops-unknown", "system", _set("networks", 0, "ops", "broadcast", [1, 0]),
+    ("ops-unknown", "system", set_key("networks", 0, "ops", "broadcast", [1, 0]),
      "networks[0].ops.broadcast"),
-    ("p2p-offset", "system", _set("networks", 0, "ops", "p2p", [1.0, 0]),
+    ("p2p-offset", "system", set_key("networks", 0, "ops", "p2p", [1.0, 0]),
      "networks[0].ops.p2p"),
     ("collective-offset-null", "system",
-     _set("networks", 0, "ops", "all_gather", [1.0, None]), "networks[0].ops.all_gather"),
+     set_key("networks", 0, "ops", "all_gather", [1.0, None]), "networks[0].ops.all_gather"),
     ("unknown-datatype-in-system", "system",
-     _set("vector", "int4", {"tflops": 1, "gflops_efficiency": [[0, 1]]}), "vector.int4"),
-    ("network-size-zero", "system", _set("networks", 1, "size", 0), "networks[1].size"),
-    ("negative-bandwidth", "system", _set("networks", 0, "bandwidth", -1),
+     set_key("vector", "int4", {"tflops": 1, "gflops_efficiency": [[0, 1]]}), "vector.int4"),
+    ("network-size-zero", "system", set_key("networks", 1, "size", 0), "networks[1].size"),
+    ("negative-bandwidth", "system", set_key("networks", 0, "bandwidth", -1),
      "networks[0].bandwidth"),
-    ("memory-zero", "system", _set("mem1", "GiB", 0), "mem1.GiB"),
-    ("second-tier-negative", "system", _set("mem2", "GiB", -1), "mem2.GiB"),
-    ("network-missing-key", "system", _set("networks", 0, "latency", DELETE),
+    ("memory-zero", "system", set_key("mem1", "GiB", 0), "mem1.GiB"),
+    ("second-tier-negative", "system", set_key("mem2", "GiB", -1), "mem2.GiB"),
+    ("network-missing-key", "system", set_key("networks", 0, "latency", DELETE),
      "networks[0].latency"),
-    ("execution-missing-key", "execution", _set("data_par", DELETE), "data_par"),
-    ("execution-unknown-key", "execution", _set("sequence_parallel", True),
+    ("execution-missing-key", "execution", set_key("data_par", DELETE), "data_par"),
+    ("execution-unknown-key", "execution", set_key("sequence_parallel", True),
      "sequence_parallel"),
-    ("execution-enum", "execution", _set("tensor_par_comm_type", "allreduce"),
+    ("execution-enum", "execution", set_key("tensor_par_comm_type", "allreduce"),
      "tensor_par_comm_type"),
-    ("execution-unknown-datatype", "execution", _set("datatype", "int8"), "datatype"),
-    ("execution-datatype-not-on-system", "execution", _set("datatype", "float8"),
+    ("execution-unknown-datatype", "execution", set_key("datatype", "int8"), "datatype"),
+    ("execution-datatype-not-on-system", "execution", set_key("datatype", "float8"),
      "datatype"),
-    ("execution-tier-out-of-range", "execution", _set("data_par_net", 2), "data_par_net"),
-    ("execution-bool-int", "execution", _set("pipeline_par", False), "pipeline_par"),
-    ("execution-float-int", "execution", _set("batch_size", 1536.0), "batch_size"),
-    ("execution-zero", "execution", _set("num_procs", 0), "num_procs"),
-    ("execution-string-bool", "execution", _set("training", "true"), "training"),
+    ("execution-tier-out-of-range", "execution", set_key("data_par_net", 2), "data_par_net"),
+    ("execution-bool-int", "execution", set_key("pipeline_par", False), "pipeline_par"),
+    ("execution-float-int", "execution", set_key("batch_size", 1536.0), "batch_size"),
+    ("execution-zero", "execution", set_key("num_procs", 0), "num_procs"),
+    ("execution-string-bool", "execution", set_key("training", "true"), "training"),
 ]
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import autopar
 from autopar.specs import load_model, load_system
+from conftest import one_proc_execution
 
 # A small LLaMA: 4 heads of 16, 2 key/value heads, SwiGLU 96 wide.
 SMALL = {"hidden": 64, "feedforward": 96, "seq_size": 32, "attn_heads": 4,
@@ -19,17 +20,7 @@ def system(repo_root):
 
 
 def _exe(**kw):
-    e = {"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1,
-         "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
-         "batch_size": 4, "microbatch_size": 2, "datatype": "bfloat16",
-         "fused_activation": True, "attention_type": "multihead",
-         "activation_recompute": "none", "pipeline_interleaving": 1,
-         "optimizer_sharding": False, "tensor_par_comm_type": "ar",
-         "tensor_par_overlap": "none", "seq_par_ag_redo": False,
-         "data_par_overlap": False, "weight_offload": False,
-         "activations_offload": False, "optimizer_offload": False, "training": True}
-    e.update(kw)
-    return e
+    return one_proc_execution(**{"datatype": "bfloat16", "fused_activation": True, **kw})
 
 
 def _one(model, system, **kw):

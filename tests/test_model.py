@@ -11,6 +11,7 @@ import autopar
 from autopar import model as M
 from autopar.layouts import to_columns
 from autopar.specs import load_model, load_system
+from conftest import one_proc_execution
 
 
 def _golden_groups(golden):
@@ -124,18 +125,7 @@ def tiny_system(repo_root):
     return load_system(repo_root / "systems" / "a100_80g.json")
 
 
-def _exe(**kw):
-    e = {"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1,
-         "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
-         "batch_size": 4, "microbatch_size": 2, "datatype": "float16",
-         "fused_activation": False, "attention_type": "multihead",
-         "activation_recompute": "none", "pipeline_interleaving": 1,
-         "optimizer_sharding": False, "tensor_par_comm_type": "ar",
-         "tensor_par_overlap": "none", "seq_par_ag_redo": False,
-         "data_par_overlap": False, "weight_offload": False,
-         "activations_offload": False, "optimizer_offload": False, "training": True}
-    e.update(kw)
-    return e
+_exe = one_proc_execution
 
 
 def test_block_flops_and_weights_by_hand(tiny_system):

@@ -9,6 +9,7 @@ import pytest
 from autopar.layouts import ALL_FIELDS, FIELDS, to_columns
 from autopar.specs import (ModelSpec, SpecError, SystemSpec, load_execution,
                            load_model, load_system, model_to_json, system_to_json)
+from conftest import DELETE, set_key
 
 MODEL_NAMES = ("anthropic-52B chinchilla gopher-280B gpt3-13B gpt3-175B lamda "
                "megatron-126M megatron-1T megatron-22B megatron-40B megatron-5B "
@@ -146,35 +147,20 @@ def _system(repo_root):
     return json.loads((repo_root / "systems" / "a100_80g.json").read_text())
 
 
-def _set(path, value):
-    """A mutation setting a nested key; path is a tuple of keys/indices."""
-    def apply(d):
-        obj = d
-        for k in path[:-1]:
-            obj = obj[k]
-        if value is DELETE:
-            del obj[path[-1]]
-        else:
-            obj[path[-1]] = value
-        return d
-    return apply
-
-
-DELETE = object()
 
 BAD_MODELS = [
-    ("missing key", _set(("hidden",), DELETE), "hidden", "missing key"),
-    ("unknown key", _set(("hiden",), 1), "hiden", "unknown key"),
-    ("string int", _set(("hidden",), "12288"), "hidden", "expected an integer"),
-    ("bool int", _set(("num_blocks",), True), "num_blocks", "expected an integer"),
-    ("float int", _set(("hidden",), 12288.0), "hidden", "expected an integer"),
-    ("zero", _set(("attn_heads",), 0), "attn_heads", ">= 1"),
-    ("negative", _set(("seq_size",), -2048), "seq_size", ">= 1"),
-    ("block", _set(("block",), "bert"), "block", "unknown value"),
-    ("kv_heads", _set(("kv_heads",), 7), "kv_heads", "must divide"),
-    ("kv_heads zero", _set(("kv_heads",), 0), "kv_heads", ">= 1"),
-    ("vocab", _set(("vocab_size",), -1), "vocab_size", ">= 0"),
-    ("name", _set(("name",), 3), "name", "expected a string"),
+    ("missing key", set_key("hidden", DELETE), "hidden", "missing key"),
+    ("unknown key", set_key("hiden", 1), "hiden", "unknown key"),
+    ("string int", set_key("hidden", "12288"), "hidden", "expected an integer"),
+    ("bool int", set_key("num_blocks", True), "num_blocks", "expected an integer"),
+    ("float int", set_key("hidden", 12288.0), "hidden", "expected an integer"),
+    ("zero", set_key("attn_heads", 0), "attn_heads", ">= 1"),
+    ("negative", set_key("seq_size", -2048), "seq_size", ">= 1"),
+    ("block", set_key("block", "bert"), "block", "unknown value"),
+    ("kv_heads", set_key("kv_heads", 7), "kv_heads", "must divide"),
+    ("kv_heads zero", set_key("kv_heads", 0), "kv_heads", ">= 1"),
+    ("vocab", set_key("vocab_size", -1), "vocab_size", ">= 0"),
+    ("name", set_key("name", 3), "name", "expected a string"),
 ]
 
 
@@ -188,47 +174,47 @@ def test_bad_model(repo_root, case):
 
 
 BAD_SYSTEMS = [
-    ("unknown top key", _set(("extra",), 1), "extra", "unknown key"),
-    ("missing top key", _set(("mem2",), DELETE), "mem2", "missing key"),
-    ("efficiency > 1", _set(("matrix", "float16", "gflops_efficiency", 1, 1), 1.5),
+    ("unknown top key", set_key("extra", 1), "extra", "unknown key"),
+    ("missing top key", set_key("mem2", DELETE), "mem2", "missing key"),
+    ("efficiency > 1", set_key("matrix", "float16", "gflops_efficiency", 1, 1, 1.5),
      "matrix.float16.gflops_efficiency[1]", "(0, 1]"),
-    ("efficiency 0", _set(("mem1", "MB_efficiency", 0, 1), 0),
+    ("efficiency 0", set_key("mem1", "MB_efficiency", 0, 1, 0),
      "mem1.MB_efficiency[0]", "(0, 1]"),
-    ("not descending", _set(("vector", "float16", "gflops_efficiency", 1, 0), 16),
+    ("not descending", set_key("vector", "float16", "gflops_efficiency", 1, 0, 16),
      "vector.float16.gflops_efficiency[1]", "strictly descending"),
-    ("not ending at 0", _set(("mem2", "MB_efficiency", 3, 0), 0.5),
+    ("not ending at 0", set_key("mem2", "MB_efficiency", 3, 0, 0.5),
      "mem2.MB_efficiency[3]", "must be 0"),
-    ("bad pair", _set(("mem2", "MB_efficiency", 0), [100]),
+    ("bad pair", set_key("mem2", "MB_efficiency", 0, [100]),
      "mem2.MB_efficiency[0]", "pair"),
-    ("empty table", _set(("mem2", "MB_efficiency"), []), "mem2.MB_efficiency", "non-empty"),
-    ("processing mode", _set(("processing_mode",), "overlap"), "processing_mode",
+    ("empty table", set_key("mem2", "MB_efficiency", []), "mem2.MB_efficiency", "non-empty"),
+    ("processing mode", set_key("processing_mode", "overlap"), "processing_mode",
      "unknown value"),
-    ("processor usage", _set(("networks", 0, "processor_usage"), 1.0),
+    ("processor usage", set_key("networks", 0, "processor_usage", 1.0),
      "networks[0].processor_usage", "[0, 1)"),
-    ("missing op", _set(("networks", 1, "ops", "all_reduce"), DELETE),
+    ("missing op", set_key("networks", 1, "ops", "all_reduce", DELETE),
      "networks[1].ops.all_reduce", "missing key"),
-    ("unknown op", _set(("networks", 1, "ops", "broadcast"), [1.0, 0]),
+    ("unknown op", set_key("networks", 1, "ops", "broadcast", [1.0, 0]),
      "networks[1].ops.broadcast", "unknown key"),
-    ("p2p offset", _set(("networks", 0, "ops", "p2p"), [1.0, 0]),
+    ("p2p offset", set_key("networks", 0, "ops", "p2p", [1.0, 0]),
      "networks[0].ops.p2p", "no offset"),
-    ("collective offset null", _set(("networks", 1, "ops", "reduce_scatter"), [1.0, None]),
+    ("collective offset null", set_key("networks", 1, "ops", "reduce_scatter", [1.0, None]),
      "networks[1].ops.reduce_scatter", "numeric offset"),
-    ("op scale", _set(("networks", 1, "ops", "all_gather"), [0, 0]),
+    ("op scale", set_key("networks", 1, "ops", "all_gather", [0, 0]),
      "networks[1].ops.all_gather", "> 0"),
-    ("unknown datatype", _set(("matrix", "int8"), {"tflops": 1, "gflops_efficiency": [[0, 1]]}),
+    ("unknown datatype", set_key("matrix", "int8", {"tflops": 1, "gflops_efficiency": [[0, 1]]}),
      "matrix.int8", "unknown datatype"),
-    ("bandwidth", _set(("networks", 0, "bandwidth"), -300), "networks[0].bandwidth", "> 0"),
-    ("net size zero", _set(("networks", 1, "size"), 0), "networks[1].size", ">= 1"),
-    ("net size float", _set(("networks", 1, "size"), 8.0), "networks[1].size",
+    ("bandwidth", set_key("networks", 0, "bandwidth", -300), "networks[0].bandwidth", "> 0"),
+    ("net size zero", set_key("networks", 1, "size", 0), "networks[1].size", ">= 1"),
+    ("net size float", set_key("networks", 1, "size", 8.0), "networks[1].size",
      "expected an integer"),
-    ("mem size", _set(("mem1", "GiB"), 0), "mem1.GiB", "> 0"),
-    ("network key", _set(("networks", 1, "latency"), DELETE), "networks[1].latency",
+    ("mem size", set_key("mem1", "GiB", 0), "mem1.GiB", "> 0"),
+    ("network key", set_key("networks", 1, "latency", DELETE), "networks[1].latency",
      "missing key"),
-    ("must_be_filled", _set(("networks", 0, "must_be_filled"), 1),
+    ("must_be_filled", set_key("networks", 0, "must_be_filled", 1),
      "networks[0].must_be_filled", "true or false"),
-    ("tflops type", _set(("matrix", "float16", "tflops"), "312"), "matrix.float16.tflops",
+    ("tflops type", set_key("matrix", "float16", "tflops", "312"), "matrix.float16.tflops",
      "expected a number"),
-    ("no networks", _set(("networks",), []), "networks", "non-empty"),
+    ("no networks", set_key("networks", []), "networks", "non-empty"),
 ]
 
 
@@ -248,17 +234,17 @@ def test_system_without_common_datatype(repo_root):
 
 
 BAD_EXECUTIONS = [
-    ("missing key", _set(("training",), DELETE), "training", "missing key"),
-    ("unknown key", _set(("sequence_par",), True), "sequence_par", "unknown key"),
-    ("enum", _set(("activation_recompute",), "some"), "activation_recompute",
+    ("missing key", set_key("training", DELETE), "training", "missing key"),
+    ("unknown key", set_key("sequence_par", True), "sequence_par", "unknown key"),
+    ("enum", set_key("activation_recompute", "some"), "activation_recompute",
      "unknown value"),
-    ("datatype", _set(("datatype",), "int8"), "datatype", "unknown value"),
-    ("bool int", _set(("tensor_par",), True), "tensor_par", "expected an integer"),
-    ("float int", _set(("batch_size",), 1536.0), "batch_size", "expected an integer"),
-    ("zero", _set(("microbatch_size",), 0), "microbatch_size", ">= 1"),
-    ("negative tier", _set(("data_par_net",), -1), "data_par_net", ">= 0"),
-    ("string bool", _set(("training",), "yes"), "training", "true or false"),
-    ("int bool", _set(("weight_offload",), 0), "weight_offload", "true or false"),
+    ("datatype", set_key("datatype", "int8"), "datatype", "unknown value"),
+    ("bool int", set_key("tensor_par", True), "tensor_par", "expected an integer"),
+    ("float int", set_key("batch_size", 1536.0), "batch_size", "expected an integer"),
+    ("zero", set_key("microbatch_size", 0), "microbatch_size", ">= 1"),
+    ("negative tier", set_key("data_par_net", -1), "data_par_net", ">= 0"),
+    ("string bool", set_key("training", "yes"), "training", "true or false"),
+    ("int bool", set_key("weight_offload", 0), "weight_offload", "true or false"),
 ]
 
 
