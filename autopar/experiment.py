@@ -49,7 +49,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.specs import SpecError, brief
+from autopar.specs import SpecError, brief, read_yaml
 
 # Kinds whose command lives elsewhere: kind -> module with
 # ``run_experiment(path, output_dir, address, progress, data) -> exit code``.
@@ -78,21 +78,13 @@ EXHAUSTIVE_KEYS: dict[str, tuple[Any, Any, bool]] = {
 
 def read(path) -> dict:
     """An experiment YAML file -> its mapping (SpecError if missing or not YAML)."""
-    import yaml
     src = str(path)
     p = Path(path)
     if not p.exists():
         raise SpecError(src, "(file)", "no such file")
     if not p.is_file():
         raise SpecError(src, "(file)", "not a file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f"line {mark.line + 1}" if mark is not None else "(file)"
-        raise SpecError(src, at, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(src, "(file)", f"cannot read: {e}") from None
+    data = read_yaml(p, src)
     if not isinstance(data, Mapping):
         raise SpecError(src, "(root)", f"expected a mapping, got {brief(data)}")
     return dict(data)

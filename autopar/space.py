@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from autopar.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
-from autopar.specs import SpecError, brief
+from autopar.specs import SpecError, brief, read_yaml
 
 # The parameters a space decides on, in define-by-run order (Calculon's loop
 # nesting; fused_activation and attention_type, which Calculon fixes, sit
@@ -407,15 +407,7 @@ def load_space(spec, source: str | None = None) -> "Space":
         src = source or str(spec)
         if not path.is_file():
             raise SpecError(src, "file", "no such space file" if not path.exists() else "not a file")
-        import yaml
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f"line {mark.line + 1}" if mark is not None else "yaml"
-            raise SpecError(src, at, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise SpecError(src, "file", f"cannot read: {e}") from None
+        data = read_yaml(path, src, "file", syntax_field="yaml")
         stem = path.name.removesuffix(".yaml").removesuffix(".yml")
     elif isinstance(spec, Mapping):
         data, src = dict(spec), source or "dict"

@@ -187,6 +187,21 @@ def read_json(path: str | os.PathLike) -> Any:
         raise SpecError(source, "(file)", f"invalid JSON: {e}") from None
 
 
+def read_yaml(path: str | os.PathLike, source: str, field: str = "(file)",
+              syntax_field: str | None = None) -> Any:
+    """Parse a YAML file; SpecError naming the line of a syntax error (or
+    ``syntax_field`` when YAML gives none) or ``field`` when unreadable."""
+    import yaml
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"line {mark.line + 1}" if mark is not None else (syntax_field or field)
+        raise SpecError(source, at, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(source, field, f"cannot read: {e}") from None
+
+
 def _open(path_or_dict, source: str | None, what: str) -> tuple[dict, str]:
     if isinstance(path_or_dict, Mapping):
         return dict(path_or_dict), source or "dict"
