@@ -32,13 +32,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from autopar.nested import Context, Runner, parse_inner, points_task
+from autopar.nested import Context, Runner, parse_inner, points_task, with_run_options
 from autopar.specs import SpecError
 
 TOP_KEYS = ("kind", "name", "description", "case", "num_procs", "inner", "parallel",
@@ -130,13 +130,7 @@ def sweep(spec, output_dir=None, *, address: str | None = None, parallel: str | 
           overrides: Mapping | None = None) -> SweepResult:
     """Run a processor-count sweep; with an output folder, write its results."""
     from autopar.nested import progress_bar
-    sw = load_sweep(spec, overrides)
-    if address:
-        sw = replace(sw, address=address, parallel="ray")
-    if parallel:
-        sw = replace(sw, parallel=parallel)
-    if workers:
-        sw = replace(sw, workers=int(workers))
+    sw = with_run_options(load_sweep(spec, overrides), address, parallel, workers)
     counts = [{"num_procs": n} for n in sw.counts]
     t0 = time.perf_counter()
     bar = progress_bar(len(counts), f"{sw.name}", progress)

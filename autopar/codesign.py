@@ -38,7 +38,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from autopar.experiment import header, integer, open_file, relative, storage_url
-from autopar.nested import BREAKDOWN, PARALLEL, Context, Runner, parse_inner, points_task
+from autopar.nested import (BREAKDOWN, PARALLEL, Context, Runner, parse_inner, points_task,
+                            with_run_options)
 from autopar.specs import SpecError, brief
 
 TOP_KEYS = ("kind", "name", "description", "case", "hardware", "cost", "objectives", "inner",
@@ -569,13 +570,7 @@ def codesign(study, output_dir=None, *, address: str | None = None,
              progress: bool | None = None, overrides: Mapping | None = None) -> Result:
     """Run a co-design study (file, mapping or Study); with an output folder
     (argument or the file's ``output_dir``), write its results there."""
-    st = load_study(study, overrides)
-    if address:
-        st = replace(st, address=address, parallel="ray")
-    if parallel:
-        st = replace(st, parallel=parallel)
-    if workers:
-        st = replace(st, workers=int(workers))
+    st = with_run_options(load_study(study, overrides), address, parallel, workers)
     out_dir = Path(output_dir) if output_dir is not None else st.output_dir
     with Runner(st.parallel, st.workers, st.address) as runner:
         if st.compare is not None:

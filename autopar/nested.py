@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -247,6 +247,19 @@ def points_task(payload: Mapping, values_list: Sequence[Mapping]) -> list[dict]:
 
 # --------------------------------------------------------------------------
 # Running tasks: serial, a process pool, or Ray
+
+def with_run_options(spec, address: str | None = None, parallel: str | None = None,
+                     workers: int | None = None):
+    """``spec`` (a dataclass with ``address``, ``parallel`` and ``workers``)
+    with the command line's run options: an address means Ray tasks there."""
+    if address:
+        spec = replace(spec, address=address, parallel="ray")
+    if parallel:
+        spec = replace(spec, parallel=parallel)
+    if workers:
+        spec = replace(spec, workers=int(workers))
+    return spec
+
 
 class Runner:
     """Evaluates batches of points ``fn(payload, items) -> list`` serially, in
