@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import ray
 from ray import tune
@@ -38,6 +39,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.bohb import TuneBOHB
 
 from autopar.samplers import BohbJob, optuna_sampler
+from autopar.specs import SpecError
 from autopar.trainable import BREAKDOWN, METRIC, PAYLOAD_KEY, layout_trainable
 
 
@@ -338,6 +340,47 @@ def resume(path: str, address: str | None = None, trainable=layout_trainable) ->
     trials first asked for.
     """
     with ray_session(address), _tune_settings():
+        node = ray._private.worker._global_node
+        roots = [Path(node.get_session_dir_path()).parent] if node is not None else []
+        mend_experiment_state(path, roots + [Path(tempfile.gettempdir()) / "ray"])
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True,
                                    resume_errored=True)
         return _finish(tuner.fit(), [])
+
+
+def mend_experiment_state(path: str, ray_roots) -> None:
+    """Put back the state files a killed driver left cut off in ``path``.
+
+    Tune writes its state (``experiment_state-<session>.json`` and the search
+    algorithm's files) to a staging folder in the Ray session folder of the
+    driver's node, then copies them to the experiment folder.  A driver killed
+    during that copy leaves an empty or cut-off file, and a restore from it
+    loses every trial's configuration.  The staging copy, under one of
+    ``ray_roots`` (Ray temp folders holding ``session_*``), is whole: those of
+    the cut-off session are copied back.
+    """
+    if "://" in path:
+        return
+    exp = Path(path)
+    for state in exp.glob("experiment_state-*.json"):
+        if _whole_json(state):
+            continue
+        session = state.name.removeprefix("experiment_state-").removesuffix(".json")
+        pattern = f"session_*/artifacts/*/{exp.name}/driver_artifacts/{state.name}"
+        copies = sorted((c for root in dict.fromkeys(ray_roots) for c in Path(root).glob(pattern)
+                         if _whole_json(c)), key=lambda c: c.stat().st_mtime)
+        if not copies:
+            raise SpecError(str(exp), state.name, "cut off when the driver was killed, and no "
+                            "whole copy is on this node: the experiment cannot be resumed")
+        for f in copies[-1].parent.iterdir():
+            if f.is_file() and session in f.name:
+                shutil.copyfile(f, exp / f.name)
+
+
+def _whole_json(path: Path) -> bool:
+    import json
+    try:
+        json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return True

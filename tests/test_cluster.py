@@ -232,7 +232,8 @@ def test_exhaustive_by_address_matches_local(cluster, tmp_path):
     assert (tmp_path / "rt.json").read_text() == (tmp_path / "lt.json").read_text()
 
 
-def test_killed_driver_resumes_to_exactly_the_trials_asked(cluster, tmp_path):
+@pytest.mark.parametrize("cut_state", [False, True], ids=["whole", "state-cut-off"])
+def test_killed_driver_resumes_to_exactly_the_trials_asked(cluster, tmp_path, cut_state):
     trials, storage = 30, tmp_path / "results"
     exp = storage / "killed"
     spawned = time.time()
@@ -248,6 +249,9 @@ def test_killed_driver_resumes_to_exactly_the_trials_asked(cluster, tmp_path):
     _kill_group(p)
     assert p.returncode == -signal.SIGKILL
     assert _trial_dirs(exp) < trials      # killed mid-run
+    if cut_state:       # as if killed while Tune copied its state to storage
+        (state,) = exp.glob("experiment_state-*.json")
+        state.write_text("")
     out = tmp_path / "trials.csv"
     rc, stdout, err = _finish(_driver(cluster, "--resume", exp, "--address", cluster.address,
                                       "--trials-out", out))

@@ -111,3 +111,30 @@ def test_local_ray_listens_on_loopback_only(local_ray):
     for c in cmds:
         if "dashboard/dashboard.py" in c:
             assert "--minimal" in c and "--disable-frontend" in c, c
+
+
+def test_mend_experiment_state_puts_back_what_a_killed_driver_cut_off(tmp_path):
+    # A driver killed while Tune copied its state to storage leaves an empty
+    # experiment_state file; the staging copy in the Ray session folder is whole.
+    from autopar.specs import SpecError
+    exp = tmp_path / "results" / "killed"
+    exp.mkdir(parents=True)
+    cut, whole = "2026-01-01_00-00-01", "2026-01-01_00-00-09"
+    (exp / f"experiment_state-{cut}.json").write_text("")
+    (exp / f"basic-variant-state-{cut}.json").write_text('{"old": 1}')
+    (exp / f"experiment_state-{whole}.json").write_text('{"later": 1}')
+    stage = tmp_path / "ray" / "session_x" / "artifacts" / "t0" / "killed" / "driver_artifacts"
+    stage.mkdir(parents=True)
+    (stage / f"experiment_state-{cut}.json").write_text('{"trial_data": []}')
+    (stage / f"basic-variant-state-{cut}.json").write_text('{"new": 1}')
+    (stage / f"experiment_state-{whole}.json").write_text('{"staged": 1}')
+    tune_ray.mend_experiment_state(str(exp), [tmp_path / "ray"])
+    assert (exp / f"experiment_state-{cut}.json").read_text() == '{"trial_data": []}'
+    assert (exp / f"basic-variant-state-{cut}.json").read_text() == '{"new": 1}'
+    assert (exp / f"experiment_state-{whole}.json").read_text() == '{"later": 1}'   # untouched
+
+    (exp / f"experiment_state-{cut}.json").write_text('{"trial_da')
+    with pytest.raises(SpecError) as e:
+        tune_ray.mend_experiment_state(str(exp), [tmp_path / "elsewhere"])
+    assert e.value.field == f"experiment_state-{cut}.json"
+    assert "cannot be resumed" in e.value.message
