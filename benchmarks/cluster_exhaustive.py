@@ -58,7 +58,7 @@ def _wait(address: str, n: int, timeout: float = 60) -> None:
 
 
 def main() -> int:
-    from autopar.exhaustive import exhaustive
+    from autopar.search.exhaustive import exhaustive
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(ROOT / "models/gpt3-175B.json"))
     p.add_argument("--system", default=str(ROOT / "systems/a100_80g.json"))

@@ -28,8 +28,8 @@ def main() -> None:
     ap.add_argument("--study", choices=("small", "1t"), default="small")
     ap.add_argument("--trials", type=int, default=32)
     args = ap.parse_args()
-    from autopar.codesign import codesign
-    from autopar.compare import read_experiment
+    from autopar.studies.codesign import codesign
+    from autopar.studies.compare import read_experiment
     if args.study == "small":
         data = read_experiment(ROOT / "experiments" / "codesign-small.yaml")
         data.pop("compare")

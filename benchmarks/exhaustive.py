@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autopar.exhaustive import DEFAULT_CHUNK, exhaustive  # noqa: E402
+from autopar.search.exhaustive import DEFAULT_CHUNK, exhaustive  # noqa: E402
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ import pandas as pd
 
 import autopar
 from autopar import model as M
-from autopar.layouts import CHOICES, FIELDS
+from autopar.io.layouts import CHOICES, FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 

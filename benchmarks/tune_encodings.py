@@ -8,9 +8,9 @@ GPT-3 175B on 1024 A100 80G, batch 1536, float16.  Prints, per sampler and
 encoding (medians over seeds): the fraction of trials pruned, of those the
 fraction pruned as *invalid* (sampled outside the space's rules), and the best
 sample rate found after 25/50/100/.../trials trials as a fraction of the
-exhaustive optimum (``--optimum``, else found by ``autopar.exhaustive``).
+exhaustive optimum (``--optimum``, else found by ``autopar.search.exhaustive``).
 The encoding with the fewest pruned trials and the best early results is
-``autopar.encodings.DEFAULT_ENCODING``.
+``autopar.search.encodings.DEFAULT_ENCODING``.
 """
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import numpy as np
-    from autopar.tune import tune
+    from autopar.search.tune import tune
 
     opt = args.optimum
     if opt is None:
-        from autopar.exhaustive import exhaustive
+        from autopar.search.exhaustive import exhaustive
         t0 = time.perf_counter()
         _, summ = exhaustive(MODEL, SYSTEM, space=args.space, progress=False, **CASE)
         opt = float(summ["best"]["sample_rate"])

@@ -4,7 +4,7 @@
                                        [--cpus 2] [--skip-ray] [--skip-optuna]
 
 Ray part: a local Ray with ``--cpus`` CPUs; the same Tune settings
-(``autopar.tune_ray.run``: reused actors, no per-trial loggers, no
+(``autopar.search.tune_ray.run``: reused actors, no per-trial loggers, no
 checkpoints, one report per trial, random search) run once with a no-op
 trainable (reports a constant, does nothing else) and once with the real one
 (decode a layout, evaluate it with the model).  Prints trials/s of each and
@@ -42,10 +42,10 @@ def noop_trainable(config: dict) -> None:
 
 def bench_ray(trials: int, cpus: int, repeats: int) -> None:
     import ray
-    from autopar import tune_ray
-    from autopar.space import load_space
-    from autopar.trainable import make_problem
-    from autopar.tune import make_case
+    from autopar.search import tune_ray
+    from autopar.search.space import load_space
+    from autopar.search.trainable import make_problem
+    from autopar.search.tune import make_case
 
     case = make_case(MODEL, SYSTEM, **CASE)
     prob = make_problem(case, load_space("calculon"), "index")
@@ -74,7 +74,7 @@ def bench_ray(trials: int, cpus: int, repeats: int) -> None:
 
 
 def bench_optuna(trials: int, samplers) -> None:
-    from autopar.tune import tune
+    from autopar.search.tune import tune
     for s in samplers:
         t0 = time.perf_counter()
         table = tune(MODEL, SYSTEM, sampler=s, trials=trials, seed=0, backend="optuna",

@@ -210,7 +210,7 @@ def test_console_script(repo_root, tmp_path, execution):
 def test_memory_rows_add_up_to_the_tier_requirements(golden):
     """The report's per-kind tier split matches the reference's requirements."""
     from autopar.cli.estimate import memory_rows
-    from autopar.specs import load_model
+    from autopar.io.specs import load_model
 
     seen = set()
     for g in golden:

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from autopar.specs import SpecError, load_model, load_system, system_to_json
+from autopar.io.specs import SpecError, load_model, load_system, system_to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "gpt3-13B.json"
@@ -69,7 +69,7 @@ def dominates(a, b) -> bool:
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     """The tiny study: enumerated, then NSGA-II and MOTPE against it."""
-    from autopar.codesign import codesign
+    from autopar.studies.codesign import codesign
     out = tmp_path_factory.mktemp("codesign") / "out"
     study = study_dict(compare={"samplers": [{"sampler": "nsga2", "population": 6}, "motpe"],
                                 "seeds": 1, "trials": 12, "budgets": [6, 12]})
@@ -96,7 +96,7 @@ def compared(tmp_path_factory):
     ({"num_procs": [0, 8]}, "hardware.num_procs.values[0]", ">= 1"),
 ])
 def test_bad_hardware_names_file_and_field(hardware, field, words):
-    from autopar.hardware import parse_hardware
+    from autopar.studies.hardware import parse_hardware
     base = system_to_json(load_system(SYSTEM))
     with pytest.raises(SpecError) as e:
         parse_hardware("study.yaml", hardware, None, base, 64)
@@ -106,7 +106,7 @@ def test_bad_hardware_names_file_and_field(hardware, field, words):
 
 
 def test_ranges_grids_and_cost():
-    from autopar.hardware import parse_hardware
+    from autopar.studies.hardware import parse_hardware
     base = system_to_json(load_system(SYSTEM))
     hw = parse_hardware("s", {"mem1.GiB": {"min": 40, "max": 160, "step": 40, "cost": 2},
                               "mem2.GBps": {"min": 50, "max": 500, "num": 3, "log": True},
@@ -124,8 +124,8 @@ def test_ranges_grids_and_cost():
 
 
 def test_mem2_zero_means_no_second_tier(tmp_path):
-    from autopar.hardware import parse_hardware
-    from autopar.space import Case, load_space
+    from autopar.studies.hardware import parse_hardware
+    from autopar.search.space import Case, load_space
     base = system_to_json(load_system(SYSTEM))
     hw = parse_hardware("s", {"mem2.GiB": {"values": [0, 256], "cost": 4},
                               "mem2.GBps": {"values": [8, 64], "cost": 20}}, None, base, 32)
@@ -151,9 +151,9 @@ def test_mem2_zero_means_no_second_tier(tmp_path):
 
 
 def test_nvlink_size_keeps_must_be_filled():
-    from autopar.hardware import parse_hardware
-    from autopar.nested import best_layout
-    from autopar.space import Case, load_space
+    from autopar.studies.hardware import parse_hardware
+    from autopar.studies.nested import best_layout
+    from autopar.search.space import Case, load_space
     base = system_to_json(load_system(SYSTEM))
     hw = parse_hardware("s", {"networks[0].size": [4, 16]}, None, base, 64)
     space = load_space(SPACE)
@@ -174,10 +174,10 @@ def test_nvlink_size_keeps_must_be_filled():
 # The nested search
 
 def test_inner_search_matches_exhaustive():
-    from autopar.exhaustive import exhaustive
-    from autopar.hardware import build_system
-    from autopar.nested import best_layout
-    from autopar.space import Case, load_space
+    from autopar.search.exhaustive import exhaustive
+    from autopar.studies.hardware import build_system
+    from autopar.studies.nested import best_layout
+    from autopar.search.space import Case, load_space
     model = load_model(MODEL)
     space = load_space(SPACE)
     base = system_to_json(load_system(SYSTEM))
@@ -194,10 +194,10 @@ def test_inner_search_matches_exhaustive():
 
 
 def test_inner_sampler_finds_a_real_layout():
-    from autopar.hardware import build_system
+    from autopar.studies.hardware import build_system
     from autopar.model import evaluate_one
-    from autopar.nested import Inner, best_layout
-    from autopar.space import Case, load_space
+    from autopar.studies.nested import Inner, best_layout
+    from autopar.search.space import Case, load_space
     model = load_model(MODEL)
     system = build_system(system_to_json(load_system(SYSTEM)), {"mem1.GiB": 40})
     case = Case(model, system, 64, 256, "float16")
@@ -226,8 +226,8 @@ def test_infeasible_hardware_is_pruned(compared):
 
 
 def test_front_matches_brute_force_enumeration(compared):
-    from autopar.exhaustive import exhaustive
-    from autopar.hardware import build_system
+    from autopar.search.exhaustive import exhaustive
+    from autopar.studies.hardware import build_system
     res, _ = compared
     model = load_model(MODEL)
     base = system_to_json(load_system(SYSTEM))
@@ -318,8 +318,8 @@ def test_exported_front_points_reevaluate(compared, cli):
 # Samplers with storage, resumed
 
 def test_nsga2_with_sqlite_storage_resumes(tmp_path):
-    from autopar.codesign import load_study, run_search
-    from autopar.nested import Runner
+    from autopar.studies.codesign import load_study, run_search
+    from autopar.studies.nested import Runner
     url = f"sqlite:///{tmp_path / 'cd.db'}"
     st = load_study(study_dict(search={"sampler": "nsga2", "population": 4, "trials": 6,
                                        "seed": 3, "storage": url}))
@@ -345,8 +345,8 @@ def test_nsga2_with_sqlite_storage_resumes(tmp_path):
 
 def test_sweep_on_ray_matches_serial_and_listens_on_loopback(tmp_path):
     import ray
-    from autopar.cliffs import sweep
-    from autopar.tune_ray import start_local_ray
+    from autopar.studies.cliffs import sweep
+    from autopar.search.tune_ray import start_local_ray
     spec = {"kind": "cliffs", "name": "t",
             "case": {"model": str(MODEL), "system": str(SYSTEM), "max_batch_size": 256,
                      "datatype": "float16", "space": "small"},

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autopar.compare import compare, load_experiment, summary_text
-from autopar.regret import BeatsOptimum, curves as make_curves, run_curve
-from autopar.specs import SpecError
+from autopar.studies.compare import compare, load_experiment, summary_text
+from autopar.studies.regret import BeatsOptimum, curves as make_curves, run_curve
+from autopar.io.specs import SpecError
 
 CASE = {"model": "models/gpt3-13B.json", "system": "systems/a100_80g.json",
         "num_procs": 64, "max_batch_size": 512, "datatype": "float16", "space": "small"}

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autopar.exhaustive import exhaustive, top_json
-from autopar.layouts import FIELDS
-from autopar.specs import load_execution
+from autopar.search.exhaustive import exhaustive, top_json
+from autopar.io.layouts import FIELDS
+from autopar.io.specs import load_execution
 
 from conftest import REPO_ROOT
 
@@ -273,7 +273,7 @@ def test_ray_address_gives_the_local_result(ray_cluster, small_all):
 
 
 def test_unreachable_ray_address_is_one_line_error():
-    from autopar.specs import SpecError
+    from autopar.io.specs import SpecError
     port = _free_port()             # nothing listens there
     with pytest.raises(SpecError) as e:
         exhaustive(REPO_ROOT / MODEL, REPO_ROOT / SYSTEM, progress=False,

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from autopar.experiment import parse, read
-from autopar.layouts import FIELDS
-from autopar.specs import SpecError
+from autopar.cli.run import parse
+from autopar.io.experiment import read
+from autopar.io.layouts import FIELDS
+from autopar.io.specs import SpecError
 
 CASE = {"model": "../models/gpt3-175B.json", "system": "../systems/a100_80g.json",
         "num_procs": 1024, "max_batch_size": 1536, "datatype": "float16", "space": "calculon"}
@@ -108,8 +109,8 @@ def test_missing_experiment_file(cli, tmp_path):
 
 
 def test_shipped_experiments_are_valid(repo_root):
-    from autopar.compare import load_experiment
-    from autopar.experiment import EXTERNAL_KINDS
+    from autopar.studies.compare import load_experiment
+    from autopar.cli.run import EXTERNAL_KINDS
     files = sorted((repo_root / "experiments").glob("*.yaml"))
     kinds = set()
     for f in files:

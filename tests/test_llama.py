@@ -6,7 +6,7 @@ import json
 import pytest
 
 import autopar
-from autopar.specs import load_model, load_system
+from autopar.io.specs import load_model, load_system
 from conftest import one_proc_execution
 
 # A small LLaMA: 4 heads of 16, 2 key/value heads, SwiGLU 96 wide.
@@ -122,7 +122,7 @@ def test_pipeline_memory_is_the_fuller_of_first_and_last_stage(system):
 def test_time_overhead_slows_pipelined_steps(system, tmp_path, cli, repo_root):
     import dataclasses
 
-    from autopar.specs import TimeOverhead
+    from autopar.io.specs import TimeOverhead
     slow = dataclasses.replace(system, time_overhead=TimeOverhead(0.05))
     for pp in (1, 2):
         kw = dict(num_procs=pp, pipeline_par=pp, batch_size=8)
@@ -173,7 +173,7 @@ def test_fork_style_flash_and_structure_type(system, tmp_path, cli, repo_root):
 def test_memory_overhead_field(system, repo_root):
     import dataclasses
 
-    from autopar.specs import MemoryOverhead
+    from autopar.io.specs import MemoryOverhead
     base = _one(SMALL, system)
     over = dataclasses.replace(system, memory_overhead=MemoryOverhead(2.0, 0.5))
     row = autopar.evaluate(load_model(SMALL), over, _exe()).iloc[0]
@@ -202,7 +202,7 @@ def test_validate_sweep_on_measured_data(reference, repo_root, tmp_path, cli):
     rows = pd.read_csv(out)
     assert {"pred_feasible", "pred_step_time_s"} <= set(rows.columns)
     assert len(rows) == 603
-    from autopar.validate import sweep_report
+    from autopar.studies.validate import sweep_report
     rep = sweep_report(rows).loc["overall"]
     # The bars (the calibrated model reaches 0.962 / 0.946 / 4.6% / 0).
     assert rep.oom_agreement >= 0.95
@@ -216,7 +216,7 @@ def test_validate_sweep_layouts_megatron_cannot_run(tmp_path, repo_root):
     # blocks and tensor 8 not the heads: neither is predicted to run.
     import pandas as pd
 
-    from autopar.validate import sweep_report, validate_sweep
+    from autopar.studies.validate import sweep_report, validate_sweep
     cols = "sweep,model,seq_size,global_batch,world_size,tensor_par,pipeline_par," \
            "microbatch_size,checkpointing,kernel,sequence_parallel,status,step_time_s,mfu\n"
     rows = ["s,llama-30B,2048,2048,128,4,8,1,every_layer,flash_attention2,False,error,,",

@@ -9,8 +9,8 @@ import pytest
 
 import autopar
 from autopar import model as M
-from autopar.layouts import to_columns
-from autopar.specs import load_model, load_system
+from autopar.io.layouts import to_columns
+from autopar.io.specs import load_model, load_system
 from conftest import one_proc_execution
 
 
@@ -96,7 +96,7 @@ def test_golden_reasons_match(golden, reference):
 
 def test_megatron_published_errors_match_reference(reference):
     """Reproduces the Megatron-LM figures with the reference model's errors."""
-    from autopar.validate import megatron, summarize
+    from autopar.studies.validate import megatron, summarize
 
     system = load_system(reference / "calculon-golden" / "systems" / "a100_80g.json")
     s = summarize(megatron(system))

@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from autopar import space as space_mod
-from autopar.layouts import ALL_FIELDS, EXT_DEFAULTS, to_records
-from autopar.space import OPTIONAL, PARAMS, Case, divisors, load_space
-from autopar.specs import SpecError, load_model, load_system
+from autopar.search import space as space_mod
+from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, to_records
+from autopar.search.space import OPTIONAL, PARAMS, Case, divisors, load_space
+from autopar.io.specs import SpecError, load_model, load_system
 
 from conftest import REPO_ROOT
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from autopar.layouts import ALL_FIELDS, FIELDS, to_columns
-from autopar.specs import (ModelSpec, SpecError, SystemSpec, load_execution,
+from autopar.io.layouts import ALL_FIELDS, FIELDS, to_columns
+from autopar.io.specs import (ModelSpec, SpecError, SystemSpec, load_execution,
                            load_model, load_system, model_to_json, system_to_json)
 from conftest import DELETE, set_key
 

@@ -1,4 +1,4 @@
-"""``autopar.tune`` on the optuna backend: real Optuna studies, real storage.
+"""``autopar.search.tune`` on the optuna backend: real Optuna studies, real storage.
 
 The case is GPT-3 175B on 1024 A100 80G, batch 1536, float16 (the project's
 own model and system files).  Every trial is checked against the model itself
@@ -19,9 +19,9 @@ import pytest
 from optuna.trial import TrialState
 
 import autopar
-from autopar.layouts import FIELDS
-from autopar.specs import SpecError
-from autopar.tune import TRIAL_COLUMNS, best_execution, best_trial, tune
+from autopar.io.layouts import FIELDS
+from autopar.io.specs import SpecError
+from autopar.search.tune import TRIAL_COLUMNS, best_execution, best_trial, tune
 
 MODEL = "models/gpt3-175B.json"
 SYSTEM = "systems/a100_80g.json"
@@ -38,7 +38,7 @@ def check_trials(table: pd.DataFrame, trials: int, space="calculon", in_order=Tr
 
     ``in_order``: trials end in trial order (one at a time, or batches).
     """
-    from autopar.space import Case, load_space
+    from autopar.search.space import Case, load_space
     assert list(table.columns) == list(TRIAL_COLUMNS)
     assert len(table) == trials
     assert table["trial"].is_unique and table["trial"].is_monotonic_increasing
@@ -205,7 +205,7 @@ def test_killed_run_resumes_to_exactly_t_trials(tmp_path, repo_root):
 
 def test_interrupted_in_process_leaves_no_running_trial(tmp_path, monkeypatch):
     """Ctrl-C inside the loop: asked trials are failed, a rerun completes T."""
-    from autopar import trainable
+    from autopar.search import trainable
     url = f"sqlite:///{tmp_path / 'study.db'}"
     real = trainable.evaluate_params
     calls = {"n": 0}
@@ -271,8 +271,8 @@ def test_best_export_is_the_best_trial(tmp_path, cli):
 
 
 def test_autopar_tune_is_callable_after_importing_the_module():
-    import autopar.tune as module
-    assert callable(autopar.tune) and callable(module)
+    import autopar.search.tune  # noqa: F401  (the module no longer shadows the function)
+    assert callable(autopar.tune)
     assert autopar.tune(MODEL, SYSTEM, sampler="random", trials=3, seed=0,
                         progress=False, **CASE).shape[0] == 3
 
@@ -341,5 +341,5 @@ def test_cli_no_feasible_layout_exits_1_and_still_writes_trials(cli, tmp_path):
 
 def test_cli_sampler_names_match_the_library():
     from autopar.cli import tune as cli_tune
-    from autopar.samplers import SAMPLERS
+    from autopar.search.samplers import SAMPLERS
     assert cli_tune.SAMPLERS == SAMPLERS

@@ -1,6 +1,6 @@
-"""``autopar.tune`` on the ray backend: a real local Ray (2 CPUs), real Tune runs.
+"""``autopar.search.tune`` on the ray backend: a real local Ray (2 CPUs), real Tune runs.
 
-Ray is started once for the module (``autopar.tune_ray.start_local_ray``:
+Ray is started once for the module (``autopar.search.tune_ray.start_local_ray``:
 loopback only, no dashboard) and shut down at the end.  Each sampler runs
 once; the TPE and BOHB runs also expose their search algorithm, to check what
 Ray's OptunaSearch told its study and what BOHB learnt.
@@ -12,11 +12,11 @@ import math
 import pytest
 from optuna.trial import TrialState
 
-from autopar import tune_ray
-from autopar.layouts import FIELDS
-from autopar.space import load_space
-from autopar.trainable import make_problem
-from autopar.tune import best_execution, best_trial, make_case, trials_table, tune
+from autopar.search import tune_ray
+from autopar.io.layouts import FIELDS
+from autopar.search.space import load_space
+from autopar.search.trainable import make_problem
+from autopar.search.tune import best_execution, best_trial, make_case, trials_table, tune
 from test_tune import CASE, MODEL, SYSTEM, check_trials
 
 ray = pytest.importorskip("ray")
@@ -116,7 +116,7 @@ def test_local_ray_listens_on_loopback_only(local_ray):
 def test_mend_experiment_state_puts_back_what_a_killed_driver_cut_off(tmp_path):
     # A driver killed while Tune copied its state to storage leaves an empty
     # experiment_state file; the staging copy in the Ray session folder is whole.
-    from autopar.specs import SpecError
+    from autopar.io.specs import SpecError
     exp = tmp_path / "results" / "killed"
     exp.mkdir(parents=True)
     cut, whole = "2026-01-01_00-00-01", "2026-01-01_00-00-09"

@@ -16,7 +16,7 @@ import argparse
 import importlib
 import sys
 
-from autopar.specs import SpecError
+from autopar.io.specs import SpecError
 
 COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate", "compare", "tune", "run",
                              "codesign")

@@ -62,12 +62,12 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from autopar.experiment import read
+    from autopar.io.experiment import read
     data = read(args.study)
     if data.get("kind") == "cliffs":
         for opt in ("sampler", "trials", "seed"):
             if getattr(args, opt) is not None:
-                from autopar.specs import SpecError
+                from autopar.io.specs import SpecError
                 raise SpecError("command line", f"--{opt}", "not for a sweep (kind: cliffs)")
         return _sweep(args.study, args)
     search = {k: getattr(args, k) for k in ("sampler", "trials", "seed") if getattr(args, k) is not None}
@@ -75,8 +75,8 @@ def run(args) -> int:
 
 
 def _study(path, args, overrides) -> int:
-    from autopar.codesign import codesign
-    from autopar.codesign_report import summary_text
+    from autopar.studies.codesign import codesign
+    from autopar.studies.codesign_report import summary_text
     res = codesign(path, args.output_dir, address=args.address, parallel=args.parallel,
                    workers=args.workers, progress=args.progress, overrides=overrides)
     print(summary_text(res))
@@ -86,7 +86,7 @@ def _study(path, args, overrides) -> int:
 
 
 def _sweep(spec, args) -> int:
-    from autopar.cliffs import summary_text, sweep
+    from autopar.studies.cliffs import summary_text, sweep
     res = sweep(spec, args.output_dir, address=args.address, parallel=args.parallel,
                 workers=args.workers, progress=args.progress)
     print(summary_text(res))
@@ -96,7 +96,7 @@ def _sweep(spec, args) -> int:
 
 
 def run_cliffs(args) -> int:
-    from autopar.specs import SpecError
+    from autopar.io.specs import SpecError
     direct = ("model", "system", "max_batch_size", "datatype", "num_procs")
     given = [k for k in direct + ("space", "batch_policy", "inner", "inner_trials")
              if getattr(args, k) is not None]
@@ -126,7 +126,7 @@ def run_cliffs(args) -> int:
     if args.inner or args.inner_trials:
         spec["inner"] = {"search": args.inner or "tpe",
                          **({"trials": args.inner_trials} if args.inner_trials else {})}
-    from autopar.cliffs import load_sweep
+    from autopar.studies.cliffs import load_sweep
     sw = load_sweep(spec, source="command line")
     return _sweep(sw, args)
 

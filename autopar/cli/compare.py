@@ -1,6 +1,6 @@
 """``autopar compare EXPERIMENT.yaml [--output-dir DIR] [--address ADDR]``
 
-Runs a comparison experiment (``autopar.compare``): the exhaustive optimum of
+Runs a comparison experiment (``autopar.studies.compare``): the exhaustive optimum of
 one case, then every sampler with every seed, and writes ``optimum.json``,
 ``curves.csv``, ``summary.csv`` and ``regret.png`` to the output folder
 (``--output-dir``, else the experiment's ``output_dir``, else
@@ -39,8 +39,8 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     """
     from pathlib import Path
 
-    from autopar.compare import compare, load_experiment, summary_text
-    from autopar.regret import BeatsOptimum
+    from autopar.studies.compare import compare, load_experiment, summary_text
+    from autopar.studies.regret import BeatsOptimum
 
     exp = load_experiment(data if data is not None else path,
                           base_dir=Path(path).resolve().parent, source=str(path))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from autopar.specs import load_execution, load_model, load_system
+from autopar.io.specs import load_execution, load_model, load_system
 
 GiB = 1024 ** 3
 
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
 def estimate(model, system, execution) -> dict:
     """Evaluate one execution: {'feasible', 'reason', <every stat>}."""
     from autopar import model as perf
-    from autopar.writers import json_value
+    from autopar.io.writers import json_value
 
     res = perf.evaluate_one(model, system, execution)
     out = {"feasible": bool(res["feasible"]), "reason": perf.REASONS[int(res["reason_code"])]}

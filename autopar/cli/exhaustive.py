@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from autopar.layouts import CHOICES
+from autopar.io.layouts import CHOICES
 from autopar.cli import output_path, positive
 
 
@@ -68,9 +68,9 @@ def _write_json(path: Path, data) -> Path:
 
 
 def run(args) -> int:
-    from autopar.exhaustive import DEFAULT_CHUNK, DEFAULT_SPACE, exhaustive, top_json
-    from autopar.space import load_space
-    from autopar.specs import load_model, load_system
+    from autopar.search.exhaustive import DEFAULT_CHUNK, DEFAULT_SPACE, exhaustive, top_json
+    from autopar.search.space import load_space
+    from autopar.io.specs import load_model, load_system
 
     positive("--num-procs", args.num_procs)
     positive("--max-batch-size", args.max_batch_size)

@@ -1,7 +1,7 @@
 """``autopar tune MODEL SYSTEM --num-procs N --max-batch-size B --datatype DT ...``
 
 Samples layouts with a sampler (``--sampler tpe|cmaes|random|grid|bohb``) for
-``--trials`` trials and reports the best (``autopar.tune``).  Infeasible
+``--trials`` trials and reports the best (``autopar.search.tune``).  Infeasible
 layouts end as pruned trials.  Files are written only when the search has
 run, each atomically:
 
@@ -24,15 +24,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from autopar.layouts import CHOICES
+from autopar.io.layouts import CHOICES
 from autopar.cli import SOURCE, output_path, positive
-from autopar.specs import SpecError
+from autopar.io.specs import SpecError
 
-SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb")   # autopar.samplers.SAMPLERS (no optuna import here)
+SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb")   # autopar.search.samplers.SAMPLERS (no optuna import here)
 
 
 def register(subparsers) -> None:
-    from autopar.encodings import ENCODINGS
+    from autopar.search.encodings import ENCODINGS
     p = subparsers.add_parser(
         "tune", help="search layouts with a sampler (Optuna or Ray Tune)",
         description="Search layouts with a sampler; infeasible layouts are pruned "
@@ -54,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=("optuna", "ray"), default="optuna",
                    help="optuna: a study in this process (default); ray: a Ray Tune Tuner")
     p.add_argument("--encoding", choices=ENCODINGS, default=None,
-                   help="how samplers see the space (default: index; see autopar.encodings)")
+                   help="how samplers see the space (default: index; see autopar.search.encodings)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (backend ray; default: $RAY_ADDRESS, else "
@@ -89,8 +89,8 @@ def write_results(table, output: Path | None, trials_out: Path | None) -> dict |
     import contextlib
     import json
 
-    from autopar.tune import best_execution
-    from autopar.writers import atomic_path
+    from autopar.search.tune import best_execution
+    from autopar.io.writers import atomic_path
 
     best = best_execution(table)
     with contextlib.ExitStack() as stack:
@@ -106,7 +106,7 @@ def write_results(table, output: Path | None, trials_out: Path | None) -> dict |
 
 def summary_lines(table, label: str) -> list[str]:
     """What a run printed: counts and the best layout."""
-    from autopar.tune import best_trial
+    from autopar.search.tune import best_trial
     n = len(table)
     pruned = int((table["state"] == "PRUNED").sum())
     lines = [f"{label}: {n} trials, {n - pruned} complete, {pruned} pruned "
@@ -129,7 +129,7 @@ def no_feasible_line(table) -> str:
 
 
 def _resume(args) -> int:
-    from autopar.tune import resume
+    from autopar.search.tune import resume
     for flag, v in (("model", args.model), ("system", args.system),
                     ("--num-procs", args.num_procs), ("--storage-path", args.storage_path),
                     ("--storage", args.storage)):
@@ -168,7 +168,7 @@ def _ray_options(args) -> dict:
 
 
 def run(args) -> int:
-    from autopar.tune import DEFAULT_SPACE, tune
+    from autopar.search.tune import DEFAULT_SPACE, tune
 
     if getattr(args, "resume", None) is not None:
         return _resume(args)

@@ -29,13 +29,13 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import pandas as pd
 
-    from autopar.specs import SpecError, load_system
-    from autopar.writers import write_atomic_csv
+    from autopar.io.specs import SpecError, load_system
+    from autopar.io.writers import write_atomic_csv
 
     pd.set_option("display.width", 160)
     pd.set_option("display.max_rows", 200)
     if args.target == "megatron":
-        from autopar.validate import megatron, megatron_data, summarize
+        from autopar.studies.validate import megatron, megatron_data, summarize
 
         system = load_system(args.system or "systems/a100_80g.json")
         table = megatron(system)
@@ -53,7 +53,7 @@ def run(args) -> int:
         return 0
     if not args.system:
         raise SpecError("command line", "--system", "a system file is required for a sweep")
-    from autopar.validate import sweep_report, validate_sweep
+    from autopar.studies.validate import sweep_report, validate_sweep
 
     system = load_system(args.system)
     rows = validate_sweep(args.target, system, models_dir=args.models)

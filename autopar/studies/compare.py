@@ -3,8 +3,8 @@
 An experiment (YAML file or dict, ``kind: compare``) names one case, the
 samplers, the seeds and the trial budget.  ``compare`` finds the case's
 optimum by exhaustive search, runs every sampler with every seed (each run an
-independent ``autopar.tune`` search), and measures each run's regret
-(``autopar.regret``).  With an output folder it writes ``optimum.json``,
+independent ``autopar.search.tune`` search), and measures each run's regret
+(``autopar.studies.regret``).  With an output folder it writes ``optimum.json``,
 ``curves.csv``, ``summary.csv`` and ``regret.png`` there, each atomically and
 only once everything has run.
 
@@ -21,7 +21,7 @@ The experiment file::
       datatype: float16
       space: small                  # a name under search_spaces/ or a path (default: calculon)
       batch_policy: max             # optional (default: the space's)
-    samplers:                       # names, or mappings with options for autopar.tune
+    samplers:                       # names, or mappings with options for autopar.search.tune
       - random
       - tpe
       - {name: tpe, label: tpe-flat, encoding: flat}
@@ -50,9 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar import _callable_module
-from autopar.experiment import integer, open_file
-from autopar.specs import SpecError, brief
+from autopar.io.experiment import integer, open_file
+from autopar.io.specs import SpecError, brief
 
 TOP_KEYS = ("kind", "name", "description", "case", "samplers", "seeds", "trials",
             "budgets", "parallel", "workers", "output_dir")
@@ -62,7 +61,7 @@ PARALLEL = ("serial", "processes", "ray")
 DEFAULT_SPACE = "calculon"        # the same default as `autopar exhaustive`
 DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
 DEFAULT_WORKERS = 2
-# autopar.tune arguments an experiment decides itself (not sampler options)
+# autopar.search.tune arguments an experiment decides itself (not sampler options)
 _RESERVED = ("model", "system", "num_procs", "max_batch_size", "datatype", "sampler",
              "trials", "space", "seed", "storage", "address", "progress", "study_name",
              "batch_policy", "training")
@@ -72,7 +71,7 @@ OUTPUT_FILES = ("optimum.json", "curves.csv", "summary.csv", "regret.png")
 @dataclass(frozen=True)
 class SamplerEntry:
     label: str                       # the name in curves.csv / summary.csv
-    name: str                        # autopar.tune's sampler
+    name: str                        # autopar.search.tune's sampler
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -88,7 +87,7 @@ class Experiment:
     num_procs: int
     max_batch_size: int
     datatype: str
-    space: Any                       # autopar.space.Space
+    space: Any                       # autopar.search.space.Space
     batch_policy: str | None
     samplers: tuple[SamplerEntry, ...]
     seeds: tuple[int, ...]
@@ -153,10 +152,10 @@ def load_experiment(spec, overrides: Mapping | None = None,
 
 
 def _parse(data: Mapping, src: str, base: Path, stem: str) -> Experiment:
-    from autopar.space import load_space
-    from autopar.specs import load_model, load_system
+    from autopar.search.space import load_space
+    from autopar.io.specs import load_model, load_system
 
-    from autopar.experiment import header
+    from autopar.io.experiment import header
     name, desc = header(data, src, stem, "compare", TOP_KEYS)
 
     case = data.get("case")
@@ -220,14 +219,14 @@ def _parse(data: Mapping, src: str, base: Path, stem: str) -> Experiment:
 
 
 def sampler_options() -> dict[str, inspect.Parameter]:
-    """The ``autopar.tune`` keyword arguments a sampler entry may set."""
-    from autopar.tune import tune
+    """The ``autopar.search.tune`` keyword arguments a sampler entry may set."""
+    from autopar.search.tune import tune
     return {n: p for n, p in inspect.signature(tune).parameters.items()
             if n not in _RESERVED and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
 def _samplers(src: str, v) -> tuple[SamplerEntry, ...]:
-    from autopar.samplers import SAMPLERS
+    from autopar.search.samplers import SAMPLERS
     if not isinstance(v, list) or not v:
         raise SpecError(src, "samplers", f"expected a non-empty list, got {brief(v)}")
     allowed = sampler_options()
@@ -260,13 +259,13 @@ def _samplers(src: str, v) -> tuple[SamplerEntry, ...]:
 
 
 def _option(src: str, fld: str, key: str, val):
-    """Check the options autopar.tune knows of; others go to tune as they are."""
+    """Check the options autopar.search.tune knows of; others go to tune as they are."""
     if key == "encoding":
-        from autopar.encodings import ENCODINGS
+        from autopar.search.encodings import ENCODINGS
         if val not in ENCODINGS:
             raise SpecError(src, fld, f"expected one of {', '.join(ENCODINGS)}, got {brief(val)}")
     elif key == "backend":
-        from autopar.tune import BACKENDS
+        from autopar.search.tune import BACKENDS
         if val not in BACKENDS:
             raise SpecError(src, fld, f"expected one of {', '.join(BACKENDS)}, got {brief(val)}")
     elif key == "concurrency" and val is not None:
@@ -304,7 +303,7 @@ def _budgets(src: str, v, trials: int) -> tuple[int, ...]:
 
 def _job_base(exp: Experiment) -> dict:
     """What every run needs, as plain data (no files needed where it runs)."""
-    from autopar.specs import model_to_json, system_to_json
+    from autopar.io.specs import model_to_json, system_to_json
     return {"model": model_to_json(exp.model), "system": system_to_json(exp.system),
             "num_procs": exp.num_procs, "max_batch_size": exp.max_batch_size,
             "datatype": exp.datatype, "space": exp.space.to_dict(),
@@ -313,8 +312,8 @@ def _job_base(exp: Experiment) -> dict:
 
 def run_one(base: Mapping, sampler: str, label: str, options: Mapping, seed: int,
             address: str | None = None) -> dict:
-    """One sampler with one seed: an ``autopar.tune`` search -> its run record."""
-    from autopar.tune import tune
+    """One sampler with one seed: an ``autopar.search.tune`` search -> its run record."""
+    from autopar.search.tune import tune
     t0 = time.perf_counter()
     table = tune(base["model"], base["system"], base["num_procs"], base["max_batch_size"],
                  base["datatype"], sampler=sampler, trials=base["trials"],
@@ -326,7 +325,7 @@ def run_one(base: Mapping, sampler: str, label: str, options: Mapping, seed: int
     rate[~table["feasible"].to_numpy(dtype=bool)] = math.nan
     best = None
     if (table["state"] == "COMPLETE").any():
-        from autopar.tune import best_execution
+        from autopar.search.tune import best_execution
         best = best_execution(table)
     return {"sampler": label, "seed": int(seed), "trials": int(len(table)),
             "pruned": int((table["state"] == "PRUNED").sum()),
@@ -393,10 +392,10 @@ def _run_ray(exp, base, jobs, address, done):
     started = False
     if not ray.is_initialized():
         if address:
-            from autopar.cluster import join
+            from autopar.search.cluster import join
             join(address)           # ships the package in the job's runtime_env
         else:
-            from autopar.tune_ray import start_local_ray
+            from autopar.search.tune_ray import start_local_ray
             start_local_ray()
         started = True
     try:
@@ -469,8 +468,8 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     runs become Ray tasks there (as ``parallel: ray``).  ``progress``: a bar
     on stderr (None: when stderr is a terminal).
     """
-    from autopar import regret
-    from autopar.exhaustive import exhaustive
+    from autopar.studies import regret
+    from autopar.search.exhaustive import exhaustive
 
     exp = load_experiment(experiment, overrides=overrides or None)
     out_dir = Path(output_dir) if output_dir is not None else exp.output_dir
@@ -545,8 +544,8 @@ def _check_output_dir(out_dir: Path) -> None:
 
 def write_outputs(result: CompareResult, out_dir) -> tuple[Path, ...]:
     """optimum.json, curves.csv, summary.csv and regret.png, each atomically."""
-    from autopar import regret
-    from autopar.writers import write_atomic_csv, write_json
+    from autopar.studies import regret
+    from autopar.io.writers import write_atomic_csv, write_json
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     exp, opt = result.experiment, result.optimum
@@ -608,6 +607,3 @@ def _secs(v) -> str:
     if isinstance(v, str):
         return v
     return f"{v:.3g}" if v == v else ""
-
-
-_callable_module(__name__, compare)

@@ -1,6 +1,6 @@
 """How a sampler sees a search space: the encodings.
 
-A space (``autopar.space``) is a define-by-run tree: the valid values of a
+A space (``autopar.search.space``) is a define-by-run tree: the valid values of a
 parameter depend on the values chosen before it (``space.choices``).  Samplers
 want a fixed set of named dimensions.  Three encodings bridge the two:
 

@@ -1,7 +1,7 @@
 """The analytical performance model, array-native.
 
 ``evaluate_columns(model, system, cols)`` predicts, for every layout of a
-layout table (see ``autopar.layouts``) at once, the time and memory of one
+layout table (see ``autopar.io.layouts``) at once, the time and memory of one
 training (or inference) batch in the method of Calculon (Isaev et al., SC'23):
 a transformer block is a sequence of layers; each layer has flops, memory
 traffic, tensor-parallel communication and memory footprints; per-block sums
@@ -19,8 +19,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS, FIELDS, to_columns
-from .specs import MemoryOverhead, ModelSpec, SystemSpec
+from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS, FIELDS, to_columns
+from autopar.io.specs import MemoryOverhead, ModelSpec, SystemSpec
 
 # ----------------------------------------------------------------------------
 # Statistics reported, by Calculon's names, in Calculon's order.

@@ -14,15 +14,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from autopar.specs import SpecError
+from autopar.io.specs import SpecError
 
 SOURCE = "arguments"
 
 
 def package_env() -> dict:
     """runtime_env that ships the autopar package to every worker of the job."""
-    import autopar
-    return {"py_modules": [str(Path(autopar.__file__).resolve().parent)]}
+    return {"py_modules": [str(Path(__file__).resolve().parent.parent)]}
 
 
 def reachable(address: str) -> None:

@@ -13,8 +13,8 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-from .model import evaluate_one
-from .specs import SystemSpec, load_model
+from autopar.model import evaluate_one
+from autopar.io.specs import SystemSpec, load_model
 
 GIB = 1024 ** 3
 
@@ -131,7 +131,7 @@ def _truthy(v) -> bool:
 
 
 def read_sweep(path) -> pd.DataFrame:
-    from .specs import SpecError
+    from autopar.io.specs import SpecError
 
     try:
         frame = pd.read_csv(path)
@@ -165,7 +165,7 @@ def validate_sweep(path, system: SystemSpec, models_dir="models") -> pd.DataFram
     pred_step_time_s, pred_mfu and pred_mem_gib."""
     from pathlib import Path
 
-    from . import evaluate
+    from autopar.model.frame import evaluate
 
     frame = read_sweep(path)
     out = []

@@ -2,7 +2,7 @@
 
 ``optuna_sampler`` builds the Optuna sampler for a name; the in-process
 backend uses it directly and the ray backend through Ray's OptunaSearch
-(``autopar.tune_ray`` has the Ray Tune side: random, grid and TuneBOHB).
+(``autopar.search.tune_ray`` has the Ray Tune side: random, grid and TuneBOHB).
 
 * ``tpe``: Optuna's multivariate TPE; ``cmaes``: Optuna's CMA-ES (needs the
   ``cmaes`` package); ``random``: uniform over the encoded space.
@@ -29,7 +29,7 @@ convention for failed runs.
 
 On Ray, TuneBOHB (Ray 2.60) learns only from results the scheduler lets
 through, and a trial that reports ``done`` (ours: one result per trial) never
-reaches the scheduler, so ``autopar.tune_ray.TuneBOHBAll`` feeds each finished
+reaches the scheduler, so ``autopar.search.tune_ray.TuneBOHBAll`` feeds each finished
 trial to the model in ``on_trial_complete``.  In process, ``BohbSampler``
 drives the same hpbandster model as an Optuna sampler, so storage, resume and
 the dashboard work as for the other samplers.

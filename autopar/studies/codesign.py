@@ -2,9 +2,9 @@
 
 A co-design study (YAML, ``kind: codesign``; format in ``docs/codesign.md``)
 names a model, a base system, the system fields to vary (``hardware:``, see
-``autopar.hardware``), a cost model, the objectives and how to search.  The
+``autopar.studies.hardware``), a cost model, the objectives and how to search.  The
 search is nested: every outer trial is one system (and processor count); its
-value is the best sample rate any layout reaches on it (``autopar.nested``),
+value is the best sample rate any layout reaches on it (``autopar.studies.nested``),
 and a system no layout fits is a pruned trial.
 
 Outer searches:
@@ -23,7 +23,7 @@ With a ``compare:`` section the study is first enumerated (ground truth) and
 then each sampler runs with each seed; a run's regret after t trials is
 ``1 - best / optimum`` with one objective and ``1 - HV_t / HV_truth`` (2-D
 hypervolume of the front found so far against the true front's) with two,
-reported with ``autopar.regret`` as ``autopar compare`` does.
+reported with ``autopar.studies.regret`` as ``autopar compare`` does.
 """
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from autopar.experiment import header, integer, open_file, relative, storage_url
-from autopar.nested import (BREAKDOWN, PARALLEL, Context, Runner, parse_inner, points_task,
+from autopar.io.experiment import header, integer, open_file, relative, storage_url
+from autopar.studies.nested import (BREAKDOWN, PARALLEL, Context, Runner, parse_inner, points_task,
                             with_run_options)
-from autopar.specs import SpecError, brief
+from autopar.io.specs import SpecError, brief
 
 TOP_KEYS = ("kind", "name", "description", "case", "hardware", "cost", "objectives", "inner",
             "search", "compare", "parallel", "workers", "address", "output_dir")
@@ -130,8 +130,8 @@ def load_study(spec, overrides: Mapping | None = None, base_dir=None,
 
 def parse_case(src: str, base: Path, case, need_procs: bool = False) -> dict:
     """The ``case:`` section -> model spec, base system JSON and case values."""
-    from autopar.space import load_space
-    from autopar.specs import load_model, load_system, system_to_json
+    from autopar.search.space import load_space
+    from autopar.io.specs import load_model, load_system, system_to_json
     if not isinstance(case, Mapping):
         raise SpecError(src, "case", f"expected a mapping with model, system, max_batch_size, "
                                      f"datatype, got {brief(case)}")
@@ -236,7 +236,7 @@ def _search(src: str, fld: str, v, n_obj: int, defaults: Search | None = None) -
 
 
 def _parse(data: Mapping, src: str, base: Path, stem: str) -> Study:
-    from autopar.hardware import parse_hardware
+    from autopar.studies.hardware import parse_hardware
     name, desc = header(data, src, stem, "codesign", TOP_KEYS)
     case = parse_case(src, base, data.get("case"))
     hw = parse_hardware(src, data.get("hardware"), data.get("cost"), case["base"],
@@ -354,7 +354,7 @@ def truth_reference(front, objectives) -> tuple[float, float]:
 def pareto_rows(table, objectives: Sequence[str], names: Sequence[str]):
     """The front of a results table: one row per distinct system, no
     dominated point, sorted by the second objective (by rate with one)."""
-    from autopar.pareto import front_mask
+    from autopar.studies.pareto import front_mask
     done = table[table["state"] == "COMPLETE"]
     done = done.drop_duplicates(subset=[c for c in names if c in done.columns] + ["num_procs"])
     if len(objectives) == 1:
@@ -367,7 +367,7 @@ def pareto_rows(table, objectives: Sequence[str], names: Sequence[str]):
 
 
 def hypervolume(table, objectives, ref) -> float:
-    from autopar.pareto import hypervolume_2d
+    from autopar.studies.pareto import hypervolume_2d
     return hypervolume_2d(objective_matrix(table, objectives), ref)
 
 
@@ -402,7 +402,7 @@ def enumerate_systems(study: Study, runner: Runner, progress: bool | None = None
                       cache: dict | None = None):
     """Every system of a discrete space (the ground truth); a table, one row
     per system in grid order, and the seconds it took."""
-    from autopar.nested import progress_bar
+    from autopar.studies.nested import progress_bar
     hw = study.hardware
     grid = list(hw.grid())
     t0 = time.perf_counter()
@@ -424,7 +424,7 @@ def enumerate_systems(study: Study, runner: Runner, progress: bool | None = None
 
 def outer_sampler(search: Search, n_obj: int, batch: int):
     import optuna
-    from autopar.samplers import optuna_sampler
+    from autopar.search.samplers import optuna_sampler
     if search.sampler == "nsga2":
         return optuna.samplers.NSGAIISampler(population_size=search.population, seed=search.seed)
     if search.sampler in ("tpe", "motpe"):
@@ -438,7 +438,7 @@ def _open_study(study: Study, search: Search, name: str):
     storage = search.storage
     try:
         if isinstance(storage, str) and storage.startswith("sqlite:"):
-            from autopar.tune import _sqlite_storage
+            from autopar.search.tune import _sqlite_storage
             storage = _sqlite_storage(storage)
         return optuna.create_study(storage=storage, study_name=name, directions=directions,
                                    load_if_exists=True)
@@ -459,8 +459,8 @@ def run_search(study: Study, search: Search, runner: Runner, cache: dict | None 
     """
     import optuna
     from optuna.trial import TrialState
-    from autopar.nested import progress_bar
-    from autopar.samplers import resumed_seed
+    from autopar.studies.nested import progress_bar
+    from autopar.search.samplers import resumed_seed
     hw = study.hardware
     cache = {} if cache is None else cache
     batch = search.batch or (runner.workers if runner.parallel != "serial" else 1)
@@ -588,7 +588,7 @@ def codesign(study, output_dir=None, *, address: str | None = None,
             res = Result(st, table, front, seconds, hv, reference=ref)
         res.base = base_point(st)
     if out_dir is not None:
-        from autopar.codesign_report import write_outputs
+        from autopar.studies.codesign_report import write_outputs
         res.outputs = write_outputs(res, out_dir)
     return res
 
@@ -597,7 +597,7 @@ def base_point(st: Study) -> dict | None:
     """The base system at its best layout and its cost under the study's cost
     model (a reference: its values need not lie in the searched domains).
     None when the processor count is searched."""
-    from autopar.hardware import PROCS, get_path
+    from autopar.studies.hardware import PROCS, get_path
     hw = st.hardware
     if PROCS in hw.names:
         return None
@@ -606,8 +606,8 @@ def base_point(st: Study) -> dict | None:
 
 
 def _run_compare(st: Study, runner: Runner, progress) -> Result:
-    from autopar import regret as rg
-    from autopar.pareto import hypervolume_curve
+    from autopar.studies import regret as rg
+    from autopar.studies.pareto import hypervolume_curve
     cmp = st.compare
     cache: dict = {}
     truth, truth_s = enumerate_systems(st, runner, progress, cache=cache)

@@ -2,8 +2,8 @@
 
 ``best_layout`` finds, for one model on one system at one processor count,
 the layout with the highest sample rate: by default by enumerating a layout
-space (``autopar.space``) and evaluating it with the array model on the
-sample rate alone, or with a sampler (``autopar.tune``) where the layout
+space (``autopar.search.space``) and evaluating it with the array model on the
+sample rate alone, or with a sampler (``autopar.search.tune``) where the layout
 space is too large to enumerate for every system.  The winner is evaluated
 again on its own with every statistic, and those are the figures reported,
 so an exported system and execution re-evaluate to them exactly.
@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from autopar.specs import SpecError
+from autopar.io.specs import SpecError
 
 INNER_SEARCHES = ("exhaustive", "tpe", "random", "cmaes", "bohb", "grid")
 PARALLEL = ("serial", "processes", "ray")
@@ -37,7 +37,7 @@ LAYOUT_CACHE_ROWS = 1 << 21
 @dataclass(frozen=True)
 class Inner:
     """How each system's best layout is found."""
-    search: str = "exhaustive"        # or a sampler of autopar.tune
+    search: str = "exhaustive"        # or a sampler of autopar.search.tune
     trials: int = 0                   # sampler trials per system
     seed: int | None = 0
 
@@ -104,7 +104,7 @@ def _layout_chunks(space, case, space_key: str):
 
 
 def best_layout(case, space, inner: Inner = Inner(), space_key: str | None = None) -> dict:
-    """The best layout of ``space`` for ``case`` (an ``autopar.space.Case``).
+    """The best layout of ``space`` for ``case`` (an ``autopar.search.space.Case``).
 
     Returns ``state`` (COMPLETE, or PRUNED when no layout runs), ``reason``
     (the commonest reason when none runs), ``sample_rate``, ``execution``
@@ -112,7 +112,7 @@ def best_layout(case, space, inner: Inner = Inner(), space_key: str | None = Non
     ``BREAKDOWN`` statistics of the winner.
     """
     from autopar import model as perf
-    from autopar.layouts import record
+    from autopar.io.layouts import record
     model, system = case.model, case.system
     if inner.search != "exhaustive":
         return _best_by_sampler(case, space, inner)
@@ -136,7 +136,7 @@ def best_layout(case, space, inner: Inner = Inner(), space_key: str | None = Non
 
 def _best_by_sampler(case, space, inner: Inner) -> dict:
     from autopar import model as perf
-    from autopar.tune import best_execution, tune
+    from autopar.search.tune import best_execution, tune
     table = tune(case.model, case.system, case.num_procs, case.max_batch_size, case.datatype,
                  sampler=inner.search, trials=inner.trials, space=space, seed=inner.seed,
                  batch_policy=case.batch_policy, training=case.training, progress=False)
@@ -187,14 +187,14 @@ class Context:
         self.space_key = json.dumps(space.to_dict(), sort_keys=True, default=str)
 
     def payload(self) -> dict:
-        from autopar.specs import model_to_json
+        from autopar.io.specs import model_to_json
         return {"model": model_to_json(self.model), "hardware": self.hardware.to_dict(),
                 "space": self.space.to_dict(), "max_batch_size": self.max_batch_size,
                 "datatype": self.datatype, "batch_policy": self.batch_policy,
                 "training": self.training, "inner": self.inner.to_dict()}
 
     def case(self, system, num_procs: int):
-        from autopar.space import Case
+        from autopar.search.space import Case
         return Case(model=self.model, system=system, num_procs=int(num_procs),
                     max_batch_size=self.max_batch_size, datatype=self.datatype,
                     batch_policy=self.batch_policy, training=self.training)
@@ -226,9 +226,9 @@ def context_from_payload(payload: Mapping) -> Context:
     key = json.dumps(payload, sort_keys=True, default=str)
     ctx = _CONTEXTS.get(key)
     if ctx is None:
-        from autopar.hardware import hardware_from_dict
-        from autopar.space import load_space
-        from autopar.specs import load_model
+        from autopar.studies.hardware import hardware_from_dict
+        from autopar.search.space import load_space
+        from autopar.io.specs import load_model
         ctx = Context(load_model(dict(payload["model"]), source="model"),
                       hardware_from_dict(payload["hardware"]),
                       load_space(dict(payload["space"]), source="space"),
@@ -300,10 +300,10 @@ class Runner:
         if ray.is_initialized():
             return
         if self.address:
-            from autopar.cluster import join
+            from autopar.search.cluster import join
             join(self.address)      # ships the package in the job's runtime_env
         else:
-            from autopar.tune_ray import start_local_ray
+            from autopar.search.tune_ray import start_local_ray
             start_local_ray(num_cpus=self.workers)
         self._ray_started = True
 

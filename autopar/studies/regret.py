@@ -173,7 +173,7 @@ def plot(curve_table, labels: Sequence[str], path, title: str = "",
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from autopar.writers import atomic_path
+    from autopar.io.writers import atomic_path
 
     fig = Figure(figsize=(7.5, 4.8), dpi=120)
     ax = fig.add_subplot(1, 1, 1)

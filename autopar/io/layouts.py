@@ -13,6 +13,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from autopar.io.errors import SpecError
+
 # Order of Calculon's execution JSON.
 FIELDS: tuple[str, ...] = (
     "num_procs", "tensor_par", "pipeline_par", "data_par",
@@ -152,7 +154,6 @@ def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
     String fields may hold the names (``"full"``) or the integer codes.  A
     missing column or an unknown value raises ``SpecError`` naming the column.
     """
-    from .specs import SpecError
 
     missing = [f for f in FIELDS if f not in frame.columns]
     if missing:

@@ -22,7 +22,7 @@ second memory tier: then the other ``mem2.*`` dimensions are inactive (not
 sampled, not costed, left at the base system's values).
 
 Every sampled system is rebuilt from the base system's JSON and validated by
-``autopar.specs.load_system``, so it is a valid system (``networks[0].size``
+``autopar.io.specs.load_system``, so it is a valid system (``networks[0].size``
 keeps its ``must_be_filled`` meaning: layouts must fill that domain).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from autopar.specs import SpecError, SystemSpec, brief, load_system
+from autopar.io.specs import SpecError, SystemSpec, brief, load_system
 
 PROCS = "num_procs"
 DIM_KEYS = ("values", "min", "max", "step", "num", "log", "cost")

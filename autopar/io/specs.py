@@ -7,7 +7,7 @@ The three inputs are read in Calculon's JSON formats, unchanged:
   "llama"), ``kv_heads``, ``vocab_size``, ``name`` and ``description``.
 * system: ``matrix, vector, mem1, mem2, processing_mode, networks``; optional
   top-level ``name`` and ``description`` strings.
-* execution: exactly Calculon's 23 fields (``autopar.layouts.FIELDS``).
+* execution: exactly Calculon's 23 fields (``autopar.io.layouts.FIELDS``).
 
 Every value is checked here, once, and any problem raises ``SpecError(source,
 field, message)`` naming the file (or "dict") and a dotted field path such as
@@ -25,21 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS, INT_FIELDS
-
-
-def brief(v) -> str:
-    """A value as an error message quotes it: its repr, cut to 40 characters."""
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
-class SpecError(ValueError):
-    """Bad input: names the file (or 'dict') and the field."""
-
-    def __init__(self, source: str, field: str, message: str):
-        self.source, self.field, self.message = source, field, message
-        super().__init__(f"{source}: {field}: {message}")
+from autopar.io.errors import SpecError, brief
+from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS, INT_FIELDS
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Co-design outputs: tables, front exports, plots and a summary.
 
 Everything is computed first and each file written atomically
-(``autopar.writers``), so an error leaves no half-written result.
+(``autopar.io.writers``), so an error leaves no half-written result.
 
 Files (in the output folder):
 
@@ -17,7 +17,7 @@ Files (in the output folder):
     sample rate against cost (or processors): every evaluated system, the
     front, and with a comparison the true front and each sampler's.
 ``curves.csv``, ``regret.csv``, ``runs.csv``, ``regret.png`` (comparison)
-    regret per trial, the per-sampler summary (``autopar.regret``), one row
+    regret per trial, the per-sampler summary (``autopar.studies.regret``), one row
     per run, and the regret plot.
 ``summary.json``
     the figures above in one place.
@@ -28,12 +28,12 @@ import json
 import math
 from pathlib import Path
 
-from autopar.writers import atomic_path, json_value, write_atomic_csv, write_json
+from autopar.io.writers import atomic_path, json_value, write_atomic_csv, write_json
 
 
 def front_files(res, front) -> list[tuple[str, dict, dict, dict]]:
     """(folder name, system JSON, execution JSON, summary entry) per front point."""
-    from autopar.specs import system_to_json
+    from autopar.io.specs import system_to_json
     st = res.study
     hw = st.hardware
     out = []
@@ -76,7 +76,7 @@ def write_outputs(res, out_dir) -> tuple[Path, ...]:
     # Plots first: the slowest part, and nothing is on disk if they fail.
     pngs = {"front.png": lambda p: plot_front(res, p)}
     if res.curves is not None:
-        from autopar.regret import plot
+        from autopar.studies.regret import plot
         two = len(st.objectives) == 2
         what = "hypervolume" if two else "best sample rate"
         note = (f"regret = 1 - {what} found / {what} of the enumerated optimum "

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from autopar.layouts import ALL_FIELDS, EXT_DEFAULTS
+from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS
 
 METRIC = "sample_rate"
 # The breakdown reported with every trial (Calculon's names).
@@ -42,7 +42,7 @@ PAYLOAD_KEY = "autopar"      # the config entry that carries the problem
 # The problem: case + space + encoding, as JSON and back
 
 def case_to_json(case) -> dict:
-    from autopar.specs import model_to_json, system_to_json
+    from autopar.io.specs import model_to_json, system_to_json
     return {"model": model_to_json(case.model), "system": system_to_json(case.system),
             "num_procs": int(case.num_procs), "max_batch_size": int(case.max_batch_size),
             "datatype": case.datatype, "batch_policy": case.batch_policy,
@@ -50,8 +50,8 @@ def case_to_json(case) -> dict:
 
 
 def case_from_json(d: Mapping):
-    from autopar.space import Case
-    from autopar.specs import load_model, load_system
+    from autopar.search.space import Case
+    from autopar.io.specs import load_model, load_system
     return Case(model=load_model(dict(d["model"]), source="case.model"),
                 system=load_system(dict(d["system"]), source="case.system"),
                 num_procs=int(d["num_procs"]), max_batch_size=int(d["max_batch_size"]),
@@ -81,7 +81,7 @@ _PROBLEMS: dict[str, Problem] = {}
 
 
 def make_problem(case, space, encoding: str) -> Problem:
-    from autopar.encodings import Encoder
+    from autopar.search.encodings import Encoder
     payload = problem_payload(case, space, encoding)
     prob = _PROBLEMS.get(payload["key"])
     if prob is None:
@@ -94,8 +94,8 @@ def problem_from_payload(payload: Mapping) -> Problem:
     """Rebuild (once per process) the problem a trial's config carries."""
     prob = _PROBLEMS.get(payload["key"])
     if prob is None:
-        from autopar.encodings import Encoder
-        from autopar.space import load_space
+        from autopar.search.encodings import Encoder
+        from autopar.search.space import load_space
         case = case_from_json(payload["case"])
         space = load_space(dict(payload["space"]), source="space")
         prob = Problem(payload["key"], case, space, Encoder(space, case, payload["encoding"]))
@@ -122,8 +122,8 @@ def evaluate_params(prob: Problem, params_list: list) -> list[dict]:
     All valid layouts go through the model in one call.
     """
     from autopar import model as perf
-    from autopar.encodings import Invalid
-    from autopar.layouts import to_columns
+    from autopar.search.encodings import Invalid
+    from autopar.io.layouts import to_columns
 
     rows: list = [None] * len(params_list)
     execs, where = [], []
@@ -154,7 +154,7 @@ def evaluate_params(prob: Problem, params_list: list) -> list[dict]:
 
 def evaluate_config(config: Mapping) -> dict:
     """One Ray trial's config -> its result row (no Ray needed)."""
-    from autopar.encodings import Invalid
+    from autopar.search.encodings import Invalid
     prob = problem_from_payload(config[PAYLOAD_KEY])
     if "params" in config:            # grid and define-by-run: already decoded
         params = dict(config["params"])

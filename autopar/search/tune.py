@@ -1,7 +1,7 @@
 """Sampled search: ``tune(...)`` runs a sampler over a space and returns its trials.
 
 Each trial is one layout, evaluated by the analytical model (see
-``autopar.trainable``).  A trial ends ``COMPLETE`` (the layout runs; its
+``autopar.search.trainable``).  A trial ends ``COMPLETE`` (the layout runs; its
 ``sample_rate`` is the objective, maximised) or ``PRUNED`` (invalid or
 infeasible: ``feasible`` is False and ``reason`` says why) -- never as an
 error and never as the best.
@@ -20,10 +20,10 @@ Backends:
     trials.
 ``ray``
     A Ray Tune ``Tuner`` with the model as a function trainable
-    (``autopar.trainable.layout_trainable``): a local Ray (loopback only, no
+    (``autopar.search.trainable.layout_trainable``): a local Ray (loopback only, no
     dashboard) unless ``address`` names a cluster.
 
-Samplers and encodings: see ``autopar.samplers`` and ``autopar.encodings``.
+Samplers and encodings: see ``autopar.search.samplers`` and ``autopar.search.encodings``.
 
 The table (``TRIAL_COLUMNS``, one row per finished trial, in trial order):
 ``trial`` (the Optuna trial number; on Ray, the order trials were created),
@@ -38,12 +38,11 @@ import math
 import sys
 from typing import Mapping
 
-from autopar.encodings import ENCODINGS, Invalid, default_encoding
-from autopar.layouts import ALL_FIELDS, execution_from_row
-from autopar.samplers import SAMPLERS
-from autopar import _callable_module
-from autopar.specs import SpecError
-from autopar.trainable import BREAKDOWN, METRIC
+from autopar.search.encodings import ENCODINGS, Invalid, default_encoding
+from autopar.io.layouts import ALL_FIELDS, execution_from_row
+from autopar.search.samplers import SAMPLERS
+from autopar.io.specs import SpecError
+from autopar.search.trainable import BREAKDOWN, METRIC
 
 BACKENDS: tuple[str, ...] = ("optuna", "ray")
 DEFAULT_SPACE = "calculon"      # the same default as exhaustive and compare
@@ -89,9 +88,9 @@ def _needs(sampler: str) -> None:
 
 def make_case(model, system, num_procs, max_batch_size, datatype, batch_policy=None,
               training=True):
-    """Files, dicts or specs -> a validated ``autopar.space.Case``."""
-    from autopar.space import Case
-    from autopar.specs import load_model, load_system
+    """Files, dicts or specs -> a validated ``autopar.search.space.Case``."""
+    from autopar.search.space import Case
+    from autopar.io.specs import load_model, load_system
     m, s = load_model(model), load_system(system)
     num_procs = _int("num_procs", num_procs, 1)
     max_batch_size = _int("max_batch_size", max_batch_size, 1)
@@ -124,10 +123,10 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     folder), ``max_failures`` retries of a failed trial, ``on_start(path)``
     is told where the experiment is kept.
     Returns a pandas DataFrame with ``TRIAL_COLUMNS``.  Bad arguments raise
-    ``autopar.specs.SpecError``.
+    ``autopar.io.specs.SpecError``.
     """
-    from autopar.space import load_space
-    from autopar.trainable import make_problem
+    from autopar.search.space import load_space
+    from autopar.search.trainable import make_problem
 
     sampler = _choice("sampler", sampler, SAMPLERS)
     backend = _choice("backend", backend, BACKENDS)
@@ -164,7 +163,7 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
             rows = _run_optuna(prob, sampler, trials, seed, storage, study_name,
                                concurrency or 1, grid, bar)
         else:
-            from autopar import tune_ray
+            from autopar.search import tune_ray
             rows = tune_ray.run(prob, sampler, trials, seed, address, concurrency, grid,
                                 on_row=bar.update, storage_path=storage_path, name=name,
                                 max_failures=max_failures, on_start=on_start)
@@ -176,7 +175,7 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
 def resume(path: str, address: str | None = None):
     """Finish a ray-backend experiment kept at ``path`` (``storage_path/name``);
     returns the trials table of all its trials."""
-    from autopar import tune_ray
+    from autopar.search import tune_ray
     if not isinstance(path, str) or not path:
         _bad("resume", f"expected an experiment path, got {path!r}")
     if not tune_ray.can_resume(path):
@@ -197,7 +196,7 @@ def trials_table(rows: list[dict]):
 
 def grid_params(space, case, n: int) -> list[dict]:
     """``n`` layouts spread evenly over the space's enumeration (stratum centres)."""
-    from autopar.layouts import record
+    from autopar.io.layouts import record
     size = space.size(case)
     out = []
     for g in range(n):
@@ -299,8 +298,8 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                 concurrency: int, grid, bar: _Progress) -> list[dict]:
     import optuna
     from optuna.trial import TrialState
-    from autopar.samplers import optuna_sampler, resumed_seed
-    from autopar.trainable import evaluate_params
+    from autopar.search.samplers import optuna_sampler, resumed_seed
+    from autopar.search.trainable import evaluate_params
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -394,7 +393,7 @@ def best_execution(table) -> dict | None:
 
 def write_best(table, path) -> dict | None:
     """Write the best execution (Calculon JSON), atomically; returns it (None: nothing written)."""
-    from autopar.writers import write_json
+    from autopar.io.writers import write_json
     ex = best_execution(table)
     if ex is not None:
         write_json(ex, path)
@@ -403,8 +402,5 @@ def write_best(table, path) -> dict | None:
 
 def write_trials(table, path) -> None:
     """Write the trials table as CSV, atomically."""
-    from autopar.writers import write_atomic_csv
+    from autopar.io.writers import write_atomic_csv
     write_atomic_csv(table, path)
-
-
-_callable_module(__name__, tune)

@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from autopar.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
-from autopar.specs import SpecError, brief, read_yaml
+from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
+from autopar.io.specs import SpecError, brief, read_yaml
 
 # The parameters a space decides on, in define-by-run order (Calculon's loop
 # nesting; fused_activation and attention_type, which Calculon fixes, sit
@@ -55,7 +55,7 @@ BATCH_POLICIES = ("max", "fixed")
 TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed")
 NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net")
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parent.parent.parent
 SPACES_DIR = _ROOT / "search_spaces"
 
 
@@ -65,8 +65,8 @@ SPACES_DIR = _ROOT / "search_spaces"
 @dataclass(frozen=True)
 class Case:
     """One search problem: a model on a system at a size and batch."""
-    model: Any                     # autopar.specs.ModelSpec
-    system: Any                    # autopar.specs.SystemSpec
+    model: Any                     # autopar.io.specs.ModelSpec
+    system: Any                    # autopar.io.specs.SystemSpec
     num_procs: int
     max_batch_size: int
     datatype: str
@@ -672,7 +672,7 @@ class Space:
         out = {"num_procs": ctx.num_procs, "datatype": ctx.datatype, "training": ctx.training}
         out.update(state)
         # Extension fields only where they differ from their defaults, as
-        # ``autopar.layouts.record`` writes them: plain layouts stay Calculon's.
+        # ``autopar.io.layouts.record`` writes them: plain layouts stay Calculon's.
         return {f: out[f] for f in ALL_FIELDS
                 if f not in EXT_DEFAULTS or out[f] != EXT_DEFAULTS[f]}
 

@@ -1,7 +1,7 @@
 """Efficiency cliffs: the best layout at every processor count of a range.
 
 A sweep (YAML, ``kind: cliffs``, or ``autopar cliffs`` arguments) runs the
-inner search of co-design (``autopar.nested.best_layout``) for one model on
+inner search of co-design (``autopar.studies.nested.best_layout``) for one model on
 one system at each processor count, as Ray tasks (or serially, or in a
 process pool), and plots the best sample rate per processor against the
 count.  Where a count factors badly (a large prime factor that no tensor or
@@ -38,8 +38,8 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.nested import Context, Runner, parse_inner, points_task, with_run_options
-from autopar.specs import SpecError
+from autopar.studies.nested import Context, Runner, parse_inner, points_task, with_run_options
+from autopar.io.specs import SpecError
 
 TOP_KEYS = ("kind", "name", "description", "case", "num_procs", "inner", "parallel",
             "workers", "address", "output_dir")
@@ -66,7 +66,7 @@ class Sweep:
 
 def parse_counts(src: str, fld: str, v) -> tuple[int, ...]:
     """A list of counts, ``{min, max, step}`` or ``"MIN:MAX:STEP"``."""
-    from autopar.hardware import parse_dim
+    from autopar.studies.hardware import parse_dim
     if isinstance(v, str):
         parts = v.split(":")
         try:
@@ -86,9 +86,9 @@ def parse_counts(src: str, fld: str, v) -> tuple[int, ...]:
 
 def load_sweep(spec, overrides: Mapping | None = None, base_dir=None,
                source: str | None = None) -> Sweep:
-    from autopar.codesign import parse_case, parse_output_dir, parse_parallel
-    from autopar.experiment import open_file
-    from autopar.hardware import parse_hardware
+    from autopar.studies.codesign import parse_case, parse_output_dir, parse_parallel
+    from autopar.io.experiment import open_file
+    from autopar.studies.hardware import parse_hardware
     if isinstance(spec, Sweep) and not overrides:
         return spec
     if isinstance(spec, (str, os.PathLike)):
@@ -100,7 +100,7 @@ def load_sweep(spec, overrides: Mapping | None = None, base_dir=None,
         raise SpecError(source or "cliffs", "(root)",
                         f"expected a file path or a mapping, got {type(spec).__name__}")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    from autopar.experiment import header
+    from autopar.io.experiment import header
     name, desc = header(data, src, stem, "cliffs", TOP_KEYS)
     case = parse_case(src, base, data.get("case"))
     if case["num_procs"] is not None:
@@ -129,7 +129,7 @@ def sweep(spec, output_dir=None, *, address: str | None = None, parallel: str | 
           workers: int | None = None, progress: bool | None = None,
           overrides: Mapping | None = None) -> SweepResult:
     """Run a processor-count sweep; with an output folder, write its results."""
-    from autopar.nested import progress_bar
+    from autopar.studies.nested import progress_bar
     sw = with_run_options(load_sweep(spec, overrides), address, parallel, workers)
     counts = [{"num_procs": n} for n in sw.counts]
     t0 = time.perf_counter()
@@ -157,7 +157,7 @@ def sweep(spec, output_dir=None, *, address: str | None = None, parallel: str | 
 def _table(rows):
     import json
     import pandas as pd
-    from autopar.nested import BREAKDOWN
+    from autopar.studies.nested import BREAKDOWN
     out = []
     for r in rows:
         ex = r.get("execution") or {}
@@ -209,7 +209,7 @@ def summary_dict(res: SweepResult) -> dict:
 
 
 def write_outputs(res: SweepResult, out_dir) -> tuple[Path, ...]:
-    from autopar.writers import write_atomic_csv, write_json
+    from autopar.io.writers import write_atomic_csv, write_json
     out = Path(out_dir)
     plot(res, out / "cliffs.png")
     write_atomic_csv(res.table, out / "cliffs.csv")
@@ -236,7 +236,7 @@ def plot(res: SweepResult, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from autopar.writers import atomic_path
+    from autopar.io.writers import atomic_path
     t = res.table
     sw = res.sweep
     ok = (t["state"] == "COMPLETE").to_numpy()

@@ -1,6 +1,6 @@
 """Exhaustive search: evaluate every layout of a search space.
 
-The space (``autopar.space``) is enumerated in chunks of layouts; each chunk
+The space (``autopar.search.space``) is enumerated in chunks of layouts; each chunk
 is evaluated at once by the array model (``autopar.model.evaluate_columns``),
 reduced to its best ``top_n`` layouts and its counts of unusable layouts by
 reason, and dropped.  Memory stays bounded by the chunk size whatever the size
@@ -21,10 +21,9 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar import _callable_module
-from autopar.layouts import ALL_FIELDS, CHOICES, execution_from_row, record
-from autopar.space import Case, Space, load_space
-from autopar.specs import (ModelSpec, SpecError, SystemSpec, load_model,
+from autopar.io.layouts import ALL_FIELDS, CHOICES, execution_from_row, record
+from autopar.search.space import Case, Space, load_space
+from autopar.io.specs import (ModelSpec, SpecError, SystemSpec, load_model,
                            load_system, model_to_json, system_to_json)
 
 DEFAULT_SPACE = "search_spaces/calculon.yaml"
@@ -119,14 +118,14 @@ def _worker_space(space_json) -> Space:
 
 
 def _reachable(address: str) -> None:
-    from autopar.cluster import reachable
+    from autopar.search.cluster import reachable
     reachable(address)
 
 
 def _ray_parts(model, system, space, case, ranges, top_n, keep_rows, address):
     """Yield the parts of ``ranges`` in order, computed as Ray tasks."""
     import ray
-    from autopar.cluster import join
+    from autopar.search.cluster import join
     started = False
     if not ray.is_initialized():
         join(address)     # the package travels with the job: workers need no copy
@@ -376,6 +375,3 @@ def _num(v):
     if math.isnan(v) or math.isinf(v):
         return None
     return int(v) if v.is_integer() and abs(v) < 2 ** 53 else v
-
-
-_callable_module(__name__, exhaustive)

@@ -38,9 +38,9 @@ from ray import tune
 from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.bohb import TuneBOHB
 
-from autopar.samplers import BohbJob, optuna_sampler
-from autopar.specs import SpecError
-from autopar.trainable import BREAKDOWN, METRIC, PAYLOAD_KEY, layout_trainable
+from autopar.search.samplers import BohbJob, optuna_sampler
+from autopar.io.specs import SpecError
+from autopar.search.trainable import BREAKDOWN, METRIC, PAYLOAD_KEY, layout_trainable
 
 
 class DefineByRun:
@@ -54,7 +54,7 @@ class DefineByRun:
 
 
 class TuneBOHBAll(TuneBOHB):
-    """TuneBOHB that learns from every finished trial (see autopar.samplers).
+    """TuneBOHB that learns from every finished trial (see autopar.search.samplers).
 
     hpbandster's deprecation warnings about ConfigSpace are kept quiet.
     """
@@ -144,7 +144,7 @@ class _Collector(tune.Callback):
             row[k] = r[k]
         for k in (METRIC, *BREAKDOWN):
             row[k] = math.nan if r.get(k) is None else r[k]
-        from autopar.layouts import ALL_FIELDS
+        from autopar.io.layouts import ALL_FIELDS
         for f in ALL_FIELDS:
             row[f] = r.get(f)
         row["node_id"] = r.get("node_id", "")
@@ -185,7 +185,7 @@ def ray_session(address: str | None):
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not ray.is_initialized():
         if address:
-            from autopar.cluster import join
+            from autopar.search.cluster import join
             join(address)
         else:
             start_local_ray()
@@ -246,7 +246,7 @@ def _elapsed(r) -> float:
 def result_rows(results) -> list[dict]:
     """A ResultGrid -> one row per trial that reported, in creation order
     (Tune's trial list, kept in that order by a restore too)."""
-    from autopar.layouts import ALL_FIELDS
+    from autopar.io.layouts import ALL_FIELDS
     rows = []
     for res in results:
         r = res.metrics or {}

@@ -1,0 +1,60 @@
+"""The model on a table: executions as a pandas DataFrame in, predictions out.
+
+``evaluate`` is the public ``autopar.evaluate``: it reads executions in any of
+the forms users hold them (a DataFrame, a list of dicts, one dict), runs
+``autopar.model.evaluate_columns`` and returns one row per execution.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from autopar.io.specs import load_execution, load_model, load_system
+
+
+def evaluate(model, system, executions):
+    """Predict every layout of ``executions``.
+
+    ``model`` and ``system`` are specs or anything ``load_model`` /
+    ``load_system`` accept (a path or a dict).  ``executions`` is a pandas
+    DataFrame with Calculon's execution fields as columns, a list of
+    execution dicts, or one execution dict.  Returns a DataFrame, one row per
+    execution in the same order, with ``feasible``, ``reason`` ('' when
+    feasible, else "invalid: ..." or "infeasible: ...") and every statistic of
+    ``autopar.model.STATS`` (NaN where the layout cannot run).
+    """
+    import numpy as np
+    import pandas as pd
+
+    from autopar import model as _model
+    from autopar.io.layouts import from_frame
+
+    if not isinstance(model, _model.ModelSpec):
+        model = load_model(model)
+    if not isinstance(system, _model.SystemSpec):
+        system = load_system(system)
+    if isinstance(executions, Mapping):
+        executions = [executions]
+    if not isinstance(executions, pd.DataFrame):
+        executions = _records_frame(executions, model)
+    cols = from_frame(executions)
+    out = _model.evaluate_columns(model, system, cols)
+    # The statistics share one (statistic, layout) buffer: wrap it, no copy.
+    first = out[_model.STATS[0]]
+    block = first.base if first.base is not None and first.base.shape[0] == len(
+        _model.STATS) else np.stack([out[name] for name in _model.STATS])
+    table = pd.DataFrame(block.T, columns=list(_model.STATS), index=executions.index,
+                         copy=False)
+    table.insert(0, "reason", _model.reason_text(out, system))
+    table.insert(0, "feasible", out["feasible"])
+    return table
+
+
+def _records_frame(records: Iterable[Mapping], model):
+    import pandas as pd
+
+    from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS
+    rows = []
+    for i, rec in enumerate(records):
+        rows.append({**EXT_DEFAULTS, **load_execution(dict(rec), source=f"executions[{i}]",
+                                                   model=model)})
+    return pd.DataFrame(rows, columns=list(ALL_FIELDS))
