@@ -27,11 +27,12 @@ TUNE_KEYS: dict[str, tuple[Any, Any, bool]] = {
     "study_name": (str, None, False), "address": (str, None, False),
     "storage_path": (str, None, False), "max_failures": (int, 3, False),
     "output": (str, None, True), "trials_out": (str, None, True),
+    "format": (str, "autopar", False),
 }
 EXHAUSTIVE_KEYS: dict[str, tuple[Any, Any, bool]] = {
     "top_n": (int, 1, False), "output": (str, None, True), "top": (str, None, True),
     "summary": (str, None, True), "all": (str, None, True), "chunk_size": (int, None, False),
-    "address": (str, None, False),
+    "address": (str, None, False), "format": (str, "autopar", False),
 }
 
 
@@ -78,6 +79,8 @@ def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace 
         raise SpecError(src, "description", f"expected a string, got {brief(data['description'])}")
     case = parse_case(src, base, data.get("case"))
     opts = parse_options(src, base, data, keys)
+    from autopar.io.export import check_format
+    check_format(opts["format"], src, "format")
     ns = argparse.Namespace(
         model=case["model"], system=case["system"], num_procs=case["num_procs"],
         max_batch_size=case["max_batch_size"], datatype=case["datatype"],
