@@ -46,7 +46,7 @@ URL.  ::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from autopar.io.errors import SpecError, brief
 from autopar.io.specs import read_yaml
