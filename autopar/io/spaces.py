@@ -138,6 +138,13 @@ class SpaceSpec:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     source: str = "dict"
 
+    def to_dict(self) -> dict:
+        """The space as the dict a YAML file would hold."""
+        return {"name": self.name, "description": self.description,
+                "batch_policy": self.batch_policy,
+                "params": {p: self.allowed[p].to_yaml() for p in PARAMS if p in self.allowed},
+                "fixed": {p: self.fixed[p] for p in PARAMS if p in self.fixed}}
+
 
 def read_space(spec, source: str | None = None) -> SpaceSpec:
     """A space file (YAML) or a dict -> SpaceSpec.  SpecError on bad input.

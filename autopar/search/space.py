@@ -127,10 +127,7 @@ class Space:
 
     def to_dict(self) -> dict:
         """The space as the dict a YAML file would hold."""
-        return {"name": self.name, "description": self.description,
-                "batch_policy": self.batch_policy,
-                "params": {p: self.allowed[p].to_yaml() for p in self.searched},
-                "fixed": {p: self.fixed[p] for p in PARAMS if p in self.fixed}}
+        return self.spec.to_dict()
 
     # -- domains ----------------------------------------------------------
 
