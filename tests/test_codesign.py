@@ -96,7 +96,7 @@ def compared(tmp_path_factory):
     ({"num_procs": [0, 8]}, "hardware.num_procs.values[0]", ">= 1"),
 ])
 def test_bad_hardware_names_file_and_field(hardware, field, words):
-    from autopar.studies.hardware import parse_hardware
+    from autopar.io.hardware import parse_hardware
     base = system_to_json(load_system(SYSTEM))
     with pytest.raises(SpecError) as e:
         parse_hardware("study.yaml", hardware, None, base, 64)
@@ -106,7 +106,7 @@ def test_bad_hardware_names_file_and_field(hardware, field, words):
 
 
 def test_ranges_grids_and_cost():
-    from autopar.studies.hardware import parse_hardware
+    from autopar.io.hardware import parse_hardware
     base = system_to_json(load_system(SYSTEM))
     hw = parse_hardware("s", {"mem1.GiB": {"min": 40, "max": 160, "step": 40, "cost": 2},
                               "mem2.GBps": {"min": 50, "max": 500, "num": 3, "log": True},
@@ -124,7 +124,7 @@ def test_ranges_grids_and_cost():
 
 
 def test_mem2_zero_means_no_second_tier(tmp_path):
-    from autopar.studies.hardware import parse_hardware
+    from autopar.io.hardware import parse_hardware
     from autopar.search.space import Case, load_space
     base = system_to_json(load_system(SYSTEM))
     hw = parse_hardware("s", {"mem2.GiB": {"values": [0, 256], "cost": 4},
@@ -151,7 +151,7 @@ def test_mem2_zero_means_no_second_tier(tmp_path):
 
 
 def test_nvlink_size_keeps_must_be_filled():
-    from autopar.studies.hardware import parse_hardware
+    from autopar.io.hardware import parse_hardware
     from autopar.studies.nested import best_layout
     from autopar.search.space import Case, load_space
     base = system_to_json(load_system(SYSTEM))
@@ -175,7 +175,7 @@ def test_nvlink_size_keeps_must_be_filled():
 
 def test_inner_search_matches_exhaustive():
     from autopar.search.exhaustive import exhaustive
-    from autopar.studies.hardware import build_system
+    from autopar.io.hardware import build_system
     from autopar.studies.nested import best_layout
     from autopar.search.space import Case, load_space
     model = load_model(MODEL)
@@ -194,7 +194,7 @@ def test_inner_search_matches_exhaustive():
 
 
 def test_inner_sampler_finds_a_real_layout():
-    from autopar.studies.hardware import build_system
+    from autopar.io.hardware import build_system
     from autopar.model import evaluate_one
     from autopar.studies.nested import Inner, best_layout
     from autopar.search.space import Case, load_space
@@ -227,7 +227,7 @@ def test_infeasible_hardware_is_pruned(compared):
 
 def test_front_matches_brute_force_enumeration(compared):
     from autopar.search.exhaustive import exhaustive
-    from autopar.studies.hardware import build_system
+    from autopar.io.hardware import build_system
     res, _ = compared
     model = load_model(MODEL)
     base = system_to_json(load_system(SYSTEM))

@@ -283,7 +283,7 @@ def test_missing_files_name_the_file(cli, repo_root, tmp_path):
 
 def test_paths_are_relative_to_the_experiment_file(repo_root):
     exp = load_experiment(repo_root / "experiments" / "compare-quick.yaml")
-    assert exp.model.name == "gpt3-13B" and exp.space.name == "small"
+    assert exp.case.model.name == "gpt3-13B" and exp.case.space.name == "small"
 
 
 def test_an_output_folder_that_is_a_file_fails_before_any_work(repo_root, tmp_path):

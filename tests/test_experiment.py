@@ -108,6 +108,19 @@ def test_missing_experiment_file(cli, tmp_path):
     assert r.returncode == 2 and "nope.yaml" in r.stderr
 
 
+def test_sampler_options_are_tunes_keyword_options():
+    import inspect
+
+    from autopar.io.experiment import SAMPLER_OPTIONS
+    from autopar.search.tune import tune
+    decided = {"model", "system", "num_procs", "max_batch_size", "datatype", "sampler",
+               "trials", "space", "seed", "storage", "address", "progress", "study_name",
+               "batch_policy", "training"}        # the experiment decides these itself
+    params = inspect.signature(tune).parameters
+    assert set(SAMPLER_OPTIONS) == {n for n, p in params.items() if n not in decided and
+                                    p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
 def test_shipped_experiments_are_valid(repo_root):
     from autopar.studies.compare import load_experiment
     from autopar.cli.run import EXTERNAL_KINDS
@@ -124,11 +137,13 @@ def test_shipped_experiments_are_valid(repo_root):
     assert {"tune", "exhaustive", "compare"} <= kinds
 
 
-def test_relative_sqlite_storage_is_relative_to_the_file(tmp_path):
+def test_relative_sqlite_storage_is_relative_to_the_file(sandbox):
+    tmp_path = sandbox          # the case's ../models and ../systems resolve here
+    (tmp_path / "experiments").mkdir()
     data = {"kind": "tune", "case": CASE, "storage": "sqlite:///../r/x.db"}
     _, ns = parse(data, "f.yaml", tmp_path / "experiments")
     assert ns.storage == f"sqlite:///{(tmp_path / 'r' / 'x.db').resolve()}"
-    _, ns = parse({**data, "storage": "sqlite:////abs/x.db"}, "f.yaml", tmp_path)
+    _, ns = parse({**data, "storage": "sqlite:////abs/x.db"}, "f.yaml", tmp_path / "experiments")
     assert ns.storage == "sqlite:////abs/x.db"
     with pytest.raises(SpecError):
-        parse({**data, "backend": "spark"}, "f.yaml", tmp_path)
+        parse({**data, "backend": "spark"}, "f.yaml", tmp_path / "experiments")

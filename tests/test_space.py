@@ -239,8 +239,9 @@ def test_small_pattern_cap_gives_same_enumeration(a100, monkeypatch):
     m = _model(1024, 16, 24, 2048)
     case = Case(m, a100, 4, 4, "float16")
     want = _all(load_space("calculon"), case)
-    monkeypatch.setattr(space_mod, "_PATTERN_ROWS", 5)
-    monkeypatch.setattr(space_mod, "_PATTERN_TOTAL", 50)
+    from autopar.search import enumeration
+    monkeypatch.setattr(enumeration, "_PATTERN_ROWS", 5)
+    monkeypatch.setattr(enumeration, "_PATTERN_TOTAL", 50)
     assert _all(load_space("calculon"), case, chunk=1000) == want
 
 

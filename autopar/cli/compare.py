@@ -51,7 +51,7 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
                           base_dir=Path(path).resolve().parent, source=str(path))
     out = Path(output_dir) if output_dir else (exp.output_dir or Path("results") / exp.name)
     from autopar.io.export import check_calculon_run
-    check_calculon_run(fmt, exp.model, exp.space)
+    check_calculon_run(fmt, exp.case.model, exp.case.space)
     try:
         result = compare(exp, out, address=address, progress=progress, execution_format=fmt)
     except BeatsOptimum as err:        # a bug, not bad input: say it on one line

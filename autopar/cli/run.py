@@ -8,32 +8,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
-from autopar.io.errors import SpecError, brief
-from autopar.io.experiment import (COMMON_KEYS, parse_case, parse_options, read, relative,
-                                   storage_url)
+from autopar.io.errors import SpecError
+from autopar.io.experiment import STUDY_KINDS, parse_command_file, read
 
-# Kinds whose command lives elsewhere: kind -> module with
-# ``run_experiment(path, output_dir, address, progress, data) -> exit code``.
+# The module whose ``run_experiment(path, output_dir, address, progress, data)``
+# runs a file of each study kind.
 EXTERNAL_KINDS = {"compare": "autopar.cli.compare", "codesign": "autopar.cli.codesign",
                   "cliffs": "autopar.cli.codesign"}
-KINDS = ("tune", "exhaustive", *EXTERNAL_KINDS)
-# key -> (type, default, is a path relative to the file)
-TUNE_KEYS: dict[str, tuple[Any, Any, bool]] = {
-    "sampler": (str, "tpe", False), "trials": (int, 100, False), "seed": (int, None, False),
-    "backend": (str, "optuna", False), "encoding": (str, None, False),
-    "concurrency": (int, None, False), "storage": (str, None, False),
-    "study_name": (str, None, False), "address": (str, None, False),
-    "storage_path": (str, None, False), "max_failures": (int, 3, False),
-    "output": (str, None, True), "trials_out": (str, None, True),
-    "format": (str, "autopar", False),
-}
-EXHAUSTIVE_KEYS: dict[str, tuple[Any, Any, bool]] = {
-    "top_n": (int, 1, False), "output": (str, None, True), "top": (str, None, True),
-    "summary": (str, None, True), "all": (str, None, True), "chunk_size": (int, None, False),
-    "address": (str, None, False), "format": (str, "autopar", False),
-}
+assert set(EXTERNAL_KINDS) == set(STUDY_KINDS)
 
 
 def register(subparsers) -> None:
@@ -59,48 +43,26 @@ def run(args) -> int:
 def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace | None]:
     """Check an experiment mapping; returns (kind, the command's arguments).
 
-    For the external kinds (``compare``, ``codesign``, ``cliffs``) the
-    arguments are None: their own modules check the file.
+    For the kinds with commands of their own (``compare``, ``codesign``,
+    ``cliffs``) the arguments are None: those commands read the file.
     """
-    kind = data.get("kind")
-    if kind not in KINDS:
-        raise SpecError(src, "kind", f"expected one of {', '.join(KINDS)}, got {brief(kind)}")
-    if kind in EXTERNAL_KINDS:
-        return kind, None
-    keys = TUNE_KEYS if kind == "tune" else EXHAUSTIVE_KEYS
-    for k in data:
-        if k not in COMMON_KEYS and k not in keys:
-            raise SpecError(src, str(k), f"unknown key for kind {kind}; expected one of "
-                                         f"{', '.join(COMMON_KEYS + tuple(keys))}")
-    name = data.get("name")
-    if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise SpecError(src, "name", f"expected a non-empty string, got {brief(name)}")
-    if not isinstance(data.get("description", ""), str):
-        raise SpecError(src, "description", f"expected a string, got {brief(data['description'])}")
-    case = parse_case(src, base, data.get("case"))
-    opts = parse_options(src, base, data, keys)
-    from autopar.io.export import check_format
-    check_format(opts["format"], src, "format")
+    exp = parse_command_file(data, src, base)
+    if exp is None:
+        return data.get("kind"), None
+    case = exp.case
     ns = argparse.Namespace(
-        model=case["model"], system=case["system"], num_procs=case["num_procs"],
-        max_batch_size=case["max_batch_size"], datatype=case["datatype"],
-        space=case.get("space"), batch_policy=case.get("batch_policy"), progress=None)
-    if kind == "tune":
-        from autopar.search.samplers import SAMPLERS
-        for k, options in (("sampler", SAMPLERS), ("backend", ("optuna", "ray"))):
-            if opts[k] not in options:
-                raise SpecError(src, k, f"expected one of {', '.join(options)}, got {brief(opts[k])}")
-        opts["storage"] = storage_url(base, opts["storage"])
-        sp = opts["storage_path"]
-        if sp and "://" not in sp:
-            opts["storage_path"] = str(relative(base, sp))
+        model=case.model_file, system=case.system_file, num_procs=case.num_procs,
+        max_batch_size=case.max_batch_size, datatype=case.datatype, space=case.space_given,
+        batch_policy=case.batch_policy, progress=None)
+    opts = dict(exp.options)
+    if exp.kind == "tune":
         ns.resume, ns.name = None, None
         ns.trials_out = opts.pop("trials_out")
     else:
         ns.all_rows = opts.pop("all")
     for k, v in opts.items():
         setattr(ns, k, v)
-    return kind, ns
+    return exp.kind, ns
 
 
 def run_file(path, *, address: str | None = None, progress: bool | None = None,

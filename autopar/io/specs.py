@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.io.errors import SpecError, brief
+from autopar.io.errors import SpecError, brief  # noqa: F401  (re-exported)
 from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS, INT_FIELDS
 
 

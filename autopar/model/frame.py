@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from autopar.io.specs import load_execution, load_model, load_system
+from autopar.io.specs import ModelSpec, SystemSpec, load_execution, load_model, load_system
 
 
 def evaluate(model, system, executions):
@@ -25,26 +25,26 @@ def evaluate(model, system, executions):
     import numpy as np
     import pandas as pd
 
-    from autopar import model as _model
+    from autopar.model.evaluate import STATS, evaluate_columns, reason_text
     from autopar.io.layouts import from_frame
 
-    if not isinstance(model, _model.ModelSpec):
+    if not isinstance(model, ModelSpec):
         model = load_model(model)
-    if not isinstance(system, _model.SystemSpec):
+    if not isinstance(system, SystemSpec):
         system = load_system(system)
     if isinstance(executions, Mapping):
         executions = [executions]
     if not isinstance(executions, pd.DataFrame):
         executions = _records_frame(executions, model)
     cols = from_frame(executions)
-    out = _model.evaluate_columns(model, system, cols)
+    out = evaluate_columns(model, system, cols)
     # The statistics share one (statistic, layout) buffer: wrap it, no copy.
-    first = out[_model.STATS[0]]
+    first = out[STATS[0]]
     block = first.base if first.base is not None and first.base.shape[0] == len(
-        _model.STATS) else np.stack([out[name] for name in _model.STATS])
-    table = pd.DataFrame(block.T, columns=list(_model.STATS), index=executions.index,
+        STATS) else np.stack([out[name] for name in STATS])
+    table = pd.DataFrame(block.T, columns=list(STATS), index=executions.index,
                          copy=False)
-    table.insert(0, "reason", _model.reason_text(out, system))
+    table.insert(0, "reason", reason_text(out, system))
     table.insert(0, "feasible", out["feasible"])
     return table
 
@@ -56,5 +56,5 @@ def _records_frame(records: Iterable[Mapping], model):
     rows = []
     for i, rec in enumerate(records):
         rows.append({**EXT_DEFAULTS, **load_execution(dict(rec), source=f"executions[{i}]",
-                                                   model=model)})
+                                                      model=model)})
     return pd.DataFrame(rows, columns=list(ALL_FIELDS))

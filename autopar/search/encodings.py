@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import math
 from typing import Any, Mapping
+from autopar.io.experiment import ENCODINGS  # noqa: F401  (the names files may use)
 
-ENCODINGS: tuple[str, ...] = ("index", "named", "flat")
 DEFAULT_ENCODING = "index"
 # Per sampler, the encoding that found better layouts sooner (see the module docstring).
 DEFAULT_ENCODINGS = {"tpe": "named", "cmaes": "index", "random": "index", "bohb": "index",

@@ -22,11 +22,11 @@ from typing import Mapping
 import numpy as np
 
 from autopar.io.layouts import ALL_FIELDS, CHOICES, execution_from_row, record
+from autopar.io.experiment import DEFAULT_SPACE  # noqa: F401  (every command's default)
 from autopar.search.space import Case, Space, load_space
 from autopar.io.specs import (ModelSpec, SpecError, SystemSpec, load_model,
                            load_system, model_to_json, system_to_json)
 
-DEFAULT_SPACE = "search_spaces/calculon.yaml"
 # Layouts per chunk: the model holds ~100 float64 statistics per layout plus
 # its temporaries, so 2**17 layouts stay well under 1 GiB.
 DEFAULT_CHUNK = 1 << 17

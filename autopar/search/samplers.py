@@ -44,8 +44,8 @@ import numpy as np
 import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
+from autopar.io.experiment import SAMPLERS  # noqa: F401  (the names files may use)
 
-SAMPLERS: tuple[str, ...] = ("tpe", "cmaes", "random", "grid", "bohb")
 METRIC = "sample_rate"
 
 

@@ -43,9 +43,8 @@ from autopar.io.layouts import ALL_FIELDS, execution_from_row
 from autopar.search.samplers import SAMPLERS
 from autopar.io.specs import SpecError
 from autopar.search.trainable import BREAKDOWN, METRIC
+from autopar.io.experiment import BACKENDS, DEFAULT_SPACE  # noqa: F401  (file vocabulary)
 
-BACKENDS: tuple[str, ...] = ("optuna", "ray")
-DEFAULT_SPACE = "calculon"      # the same default as exhaustive and compare
 TRIAL_COLUMNS: tuple[str, ...] = (
     "trial", "state", "feasible", "reason", METRIC, *BREAKDOWN, *ALL_FIELDS,
     "node_id", "elapsed_s",

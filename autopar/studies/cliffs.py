@@ -38,83 +38,16 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.studies.nested import Context, Runner, parse_inner, points_task, with_run_options
+from autopar.io.experiment import Sweep, load_sweep  # noqa: F401
 from autopar.io.specs import SpecError
+from autopar.studies.nested import Runner, context_of, points_task, with_run_options
 
-TOP_KEYS = ("kind", "name", "description", "case", "num_procs", "inner", "parallel",
-            "workers", "address", "output_dir")
 LAYOUT_COLUMNS = ("tensor_par", "pipeline_par", "data_par", "batch_size", "microbatch_size",
                   "pipeline_interleaving", "activation_recompute", "tensor_par_net",
                   "pipeline_par_net", "data_par_net")
 # A count is "on a cliff" when its rate per processor is below this fraction
 # of the best rate per processor at any smaller count.
 CLIFF = 0.9
-
-
-@dataclass(frozen=True)
-class Sweep:
-    source: str
-    name: str
-    description: str
-    context: Context
-    counts: tuple
-    parallel: str
-    workers: int
-    address: str | None
-    output_dir: Path | None
-
-
-def parse_counts(src: str, fld: str, v) -> tuple[int, ...]:
-    """A list of counts, ``{min, max, step}`` or ``"MIN:MAX:STEP"``."""
-    from autopar.studies.hardware import parse_dim
-    if isinstance(v, str):
-        parts = v.split(":")
-        try:
-            nums = [int(p) for p in parts]
-        except ValueError:
-            nums = []
-        if len(nums) not in (2, 3):
-            raise SpecError(src, fld, f"expected MIN:MAX or MIN:MAX:STEP, got {v!r}")
-        v = {"min": nums[0], "max": nums[1], "step": nums[2] if len(nums) == 3 else 1}
-    if isinstance(v, Mapping) and "step" not in v and "num" not in v and "values" not in v:
-        v = {**v, "step": 1}
-    if isinstance(v, Mapping) and "cost" in v:
-        raise SpecError(src, f"{fld}.cost", "a sweep has no cost")
-    d = parse_dim(src, "num_procs", v, integer=True, minimum=1)
-    return tuple(sorted(d.values))
-
-
-def load_sweep(spec, overrides: Mapping | None = None, base_dir=None,
-               source: str | None = None) -> Sweep:
-    from autopar.studies.codesign import parse_case, parse_output_dir, parse_parallel
-    from autopar.io.experiment import open_file
-    from autopar.studies.hardware import parse_hardware
-    if isinstance(spec, Sweep) and not overrides:
-        return spec
-    if isinstance(spec, (str, os.PathLike)):
-        data, src, base, stem = open_file(spec, source)
-    elif isinstance(spec, Mapping):
-        data, src = dict(spec), source or "cliffs"
-        base, stem = Path(base_dir or os.getcwd()), "cliffs"
-    else:
-        raise SpecError(source or "cliffs", "(root)",
-                        f"expected a file path or a mapping, got {type(spec).__name__}")
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    from autopar.io.experiment import header
-    name, desc = header(data, src, stem, "cliffs", TOP_KEYS)
-    case = parse_case(src, base, data.get("case"))
-    if case["num_procs"] is not None:
-        raise SpecError(src, "case.num_procs", "a sweep gives its counts in num_procs (top level)")
-    if "num_procs" not in data:
-        raise SpecError(src, "num_procs", "missing (a list, {min, max, step} or MIN:MAX:STEP)")
-    counts = parse_counts(src, "num_procs", data["num_procs"])
-    hw = parse_hardware(src, {"num_procs": list(counts)}, None, case["base"], None)
-    inner = parse_inner(src, data.get("inner"))
-    parallel, workers, address = parse_parallel(src, data)
-    ctx = Context(case["model"], hw, case["space"], case["max_batch_size"], case["datatype"],
-                  case["batch_policy"], True, inner)
-    return Sweep(src, name.strip(), desc, ctx, counts, parallel, workers, address,
-                 parse_output_dir(src, base, data.get("output_dir")))
 
 
 @dataclass
@@ -139,7 +72,7 @@ def sweep(spec, output_dir=None, *, address: str | None = None, parallel: str | 
             # Big counts first: they take longest, so the pool drains evenly.
             order = sorted(range(len(counts)), key=lambda i: -counts[i]["num_procs"])
             chunk = max(1, min(8, len(counts) // (4 * runner.workers) or 1))
-            rows = runner.map(points_task, sw.context.payload(), [counts[i] for i in order],
+            rows = runner.map(points_task, context_of(sw).payload(), [counts[i] for i in order],
                               chunk=chunk,
                               on_done=(lambda part: bar.update(len(part))) if bar else None)
     finally:
@@ -183,8 +116,8 @@ def summary_dict(res: SweepResult) -> dict:
     t = res.table
     sw = res.sweep
     ok = t["state"] == "COMPLETE"
-    d = {"sweep": sw.name, "source": sw.source, "model": sw.context.model.name,
-         "space": sw.context.space.name, "inner": sw.context.inner.to_dict(),
+    d = {"sweep": sw.name, "source": sw.source, "model": sw.case.model.name,
+         "space": sw.case.space.name, "inner": sw.inner.to_dict(),
          "counts": len(t), "min": int(t["num_procs"].min()), "max": int(t["num_procs"].max()),
          "feasible": int(ok.sum()), "infeasible": int((~ok).sum()),
          "seconds": round(res.seconds, 3), "parallel": sw.parallel, "workers": sw.workers}
@@ -264,8 +197,8 @@ def plot(res: SweepResult, path) -> None:
     ax2.set_ylabel("samples/s")
     ax2.set_xlabel("processors")
     ax2.grid(True, color="0.9", linewidth=0.6)
-    title = (f"{sw.name}: {sw.context.model.name or 'model'}, best layout of space "
-             f"'{sw.context.space.name}' per count (batch <= {sw.context.max_batch_size})")
+    title = (f"{sw.name}: {sw.case.model.name or 'model'}, best layout of space "
+             f"'{sw.case.space.name}' per count (batch <= {sw.case.max_batch_size})")
     ax1.set_title(title, fontsize=9.5)
     fig.tight_layout()
     with atomic_path(path) as tmp:

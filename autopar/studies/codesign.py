@@ -2,7 +2,7 @@
 
 A co-design study (YAML, ``kind: codesign``; format in ``docs/codesign.md``)
 names a model, a base system, the system fields to vary (``hardware:``, see
-``autopar.studies.hardware``), a cost model, the objectives and how to search.  The
+``autopar.io.hardware``), a cost model, the objectives and how to search.  The
 search is nested: every outer trial is one system (and processor count); its
 value is the best sample rate any layout reaches on it (``autopar.studies.nested``),
 and a system no layout fits is a pruned trial.
@@ -37,283 +37,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from autopar.io.experiment import header, integer, open_file, relative, storage_url
-from autopar.studies.nested import (BREAKDOWN, PARALLEL, Context, Runner, parse_inner, points_task,
-                            with_run_options)
-from autopar.io.specs import SpecError, brief
+from autopar.io.experiment import (OBJECTIVES, CodesignCompare, Search, Study,  # noqa: F401
+                                   load_study)
+from autopar.io.specs import SpecError
+from autopar.studies.nested import BREAKDOWN, Runner, context_of, points_task, with_run_options
 
-TOP_KEYS = ("kind", "name", "description", "case", "hardware", "cost", "objectives", "inner",
-            "search", "compare", "parallel", "workers", "address", "output_dir")
-CASE_KEYS = ("model", "system", "num_procs", "max_batch_size", "datatype", "space",
-             "batch_policy")
-SEARCH_KEYS = ("sampler", "trials", "seed", "population", "batch", "storage", "study_name")
-COMPARE_KEYS = ("samplers", "seeds", "trials", "budgets")
-OUTER_SAMPLERS = ("exhaustive", "nsga2", "tpe", "motpe", "random")
-OBJECTIVES = {"sample_rate": "maximize", "cost": "minimize", "num_procs": "minimize"}
-DEFAULT_SPACE = "calculon"
-DEFAULT_POPULATION = 20
 # Hypervolume reference: rate 0 and this multiple of the dearest system's cost
 # (or of the largest processor count).
 HV_MARGIN = 1.1
-
-
-# --------------------------------------------------------------------------
-# The study file
-
-@dataclass(frozen=True)
-class Search:
-    sampler: str = "nsga2"
-    trials: int = 100
-    seed: int | None = 0
-    population: int = DEFAULT_POPULATION
-    batch: int | None = None
-    storage: str | None = None
-    study_name: str | None = None
-    label: str = ""
-
-    @property
-    def name(self) -> str:
-        return self.label or self.sampler
-
-
-@dataclass(frozen=True)
-class Compare:
-    samplers: tuple            # Search templates (seed set per run)
-    seeds: tuple
-    trials: int
-    budgets: tuple
-
-
-@dataclass(frozen=True)
-class Study:
-    source: str
-    name: str
-    description: str
-    context: Context
-    objectives: tuple
-    search: Search
-    compare: Compare | None
-    parallel: str
-    workers: int
-    address: str | None
-    output_dir: Path | None
-
-    @property
-    def hardware(self):
-        return self.context.hardware
-
-
-def load_study(spec, overrides: Mapping | None = None, base_dir=None,
-               source: str | None = None) -> Study:
-    """A co-design file (path) or mapping -> Study; ``overrides`` replace
-    top-level keys (``search`` is merged key by key)."""
-    if isinstance(spec, Study) and not overrides:
-        return spec
-    if isinstance(spec, (str, os.PathLike)):
-        data, src, base, stem = open_file(spec, source)
-    elif isinstance(spec, Mapping):
-        data, src = dict(spec), source or "codesign"
-        base = Path(base_dir or os.getcwd())
-        stem = "codesign"
-    else:
-        raise SpecError(source or "codesign", "(root)",
-                        f"expected a file path or a mapping, got {type(spec).__name__}")
-    for k, v in (overrides or {}).items():
-        if v is None:
-            continue
-        if k == "search" and isinstance(data.get("search"), Mapping):
-            data["search"] = {**data["search"], **v}
-        else:
-            data[k] = v
-    return _parse(data, src, base, stem)
-
-
-def parse_case(src: str, base: Path, case, need_procs: bool = False) -> dict:
-    """The ``case:`` section -> model spec, base system JSON and case values."""
-    from autopar.search.space import load_space
-    from autopar.io.specs import load_model, load_system, system_to_json
-    if not isinstance(case, Mapping):
-        raise SpecError(src, "case", f"expected a mapping with model, system, max_batch_size, "
-                                     f"datatype, got {brief(case)}")
-    for k in case:
-        if k not in CASE_KEYS:
-            raise SpecError(src, f"case.{k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
-    for k in ("model", "system", "max_batch_size", "datatype") + (("num_procs",) if need_procs else ()):
-        if k not in case:
-            raise SpecError(src, f"case.{k}", "missing")
-
-    def file_or_map(fld, v):
-        if isinstance(v, Mapping):
-            return dict(v)
-        if not isinstance(v, str) or not v:
-            raise SpecError(src, fld, f"expected a file path or a mapping, got {brief(v)}")
-        return str(relative(base, v))
-
-    model = load_model(file_or_map("case.model", case["model"]))
-    system = load_system(file_or_map("case.system", case["system"]))
-    out = {"model": model, "system": system, "base": system_to_json(system)}
-    out["num_procs"] = (None if case.get("num_procs") is None
-                        else integer(src, "case.num_procs", case["num_procs"], 1))
-    out["max_batch_size"] = integer(src, "case.max_batch_size", case["max_batch_size"], 1)
-    dt = case["datatype"]
-    if dt not in system.datatypes:
-        raise SpecError(src, "case.datatype", f"{brief(dt)} is not supported by {system.source} "
-                                              f"(it runs: {', '.join(system.datatypes)})")
-    out["datatype"] = dt
-    sp = case.get("space", DEFAULT_SPACE)
-    if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
-        sp = str(relative(base, sp))
-    elif not isinstance(sp, (str, Mapping)) or not sp:
-        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {brief(sp)}")
-    out["space"] = load_space(sp)
-    bp = case.get("batch_policy")
-    if bp is not None and bp not in ("max", "fixed"):
-        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {brief(bp)}")
-    out["batch_policy"] = bp
-    return out
-
-
-def parse_parallel(src: str, data: Mapping) -> tuple[str, int, str | None]:
-    address = data.get("address")
-    if address is not None and (not isinstance(address, str) or not address):
-        raise SpecError(src, "address", f"expected a Ray address, got {brief(address)}")
-    parallel = data.get("parallel", "ray" if address else "serial")
-    if parallel not in PARALLEL:
-        raise SpecError(src, "parallel", f"expected one of {', '.join(PARALLEL)}, got {brief(parallel)}")
-    if address and parallel != "ray":
-        raise SpecError(src, "address", "a Ray address needs parallel: ray")
-    workers = integer(src, "workers", data.get("workers", 2), 1)
-    return parallel, workers, address
-
-
-def parse_output_dir(src: str, base: Path, v) -> Path | None:
-    if v is None:
-        return None
-    if not isinstance(v, (str, os.PathLike)) or not str(v):
-        raise SpecError(src, "output_dir", f"expected a folder path, got {brief(v)}")
-    p = Path(v)
-    return (p if p.is_absolute() else base / p).resolve()
-
-
-def _search(src: str, fld: str, v, n_obj: int, defaults: Search | None = None) -> Search:
-    if isinstance(v, str):
-        v = {"sampler": v}
-    if v is None:
-        v = {}
-    if not isinstance(v, Mapping):
-        raise SpecError(src, fld, f"expected a mapping ({', '.join(SEARCH_KEYS)}), got {brief(v)}")
-    allowed = SEARCH_KEYS + (("label",) if fld != "search" else ())
-    for k in v:
-        if k not in allowed:
-            raise SpecError(src, f"{fld}.{k}", f"unknown key; expected one of {', '.join(allowed)}")
-    d = defaults or Search(sampler="nsga2" if n_obj == 2 else "tpe")
-    sampler = v.get("sampler", d.sampler)
-    if sampler not in OUTER_SAMPLERS:
-        raise SpecError(src, f"{fld}.sampler", f"expected one of {', '.join(OUTER_SAMPLERS)}, "
-                                               f"got {brief(sampler)}")
-    if sampler == "nsga2" and n_obj == 1:
-        raise SpecError(src, f"{fld}.sampler", "nsga2 is for two objectives; use tpe or random")
-    if sampler == "motpe" and n_obj == 1:
-        raise SpecError(src, f"{fld}.sampler", "motpe is for two objectives; use tpe")
-    trials = integer(src, f"{fld}.trials", v.get("trials", d.trials), 1)
-    seed = v.get("seed", d.seed)
-    if seed is not None:
-        seed = integer(src, f"{fld}.seed", seed, 0)
-    population = integer(src, f"{fld}.population", v.get("population", d.population), 2)
-    batch = v.get("batch", d.batch)
-    if batch is not None:
-        batch = integer(src, f"{fld}.batch", batch, 1)
-    storage = v.get("storage", d.storage)
-    if storage is not None and (not isinstance(storage, str) or not storage):
-        raise SpecError(src, f"{fld}.storage", f"expected an Optuna storage URL, got {brief(storage)}")
-    name = v.get("study_name", d.study_name)
-    if name is not None and (not isinstance(name, str) or not name):
-        raise SpecError(src, f"{fld}.study_name", f"expected a non-empty string, got {brief(name)}")
-    label = v.get("label", "")
-    if not isinstance(label, str):
-        raise SpecError(src, f"{fld}.label", f"expected a string, got {brief(label)}")
-    return Search(sampler, trials, seed, population, batch, storage, name, label)
-
-
-def _parse(data: Mapping, src: str, base: Path, stem: str) -> Study:
-    from autopar.studies.hardware import parse_hardware
-    name, desc = header(data, src, stem, "codesign", TOP_KEYS)
-    case = parse_case(src, base, data.get("case"))
-    hw = parse_hardware(src, data.get("hardware"), data.get("cost"), case["base"],
-                        case["num_procs"])
-    objectives = data.get("objectives", ["sample_rate", "cost"])
-    if isinstance(objectives, str):
-        objectives = [objectives]
-    if not isinstance(objectives, list) or not objectives:
-        raise SpecError(src, "objectives", f"expected a list, got {brief(objectives)}")
-    for i, o in enumerate(objectives):
-        if o not in OBJECTIVES:
-            raise SpecError(src, f"objectives[{i}]", f"expected one of {', '.join(OBJECTIVES)}, "
-                                                     f"got {brief(o)}")
-    if objectives[0] != "sample_rate" or len(objectives) > 2 or len(set(objectives)) != len(objectives):
-        raise SpecError(src, "objectives", "expected [sample_rate] or sample_rate with one of "
-                                           f"cost, num_procs, got {brief(objectives)}")
-    inner = parse_inner(src, data.get("inner"))
-    n_obj = len(objectives)
-    search = _search(src, "search", data.get("search"), n_obj)
-    search = replace(search, storage=storage_url(base, search.storage))
-    if search.sampler == "exhaustive" and not hw.discrete:
-        raise SpecError(src, "search.sampler", "exhaustive needs every hardware domain discrete "
-                                               "(a list, or a range with step or num)")
-    compare = None
-    if data.get("compare") is not None:
-        compare = _compare(src, data["compare"], n_obj)
-        if not hw.discrete:
-            raise SpecError(src, "compare", "the ground truth enumerates the hardware: every "
-                                            "domain must be discrete (a list, or step or num)")
-    parallel, workers, address = parse_parallel(src, data)
-    ctx = Context(case["model"], hw, case["space"], case["max_batch_size"], case["datatype"],
-                  case["batch_policy"], True, inner)
-    return Study(source=src, name=name.strip(), description=desc, context=ctx,
-                 objectives=tuple(objectives), search=search, compare=compare,
-                 parallel=parallel, workers=workers, address=address,
-                 output_dir=parse_output_dir(src, base, data.get("output_dir")))
-
-
-def _compare(src: str, v, n_obj: int) -> Compare:
-    if not isinstance(v, Mapping):
-        raise SpecError(src, "compare", f"expected a mapping ({', '.join(COMPARE_KEYS)}), got {brief(v)}")
-    for k in v:
-        if k not in COMPARE_KEYS:
-            raise SpecError(src, f"compare.{k}", f"unknown key; expected one of {', '.join(COMPARE_KEYS)}")
-    trials = integer(src, "compare.trials", v.get("trials", 100), 1)
-    raw = v.get("samplers")
-    if not isinstance(raw, list) or not raw:
-        raise SpecError(src, "compare.samplers", f"expected a non-empty list, got {brief(raw)}")
-    samplers = []
-    for i, s in enumerate(raw):
-        d = _search(src, f"compare.samplers[{i}]", s, n_obj,
-                    Search(sampler="random", trials=trials))
-        if d.sampler == "exhaustive":
-            raise SpecError(src, f"compare.samplers[{i}].sampler",
-                            "the exhaustive search is the ground truth, not a sampler to compare")
-        if d.storage:
-            raise SpecError(src, f"compare.samplers[{i}].storage", "comparison runs keep no storage")
-        samplers.append(d)
-    labels = [s.name for s in samplers]
-    if len(set(labels)) != len(labels):
-        raise SpecError(src, "compare.samplers", "two entries share a label: give each a label")
-    seeds = v.get("seeds", 1)
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
-        seeds = list(range(integer(src, "compare.seeds", seeds, 1)))
-    if not isinstance(seeds, list) or not seeds:
-        raise SpecError(src, "compare.seeds", f"expected a count or a list of seeds, got {brief(seeds)}")
-    seeds = tuple(integer(src, f"compare.seeds[{i}]", s, 0) for i, s in enumerate(seeds))
-    budgets = v.get("budgets")
-    if budgets is None:
-        budgets = [b for b in (10, 25, 50, 100, 250, 500, 1000) if b <= trials] or [trials]
-    if not isinstance(budgets, list) or not budgets:
-        raise SpecError(src, "compare.budgets", f"expected a list of trial counts, got {brief(budgets)}")
-    budgets = tuple(integer(src, f"compare.budgets[{i}]", b, 1) for i, b in enumerate(budgets))
-    for i, b in enumerate(budgets):
-        if b > trials:
-            raise SpecError(src, f"compare.budgets[{i}]", f"exceeds the trials per run ({trials})")
-    return Compare(tuple(samplers), seeds, trials, tuple(sorted(set(budgets))))
 
 
 # --------------------------------------------------------------------------
@@ -409,7 +140,7 @@ def enumerate_systems(study: Study, runner: Runner, progress: bool | None = None
     bar = progress_bar(len(grid), f"{study.name} (all systems)", progress)
     chunk = max(1, min(16, len(grid) // (4 * runner.workers) or 1))
     try:
-        rows = runner.map(points_task, study.context.payload(), grid, chunk=chunk,
+        rows = runner.map(points_task, context_of(study).payload(), grid, chunk=chunk,
                           on_done=(lambda part: bar.update(len(part))) if bar else None)
     finally:
         if bar is not None:
@@ -467,7 +198,7 @@ def run_search(study: Study, search: Search, runner: Runner, cache: dict | None 
     name = search.study_name or f"autopar-codesign-{study.name}-{search.name}-seed{search.seed}"
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    payload = study.context.payload()
+    payload = context_of(study).payload()
     rows: dict[int, dict] = {}
     bar = progress_bar(search.trials, f"{study.name} {search.name}", progress)
     try:
@@ -597,12 +328,12 @@ def base_point(st: Study) -> dict | None:
     """The base system at its best layout and its cost under the study's cost
     model (a reference: its values need not lie in the searched domains).
     None when the processor count is searched."""
-    from autopar.studies.hardware import PROCS, get_path
+    from autopar.io.hardware import PROCS, get_path
     hw = st.hardware
     if PROCS in hw.names:
         return None
     values = {d.name: get_path(hw.base, d.keys) for d in hw.dims}
-    return st.context.point(values)
+    return context_of(st).point(values)
 
 
 def _run_compare(st: Study, runner: Runner, progress) -> Result:

@@ -116,7 +116,7 @@ def summary_dict(res, points) -> dict:
     done = t["state"] == "COMPLETE"
     d = {"study": st.name, "source": st.source, "objectives": list(st.objectives),
          "search": "compare" if st.compare else st.search.sampler,
-         "inner": st.context.inner.to_dict(), "space": st.context.space.name,
+         "inner": st.inner.to_dict(), "space": st.case.space.name,
          "hardware": {n: ({"values": list(d.values)} if d.discrete else
                           {"min": d.low, "max": d.high, "log": d.log}) | {"cost": d.cost}
                       for n, d in zip(st.hardware.names, st.hardware.dims)},

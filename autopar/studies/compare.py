@@ -41,61 +41,19 @@ whichever way it is spread.
 """
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.io.experiment import integer, open_file
-from autopar.io.specs import SpecError, brief
+from autopar.io.experiment import (Experiment, SamplerEntry, is_compare,  # noqa: F401
+                                   load_experiment)
+from autopar.io.specs import SpecError
 
-TOP_KEYS = ("kind", "name", "description", "case", "samplers", "seeds", "trials",
-            "budgets", "parallel", "workers", "output_dir")
-CASE_KEYS = ("model", "system", "num_procs", "max_batch_size", "datatype", "space",
-             "batch_policy")
-PARALLEL = ("serial", "processes", "ray")
-DEFAULT_SPACE = "calculon"        # the same default as `autopar exhaustive`
-DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
-DEFAULT_WORKERS = 2
-# autopar.search.tune arguments an experiment decides itself (not sampler options)
-_RESERVED = ("model", "system", "num_procs", "max_batch_size", "datatype", "sampler",
-             "trials", "space", "seed", "storage", "address", "progress", "study_name",
-             "batch_policy", "training")
 OUTPUT_FILES = ("optimum.json", "curves.csv", "summary.csv", "regret.png")
-
-
-@dataclass(frozen=True)
-class SamplerEntry:
-    label: str                       # the name in curves.csv / summary.csv
-    name: str                        # autopar.search.tune's sampler
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Experiment:
-    source: str
-    name: str
-    description: str
-    model: Any                       # ModelSpec
-    system: Any                      # SystemSpec
-    model_given: Any                 # as written in the experiment
-    system_given: Any
-    num_procs: int
-    max_batch_size: int
-    datatype: str
-    space: Any                       # autopar.search.space.Space
-    batch_policy: str | None
-    samplers: tuple[SamplerEntry, ...]
-    seeds: tuple[int, ...]
-    trials: int
-    budgets: tuple[int, ...]
-    parallel: str | None             # None: decided by the address
-    workers: int
-    output_dir: Path | None
 
 
 @dataclass
@@ -110,204 +68,15 @@ class CompareResult:
 
 
 # --------------------------------------------------------------------------
-# Loading the experiment
-
-def is_compare(data) -> bool:
-    """Whether a loaded experiment mapping is a comparison (``kind: compare``)."""
-    return isinstance(data, Mapping) and data.get("kind") == "compare"
-
-
-def load_experiment(spec, overrides: Mapping | None = None,
-                    base_dir=None, source: str | None = None) -> Experiment:
-    """A comparison experiment (YAML path, dict or Experiment) -> Experiment.
-
-    Relative paths in a file are relative to the file's folder; in a dict,
-    to ``base_dir`` (default: the current directory).  ``overrides`` replace
-    top-level keys (``case`` is merged key by key).  Bad input raises
-    ``SpecError(file, field, message)``.
-    """
-    if isinstance(spec, Experiment) and not overrides:
-        return spec
-    if isinstance(spec, (str, os.PathLike)):
-        data, src, base, stem = open_file(spec, source)
-    elif isinstance(spec, Mapping):
-        data, src = dict(spec), source or "experiment"
-        base = Path(base_dir or os.getcwd())
-        stem = Path(source).name.removesuffix(".yaml").removesuffix(".yml") if source else "compare"
-    else:
-        raise SpecError(source or "experiment", "(root)",
-                        f"expected a file path or a mapping, got {type(spec).__name__}")
-    overrides = dict(overrides or {})
-    if "trials" in overrides and "budgets" not in overrides and isinstance(data.get("budgets"), list):
-        t = overrides["trials"]     # fewer trials: keep the budgets that still fit
-        if isinstance(t, int) and not isinstance(t, bool) and t >= 1:
-            fit = [b for b in data["budgets"] if not isinstance(b, int) or b <= t]
-            overrides["budgets"] = fit or [t]
-    for k, v in overrides.items():
-        if k == "case" and isinstance(v, Mapping) and isinstance(data.get("case"), Mapping):
-            data["case"] = {**data["case"], **v}
-        else:
-            data[k] = v
-    return _parse(data, src, base, stem)
-
-
-def _parse(data: Mapping, src: str, base: Path, stem: str) -> Experiment:
-    from autopar.search.space import load_space
-    from autopar.io.specs import load_model, load_system
-
-    from autopar.io.experiment import header
-    name, desc = header(data, src, stem, "compare", TOP_KEYS)
-
-    case = data.get("case")
-    if not isinstance(case, Mapping):
-        raise SpecError(src, "case", f"expected a mapping with {', '.join(CASE_KEYS[:5])}, "
-                                     f"got {brief(case)}")
-    for k in case:
-        if k not in CASE_KEYS:
-            raise SpecError(src, f"case.{k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
-    for k in CASE_KEYS[:5]:
-        if k not in case:
-            raise SpecError(src, f"case.{k}", "missing")
-
-    def path_of(fld, v):
-        if isinstance(v, Mapping):
-            return dict(v)
-        if not isinstance(v, str) or not v:
-            raise SpecError(src, fld, f"expected a file path or a mapping, got {brief(v)}")
-        p = Path(v)
-        return str(p if p.is_absolute() else base / p)
-
-    model = load_model(path_of("case.model", case["model"]))
-    system = load_system(path_of("case.system", case["system"]))
-    num_procs = integer(src, "case.num_procs", case["num_procs"], 1)
-    max_batch = integer(src, "case.max_batch_size", case["max_batch_size"], 1)
-    datatype = case["datatype"]
-    if datatype not in system.datatypes:
-        raise SpecError(src, "case.datatype", f"{brief(datatype)} is not supported by "
-                        f"{system.source} (it runs: {', '.join(system.datatypes)})")
-    sp = case.get("space", DEFAULT_SPACE)
-    if isinstance(sp, str) and ("/" in sp or sp.endswith((".yaml", ".yml"))):
-        sp = path_of("case.space", sp)
-    elif not isinstance(sp, (str, Mapping)) or not sp:
-        raise SpecError(src, "case.space", f"expected a space name, a path or a mapping, got {brief(sp)}")
-    space = load_space(sp)
-    policy = case.get("batch_policy")
-    if policy is not None and policy not in ("max", "fixed"):
-        raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {brief(policy)}")
-
-    samplers = _samplers(src, data.get("samplers"))
-    seeds = _seeds(src, data.get("seeds", 1))
-    if "trials" not in data:
-        raise SpecError(src, "trials", "missing (trials per run)")
-    trials = integer(src, "trials", data["trials"], 1)
-    budgets = _budgets(src, data.get("budgets"), trials)
-    parallel = data.get("parallel")
-    if parallel is not None and parallel not in PARALLEL:
-        raise SpecError(src, "parallel", f"expected one of {', '.join(PARALLEL)}, got {brief(parallel)}")
-    workers = integer(src, "workers", data.get("workers", DEFAULT_WORKERS), 1)
-    out = data.get("output_dir")
-    if out is not None:
-        if not isinstance(out, str) or not out:
-            raise SpecError(src, "output_dir", f"expected a folder path, got {brief(out)}")
-        out = Path(out) if Path(out).is_absolute() else base / out
-    return Experiment(source=src, name=name.strip(), description=desc, model=model,
-                      system=system, model_given=case["model"], system_given=case["system"],
-                      num_procs=num_procs, max_batch_size=max_batch, datatype=datatype,
-                      space=space, batch_policy=policy, samplers=samplers, seeds=seeds,
-                      trials=trials, budgets=budgets, parallel=parallel, workers=workers,
-                      output_dir=out)
-
-
-def sampler_options() -> dict[str, inspect.Parameter]:
-    """The ``autopar.search.tune`` keyword arguments a sampler entry may set."""
-    from autopar.search.tune import tune
-    return {n: p for n, p in inspect.signature(tune).parameters.items()
-            if n not in _RESERVED and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-
-
-def _samplers(src: str, v) -> tuple[SamplerEntry, ...]:
-    from autopar.search.samplers import SAMPLERS
-    if not isinstance(v, list) or not v:
-        raise SpecError(src, "samplers", f"expected a non-empty list, got {brief(v)}")
-    allowed = sampler_options()
-    out, labels = [], set()
-    for i, item in enumerate(v):
-        fld = f"samplers[{i}]"
-        if isinstance(item, str):
-            item = {"name": item}
-        if not isinstance(item, Mapping):
-            raise SpecError(src, fld, f"expected a sampler name or a mapping, got {brief(item)}")
-        name = item.get("name")
-        if name not in SAMPLERS:
-            raise SpecError(src, f"{fld}.name", f"expected one of {', '.join(SAMPLERS)}, got {brief(name)}")
-        label = item.get("label", name)
-        if not isinstance(label, str) or not label or label == "exhaustive":
-            raise SpecError(src, f"{fld}.label", f"expected a name other than exhaustive, got {brief(label)}")
-        if label in labels:
-            raise SpecError(src, f"{fld}.label", f"{label!r} is used twice; give each entry its own label")
-        labels.add(label)
-        options = {}
-        for k, val in item.items():
-            if k in ("name", "label"):
-                continue
-            if k not in allowed:
-                raise SpecError(src, f"{fld}.{k}", "unknown option; a sampler takes name, label"
-                                + "".join(f", {o}" for o in allowed))
-            options[k] = _option(src, f"{fld}.{k}", k, val)
-        out.append(SamplerEntry(label=label, name=name, options=options))
-    return tuple(out)
-
-
-def _option(src: str, fld: str, key: str, val):
-    """Check the options autopar.search.tune knows of; others go to tune as they are."""
-    if key == "encoding":
-        from autopar.search.encodings import ENCODINGS
-        if val not in ENCODINGS:
-            raise SpecError(src, fld, f"expected one of {', '.join(ENCODINGS)}, got {brief(val)}")
-    elif key == "backend":
-        from autopar.search.tune import BACKENDS
-        if val not in BACKENDS:
-            raise SpecError(src, fld, f"expected one of {', '.join(BACKENDS)}, got {brief(val)}")
-    elif key == "concurrency" and val is not None:
-        integer(src, fld, val, 1)
-    return val
-
-
-def _seeds(src: str, v) -> tuple[int, ...]:
-    if isinstance(v, int) and not isinstance(v, bool):
-        return tuple(range(integer(src, "seeds", v, 1)))
-    if not isinstance(v, list) or not v:
-        raise SpecError(src, "seeds", f"expected a count or a non-empty list of seeds, got {brief(v)}")
-    seeds = tuple(integer(src, f"seeds[{i}]", s, 0) for i, s in enumerate(v))
-    if len(set(seeds)) != len(seeds):
-        raise SpecError(src, "seeds", "lists a seed twice")
-    return seeds
-
-
-def _budgets(src: str, v, trials: int) -> tuple[int, ...]:
-    if v is None:
-        return tuple(sorted({b for b in DEFAULT_BUDGETS if b < trials} | {trials}))
-    if not isinstance(v, list) or not v:
-        raise SpecError(src, "budgets", f"expected a non-empty list of trial counts, got {brief(v)}")
-    out = []
-    for i, b in enumerate(v):
-        b = integer(src, f"budgets[{i}]", b, 1)
-        if b > trials:
-            raise SpecError(src, f"budgets[{i}]", f"{b} exceeds trials ({trials})")
-        out.append(b)
-    return tuple(sorted(set(out)))
-
-
-# --------------------------------------------------------------------------
 # One run (a top-level function: it runs in pool processes and Ray tasks)
 
 def _job_base(exp: Experiment) -> dict:
     """What every run needs, as plain data (no files needed where it runs)."""
     from autopar.io.specs import model_to_json, system_to_json
-    return {"model": model_to_json(exp.model), "system": system_to_json(exp.system),
-            "num_procs": exp.num_procs, "max_batch_size": exp.max_batch_size,
-            "datatype": exp.datatype, "space": exp.space.to_dict(),
-            "batch_policy": exp.batch_policy, "trials": exp.trials}
+    return {"model": model_to_json(exp.case.model), "system": system_to_json(exp.case.system),
+            "num_procs": exp.case.num_procs, "max_batch_size": exp.case.max_batch_size,
+            "datatype": exp.case.datatype, "space": exp.case.space.to_dict(),
+            "batch_policy": exp.case.batch_policy, "trials": exp.trials}
 
 
 def run_one(base: Mapping, sampler: str, label: str, options: Mapping, seed: int,
@@ -476,7 +245,7 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     from autopar.search.exhaustive import exhaustive
 
     exp = load_experiment(experiment, overrides=overrides or None)
-    check_calculon_run(execution_format, exp.model, exp.space, source="compare",
+    check_calculon_run(execution_format, exp.case.model, exp.case.space, source="compare",
                        field="execution_format")
     out_dir = Path(output_dir) if output_dir is not None else exp.output_dir
     if out_dir is not None:
@@ -486,8 +255,9 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     show = sys.stderr.isatty() if progress is None else bool(progress)
 
     t0 = time.perf_counter()
-    _, summ = exhaustive(exp.model, exp.system, exp.num_procs, exp.max_batch_size,
-                         exp.datatype, space=exp.space, batch_policy=exp.batch_policy,
+    case = exp.case
+    _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
+                         case.datatype, space=case.space, batch_policy=case.batch_policy,
                          address=address if parallel == "ray" else None, progress=show)
     if summ["best"] is None:
         why = "; ".join(f"{r} ({n:,})" for r, n in list(summ["infeasible"].items())[:3])
@@ -495,10 +265,10 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
                         f"layouts of space {summ['space']}: {why or 'the space is empty'}")
     opt = float(summ["best"]["sample_rate"])
     optimum = {
-        "name": exp.name, "model": exp.model_given, "system": exp.system_given,
-        "model_name": exp.model.name, "system_name": exp.system.name,
-        "num_procs": exp.num_procs, "max_batch_size": exp.max_batch_size,
-        "datatype": exp.datatype, "batch_policy": summ["batch_policy"],
+        "name": exp.name, "model": exp.case.model_given, "system": exp.case.system_given,
+        "model_name": exp.case.model.name, "system_name": exp.case.system.name,
+        "num_procs": exp.case.num_procs, "max_batch_size": exp.case.max_batch_size,
+        "datatype": exp.case.datatype, "batch_policy": summ["batch_policy"],
         "space": summ["space"], "space_size": summ["layouts"],
         "feasible_layouts": summ["feasible"],
         "execution": export_execution(summ["best"]["execution"], execution_format,
@@ -561,8 +331,8 @@ def write_outputs(result: CompareResult, out_dir) -> tuple[Path, ...]:
     write_json(opt, paths[0])
     write_atomic_csv(result.curves, paths[1])
     write_atomic_csv(result.summary, paths[2])
-    title = (f"{exp.model.name or 'model'} on {exp.num_procs:,} x {exp.system.name or 'system'}, "
-             f"{exp.datatype}, space {opt['space']} ({opt['space_size']:,} layouts)")
+    title = (f"{exp.case.model.name or 'model'} on {exp.case.num_procs:,} x {exp.case.system.name or 'system'}, "
+             f"{exp.case.datatype}, space {opt['space']} ({opt['space_size']:,} layouts)")
     note = (f"optimum {opt['sample_rate']:.4g} samples/s; exhaustive search: "
             f"{opt['exhaustive_seconds']:.3g} s")
     regret.plot(result.curves, [e.label for e in exp.samplers], paths[3], title=title, note=note)
@@ -596,8 +366,8 @@ def summary_text(result: CompareResult) -> str:
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)   # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths)))
-    lines = [f"{exp.name}: {opt['model_name']} on {exp.num_procs:,} x {opt['system_name']}, "
-             f"{exp.datatype}, space {opt['space']} ({opt['space_size']:,} layouts); "
+    lines = [f"{exp.name}: {opt['model_name']} on {exp.case.num_procs:,} x {opt['system_name']}, "
+             f"{exp.case.datatype}, space {opt['space']} ({opt['space_size']:,} layouts); "
              f"optimum {opt['sample_rate']:.6g} samples/s",
              "regret: median [IQR] after N trials; trials to X%: median (runs that got there)",
              fmt(head), fmt(["-" * w for w in widths])]

@@ -23,52 +23,14 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from autopar.io.experiment import PARALLEL, Inner
 from autopar.io.specs import SpecError
 
-INNER_SEARCHES = ("exhaustive", "tpe", "random", "cmaes", "bohb", "grid")
-PARALLEL = ("serial", "processes", "ray")
 # Reported with every point: Calculon's names.
 BREAKDOWN = ("total_time", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
              "compute_efficiency", "system_efficiency", "total_efficiency")
 # Enumerated layout tables are kept per (processor count, tiers) up to this many rows.
 LAYOUT_CACHE_ROWS = 1 << 21
-
-
-@dataclass(frozen=True)
-class Inner:
-    """How each system's best layout is found."""
-    search: str = "exhaustive"        # or a sampler of autopar.search.tune
-    trials: int = 0                   # sampler trials per system
-    seed: int | None = 0
-
-    def to_dict(self) -> dict:
-        return {"search": self.search, "trials": self.trials, "seed": self.seed}
-
-
-def parse_inner(src: str, v) -> Inner:
-    if v is None:
-        return Inner()
-    if isinstance(v, str):
-        v = {"search": v}
-    if not isinstance(v, Mapping):
-        raise SpecError(src, "inner", f"expected a mapping (search, trials, seed), got {v!r}")
-    for k in v:
-        if k not in ("search", "trials", "seed"):
-            raise SpecError(src, f"inner.{k}", "unknown key; expected one of search, trials, seed")
-    search = v.get("search", "exhaustive")
-    if search not in INNER_SEARCHES:
-        raise SpecError(src, "inner.search", f"expected one of {', '.join(INNER_SEARCHES)}, "
-                                             f"got {search!r}")
-    trials = v.get("trials", 0 if search == "exhaustive" else 200)
-    if search != "exhaustive" and (isinstance(trials, bool) or not isinstance(trials, int)
-                                   or trials < 1):
-        raise SpecError(src, "inner.trials", f"expected an integer >= 1, got {trials!r}")
-    if search == "exhaustive" and "trials" in v:
-        raise SpecError(src, "inner.trials", "only for a sampler (the exhaustive search tries every layout)")
-    seed = v.get("seed", 0)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise SpecError(src, "inner.seed", f"expected an integer >= 0, got {seed!r}")
-    return Inner(search, int(trials), seed)
 
 
 # --------------------------------------------------------------------------
@@ -219,6 +181,15 @@ class Context:
         return row
 
 
+def context_of(study) -> Context:
+    """The Context of a co-design ``Study`` or a cliffs ``Sweep`` (their case,
+    hardware and inner search)."""
+    from autopar.search.space import load_space
+    case = study.case
+    return Context(case.model, study.hardware, load_space(case.space), case.max_batch_size,
+                   case.datatype, case.batch_policy, True, study.inner)
+
+
 _CONTEXTS: dict = {}
 
 
@@ -226,7 +197,7 @@ def context_from_payload(payload: Mapping) -> Context:
     key = json.dumps(payload, sort_keys=True, default=str)
     ctx = _CONTEXTS.get(key)
     if ctx is None:
-        from autopar.studies.hardware import hardware_from_dict
+        from autopar.io.hardware import hardware_from_dict
         from autopar.search.space import load_space
         from autopar.io.specs import load_model
         ctx = Context(load_model(dict(payload["model"]), source="model"),

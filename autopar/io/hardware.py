@@ -34,7 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from autopar.io.specs import SpecError, SystemSpec, brief, load_system
+from autopar.io.errors import SpecError, brief
+from autopar.io.specs import SystemSpec, load_system
 
 PROCS = "num_procs"
 DIM_KEYS = ("values", "min", "max", "step", "num", "log", "cost")

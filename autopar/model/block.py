@@ -1,0 +1,374 @@
+"""The transformer block: a sequence of layers, summed per block.
+
+Follows Calculon's ``llm.py`` (its attention and MLP block builders and the
+per-block statistics).  ``block`` lays out the layers of one block for every
+row at once: layers that exist only for some rows (separate vs overlapped TP
+communication, multi-query, FlashAttention) carry a presence mask, and the
+sequence is a superset whose order agrees with every variant, so running
+sums over it equal the sums over each row's own layers.  ``accumulate``
+sums the layers into the per-block quantities (``SUMS``) with Calculon's
+recompute rules.  ``BlockCache`` computes them once per distinct block (a
+block depends on a handful of columns) and gathers them back per row.
+``output_head`` is the embedding and the output layer with its loss, for
+models that give a vocabulary.
+
+Notation (elements of one micro-batch on one processor): ``B`` tokens,
+``A`` = B x hidden, ``A_split`` the same split over tensor_par (sequence
+parallelism), ``A_tp`` whichever of the two the layout keeps; ``h, f, s, H,
+d, KV``: hidden, feed-forward, sequence, heads, head size, K/V heads.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.io.layouts import CHOICES
+from autopar.io.specs import MemoryOverhead, SystemSpec
+from autopar.model.communication import tp_collective, tp_overlapped_linear
+from autopar.model.context import LayoutContext
+from autopar.model.hardware import MAX_TIERS
+from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork, gelu,
+                                  layer, layer_norm, linear, residual, rms_norm, rotary,
+                                  softmax, swiglu)
+
+
+def block(ctx: LayoutContext, cols: dict):
+    """Per-block sums of one micro-batch for every row of ``cols``.
+
+    The GPT block with default options is exactly Calculon's layer sequence.
+    A LLaMA block (``model.block == "llama"``) has RMSNorm, rotary embeddings,
+    grouped-query attention (``kv_heads``), no dropout and a SwiGLU MLP whose
+    first matrix is two matrices wide.  ``attention_impl`` replaces the
+    attention core by a fused softmax or a FlashAttention kernel, and
+    ``fused_norm`` the norm by a fused kernel.
+    """
+    m = ctx.model
+    llama = m.block == "llama"
+    h, f, s, H, d = (float(m.hidden), float(m.feedforward), float(m.seq_size),
+                     float(m.attn_heads), float(m.attn_size))
+    KV = float(m.kv_heads or m.attn_heads)
+    tp = ctx.tp
+    mbs = cols["microbatch_size"].astype(float)
+    B = mbs * s
+    A = B * h
+    A_split = np.floor_divide(B, tp) * h
+    A_tp = np.where(ctx.tp_rs_ag, A_split, A)
+    rec = cols["activation_recompute"]
+    recompute_full = rec == CHOICES["activation_recompute"].index("full")
+    recompute_attn = recompute_full | (rec == CHOICES["activation_recompute"].index("attn_only"))
+    ag_redo = cols["seq_par_ag_redo"]
+    regather_attn = recompute_attn | ag_redo
+    regather_mlp = recompute_full | ag_redo
+    tp_separate = cols["tensor_par_overlap"] == 0     # TP comm as separate layers
+    tp_overlapped = ~tp_separate
+    multiquery = cols["attention_type"] == CHOICES["attention_type"].index("multiquery")
+    kv_width = np.where(multiquery, d, KV * d / tp)   # K (and V) width per processor
+    impl = cols["attention_impl"]
+    flash = impl >= CHOICES["attention_impl"].index("flash_v1")
+    core = ~flash
+    fused_norm = cols["fused_norm"]
+    fused = cols["fused_activation"]
+    heads_tp = H / tp
+    scores = heads_tp * s * s * mbs
+    norm = rms_norm if llama else layer_norm
+    ff_in = 2 * f if llama else f           # SwiGLU: gate and up projections
+
+    full = {"recompute": recompute_full}        # recomputed under full recompute
+    attn = {"recompute": recompute_attn}        # ... under full or attention-only
+    shared_input = {"stored": False, "reused": True}   # its input is the Fork's
+    # (layer, rows that have it)
+    seq = [
+        # attention block
+        (fork(ctx, A_tp, 2, **full, stored=True), True),
+        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
+        (tp_collective(ctx, A, False, recomm=regather_attn), tp_separate),
+        (fork(ctx, A, 3, recompute=regather_attn, stored=~regather_attn), tp_separate),
+        (linear(ctx, B, h, H * d / tp, **full, **shared_input), tp_separate),
+        (tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
+                              regather_attn), tp_overlapped & ~multiquery),
+        (tp_overlapped_linear(ctx, B, h, H * d, False, recompute_full, regather_attn),
+         tp_overlapped & multiquery),
+        (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn),
+         tp_overlapped & multiquery),
+        (linear(ctx, B, h, kv_width, **full, **shared_input), tp_separate | multiquery),
+        (linear(ctx, B, h, kv_width, **full, **shared_input), tp_separate | multiquery),
+    ]
+    if llama:
+        seq.append((rotary(ctx, B * (H * d / tp + kv_width), **attn), True))
+    seq += [
+        (batched_matmul(ctx, mbs * heads_tp, s, d, s, **attn, out_stored=~recompute_attn), core),
+        (softmax(ctx, scores, impl, llama, **attn, out_stored=~recompute_attn), core),
+    ]
+    if not llama:
+        seq.append((dropout(ctx, scores, **attn, stored=~recompute_attn), core))
+    seq += [
+        (batched_matmul(ctx, mbs * heads_tp, s, s, d, **full), core),
+        (flash_attention(ctx, mbs, heads_tp, s, d, kv_width, impl, **full), flash),
+        (linear(ctx, B, H * d / tp, h, **full), tp_separate),
+        (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
+        (tp_overlapped_linear(ctx, B, H * d, h, True, recompute_full, recompute_full),
+         tp_overlapped),
+    ]
+    if not llama:
+        seq.append((dropout(ctx, A_tp, **full), True))
+    seq += [
+        (residual(ctx, A_tp, A_tp, **full, **shared_input), True),
+        # MLP block
+        (fork(ctx, A_tp, 2, **full, stored=True), True),
+        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
+        (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
+        (linear(ctx, B, h, ff_in / tp, **full, stored=~regather_mlp), tp_separate),
+        (tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_full, regather_mlp),
+         tp_overlapped),
+        ((swiglu if llama else gelu)(ctx, f * B / tp, fused, **full), True),
+        (linear(ctx, B, f / tp, h, **full), tp_separate),
+        (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
+        (tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full),
+         tp_overlapped),
+    ]
+    if not llama:
+        seq.append((dropout(ctx, A_tp, **full), True))
+    seq.append((residual(ctx, A_tp, A_tp, **full, **shared_input), True))
+    return accumulate(ctx, cols, seq, recompute_full)
+
+
+def activation_sizes(ctx: LayoutContext, cols: dict) -> dict:
+    """Activation sizes (elements) of one micro-batch and the recompute flag."""
+    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size
+    A = B * ctx.model.hidden
+    A_split = np.floor_divide(B, ctx.tp) * ctx.model.hidden
+    recompute_full = cols["activation_recompute"] == CHOICES["activation_recompute"].index("full")
+    return dict(B=B, A=A, A_split=A_split, recompute_full=recompute_full)
+
+
+# Columns the per-block statistics depend on.
+_BLOCK_FIELDS = ("attention_impl", "fused_norm",
+                 "datatype", "tensor_par", "microbatch_size", "activation_recompute",
+                 "tensor_par_comm_type", "tensor_par_overlap", "seq_par_ag_redo",
+                 "fused_activation", "attention_type", "training", "tensor_par_net",
+                 "optimizer_sharding", "data_par")
+# Block sums of the optimizer step (they depend on the sharding, cached apart).
+OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
+              "optim_time")
+
+
+def _pack(parts) -> np.ndarray:
+    """One int64 key per row from (column, radix) pairs (mixed radix)."""
+    key = np.zeros(len(parts[0][0]), dtype=np.int64)
+    for col, radix in parts:
+        key = key * radix + col
+    return key
+
+
+def _compact(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """Small non-negative codes for an integer column, and their radix."""
+    hi = int(col.max()) + 1 if len(col) else 1
+    if hi <= 1 << 20:
+        return col, hi
+    _, inv = np.unique(col, return_inverse=True)
+    return inv, int(inv.max()) + 1
+
+
+_FEW = 64
+
+
+class BlockCache:
+    """Per-block sums for every row, computed once per distinct block.
+
+    The block depends on a handful of columns; most layouts of a search share
+    their block with many others, so it is evaluated on the distinct keys and
+    gathered back.  Optimizer sharding only divides footprints (exactly) and
+    changes the optimizer step, which is evaluated on its own smaller key.
+    """
+
+    def __init__(self, model, system, cols: dict, datatypes):
+        n = len(cols["tensor_par"])
+        if n <= _FEW:        # a handful of layouts: no deduplication to win
+            sums = block(LayoutContext(model, system, cols, datatypes), cols)
+            self._n1 = [name for name in sums if name not in OPTIM_SUMS]
+            self._t1 = np.stack([np.broadcast_to(sums[name], (n,)) for name in self._n1])
+            self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
+            self.inv1 = self.inv2 = np.arange(n)
+            self.shard = self.grad_shard = np.ones(n)     # already divided
+            return
+        t = cols["tensor_par"]
+        tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
+        tp_code, tp_rad = _compact(t)
+        mbs_code, mbs_rad = _compact(cols["microbatch_size"])
+        key1 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
+                      (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 3),
+                      (cols["tensor_par_comm_type"].astype(np.int64), 3),
+                      (cols["tensor_par_overlap"].astype(np.int64), 3),
+                      (cols["seq_par_ag_redo"].astype(np.int64), 2),
+                      (cols["fused_activation"].astype(np.int64), 2),
+                      (cols["attention_type"].astype(np.int64), 2),
+                      (cols["training"].astype(np.int64), 2), (tpnet, MAX_TIERS),
+                      (cols["attention_impl"].astype(np.int64), 4),
+                      (cols["fused_norm"].astype(np.int64), 2)])
+        _, idx1, inv1 = np.unique(key1, return_index=True, return_inverse=True)
+        sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
+        sub["tensor_par_net"] = tpnet[idx1]
+        sub["optimizer_sharding"] = np.zeros(len(idx1), dtype=bool)
+        sub["data_par"] = np.ones(len(idx1), dtype=np.int64)
+        sums1 = block(LayoutContext(model, system, sub, datatypes), sub)
+
+        shard = np.where(cols["optimizer_sharding"], cols["data_par"], 1)
+        sh_code, sh_rad = _compact(shard)
+        key2 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
+                      (cols["attention_type"].astype(np.int64), 2),
+                      ((cols["tensor_par_overlap"] != 0).astype(np.int64), 2),
+                      (cols["training"].astype(np.int64), 2), (sh_code, sh_rad)])
+        _, idx2, inv2 = np.unique(key2, return_index=True, return_inverse=True)
+        sub2 = {f: cols[f][idx2] for f in _BLOCK_FIELDS}
+        sums2 = block(LayoutContext(model, system, sub2, datatypes), sub2)
+        # Sums stacked as (sum, distinct block) tables, gathered per chunk.
+        self._n1 = [name for name in sums1 if name not in OPTIM_SUMS]
+        self._t1 = np.stack([np.broadcast_to(sums1[name], (len(idx1),)) for name in self._n1])
+        self._t2 = np.stack([np.broadcast_to(sums2[name], (len(idx2),)) for name in OPTIM_SUMS])
+        self.inv1, self.inv2 = inv1, inv2
+        self.shard = shard
+        self.grad_shard = np.where(cols["unsharded_grads"], 1, shard)
+
+    def rows(self, sl: slice) -> dict:
+        """Per-block sums for the rows ``sl`` (one gather per key table)."""
+        a = self._t1[:, self.inv1[sl]]
+        b = self._t2[:, self.inv2[sl]]
+        sums = dict(zip(self._n1, a))
+        sums.update(zip(OPTIM_SUMS, b))
+        sums["wgrad_space"] = sums["wgrad_space"] / self.grad_shard[sl]
+        sums["optimizer_space"] = sums["optimizer_space"] / self.shard[sl]
+        return sums
+
+
+SUMS = (
+    "fw_flops", "fw_flops_time", "fw_mem", "fw_mem_time", "fw_time",
+    "base_fw_tp_size", "edge_fw_tp_size", "base_fw_tp_time", "edge_fw_tp_time",
+    "base_fw_tp_exp", "edge_fw_tp_exp",
+    "re_flops", "re_flops_time", "re_mem", "re_mem_time", "re_time",
+    "base_recomm_size", "edge_recomm_size", "base_recomm_time", "edge_recomm_time",
+    "base_recomm_exp", "edge_recomm_exp",
+    "agrad_flops", "agrad_flops_time", "agrad_mem", "agrad_mem_time", "agrad_time",
+    "base_agrad_tp_size", "edge_agrad_tp_size", "base_agrad_tp_time",
+    "edge_agrad_tp_time", "base_agrad_tp_exp", "edge_agrad_tp_exp",
+    "wgrad_flops", "wgrad_flops_time", "wgrad_mem", "wgrad_mem_time", "wgrad_time",
+    "optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time", "optim_time",
+    "weight_space", "act_working", "act_storage", "wgrad_space",
+    "wgrad_space_full", "act_grad_space", "optimizer_space", "useful_fw",
+    "useful_bw",
+)
+
+
+def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
+    """Per-block sums over the layer sequence, for one micro-batch."""
+    z = ctx.zeros
+    acc = {k: z.copy() for k in SUMS}
+    acc["tp_bw_req"] = z.copy()
+    tr = ctx.training
+    for L, present in seq:
+        p = np.broadcast_to(present, z.shape)
+        if not p.any():
+            continue
+        finish(ctx, L)
+        pt = p & tr
+
+        def add(key, val, mask=p):
+            if mask is True or mask.all():
+                acc[key] += val
+            elif mask.any():
+                acc[key] += np.where(mask, val, 0.0)
+
+        add("fw_flops", L["fw"])
+        add("fw_flops_time", L["flops_time_fw"])
+        add("fw_mem", L["mem_fw"])
+        add("fw_mem_time", L["mem_time_fw"])
+        add("fw_time", L["time_fw"])
+        add("useful_fw", L["fw"])
+        for e in ("base", "edge"):
+            add(f"{e}_fw_tp_size", L[f"comm_bytes_fw_{e}"])
+            add(f"{e}_fw_tp_time", L[f"comm_time_fw_{e}"])
+            add(f"{e}_fw_tp_exp", L[f"exposed_fw_{e}"])
+        acc["tp_bw_req"] = np.maximum(acc["tp_bw_req"], np.where(p, L["tp_bw_req_fw"], 0.0))
+        # Calculon adds the running forward totals (not the layer's own) to the
+        # recompute sums; its recompute time is the layer's own.
+        r = pt & L["recompute"]
+        add("re_flops", acc["fw_flops"], r)
+        add("re_flops_time", acc["fw_flops_time"], r)
+        add("re_mem", acc["fw_mem"], r)
+        add("re_mem_time", acc["fw_mem_time"], r)
+        add("re_time", L["time_fw"], r)
+        rc = pt & L["recomm"]
+        for e in ("base", "edge"):
+            add(f"{e}_recomm_size", L[f"comm_bytes_wgrad_{e}"], rc)
+            add(f"{e}_recomm_time", L[f"comm_time_wgrad_{e}"], rc)
+            add(f"{e}_recomm_exp", L[f"exposed_wgrad_{e}"], rc)
+            add(f"{e}_agrad_tp_size", L[f"comm_bytes_agrad_{e}"], pt)
+            add(f"{e}_agrad_tp_time", L[f"comm_time_agrad_{e}"], pt)
+            add(f"{e}_agrad_tp_exp", L[f"exposed_agrad_{e}"], pt)
+        add("agrad_flops", L["agrad"], pt)
+        add("agrad_flops_time", L["flops_time_agrad"], pt)
+        add("agrad_mem", L["mem_agrad"], pt)
+        add("agrad_mem_time", L["mem_time_agrad"], pt)
+        add("agrad_time", L["time_agrad"], pt)
+        add("wgrad_flops", L["wgrad"], pt)
+        add("wgrad_flops_time", L["flops_time_wgrad"], pt)
+        add("wgrad_mem", L["mem_wgrad"], pt)
+        add("wgrad_mem_time", L["mem_time_wgrad"], pt)
+        add("wgrad_time", L["time_wgrad"], pt)
+        add("optim_flops", L["optim_flops"], pt)
+        add("optim_flops_time", L["flops_time_optim"], pt)
+        add("optim_mem", L["mem_optim"], pt)
+        add("optim_mem_time", L["mem_time_optim"], pt)
+        add("optim_time", L["time_optim"], pt)
+        add("useful_bw", L["agrad"] + L["wgrad"], pt)
+        acc["tp_bw_req"] = np.maximum(acc["tp_bw_req"], np.where(pt, L["tp_bw_req_agrad"], 0.0))
+        add("weight_space", L["weight_b"])
+        add("act_working", L["act_b"], p & ~L["reused"])
+        add("act_storage", L["act_b"])
+        add("act_storage", -L["out_b"], pt & ~L["out_stored"])
+        add("act_storage", -L["act_b"], pt & ~L["stored"])
+        if "keep_b" in L:       # intermediates a kernel keeps beyond Calculon's count
+            add("act_storage", L["keep_b"])
+            add("act_working", L["keep_b"])
+        add("wgrad_space", L["wgrad_sh"], pt)
+        add("wgrad_space_full", L["wgrad_full"], pt)
+        add("act_grad_space", L["agrad_b"], pt)
+        add("optimizer_space", L["optimizer"], pt)
+    acc["act_storage"] = np.where(recompute_full, 0.0, acc["act_storage"])
+    return acc
+
+
+# Batch level: pipeline schedule, bubbles, DP communication, offload, memory.
+
+
+def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages,
+                system: SystemSpec):
+    """Time and memory of the embedding and the output layer with its loss.
+
+    Only for models that give ``vocab_size`` (Calculon models none).  The
+    output layer and the cross-entropy (in fp32) run on the last pipeline
+    stage for every micro-batch; that stage paces the pipeline, so the extra
+    time is paid in each of the ``microbatches + stages - 1`` schedule slots.  The first
+    stage holds the embedding, the last the output matrix and one
+    micro-batch's logits (with the fp32 copies the system's
+    ``memory_overhead`` says the loss keeps); with one stage, both.
+    """
+    V = float(ctx.model.vocab_size)
+    if V <= 0:
+        return 0.0, {"first": 0.0, "last": 0.0, "logits": 0.0}
+    tp, training, b = ctx.tp, ctx.training, ctx.elem_bytes
+    B = acts["B"]
+    out = finish(ctx, linear(ctx, B, float(ctx.model.hidden), V / tp))
+    logits = B * V / tp
+    loss = finish(ctx, layer(ctx, fw=5 * logits, agrad=3 * logits, inputs=logits,
+                             outputs=logits))
+    per_mb = out["time_fw"] + loss["time_fw"] + np.where(
+        training, out["time_agrad"] + out["time_wgrad"] + loss["time_agrad"], 0.0)
+    time = (microbatches + stages - 1) * per_mb
+    params = V * ctx.model.hidden / tp
+    grads = np.where(cols["unsharded_grads"], b, b / ctx.optim_shards)
+    per_param = b + np.where(training, grads + np.where(b < 4, 12.0, 8.0) / ctx.optim_shards, 0.0)
+    matrix = params * per_param
+    over = system.memory_overhead or MemoryOverhead()
+    logit_mem = B * V / (1.0 if over.logits_gathered else tp) * (
+        b + np.where(training, over.logits_fp32_copies * 4.0, 0.0))
+    return time, {"first": matrix, "last": np.where(stages == 1, 2 * matrix, matrix),
+                  "logits": logit_mem}

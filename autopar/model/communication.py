@@ -1,0 +1,288 @@
+"""Communication: tensor-parallel collectives, pipeline p2p, data-parallel sync.
+
+Follows Calculon's ``network.py`` and the communication parts of its
+``llm.py``.  Tensor-parallel communication enters the block as layers,
+either separate collectives between the linear layers (``tp_collective``) or
+inside a linear layer whose communication overlaps its compute tile by tile
+(``tp_overlapped_linear``, Calculon's ring/pipe overlap).  Their times are
+given for the *base* blocks of a pipeline chunk and for its *edge* block
+(the last one, which with the p2p variant splits its collective like
+sequence parallelism does).  Pipeline p2p and the data-parallel gradient
+sync are batch-level: see ``pipeline_p2p`` and ``data_parallel_sync``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.model.context import LayoutContext
+from autopar.model.hardware import NetworkTier
+from autopar.model.layers import STAGES, layer
+
+
+def tp_collective(ctx, size, conjugate, recomm, stored=True):
+    """Tensor-parallel collective between layers (not overlapped)."""
+    t = ctx.tp
+    multi = t > 1
+    part = np.where(multi, size * (t - 1) / t, 0.0)
+    io = np.where(multi, size, 0.0)
+    L = layer(ctx, fw=part if conjugate else 0.0, agrad=0.0 if conjugate else part,
+              inputs=io, outputs=io, act=io, act_grads=io, recomm=recomm,
+               stored=stored)
+    b = ctx.elem_bytes
+    rs = ctx.tp_rs_ag
+    if conjugate:
+        L["act_b"] = np.where(rs, io * b / t, io * b)
+        L["agrad_b"] = np.where(rs, io * b / t, 0.0)
+        L["mem_agrad"] = np.where(rs, L["mem_agrad"], 0.0)
+    else:
+        L["act_b"] = np.where(rs, io * b / t, 0.0)
+        L["agrad_b"] = np.where(rs, io * b / t, io * b)
+        L["mem_fw"] = np.where(rs, L["mem_fw"], 0.0)
+    L["kind"] = "tpcomm"
+    L["finish"] = finish_tp_collective
+    L["conj"] = conjugate
+    L["size"] = size
+    return L
+
+
+def finish_tp_collective(ctx: LayoutContext, L: dict):
+    """Times of a separate TP collective for base and edge blocks: with
+    sequence parallelism (and at the edges with the p2p variant) an
+    all-reduce splits into reduce-scatter + all-gather."""
+    t, b, net = ctx.tp, ctx.elem_bytes, ctx.tp_net
+    multi = t > 1
+    conj = L["conj"]
+    nbytes = L["size"] * b
+    for s in STAGES:
+        L["time_" + s] = ctx.zeros
+    # The layer's own (vector) work, charged inside its communication time.
+    own = {s: ctx.processing_time(L["flops_time_" + s], L["mem_time_" + s])
+           for s in ("fw", "agrad", "wgrad")}
+    tpeers = np.maximum(t, 2)
+    for e in ("base", "edge"):
+        split = ctx.tp_rs_ag | (ctx.tp_p2p & (e == "edge"))
+        if conj:
+            fw_b = nbytes + ctx.zeros
+            ag_b = np.where(split, nbytes, 0.0)
+            wg_b = np.where(L["recomm"], nbytes, 0.0)
+            fw_op = np.where(split, net.time("reduce_scatter", fw_b, tpeers),
+                             net.time("all_reduce", fw_b, tpeers))
+            ag_op = np.where(split, net.time("all_gather", ag_b, tpeers), 0.0)
+            wg_op = np.where(split, net.time("reduce_scatter", wg_b, tpeers),
+                             net.time("all_reduce", wg_b, tpeers))
+        else:
+            fw_b = np.where(split, nbytes, 0.0)
+            ag_b = nbytes + ctx.zeros
+            wg_b = np.where(L["recomm"] & split, nbytes, 0.0)
+            fw_op = np.where(split, net.time("all_gather", fw_b, tpeers), 0.0)
+            ag_op = np.where(split, net.time("reduce_scatter", ag_b, tpeers),
+                             net.time("all_reduce", ag_b, tpeers))
+            wg_op = np.where(split, net.time("all_gather", wg_b, tpeers), 0.0)
+        L[f"comm_bytes_fw_{e}"] = np.where(multi, fw_b, 0.0)
+        L[f"comm_bytes_agrad_{e}"] = np.where(multi, ag_b, 0.0)
+        L[f"comm_bytes_wgrad_{e}"] = np.where(multi, wg_b, 0.0)
+        L[f"comm_time_fw_{e}"] = np.where(multi, fw_op + own["fw"], 0.0)
+        L[f"comm_time_agrad_{e}"] = np.where(multi, ag_op + own["agrad"], 0.0)
+        L[f"comm_time_wgrad_{e}"] = np.where(multi & L["recomm"], wg_op + own["wgrad"], 0.0)
+        for s in ("fw", "agrad", "wgrad"):
+            L[f"exposed_{s}_{e}"] = L[f"comm_time_{s}_{e}"]
+    L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = ctx.zeros
+
+
+def tp_overlapped_linear(ctx: LayoutContext, m, n, k, conjugate, recompute, recomm):
+    """A linear layer whose TP communication is overlapped tile by tile."""
+    t = ctx.tp
+    rs = ctx.tp_rs_ag
+    if not conjugate:
+        k = k / t
+        act = np.where(rs, m * n / t, m * n)
+        agr = np.where(rs, m * k, 0.0)
+    else:
+        n = n / t
+        act = np.where(rs, m * n, 0.0)
+        agr = np.where(rs, 2 * (m * k / t), 2 * m * k)
+    L = layer(ctx, fw=2 * m * n * k, agrad=2 * m * n * k, wgrad=2 * m * n * k,
+              inputs=m * n, outputs=m * k, weight=n * k, weight_grads=n * k,
+               act=act, act_grads=agr, optim=2 * n * k, recompute=recompute,
+               recomm=recomm, matrix=True)
+    L["kind"] = "overlapped"
+    L["finish"] = finish_tp_overlapped
+    L["conj"] = conjugate
+    return L
+
+
+def finish_tp_overlapped(ctx: LayoutContext, L: dict):
+    """Times of a tile-overlapped linear layer: ``tp`` tiles, each tile's
+    communication hidden behind the next tile's compute where it is shorter
+    (the rest exposed), the compute slowed by the processor share the
+    network tier uses."""
+    t, b, net = ctx.tp, ctx.elem_bytes, ctx.tp_net
+    conj = L["conj"]
+    tpeers = np.maximum(t, 2)
+    ag_size = L["inputs"] * b
+    rs_size = L["outputs"] * b
+
+    def comm(e):
+        split = ctx.tp_rs_ag | (ctx.tp_p2p & (e == "edge"))
+        if conj:
+            fw_b = rs_size
+            ag_b = np.where(split, rs_size, 0.0)
+            fw_t = np.where(split, net.time("reduce_scatter", fw_b, tpeers),
+                            net.time("all_reduce", fw_b, tpeers))
+            fw_t = fw_t + ctx.vector.time(fw_b / b * (t - 1) / t)
+            ag_t = np.where(split, net.time("all_gather", ag_b, tpeers)
+                            + 0.0, 0.0)
+            wg_b = np.where(L["recomm"], fw_b, 0.0)
+            wg_t = np.where(L["recomm"],
+                            np.where(split, net.time("reduce_scatter", wg_b, tpeers),
+                                     net.time("all_reduce", wg_b, tpeers)), 0.0)
+        else:
+            fw_b = np.where(split, ag_size, 0.0)
+            ag_b = ag_size
+            fw_t = np.where(split, net.time("all_gather", fw_b, tpeers), 0.0)
+            ag_t = np.where(split, net.time("reduce_scatter", ag_b, tpeers),
+                            net.time("all_reduce", ag_b, tpeers))
+            ag_t = ag_t + ctx.vector.time(ag_b / b * (t - 1) / t)
+            wg_b = np.where(L["recomm"], fw_b, 0.0)
+            wg_t = np.where(L["recomm"] & split,
+                            net.time("all_gather", wg_b, tpeers), 0.0)
+        return {"fw": (fw_b, fw_t), "agrad": (ag_b, ag_t), "wgrad": (wg_b, wg_t)}
+
+    cb, ce = comm("base"), comm("edge")
+    for s in ("fw", "agrad", "wgrad"):
+        L[f"comm_bytes_{s}_base"], L[f"comm_time_{s}_base"] = cb[s]
+        L[f"comm_bytes_{s}_edge"], L[f"comm_time_{s}_edge"] = ce[s]
+
+    usage = net.processor_usage
+    exposed = {}
+    for s in STAGES:
+        ft, mt = L["flops_time_" + s], L["mem_time_" + s]
+        nt = L[f"comm_time_{s}_base"] if s != "optim" else ctx.zeros
+        fts = ft / (1 - usage)
+        ct = ctx.processing_time(ft, mt)
+        cts = ctx.processing_time(fts, mt)
+        T = t
+        infl = nt / T - fts / T
+        hidden = ct / T + (T - 1) * ct / T + (T - 1) * (nt / T) * usage
+        shown = ct / T + (T - 1) * cts / T
+        time = np.where(infl > 0, shown, hidden)
+        ex = np.where(infl > 0, (T - 1) * infl, 0.0)
+        pipe_tile = np.where(ctx.tp_pipe_overlap, nt / T, 0.0)
+        time = time + pipe_tile
+        ex = ex + pipe_tile
+        has = nt != 0
+        L["time_" + s] = np.where(has, time, ct)
+        exposed[s] = np.where(has, ex, 0.0)
+    # Calculon reads the exposed time of the last processed stage: the
+    # re-communication is reported with the forward pass's exposure.
+    for e in ("base", "edge"):
+        L[f"exposed_fw_{e}"] = exposed["fw"]
+        L[f"exposed_agrad_{e}"] = exposed["agrad"]
+        L[f"exposed_wgrad_{e}"] = exposed["fw"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for s in ("fw", "agrad"):
+            fts_tile = L["flops_time_" + s] / (1 - usage) / t
+            L["tp_bw_req_" + s] = np.maximum(L[f"comm_bytes_{s}_base"] / t / fts_tile,
+                                             L[f"comm_bytes_{s}_edge"] / t / fts_tile)
+
+
+# ----------------------------------------------------------------------------
+# The transformer block: attention then MLP.  Layers that exist only for some
+# rows (e.g. overlapped vs. separate TP communication) carry a presence mask;
+# the sequence is a superset whose order agrees with every variant, so running
+# sums over the sequence equal the running sums over each row's own layers.
+
+
+# ----------------------------------------------------------------------------
+# Pipeline point-to-point and data-parallel gradient synchronisation.
+
+def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: dict, networks):
+    """Bytes one block boundary sends to the next stage (forward, backward)
+    and the p2p time of one chunk boundary on the pipeline's network tier."""
+    stages = cols["pipeline_par"]
+    sequence_split = ctx.tp_rs_ag | ctx.tp_p2p
+    fw_bytes = np.where(stages > 1, np.where(sequence_split, acts["A_split"], acts["A"])
+                        * ctx.elem_bytes, 0.0)
+    bw_bytes = np.where(ctx.training, fw_bytes, 0.0)
+    net = NetworkTier(networks, cols["pipeline_par_net"])
+    return fw_bytes, bw_bytes, net.time("p2p", fw_bytes, 2), net.time("p2p", bw_bytes, 2)
+
+
+def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
+                       p2p_bw_time, networks) -> dict:
+    """Gradient synchronisation over data_par: its link time, the part not
+    hidden behind backward compute, and the bandwidth overlap would need.
+
+    Without optimizer sharding the gradients are all-reduced; with it they
+    are reduce-scattered and the updated weights all-gathered.  With
+    ``data_par_overlap`` the sync of a chunk runs during the backward pass
+    of the chunks after it (``interleaving - 1`` windows) and the last
+    chunk's sync runs during the rest of its own backward pass; what does not
+    fit, and the processor share the network takes from compute, is exposed.
+    """
+    training = ctx.training
+    stages, dp = cols["pipeline_par"], cols["data_par"]
+    sharded = cols["optimizer_sharding"]
+    base = sched.base_blocks
+    # Time of a block's backward in which the sync can hide (not memory-bound work).
+    optim_free = np.where(sharded, 0.0, sums["optim_time"] - sums["optim_mem_time"])
+    grad_mem = chunk["grad_mem_time"]
+    base_window = chunk["bw_base"] - (grad_mem + sums["re_mem_time"]) + optim_free
+    edge_window = chunk["bw_edge"] - (grad_mem + sums["re_mem_time"]) + optim_free
+    block_compute = (sums["agrad_flops_time"] + sums["wgrad_flops_time"]
+                     + sums["re_flops_time"] + np.where(sharded, 0.0, sums["optim_flops_time"]))
+    # Sharing the tensor-parallel tier, it waits for the TP traffic.
+    same_tp = cols["data_par_net"] == cols["tensor_par_net"]
+    base_window = base_window - np.where(
+        same_tp, sums["base_recomm_time"] + sums["base_agrad_tp_time"], 0.0)
+    edge_window = edge_window - np.where(
+        same_tp, sums["edge_recomm_time"] + sums["edge_agrad_tp_time"], 0.0)
+    chunk_window = base * base_window + 1.0 * edge_window
+    chunk_compute = sched.blocks_per_chunk * block_compute
+
+    net = NetworkTier(networks, cols["data_par_net"])
+    peers = np.maximum(dp, 2)
+    active = (dp > 1) & training
+    block_bytes = np.where(active, sums["weight_space"], 0.0)
+    block_time = np.where(active, np.where(
+        sharded, net.time("reduce_scatter", block_bytes, peers)
+        + net.time("all_gather", block_bytes, peers),
+        net.time("all_reduce", block_bytes, peers)), 0.0)
+    wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
+                          net.scale("all_reduce"))
+    usage = net.processor_usage
+    overlapped_chunks = sched.interleaving - 1
+    last_blocks = sched.blocks_per_chunk - 1
+    stages_f = stages.astype(float)
+    window = stages_f * chunk_window
+    window_compute = stages_f * chunk_compute
+    chunk_time = sched.blocks_per_chunk * block_time
+    same_pp = cols["data_par_net"] == cols["pipeline_par_net"]
+    leftover = sched.microbatches % stages
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # On the pipeline's tier the sync also waits for backward p2p transfers.
+        p2p_waits = np.where(same_pp, np.minimum(np.floor_divide(chunk_time, chunk["bw"]),
+                                                 np.where(leftover != 0, leftover, stages)),
+                             0.0)
+        inflation = chunk_time - (window - p2p_waits * p2p_bw_time) + window_compute * usage
+        windows_exposed = np.where(inflation > 0, overlapped_chunks * inflation,
+                                   overlapped_chunks * chunk_time * usage)
+        windows_time = (window + window_compute * usage
+                        - np.where(same_pp, p2p_bw_time, 0.0)) * overlapped_chunks
+        req_chunk = np.where(windows_time > 0,
+                             sched.blocks_per_chunk * block_bytes / windows_time * wire_scale,
+                             0.0)
+        last_window = np.where(base > 0, chunk_window - p2p_bw_time
+                               - (chunk["bw_base"] + chunk["bw_edge"]) / 2 + optim_free, 0.0)
+        last_inflation = last_blocks * block_time + (block_compute * usage - last_window)
+        last_exposed = np.where(last_inflation > 0, last_inflation,
+                                last_blocks * block_time * usage)
+        tail_time = last_window + last_blocks * block_time * usage
+        req_tail = np.where(tail_time > 0,
+                            sched.blocks_per_chunk * block_bytes / tail_time * wire_scale, 0.0)
+    overlap = active & cols["data_par_overlap"]
+    link = np.where(active, sched.blocks_per_stage * block_time, 0.0)
+    exposed = np.where(overlap, block_time + windows_exposed + last_exposed, link)
+    return {"link": link, "exposed": exposed, "block_bytes": block_bytes,
+            "req_chunk": np.where(overlap, req_chunk, 0.0),
+            "req_tail": np.where(overlap, req_tail, 0.0)}

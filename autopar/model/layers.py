@@ -1,0 +1,224 @@
+"""Layers: FLOPs, bytes moved, footprints and processing times.
+
+Follows Calculon's ``layers.py``.  A layer is a dict of per-row columns:
+its FLOPs and memory traffic per pass (forward ``fw``, activation gradient
+``agrad``, weight gradient ``wgrad``, optimizer step ``optim``), its
+footprints, and after ``finish`` its times per pass: ``flops_time_<pass>``,
+``mem_time_<pass>`` and ``time_<pass>`` (the two combined by the processing
+mode).  Communication layers (``autopar.model.communication``) also carry,
+for the base and the edge blocks of a pipeline chunk, ``comm_bytes_``,
+``comm_time_`` and ``exposed_`` (time not hidden behind compute) per pass,
+and ``tp_bw_req_`` (bandwidth needed to hide tile-overlapped communication).
+
+Constructors take sizes in elements of the working datatype; the keywords
+of ``layer`` say how the layer behaves under recompute and what it keeps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.io.layouts import CHOICES
+from autopar.model.context import LayoutContext
+
+# The passes of a layer, in order.
+STAGES = ("fw", "agrad", "wgrad", "optim")
+
+
+def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outputs=0.0,
+          act=0.0, act_grads=0.0, weight=0.0, weight_grads=0.0, optim=0.0,
+           recompute=False, recomm=False, reused=False, stored=True,
+           out_stored=True, matrix=False):
+    """A plain layer (Calculon's base Layer semantics); sizes in elements.
+
+    ``fw``/``agrad``/``wgrad`` are the FLOPs of the forward pass and of the
+    activation- and weight-gradient passes; ``act`` the activations kept for
+    backward, ``act_grads`` the gradients of its output; ``recompute`` (the
+    layer runs again in backward), ``recomm`` (its communication runs again),
+    ``reused`` (its working space is another layer's), ``stored``/``out_stored``
+    (its input/output stays in memory between passes).  Footprints in bytes:
+    ``weight_b``, ``act_b``, ``out_b``, ``agrad_b``, ``wgrad_sh`` (weight
+    gradients after sharding), ``wgrad_full`` (fp32, unsharded) and
+    ``optimizer`` (master weights and moments, after sharding).
+    """
+    z = ctx.zeros
+    L = dict(fw=fw + z, agrad=agrad + z, wgrad=wgrad + z, inputs=inputs + z,
+             outputs=outputs + z, act=act + z, act_grads=act_grads + z,
+             weight=weight + z, weight_grads=weight_grads + z, optim=optim + z,
+             recompute=np.broadcast_to(recompute, z.shape),
+             recomm=np.broadcast_to(recomm, z.shape),
+             reused=np.broadcast_to(reused, z.shape),
+             stored=np.broadcast_to(stored, z.shape),
+             out_stored=np.broadcast_to(out_stored, z.shape), matrix=matrix)
+    b = ctx.elem_bytes
+    L["optim_flops"] = L["weight_grads"] / ctx.optim_shards * 11
+    L["mem_fw"] = (L["inputs"] + L["outputs"] + L["weight"]) * b
+    L["mem_agrad"] = (L["weight"] + L["act"] + L["act_grads"]) * b
+    L["mem_wgrad"] = np.where(L["weight"] == 0, 0.0,
+                              (L["weight_grads"] + L["act"] + L["act_grads"]) * b)
+    master = np.where(b < 4, L["weight"] * 4, 0.0)
+    L["optimizer"] = (master + L["optim"] * 4) / ctx.optim_shards
+    L["mem_optim"] = L["optimizer"]
+    L["weight_b"] = L["weight"] * b
+    L["act_b"] = L["act"] * b
+    L["out_b"] = L["outputs"] * b
+    L["wgrad_sh"] = L["weight_grads"] * b / ctx.grad_shards
+    L["wgrad_full"] = L["weight_grads"] * 4
+    L["agrad_b"] = L["act_grads"] * b
+    L["kind"] = "plain"
+    return L
+
+
+def finish(ctx: LayoutContext, L: dict) -> dict:
+    """Compute times of a layer once its flops/mem columns are final."""
+    flops = {"fw": L["fw"], "agrad": L["agrad"], "wgrad": L["wgrad"],
+             "optim": L["optim_flops"]}
+    if "time_scale" in L:       # a kernel that executes other work than it counts
+        flops = dict(flops, agrad=flops["agrad"] + L["agrad_extra"])
+    for s in STAGES:
+        eng = ctx.matrix if (L["matrix"] and s != "optim") else ctx.vector
+        L["flops_time_" + s] = eng.time(flops[s])
+        L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
+    if "time_scale" in L:
+        for s in ("fw", "agrad"):
+            L["flops_time_" + s] = L["flops_time_" + s] * L["time_scale"]
+    if L["kind"] == "plain":
+        for s in STAGES:
+            L["time_" + s] = ctx.processing_time(L["flops_time_" + s], L["mem_time_" + s])
+        z = ctx.zeros
+        for s in ("fw", "agrad", "wgrad"):
+            for e in ("base", "edge"):
+                L[f"comm_bytes_{s}_{e}"] = z
+                L[f"comm_time_{s}_{e}"] = z
+                L[f"exposed_{s}_{e}"] = z
+        L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
+    else:                       # a communication layer finishes itself
+        L["finish"](ctx, L)
+    return L
+
+
+def linear(ctx, m, n, k, **kw):
+    return layer(ctx, fw=2 * m * n * k, agrad=2 * m * n * k, wgrad=2 * m * n * k,
+                 inputs=m * n, outputs=m * k, weight=n * k, weight_grads=n * k,
+                  act=m * n, act_grads=m * k, optim=2 * n * k, matrix=True, **kw)
+
+
+def batched_matmul(ctx, batch, m, n, k, **kw):
+    return layer(ctx, fw=batch * 2 * m * n * k, agrad=batch * 4 * m * n * k,
+                 inputs=batch * (m * n + n * k), outputs=batch * m * k,
+                  act=batch * (m * n + n * k), act_grads=batch * m * k,
+                  matrix=True, **kw)
+
+
+def layer_norm(ctx, size, hidden, fused_norm, **kw):
+    """LayerNorm as Calculon counts it (one pass; a fused kernel changes nothing)."""
+    return layer(ctx, fw=9 * size, agrad=14 * size, wgrad=7 * size,
+                 inputs=size, outputs=size, act=size, act_grads=size,
+                  weight=2 * hidden, weight_grads=2 * hidden, optim=4 * hidden, **kw)
+
+
+# PyTorch's reference RMSNorm upcasts to fp32 and runs as separate kernels:
+# about this many extra bytes per element move through memory, and autograd
+# keeps an fp32 copy of the input and the normalized fp32 output.
+_RMS_UNFUSED_TRAFFIC = {"fw": 48.0, "agrad": 80.0}
+_RMS_UNFUSED_STORED = 8.0
+
+
+def rms_norm(ctx, size, hidden, fused_norm, **kw):
+    """RMSNorm: a fused kernel is one pass; unfused adds fp32 intermediates."""
+    L = layer(ctx, fw=4 * size, agrad=8 * size, wgrad=2 * size,
+              inputs=size, outputs=size, act=size, act_grads=size,
+               weight=hidden, weight_grads=hidden, optim=2 * hidden, **kw)
+    extra = np.where(fused_norm, 0.0, 1.0) * size
+    L["mem_fw"] = L["mem_fw"] + extra * _RMS_UNFUSED_TRAFFIC["fw"]
+    L["mem_agrad"] = L["mem_agrad"] + extra * _RMS_UNFUSED_TRAFFIC["agrad"]
+    # Stored beside the input that the Fork before it keeps.
+    L["keep_b"] = extra * _RMS_UNFUSED_STORED
+    return L
+
+
+def rotary(ctx, size, **kw):
+    """Rotary position embedding applied to queries and keys (elementwise)."""
+    return layer(ctx, fw=3 * size, agrad=3 * size, inputs=size, outputs=size,
+                 act=0.0, act_grads=size, **kw)
+
+
+def swiglu(ctx, size, fused, **kw):
+    """SiLU(gate) * up over ``size`` outputs; keeps gate and up for backward
+    (and SiLU(gate) too when not fused)."""
+    keep = np.where(fused, 2.0, 3.0) * size
+    L = layer(ctx, fw=6 * size, agrad=10 * size, inputs=2 * size, outputs=size,
+              act=keep, act_grads=size, **kw)
+    L["mem_agrad"] = L["mem_fw"]
+    return L
+
+
+# Executed work of a causal FlashAttention kernel relative to the counted
+# (dense) attention flops, and its speed relative to the matrix engine's
+# curve; FlashAttention-2 partitions work better than v1.
+_FLASH_CAUSAL = 0.5
+_FLASH_SPEED = {"flash_v1": 0.6, "flash_v2": 0.75}
+
+
+def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, **kw):
+    """FlashAttention: QK^T, softmax and PV in one kernel; the s x s scores
+    never reach memory and are recomputed in the backward pass."""
+    q = mbs * s * heads_t * d
+    k = mbs * s * kv
+    fw = 4 * mbs * heads_t * s * s * d
+    L = layer(ctx, fw=fw, agrad=2 * fw, inputs=q + 2 * k, outputs=q,
+              act=q + 2 * k, act_grads=q, matrix=True, **kw)
+    L["keep_b"] = mbs * heads_t * s * 4 + ctx.zeros          # log-sum-exp, fp32
+    L["mem_agrad"] = 2 * L["mem_fw"]
+    speed = np.where(impl == CHOICES["attention_impl"].index("flash_v1"),
+                     _FLASH_SPEED["flash_v1"], _FLASH_SPEED["flash_v2"])
+    # Scale the executed flops into the time the kernel takes.
+    L["time_scale"] = _FLASH_CAUSAL / speed
+    L["agrad_extra"] = fw                                      # recomputed forward
+    return L
+
+
+def dropout(ctx, size, **kw):
+    L = layer(ctx, fw=size, agrad=size, inputs=size, outputs=size, act=size,
+              act_grads=size, **kw)
+    # The mask is one byte per element and is the only stored activation.
+    L["act_b"] = L["act"]
+    L["agrad_b"] = L["act_grads"]
+    L["mem_fw"] = (L["inputs"] + L["outputs"]) * ctx.elem_bytes + L["act"]
+    L["mem_agrad"] = L["mem_fw"]
+    return L
+
+
+def gelu(ctx, size, fused, **kw):
+    keep = np.where(fused, 0.0, 1.0) * size
+    L = layer(ctx, fw=8 * size, agrad=13 * size, inputs=size, outputs=size,
+              act=keep, act_grads=keep, **kw)
+    L["mem_agrad"] = L["mem_fw"]
+    return L
+
+
+def softmax(ctx, size, impl, llama, **kw):
+    """Softmax over the attention scores.  PyTorch's LLaMA code computes it in
+    fp32 with a separate scale/mask pass; a fused scale-mask-softmax kernel
+    (and Calculon's count) keeps one score tensor in the working precision."""
+    L = layer(ctx, fw=5 * size, agrad=8 * size, inputs=size, outputs=size,
+              act=size, act_grads=size, **kw)
+    if llama:
+        torch = impl == CHOICES["attention_impl"].index("unfused")
+        extra = np.where(torch, size * (4 - ctx.elem_bytes + 4), 0.0)   # fp32 probs + masked scores
+        L["act_b"] = L["act_b"] + extra
+        L["mem_fw"] = L["mem_fw"] + 2 * extra
+    L["mem_agrad"] = L["mem_fw"]
+    return L
+
+
+def residual(ctx, a, b_, **kw):
+    size = np.maximum(a, b_)
+    return layer(ctx, fw=size, agrad=a + b_, inputs=a + b_, outputs=size,
+                 act=a + b_, act_grads=size, **kw)
+
+
+def fork(ctx, size, users, **kw):
+    L = layer(ctx, inputs=size, agrad=users * size, act=size, **kw)
+    L["mem_fw"] = ctx.zeros
+    L["mem_agrad"] = L["act"] * ctx.elem_bytes * (users + 1)
+    return L

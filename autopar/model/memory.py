@@ -1,0 +1,132 @@
+"""Memory: footprints per stage, offloading to the second tier, and the need.
+
+Follows the memory accounting of Calculon's ``llm.py``.  A processor holds
+*static* state for its stage (weights, weight gradients, optimizer state)
+and *transient* tensors (activations of the micro-batches in flight,
+activation checkpoints under full recompute, gradients of activations, the
+logits of a model with a vocabulary).  Offloading moves weights,
+activations or optimizer state to the second tier, keeping two blocks'
+worth in the first (double buffering).  A system's ``memory_overhead``
+(a reserved amount, fragmentation on the transient part, the loss's fp32
+logits) is charged here; Calculon's files have none.
+
+The need on tier 1 is that of the fuller of the first stage (most
+micro-batches in flight, the embedding) and the last (one micro-batch, the
+output layer and the logits); with one stage they are the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.model.context import LayoutContext
+from autopar.model.pipeline import Schedule
+
+
+def offload_traffic(ctx: LayoutContext, cols: dict, sums: dict, checkpoint,
+                    recompute_full) -> dict:
+    """Bytes a block moves to or from tier 2 in forward and backward, and the time."""
+    training = ctx.training
+    weights, acts, optim = (cols["weight_offload"], cols["activations_offload"],
+                            cols["optimizer_offload"])
+    act_bytes = np.where(recompute_full, checkpoint, sums["act_storage"])
+    fw_bytes = np.maximum(np.where(weights, sums["weight_space"], 0.0),
+                          np.where(acts, act_bytes, 0.0))
+    bw_bytes = np.where(training, np.where(weights, sums["weight_space"], 0.0)
+                        + np.where(acts, act_bytes, 0.0)
+                        + np.where(optim, sums["optimizer_space"], 0.0), 0.0)
+    return {"act_bytes": act_bytes, "fw_bytes": fw_bytes, "bw_bytes": bw_bytes,
+            "fw_time": ctx.mem2.time(fw_bytes),
+            "bw_time": np.where(training, ctx.mem2.time(bw_bytes), 0.0)}
+
+
+def offload_bandwidth(ctx: LayoutContext, sums: dict, chunk: dict, offload: dict) -> dict:
+    """Tier-2 bandwidth each offload needs to hide behind a block's compute."""
+    training = ctx.training
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fw_window = np.minimum(chunk["fw_base_no_offload"], chunk["fw_edge_no_offload"]) \
+            - sums["fw_mem_time"]
+        bw_window = np.minimum(chunk["bw_base_no_offload"], chunk["bw_edge_no_offload"]) \
+            - chunk["grad_mem_time"]
+        return {
+            "act_offload_bw_req": offload["act_bytes"] / fw_window,
+            "weight_offload_bw_req": sums["weight_space"] / fw_window,
+            "optim_offload_bw_req": np.where(
+                training, (sums["wgrad_space"] + sums["optimizer_space"]) / bw_window, 0.0),
+            "offload_mem_bw_req": np.where(
+                training, np.maximum(offload["fw_bytes"] / fw_window,
+                                     offload["bw_bytes"] / bw_window),
+                offload["fw_bytes"] / fw_window)}
+
+
+def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
+               recompute_full, head: dict, overhead) -> dict:
+    """Every memory statistic (Calculon's names) and the need on each tier."""
+    training = ctx.training
+    blocks = sched.blocks_per_stage
+    stages, interleaving = sched.stages, sched.interleaving
+    S = {"block_weight_space": sums["weight_space"],
+         "block_act_working_space": sums["act_working"],
+         "block_act_storage_space": sums["act_storage"],
+         "block_act_checkpoint_size": checkpoint,
+         "block_weight_grad_space": sums["wgrad_space"],
+         "block_weight_grad_space_no_sharding": sums["wgrad_space_full"],
+         "block_act_grad_space": sums["act_grad_space"],
+         "block_optimizer_space": sums["optimizer_space"]}
+    weight_space = sums["weight_space"] * blocks
+    # Micro-batches in flight on the first stage (more with interleaving).
+    in_flight = np.minimum(sched.microbatches, stages).astype(float)
+    in_flight_first = np.where(
+        interleaving > 1, in_flight * (1 + (stages - 1) / (interleaving * stages.astype(float))),
+        in_flight)
+
+    def stage_activations(micro_batches):
+        """Activations and checkpoints of a stage with ``micro_batches`` in flight."""
+        act = np.where(training & ~recompute_full,
+                       sums["act_working"] + sums["act_storage"] * (blocks * micro_batches - 1),
+                       sums["act_working"])
+        return act, np.where(training & recompute_full, blocks * checkpoint * micro_batches, 0.0)
+
+    act_first, ckpt_first = stage_activations(in_flight_first)
+    # The last stage has one micro-batch in flight where the first has in_flight.
+    act_last, ckpt_last = stage_activations(in_flight_first / np.maximum(in_flight, 1.0))
+    act_grad = np.where(training, sums["act_grad_space"], 0.0)
+    wgrad_space = np.where(training, sums["wgrad_space_full"]
+                           + sums["wgrad_space"] * (blocks - 1), 0.0)
+    optimizer_space = np.where(training, sums["optimizer_space"] * blocks, 0.0)
+    # With offloading, tier 1 keeps two blocks' worth (double buffering).
+    weight_min = sums["weight_space"] * 2
+    act_min = np.where(recompute_full, sums["act_working"],
+                       sums["act_working"] + sums["act_storage"])
+    ckpt_min = np.where(training, np.where(recompute_full, checkpoint * 2, 0.0), np.nan)
+    wgrad_min = np.where(training, sums["wgrad_space_full"] + sums["wgrad_space"], 0.0)
+    optim_min = np.where(training, sums["optimizer_space"] * 2, 0.0)
+    S.update({
+        "weight_space_with_offload": weight_min, "act_space_with_offload": act_min,
+        "act_checkpoint_size_with_offload": ckpt_min, "act_grad_space_with_offload": act_grad,
+        "weight_grad_space_with_offload": wgrad_min, "optimizer_space_with_offload": optim_min,
+        "weight_space": weight_space, "act_space": act_first,
+        "act_checkpoint_size": ckpt_first, "act_grad_space": act_grad,
+        "weight_grad_space": wgrad_space, "optimizer_space": optimizer_space})
+
+    # Tier 1 holds persistent state and transient tensors; fragmentation is
+    # charged on the transient part.
+    weights_off, acts_off, optim_off = (cols["weight_offload"], cols["activations_offload"],
+                                        cols["optimizer_offload"])
+    static = np.where(weights_off, weight_min, weight_space)
+    tier2 = np.where(weights_off, weight_space, 0.0)
+    ckpt_offloaded = np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
+    transient_first = np.where(acts_off, act_min, act_first + ckpt_first) + ckpt_offloaded \
+        + act_grad
+    transient_last = np.where(acts_off, act_min, act_last + ckpt_last) + ckpt_offloaded \
+        + act_grad + head["logits"]
+    tier2 = tier2 + np.where(acts_off, np.where(recompute_full, ckpt_first, act_first), 0.0)
+    static = static + np.where(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
+    tier2 = tier2 + np.where(optim_off, sums["wgrad_space"] * blocks + optimizer_space, 0.0)
+    grow = 1.0 + (overhead.fraction if overhead is not None else 0.0)
+    tier1 = np.maximum(static + head["first"] + transient_first * grow,
+                       static + head["last"] + transient_last * grow)
+    if overhead is not None:
+        tier1 = tier1 + overhead.reserved_GiB * 1024 ** 3
+    S["proc_mem_tier1_cap_req"] = tier1
+    S["proc_mem_tier2_cap_req"] = tier2
+    return S

@@ -1,0 +1,149 @@
+"""Rules: why a layout cannot run, checked in Calculon's order.
+
+Follows the checks of Calculon's ``llm.py``.  A reason starting "invalid:"
+means the layout breaks a rule of its own (sizes that do not divide, an
+option that needs another); "infeasible:" means it is well formed but the
+system cannot run it (network tiers too small or not filled, interleaving
+the blocks do not allow, offloading with too few blocks, memory capacity).
+Each layout gets the first reason it meets, as a small integer code.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from autopar.io.layouts import CHOICES, EXT_DEFAULTS, FIELDS
+from autopar.io.specs import ModelSpec, SystemSpec
+from autopar.model.hardware import MAX_TIERS
+
+# Why a layout cannot run.  "invalid": the layout breaks a rule of its own;
+# "infeasible": well formed, but the system cannot run it.
+REASONS: tuple[str, ...] = (
+    "",
+    "invalid: sizes must be positive",
+    "invalid: tensor_par * pipeline_par * data_par != num_procs",
+    "invalid: batch_size is not divisible by data_par",
+    "invalid: local batch is not divisible by microbatch_size",
+    "invalid: activation recompute is only for training",
+    "invalid: pipeline_interleaving must be 1 when pipeline_par is 1",
+    "invalid: optimizer_sharding needs data_par > 1",
+    "invalid: tensor_par_overlap needs tensor_par > 1",
+    "invalid: seq_par_ag_redo needs tensor_par_comm_type rs_ag",
+    "invalid: seq_par_ag_redo is not used with full recompute",
+    "invalid: data_par_overlap needs training and data_par > 1",
+    "invalid: optimizer_offload is only for training",
+    "invalid: network tier out of range",
+    "invalid: datatype not supported by the system",
+    "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par",
+    "invalid: microbatch_size * seq_size must be divisible by tensor_par",
+    "infeasible: pipeline_interleaving exceeds the blocks per processor",
+    "infeasible: pipeline_interleaving must divide the blocks per processor",
+    "infeasible: offloading requires each processor to handle at least 3 blocks",
+    "infeasible: mem tier1 capacity exceeded",
+    "infeasible: mem tier2 capacity exceeded",
+) + tuple(f"infeasible: network tier{t} isn't big enough" for t in range(MAX_TIERS)) \
+  + tuple(f"infeasible: network tier{t} isn't fully used" for t in range(MAX_TIERS))
+
+REASON_CODE = {r: i for i, r in enumerate(REASONS)}
+_NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
+_NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
+
+
+def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray, list[int]]:
+    """The first rule each layout breaks (an index in ``REASONS``; 0: none), and
+    the datatype codes the system supports.  Memory capacity is checked
+    after the model has run (``autopar.model.evaluate``)."""
+    n = len(cols["tensor_par"])
+    code = np.zeros(n, dtype=np.int16)
+
+    def flag(mask, reason):
+        mask = np.asarray(mask, dtype=bool)
+        code[(code == 0) & mask] = REASON_CODE[reason]
+
+    t, pp, dp = cols["tensor_par"], cols["pipeline_par"], cols["data_par"]
+    tr = cols["training"]
+    flag((cols["num_procs"] <= 0) | (t <= 0) | (pp <= 0) | (dp <= 0) | (cols["batch_size"] <= 0)
+         | (cols["microbatch_size"] <= 0) | (cols["pipeline_interleaving"] <= 0),
+         "invalid: sizes must be positive")
+    tp1, pp1, dp1 = np.maximum(t, 1), np.maximum(pp, 1), np.maximum(dp, 1)
+    mbs1 = np.maximum(cols["microbatch_size"], 1)
+    flag(t * pp * dp != cols["num_procs"],
+         "invalid: tensor_par * pipeline_par * data_par != num_procs")
+    flag(cols["batch_size"] % dp1 != 0, "invalid: batch_size is not divisible by data_par")
+    flag((cols["batch_size"] // dp1) % mbs1 != 0,
+         "invalid: local batch is not divisible by microbatch_size")
+    rec = cols["activation_recompute"]
+    flag((rec != CHOICES["activation_recompute"].index("none")) & ~tr,
+         "invalid: activation recompute is only for training")
+    flag((pp == 1) & (cols["pipeline_interleaving"] != 1),
+         "invalid: pipeline_interleaving must be 1 when pipeline_par is 1")
+    flag(cols["optimizer_sharding"] & (dp <= 1), "invalid: optimizer_sharding needs data_par > 1")
+    flag((cols["tensor_par_overlap"] != 0) & (t <= 1),
+         "invalid: tensor_par_overlap needs tensor_par > 1")
+    rs = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("rs_ag")
+    redo = cols["seq_par_ag_redo"]
+    flag(redo & ~rs, "invalid: seq_par_ag_redo needs tensor_par_comm_type rs_ag")
+    flag(redo & (rec == CHOICES["activation_recompute"].index("full")),
+         "invalid: seq_par_ag_redo is not used with full recompute")
+    flag(cols["data_par_overlap"] & (~tr | (dp <= 1)),
+         "invalid: data_par_overlap needs training and data_par > 1")
+    flag(cols["optimizer_offload"] & ~tr, "invalid: optimizer_offload is only for training")
+    nets = system.networks
+    nn = len(nets)
+    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net"):
+        flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
+    # Network tiers: each must hold the product of the parallelisms on it,
+    # and a tier that must be filled must be filled exactly.
+    for tier in range(min(nn, MAX_TIERS)):
+        size = np.ones(n, dtype=np.int64)
+        used = np.zeros(n, dtype=bool)
+        for par, net in ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net")):
+            on = (par > 1) & (cols[net] == tier)
+            used |= on
+            size = np.where(on, size * par, size)
+        flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
+        if nets[tier].must_be_filled:
+            flag(used & (nets[tier].size % np.maximum(size, 1) != 0), REASONS[_NET_FILL + tier])
+    dts = [CHOICES["datatype"].index(d) for d in CHOICES["datatype"]
+           if d in system.matrix and d in system.vector]
+    flag(~np.isin(cols["datatype"], dts), "invalid: datatype not supported by the system")
+    nb = model.num_blocks
+    blocks_per_stage = -(-nb // pp1)
+    interleaving = np.maximum(cols["pipeline_interleaving"], 1)
+    flag(interleaving > blocks_per_stage,
+         "infeasible: pipeline_interleaving exceeds the blocks per processor")
+    flag(blocks_per_stage % interleaving != 0,
+         "infeasible: pipeline_interleaving must divide the blocks per processor")
+    flag((cols["weight_offload"] | cols["activations_offload"] | cols["optimizer_offload"])
+         & (blocks_per_stage <= 2),
+         "infeasible: offloading requires each processor to handle at least 3 blocks")
+    p2p = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("p2p_rs_ag")
+    flag((rs | p2p) & ((cols["microbatch_size"] * model.seq_size) % tp1 != 0),
+         "invalid: microbatch_size * seq_size must be divisible by tensor_par")
+    flag((model.hidden % tp1 != 0) | (model.feedforward % tp1 != 0) | (model.attn_heads % tp1 != 0),
+         "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par")
+    return code, dts
+
+
+def normalize(cols: Mapping) -> dict:
+    """A layout table with every field as a column of its length (extension
+    fields filled with their defaults); ValueError if a field is missing."""
+    missing = [f for f in FIELDS if f not in cols]
+    if missing:
+        raise ValueError(f"layout table lacks columns: {', '.join(missing)}")
+    n = len(cols["tensor_par"])
+    out = {}
+    for f in FIELDS:
+        a = np.asarray(cols[f])
+        if a.shape != (n,):
+            a = np.broadcast_to(a, (n,))
+        out[f] = a
+    for f, default in EXT_DEFAULTS.items():
+        if f in cols:
+            out[f] = np.broadcast_to(np.asarray(cols[f]), (n,))
+        elif f in CHOICES:
+            out[f] = np.full(n, CHOICES[f].index(default), dtype=np.int8)
+        else:
+            out[f] = np.full(n, default, dtype=bool)
+    return out

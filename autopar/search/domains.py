@@ -1,0 +1,195 @@
+"""Domain rules: the values each parameter may take, given the case and the
+parameters decided before it.
+
+One rule per parameter, in define-by-run order (``RULES``; dependencies
+first, Calculon's loop nesting).  A rule returns ``(candidates, forced)``:
+the values that make a valid layout (divisors of the processor count,
+network tiers of the system, the options a choice allows), and, when the
+option does not apply (e.g. ``data_par_overlap`` with ``data_par == 1``), a
+reason with its one neutral value, which no space setting overrides.  The
+rules follow Calculon's own search (``llm-optimal-execution``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from autopar.io.layouts import CHOICES
+from autopar.io.spaces import DERIVED, PARAMS
+
+@lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    """The positive divisors of n, ascending."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return tuple(small + large[::-1])
+
+
+_TF = (True, False)
+
+
+def _r_tp(c, s):
+    return tuple(d for d in divisors(c.num_procs)
+                 if c.hidden % d == 0 and c.heads % d == 0), None
+
+
+def _r_pp(c, s):
+    return divisors(math.gcd(c.num_procs // s["tensor_par"], c.blocks)), None
+
+
+def _r_dp(c, s):
+    tp, pp = s["tensor_par"], s["pipeline_par"]
+    return ((c.num_procs // (tp * pp),) if c.num_procs % (tp * pp) == 0 else ()), None
+
+
+def batch_for(policy: str, data_par: int, max_batch: int) -> int | None:
+    """The global batch of a layout, or None when its data_par allows none."""
+    if policy == "fixed":
+        return max_batch if max_batch % data_par == 0 else None
+    return (max_batch // data_par) * data_par if data_par <= max_batch else None
+
+
+def _r_batch(c, s):
+    b = batch_for(c.policy, s["data_par"], c.max_batch)
+    return ((b,) if b is not None else ()), None
+
+
+def _r_ppint(c, s):
+    pp = s["pipeline_par"]
+    if pp == 1:
+        return (1,), "must be 1 when pipeline_par is 1"
+    return divisors(c.blocks // pp), None
+
+
+def _r_recompute(c, s):
+    if not c.training:
+        return ("none",), "must be none when not training"
+    return CHOICES["activation_recompute"], None
+
+
+def _r_optsh(c, s):
+    if s["data_par"] == 1:
+        return (False,), "needs data_par > 1"
+    return _TF, None
+
+
+def _r_comm(c, s):
+    return CHOICES["tensor_par_comm_type"], None
+
+
+def _r_redo(c, s):
+    if s["tensor_par_comm_type"] != "rs_ag" or s["activation_recompute"] == "full":
+        return (False,), ("needs tensor_par_comm_type rs_ag and "
+                          "activation_recompute other than full")
+    return _TF, None
+
+
+def _r_dpov(c, s):
+    if s["data_par"] == 1 or not c.training:
+        return (False,), "needs data_par > 1 and training"
+    return _TF, None
+
+
+def _r_tpov(c, s):
+    if s["tensor_par"] == 1:
+        return ("none",), "must be none when tensor_par is 1"
+    return CHOICES["tensor_par_overlap"], None
+
+
+def _r_woff(c, s):
+    if not c.mem2:
+        return (False,), "needs a second memory tier (mem2)"
+    return _TF, None
+
+
+def _r_aoff(c, s):
+    if not c.mem2 or s["activation_recompute"] == "full":
+        return (False,), "needs a second memory tier (mem2) and activation_recompute other than full"
+    return _TF, None
+
+
+def _r_ooff(c, s):
+    if not c.mem2 or not c.training:
+        return (False,), "needs a second memory tier (mem2) and training"
+    return _TF, None
+
+
+def _r_fused(c, s):
+    return _TF, None
+
+
+def _r_attn(c, s):
+    return CHOICES["attention_type"], None
+
+
+def _r_impl(c, s):
+    return CHOICES["attention_impl"], None
+
+
+def _r_unsharded(c, s):
+    if not s["optimizer_sharding"]:
+        return (False,), "needs optimizer_sharding"
+    return _TF, None
+
+
+def _r_mbs(c, s):
+    tp = s["tensor_par"]
+    local = s["batch_size"] // s["data_par"]
+    return tuple(m for m in divisors(local) if (m * c.seq) % tp == 0), None
+
+
+def _r_net(par):
+    def rule(c, s):
+        if s[par] == 1:
+            return (0,), f"must be 0 when {par} is 1"
+        return tuple(range(c.nets)), None
+    return rule
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    deps: tuple[str, ...]
+    fn: Callable
+    text: str            # why a value outside the candidates is invalid
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden and attn_heads"),
+    Rule("pipeline_par", ("tensor_par",), _r_pp,
+          "must divide num_procs/tensor_par and num_blocks"),
+    Rule("data_par", ("tensor_par", "pipeline_par"), _r_dp,
+          "tensor_par*pipeline_par must divide num_procs"),
+    Rule("batch_size", ("data_par",), _r_batch, "batch"),
+    Rule("pipeline_interleaving", ("pipeline_par",), _r_ppint,
+          "must divide num_blocks/pipeline_par"),
+    Rule("activation_recompute", (), _r_recompute, ""),
+    Rule("optimizer_sharding", ("data_par",), _r_optsh, ""),
+    Rule("tensor_par_comm_type", (), _r_comm, ""),
+    Rule("seq_par_ag_redo", ("tensor_par_comm_type", "activation_recompute"), _r_redo, ""),
+    Rule("data_par_overlap", ("data_par",), _r_dpov, ""),
+    Rule("tensor_par_overlap", ("tensor_par",), _r_tpov, ""),
+    Rule("weight_offload", (), _r_woff, ""),
+    Rule("activations_offload", ("activation_recompute",), _r_aoff, ""),
+    Rule("optimizer_offload", (), _r_ooff, ""),
+    Rule("fused_activation", (), _r_fused, ""),
+    Rule("attention_type", (), _r_attn, ""),
+    Rule("microbatch_size", ("tensor_par", "data_par", "batch_size"), _r_mbs,
+          "must divide batch_size/data_par, with microbatch_size*seq_size "
+          "divisible by tensor_par"),
+    Rule("tensor_par_net", ("tensor_par",), _r_net("tensor_par"), "network tier"),
+    Rule("pipeline_par_net", ("pipeline_par",), _r_net("pipeline_par"), "network tier"),
+    Rule("data_par_net", ("data_par",), _r_net("data_par"), "network tier"),
+    Rule("attention_impl", (), _r_impl, ""),
+    Rule("fused_norm", (), _r_fused, ""),
+    Rule("unsharded_grads", ("optimizer_sharding",), _r_unsharded, ""),
+)
+assert tuple(r.name for r in RULES if r.name not in DERIVED) == PARAMS
