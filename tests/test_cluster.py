@@ -281,7 +281,7 @@ def test_run_experiment_file_by_address(cluster, tmp_path):
         "sampler: random\ntrials: 6\nseed: 4\nbackend: ray\nconcurrency: 2\n"
         "storage_path: results\ntrials_out: out/trials.csv\n")
     p = subprocess.Popen([sys.executable, "-m", "autopar.cli", "run", tmp_path / "tune.yaml",
-                          "--address", cluster.address], cwd=REPO_ROOT, env=cluster.env,
+                          "--address", cluster.address], cwd=tmp_path, env=cluster.env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     cluster.procs.append(p)

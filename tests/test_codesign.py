@@ -385,7 +385,7 @@ def test_cli_codesign_file(tmp_path, cli):
     study["case"]["num_procs"] = 32
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
-    p = cli("codesign", path, "--no-progress")
+    p = cli("codesign", path, "--no-progress", cwd=tmp_path)   # output_dir: from the current folder
     assert p.returncode == 0, p.stderr
     assert "front" in p.stdout and "base system" in p.stdout
     out = tmp_path / "out"
@@ -403,7 +403,7 @@ def test_cli_bad_study_exit_2_writes_nothing(tmp_path, cli):
     study["hardware"]["networks[1].bandwith"] = [25]
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(study))
-    p = cli("codesign", path)
+    p = cli("codesign", path, cwd=tmp_path)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1

@@ -19,6 +19,7 @@ import pytest
 from autopar.studies.compare import compare, load_experiment, summary_text
 from autopar.studies.regret import BeatsOptimum, curves as make_curves, run_curve
 from autopar.io.specs import SpecError
+from conftest import REPO_ROOT
 
 CASE = {"model": "models/gpt3-13B.json", "system": "systems/a100_80g.json",
         "num_procs": 64, "max_batch_size": 512, "datatype": "float16", "space": "small"}
@@ -63,7 +64,10 @@ def test_writes_the_four_files(result, files):
     for k in ("model", "system", "num_procs", "max_batch_size", "datatype", "execution",
               "sample_rate", "space_size"):
         assert k in opt, k
-    assert opt["model"] == CASE["model"] and opt["system"] == CASE["system"]
+    # issue 16: the files are named from optimum.json's own folder
+    d = result.output_dir
+    assert (d / opt["model"]).resolve() == (REPO_ROOT / CASE["model"]).resolve()
+    assert (d / opt["system"]).resolve() == (REPO_ROOT / CASE["system"]).resolve()
     assert opt["space_size"] == 6240 and len(opt["execution"]) == 23
     # every sampler x seed ran its budget
     counts = files["curves"].groupby(["sampler", "seed"]).size()

@@ -33,11 +33,11 @@ def sandbox(tmp_path, repo_root):
     return tmp_path
 
 
-def test_run_tune_file_writes_best_and_trials_relative_to_the_file(sandbox, cli):
+def test_run_tune_file_writes_best_and_trials(sandbox, cli):
     path = write(sandbox, {"kind": "tune", "name": "t", "case": CASE, "sampler": "random",
-                           "trials": 12, "seed": 5, "storage": "sqlite:///../out/t.db",
-                           "output": "../out/best.json", "trials_out": "../out/trials.csv"})
-    r = cli("run", path)
+                           "trials": 12, "seed": 5, "storage": "sqlite:///out/t.db",
+                           "output": "out/best.json", "trials_out": "out/trials.csv"})
+    r = cli("run", path, cwd=sandbox)       # outputs: from the current folder
     assert r.returncode == 0, r.stderr
     assert "experiment t (tune)" in r.stdout
     table = pd.read_csv(sandbox / "out" / "trials.csv", keep_default_na=False, na_values=[""])
@@ -47,7 +47,7 @@ def test_run_tune_file_writes_best_and_trials_relative_to_the_file(sandbox, cli)
     assert best == {f: (row[f].item() if hasattr(row[f], "item") else row[f]) for f in FIELDS}
     assert (sandbox / "out" / "t.db").is_file()
     # run again: the study in storage is complete, nothing new is sampled
-    again = cli("run", path)
+    again = cli("run", path, cwd=sandbox)
     assert again.returncode == 0, again.stderr
     pd.testing.assert_frame_equal(
         table.drop(columns=["elapsed_s"]),
@@ -57,8 +57,8 @@ def test_run_tune_file_writes_best_and_trials_relative_to_the_file(sandbox, cli)
 
 def test_run_exhaustive_file(sandbox, cli):
     path = write(sandbox, {"kind": "exhaustive", "case": {**CASE, "space": "small"},
-                           "top_n": 3, "output": "../out/best.json", "top": "../out/top.json"})
-    r = cli("run", path)
+                           "top_n": 3, "output": "out/best.json", "top": "out/top.json"})
+    r = cli("run", path, cwd=sandbox)
     assert r.returncode == 0, r.stderr
     best = json.loads((sandbox / "out" / "best.json").read_text())
     top = json.loads((sandbox / "out" / "top.json").read_text())
@@ -70,8 +70,8 @@ def test_run_compare_file_dispatches_to_compare(sandbox, cli):
              "max_batch_size": 512, "space": "small"}
     path = write(sandbox, {"kind": "compare", "name": "c", "case": small,
                            "samplers": ["random"], "seeds": 1, "trials": 5, "budgets": [5],
-                           "output_dir": "../out/c"})
-    r = cli("run", path)
+                           "output_dir": "out/c"})
+    r = cli("run", path, cwd=sandbox)
     assert r.returncode == 0, r.stderr
     assert (sandbox / "out" / "c" / "summary.csv").is_file()
 
@@ -86,9 +86,9 @@ def test_run_compare_file_dispatches_to_compare(sandbox, cli):
     ({"case": {**CASE, "gpus": 8}}, "case.gpus"),
 ])
 def test_bad_experiment_is_one_line_exit_2(sandbox, cli, change, field):
-    data = {"kind": "tune", "case": CASE, "trials": 5, "output": "../out/best.json", **change}
+    data = {"kind": "tune", "case": CASE, "trials": 5, "output": "out/best.json", **change}
     path = write(sandbox, data)
-    r = cli("run", path)
+    r = cli("run", path, cwd=sandbox)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and f": {field}: " in lines[0], lines
@@ -137,12 +137,16 @@ def test_shipped_experiments_are_valid(repo_root):
     assert {"tune", "exhaustive", "compare"} <= kinds
 
 
-def test_relative_sqlite_storage_is_relative_to_the_file(sandbox):
+def test_relative_sqlite_storage_is_relative_to_the_current_folder(sandbox, monkeypatch):
+    # issue 16: outputs (a study's storage included) are relative to the
+    # current folder, as on the command line; inputs to the file's folder
     tmp_path = sandbox          # the case's ../models and ../systems resolve here
     (tmp_path / "experiments").mkdir()
-    data = {"kind": "tune", "case": CASE, "storage": "sqlite:///../r/x.db"}
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    data = {"kind": "tune", "case": CASE, "storage": "sqlite:///r/x.db"}
     _, ns = parse(data, "f.yaml", tmp_path / "experiments")
-    assert ns.storage == f"sqlite:///{(tmp_path / 'r' / 'x.db').resolve()}"
+    assert ns.storage == f"sqlite:///{(tmp_path / 'cwd' / 'r' / 'x.db').resolve()}"
     _, ns = parse({**data, "storage": "sqlite:////abs/x.db"}, "f.yaml", tmp_path / "experiments")
     assert ns.storage == "sqlite:////abs/x.db"
     with pytest.raises(SpecError):

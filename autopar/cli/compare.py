@@ -23,8 +23,9 @@ def register(subparsers) -> None:
                     "summary.csv and regret.png. Exit 0 done, 2 bad input.")
     p.add_argument("experiment", help="comparison experiment (YAML, kind: compare)")
     p.add_argument("--output-dir", default=None,
-                   help="folder for the results (default: the experiment's output_dir, "
-                        "else results/<name>)")
+                   help="folder for the results, relative to the current folder "
+                        "(default: the experiment's output_dir, else results/<name>); "
+                        "none: write nothing, only print")
     p.add_argument("--address", default=None,
                    help="Ray cluster address: run the sampler x seed runs as Ray tasks "
                         "there (default: as the experiment says, else in this process)")
@@ -49,7 +50,10 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
 
     exp = load_experiment(data if data is not None else path,
                           base_dir=Path(path).resolve().parent, source=str(path))
-    out = Path(output_dir) if output_dir else (exp.output_dir or Path("results") / exp.name)
+    from autopar.io.writers import NO_OUTPUT, output_dir_arg
+    out = output_dir_arg(output_dir) or exp.output_dir or Path("results") / exp.name
+    if out == NO_OUTPUT:
+        out = NO_OUTPUT
     from autopar.io.export import check_calculon_run
     check_calculon_run(fmt, exp.case.model, exp.case.space)
     try:
@@ -58,7 +62,8 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
         print(f"autopar: error: {err}", file=sys.stderr)
         return 1
     print(summary_text(result))
-    print(f"wrote {', '.join(str(f) for f in result.files)}")
+    if result.files:
+        print(f"wrote {', '.join(str(f) for f in result.files)}")
     return 0
 
 

@@ -118,6 +118,10 @@ def run(args) -> int:
         if outs["--top"] is not None:
             temps.append((_write_json(outs["--top"], top), outs["--top"]))
         if outs["--summary"] is not None:
+            from autopar.io.writers import file_ref
+            where = outs["--summary"].parent
+            summary = {**summary, "model_file": file_ref(model.source, where),
+                       "system_file": file_ref(system.source, where)}
             temps.append((_write_json(outs["--summary"], summary), outs["--summary"]))
         if all_tmp is not None:
             temps.append((all_tmp, outs["--all"]))

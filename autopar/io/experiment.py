@@ -1,9 +1,14 @@
 """Experiment files: a search described in YAML, run by ``autopar run FILE``.
 
 Every file names its ``kind`` and one ``case``; the other keys are the
-options of that kind's command.  Paths (model, system, space files, outputs)
-are relative to the file's folder, as is the path of a ``sqlite:///`` storage
-URL.  ::
+options of that kind's command.  One rule for paths: what the file *reads*
+(model, system, space files) is relative to the file's folder; where results
+*go* (``output``, ``trials_out``, ``top``, ``summary``, ``all``,
+``output_dir``, ``storage_path``, a ``sqlite:///`` storage) is relative to the
+current folder, as on the command line, so running an example from the
+project never writes into the project's tracked files.  Paths written inside
+outputs resolve from the output file itself (``autopar.io.writers.file_ref``).
+::
 
     kind: tune                    # tune | exhaustive (| compare | codesign | cliffs)
     name: gpt3-175b-tpe           # default: the file's stem
@@ -23,14 +28,14 @@ URL.  ::
     backend: optuna               # optuna | ray
     encoding: index               # optional
     concurrency: 4                # optional
-    storage: sqlite:///../results/gpt3.db   # optional (optuna): resumable study
+    storage: sqlite:///results/gpt3.db      # optional (optuna): resumable study
     study_name: ...               # optional
     address: ...                  # optional (ray; default $RAY_ADDRESS, else a local Ray)
-    storage_path: ../results/ray  # optional (ray): keep the Tune experiment (resumable with
+    storage_path: results/ray     # optional (ray): keep the Tune experiment (resumable with
                                   #   autopar tune --resume); a folder or a URI (s3://...)
     max_failures: 3               # optional (ray): retries of a failed trial
-    output: ../results/gpt3-175b-tpe/best.json
-    trials_out: ../results/gpt3-175b-tpe/trials.csv
+    output: results/gpt3-175b-tpe/best.json
+    trials_out: results/gpt3-175b-tpe/trials.csv
     # kind: exhaustive (the options of `autopar exhaustive`)
     top_n: 10
     output: best.json
@@ -176,19 +181,19 @@ def parse_options(src: str, base: Path, data: Mapping, keys: Mapping) -> dict:
                 raise SpecError(src, k, f"expected an integer, got {brief(v)}")
             if typ is str and (not isinstance(v, str) or not v):
                 raise SpecError(src, k, f"expected a non-empty string, got {brief(v)}")
-            if is_path:
-                v = str(relative(base, v))
+            if is_path:               # an output: relative to the current folder
+                v = str(Path(v))
         out[k] = v
     return out
 
 
 def storage_url(base: Path, url: str | None) -> str | None:
-    """``sqlite:///relative.db`` is relative to the experiment file's folder."""
+    """``sqlite:///relative.db`` is relative to the current folder (an output)."""
     prefix = "sqlite:///"
     if url and url.startswith(prefix) and not url.startswith(prefix + "/"):
         rest = url[len(prefix):]
         if rest and rest != ":memory:":
-            return prefix + str(relative(base, rest).resolve())
+            return prefix + str(Path(rest).resolve())
     return url
 
 
@@ -269,8 +274,10 @@ def parse_output_dir(src: str, base: Path, v) -> Path | None:
         return None
     if not isinstance(v, (str, os.PathLike)) or not str(v):
         raise SpecError(src, "output_dir", f"expected a folder path, got {brief(v)}")
-    p = Path(v)
-    return (p if p.is_absolute() else base / p).resolve()
+    if str(v).strip().lower() == "none":
+        raise SpecError(src, "output_dir", "to write nothing, leave output_dir out "
+                        "(a folder named none: ./none)")
+    return Path(v).resolve()           # an output folder: from the current folder
 
 
 def parse_parallel(src: str, data: Mapping) -> tuple[str, int, str | None]:
@@ -329,7 +336,7 @@ def parse_command_file(data: Mapping, src: str, base: Path) -> CommandExperiment
         opts["storage"] = storage_url(base, opts["storage"])
         sp = opts["storage_path"]
         if sp and "://" not in sp:
-            opts["storage_path"] = str(relative(base, sp))
+            opts["storage_path"] = str(Path(sp).resolve())     # an output: from the current folder
     return CommandExperiment(kind, name, data.get("description", ""), case, opts)
 
 

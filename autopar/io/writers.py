@@ -73,3 +73,31 @@ def json_value(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
+
+
+def file_ref(target, out_dir):
+    """How an output in ``out_dir`` names an input file: its path relative to
+    that folder, so it resolves from the output file itself wherever the
+    output is read.  A mapping (an inline model or system) is kept as it is;
+    anything not a path gives None."""
+    if isinstance(target, dict):
+        return target
+    if not isinstance(target, (str, os.PathLike)) or not str(target):
+        return None
+    p = Path(target)
+    if not p.is_file():
+        return None
+    return Path(os.path.relpath(p.resolve(), Path(out_dir).resolve())).as_posix()
+
+
+NO_OUTPUT = "none"
+
+
+def output_dir_arg(value):
+    """``--output-dir``: a folder relative to the current one, or ``none``
+    (any case): write nothing, only print.  ``./none`` names a folder called none."""
+    if value is None:
+        return None
+    if str(value).strip().lower() == NO_OUTPUT:
+        return NO_OUTPUT
+    return Path(value)

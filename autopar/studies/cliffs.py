@@ -21,7 +21,7 @@ efficiency cliff.  ::
     inner: exhaustive              # or {search: tpe, trials: 300}
     parallel: ray                  # serial | processes | ray
     workers: 2
-    output_dir: ../results/cliffs-megatron-1t
+    output_dir: results/cliffs-megatron-1t
 
 Outputs: ``cliffs.csv`` (one row per count: best sample rate, per
 processor, relative to the best count, the winning layout), ``cliffs.png``
@@ -81,7 +81,10 @@ def sweep(spec, output_dir=None, *, address: str | None = None, parallel: str | 
     rows.sort(key=lambda r: r["num_procs"])
     seconds = time.perf_counter() - t0
     res = SweepResult(sw, _table(rows), seconds)
-    out_dir = Path(output_dir) if output_dir is not None else sw.output_dir
+    from autopar.io.writers import NO_OUTPUT, output_dir_arg
+    out_dir = output_dir_arg(output_dir) if output_dir is not None else sw.output_dir
+    if out_dir == NO_OUTPUT:
+        out_dir = None
     if out_dir is not None:
         res.outputs = write_outputs(res, out_dir)
     return res
@@ -142,11 +145,14 @@ def summary_dict(res: SweepResult) -> dict:
 
 
 def write_outputs(res: SweepResult, out_dir) -> tuple[Path, ...]:
-    from autopar.io.writers import write_atomic_csv, write_json
+    from autopar.io.writers import file_ref, write_atomic_csv, write_json
     out = Path(out_dir)
     plot(res, out / "cliffs.png")
     write_atomic_csv(res.table, out / "cliffs.csv")
-    write_json(summary_dict(res), out / "summary.json")
+    summary = summary_dict(res)
+    for k in ("model", "system"):      # the files, from the summary's folder
+        summary[f"{k}_file"] = file_ref(getattr(res.sweep.case, f"{k}_file"), out)
+    write_json(summary, out / "summary.json")
     return (out / "cliffs.png", out / "cliffs.csv", out / "summary.json")
 
 

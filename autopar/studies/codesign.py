@@ -302,7 +302,10 @@ def codesign(study, output_dir=None, *, address: str | None = None,
     """Run a co-design study (file, mapping or Study); with an output folder
     (argument or the file's ``output_dir``), write its results there."""
     st = with_run_options(load_study(study, overrides), address, parallel, workers)
-    out_dir = Path(output_dir) if output_dir is not None else st.output_dir
+    from autopar.io.writers import NO_OUTPUT, output_dir_arg
+    out_dir = output_dir_arg(output_dir) if output_dir is not None else st.output_dir
+    if out_dir == NO_OUTPUT:
+        out_dir = None
     with Runner(st.parallel, st.workers, st.address) as runner:
         if st.compare is not None:
             res = _run_compare(st, runner, progress)

@@ -73,6 +73,9 @@ def write_outputs(res, out_dir) -> tuple[Path, ...]:
     written = []
     table_name = "systems.csv" if "system" in res.table.columns else "trials.csv"
     summary = summary_dict(res, [f[3] for f in files])
+    from autopar.io.writers import file_ref
+    for k in ("model", "system"):      # the files, from the summary's folder
+        summary[f"{k}_file"] = file_ref(getattr(st.case, f"{k}_file"), out)
     # Plots first: the slowest part, and nothing is on disk if they fail.
     pngs = {"front.png": lambda p: plot_front(res, p)}
     if res.curves is not None:

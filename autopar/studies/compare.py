@@ -30,7 +30,7 @@ The experiment file::
     budgets: [10, 25, 50, 100]      # where the summary reads regret (default 25..1000 up to trials)
     parallel: serial                # serial | processes | ray (default: ray with an address, else serial)
     workers: 2                      # processes (default: 2)
-    output_dir: ../results/quick    # optional; --output-dir overrides
+    output_dir: results/quick       # optional, from the current folder; --output-dir overrides
 
 Runs are independent: ``serial`` runs them one after another in this process,
 ``processes`` in a local pool of ``workers`` processes, ``ray`` as Ray tasks
@@ -247,7 +247,11 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     exp = load_experiment(experiment, overrides=overrides or None)
     check_calculon_run(execution_format, exp.case.model, exp.case.space, source="compare",
                        field="execution_format")
-    out_dir = Path(output_dir) if output_dir is not None else exp.output_dir
+    from autopar.io.writers import NO_OUTPUT, file_ref
+    if output_dir == NO_OUTPUT:
+        out_dir = None
+    else:
+        out_dir = Path(output_dir) if output_dir is not None else exp.output_dir
     if out_dir is not None:
         _check_output_dir(out_dir)
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -265,7 +269,10 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
                         f"layouts of space {summ['space']}: {why or 'the space is empty'}")
     opt = float(summ["best"]["sample_rate"])
     optimum = {
-        "name": exp.name, "model": exp.case.model_given, "system": exp.case.system_given,
+        # model and system: paths from optimum.json's folder (or the inline mappings)
+        "name": exp.name,
+        "model": file_ref(exp.case.model_file, out_dir or Path.cwd()),
+        "system": file_ref(exp.case.system_file, out_dir or Path.cwd()),
         "model_name": exp.case.model.name, "system_name": exp.case.system.name,
         "num_procs": exp.case.num_procs, "max_batch_size": exp.case.max_batch_size,
         "datatype": exp.case.datatype, "batch_policy": summ["batch_policy"],
