@@ -33,7 +33,7 @@ SYSTEM = os.path.join(ROOT, "systems", "a100_80g.json")
 CASE = dict(num_procs=1024, max_batch_size=1536, datatype="float16")
 
 
-def noop_trainable(config: dict) -> None:
+def noop_trainable(config: dict, problem=None) -> None:
     """Reports a constant once: what Tune costs with no work in the trial."""
     from ray import tune
     tune.report({"sample_rate": 1.0, "state": "COMPLETE", "feasible": True, "reason": "",

@@ -61,3 +61,11 @@ def test_commands_find_shipped_files_from_another_folder(tmp_path):
     r = _cli_elsewhere(tmp_path, "exhaustive", "models/none.json", "systems/a100_80g.json",
                        "--num-procs", 64, "--max-batch-size", 64, "--datatype", "float16")
     assert r.returncode == 2 and "models/none.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_bare_space_name_is_not_a_folder_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "calculon").mkdir()          # e.g. a checkout of Calculon
+    assert shipped.resolve("calculon", "search_spaces") == REPO_ROOT / "search_spaces/calculon.yaml"
+    (tmp_path / "models").mkdir()
+    assert shipped.resolve("models") == Path("models")      # the user's folder

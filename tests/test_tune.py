@@ -343,3 +343,20 @@ def test_cli_sampler_names_match_the_library():
     from autopar.cli import tune as cli_tune
     from autopar.search.samplers import SAMPLERS
     assert cli_tune.SAMPLERS == SAMPLERS
+
+
+def test_optuna_returns_its_study_and_says_when_nothing_was_left(tmp_path, cli):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    table, study = tune(MODEL, SYSTEM, sampler="random", trials=6, seed=0, storage=storage,
+                        study_name="mine", progress=False, return_study=True, **CASE)
+    assert study.study_name == "mine" and len(study.trials) == 6
+    assert table.attrs["study_name"] == "mine" and table.attrs["new_trials"] == 6
+    args = [MODEL, SYSTEM, *sum(([f"--{k.replace('_', '-')}", v] for k, v in CASE.items()), []),
+            "--sampler", "random", "--trials", 6, "--seed", 0, "--storage", storage,
+            "--study-name", "mine"]
+    r = cli("tune", *args)
+    assert r.returncode in (0, 1), r.stderr
+    assert f"study mine in {storage}" in r.stdout
+    assert "nothing to do: the study already has 6 finished trials (asked for 6)" in r.stdout
+    r = cli("tune", *args[:-4], "--trials", 8, "--storage", storage, "--study-name", "mine")
+    assert "study mine" in r.stdout and "nothing to do" not in r.stdout

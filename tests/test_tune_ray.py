@@ -138,3 +138,25 @@ def test_mend_experiment_state_puts_back_what_a_killed_driver_cut_off(tmp_path):
         tune_ray.mend_experiment_state(str(exp), [tmp_path / "elsewhere"])
     assert e.value.field == f"experiment_state-{cut}.json"
     assert "cannot be resumed" in e.value.message
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_kept_experiment_restores_the_ray_way(local_ray, tmp_path, sampler):
+    """Tuner.restore(...).get_results(): a ResultGrid with the metrics, and
+    configs of the searched parameters only (no problem JSON, no encoding names)."""
+    table = tune(MODEL, SYSTEM, sampler=sampler, trials=6, seed=3, backend="ray",
+                 progress=False, storage_path=str(tmp_path), name="kept", **CASE)
+    path = str(tmp_path / "kept")
+    grid = tune_ray.restore(path).get_results()
+    assert len(grid) == 6 and not grid.errors
+    frame = grid.get_dataframe()
+    assert frame.shape[0] == 6 and {"sample_rate", "state", "tensor_par"} <= set(frame.columns)
+    done = sorted(frame.loc[frame["state"] == "COMPLETE", "sample_rate"])
+    assert done == sorted(table.loc[table["state"] == "COMPLETE", "sample_rate"])
+    for res in grid:
+        keys = set(res.config) | set(res.config.get("params", {}))
+        assert tune_ray.PAYLOAD_KEY not in keys and not any("|" in k for k in keys), keys
+        assert len(str(res.config)) < 1000
+    # Ray's own call, with the trainable autopar names for the folder
+    plain = ray.tune.Tuner.restore(path, trainable=tune_ray.restore_trainable(path))
+    assert len(plain.get_results().get_dataframe()) == 6

@@ -221,6 +221,12 @@ def run(args) -> int:
                  progress=args.progress, study_name=args.study_name,
                  batch_policy=args.batch_policy, **_ray_options(args))
     best = write_results(table, output, trials_out, fmt)
+    if "study_name" in table.attrs:
+        where = f" in {args.storage}" if args.storage else " (in memory)"
+        print(f"study {table.attrs['study_name']}{where}")
+        if table.attrs.get("new_trials") == 0:
+            print(f"nothing to do: the study already has {len(table)} finished trials "
+                  f"(asked for {args.trials})")
     for line in summary_lines(table, f"tune {args.sampler} ({args.backend})"):
         print(line)
     if best is None:

@@ -39,14 +39,15 @@ def resolve(path: str | os.PathLike, kind: str | None = None) -> Path:
     """The file a user's ``path`` names (see the module docstring).  A path
     found nowhere is returned as given, so the caller's error names it."""
     p = Path(path)
-    if p.exists() or p.is_absolute():
-        return p
     parts = p.parts
+    bare = kind is not None and len(parts) == 1
+    if p.is_absolute() or p.is_file() or (p.exists() and not bare):
+        return p                   # (a bare name that is a folder here names a shipped file)
     if parts and parts[0] in KINDS and len(parts) > 1:
         alt = shipped_dir(parts[0]).joinpath(*parts[1:])
         if alt.exists():
             return alt
-    if kind is not None and len(parts) == 1:
+    if bare:
         for name in (parts[0], parts[0] + KINDS[kind]):
             alt = shipped_dir(kind) / name
             if alt.is_file():

@@ -152,10 +152,12 @@ def evaluate_params(prob: Problem, params_list: list) -> list[dict]:
     return rows
 
 
-def evaluate_config(config: Mapping) -> dict:
-    """One Ray trial's config -> its result row (no Ray needed)."""
+def evaluate_config(config: Mapping, payload: Mapping | None = None) -> dict:
+    """One Ray trial's config (the searched parameters) and the problem's
+    payload -> its result row (no Ray needed).  Experiments made before the
+    payload left the config carry it under ``PAYLOAD_KEY``."""
     from autopar.search.encodings import Invalid
-    prob = problem_from_payload(config[PAYLOAD_KEY])
+    prob = problem_from_payload(payload if payload is not None else config[PAYLOAD_KEY])
     if "params" in config:            # grid and define-by-run: already decoded
         params = dict(config["params"])
     else:
@@ -167,8 +169,12 @@ def evaluate_config(config: Mapping) -> dict:
     return evaluate_params(prob, [params])[0]
 
 
-def layout_trainable(config: dict) -> None:
+def layout_trainable(config: dict, problem: Mapping | None = None) -> None:
     """Ray Tune function trainable: evaluate one layout and report once.
+
+    ``problem``: the payload (``tune.with_parameters``: it travels once in
+    Ray's object store, not in every trial's config, so configs hold only the
+    searched parameters).
 
     The report carries ``done=True`` so Tune stops the trial after this one
     result (one round trip per trial).  Pruned trials report the metric as
@@ -183,7 +189,9 @@ def layout_trainable(config: dict) -> None:
     delay = os.environ.get("AUTOPAR_TRIAL_DELAY")   # seconds; for fault-tolerance tests
     if delay:
         time.sleep(float(delay))
-    row = evaluate_config(config)
+    row = evaluate_config(config, problem)
+    payload = problem if problem is not None else config.get(PAYLOAD_KEY, {})
+    row["started_at"] = payload.get("started_at")
     if row["state"] == "PRUNED":
         row[METRIC] = None
         for k in BREAKDOWN:

@@ -111,7 +111,8 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
          encoding: str | None = None, progress: bool | None = None,
          study_name: str | None = None, batch_policy: str | None = None,
          training: bool = True, storage_path: str | None = None,
-         name: str | None = None, max_failures: int = 3, on_start=None):
+         name: str | None = None, max_failures: int = 3, on_start=None,
+         return_study: bool = False):
     """Search layouts of ``model`` on ``system`` with a sampler; returns the trials.
 
     ``model``/``system``: file paths, dicts (Calculon JSON) or specs.
@@ -121,7 +122,10 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     ``storage_path/name`` (resumable with ``resume``; None: a temporary
     folder), ``max_failures`` retries of a failed trial, ``on_start(path)``
     is told where the experiment is kept.
-    Returns a pandas DataFrame with ``TRIAL_COLUMNS``.  Bad arguments raise
+    Returns a pandas DataFrame with ``TRIAL_COLUMNS``; backend optuna: its
+    ``attrs`` hold ``study_name`` and ``new_trials`` (0 when a rerun of a
+    finished study had nothing to do), and with ``return_study=True`` the
+    result is ``(table, study)`` (the ``optuna.Study``).  Bad arguments raise
     ``autopar.io.specs.SpecError``.
     """
     from autopar.search.space import load_space
@@ -144,6 +148,8 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
         _bad("storage_path", "a Ray Tune storage path needs backend ray "
                              "(backend optuna keeps its study in storage)")
     max_failures = _int("max_failures", max_failures, 0)
+    if return_study and backend != "optuna":
+        _bad("return_study", "only backend optuna has an Optuna study to return")
     case = make_case(model, system, num_procs, max_batch_size, datatype, batch_policy, training)
     sp = load_space(space)
     size = sp.size(case)
@@ -157,10 +163,11 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
     bar = _Progress(trials, sampler, show)
+    study, new = None, None
     try:
         if backend == "optuna":
-            rows = _run_optuna(prob, sampler, trials, seed, storage, study_name,
-                               concurrency or 1, grid, bar)
+            rows, study, new = _run_optuna(prob, sampler, trials, seed, storage, study_name,
+                                           concurrency or 1, grid, bar)
         else:
             from autopar.search import tune_ray
             rows = tune_ray.run(prob, sampler, trials, seed, address, concurrency, grid,
@@ -168,7 +175,10 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
                                 max_failures=max_failures, on_start=on_start)
     finally:
         bar.close()
-    return trials_table(rows)
+    table = trials_table(rows)
+    if study is not None:
+        table.attrs.update(study_name=study.study_name, new_trials=new)
+    return (table, study) if return_study else table
 
 
 def resume(path: str, address: str | None = None):
@@ -356,6 +366,7 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                     study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
                 raise
             done += len(asked)
+        new = done - len(old)
         frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
     finally:
         optuna.logging.set_verbosity(verbosity)
@@ -366,7 +377,7 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         row = {"trial": n, **rows[n], "node_id": "",
                "elapsed_s": (end - t0).total_seconds() if end and t0 else math.nan}
         out.append(row)
-    return out
+    return out, study, max(new, 0)
 
 
 # --------------------------------------------------------------------------

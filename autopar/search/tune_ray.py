@@ -49,6 +49,7 @@ from pathlib import Path
 
 import ray
 from ray import tune
+from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.bohb import TuneBOHB
@@ -65,7 +66,10 @@ class DefineByRun:
         self.encoder = encoder
 
     def __call__(self, trial) -> dict:
-        return {"params": self.encoder.suggest(trial)}
+        # Suggest on the Optuna trial itself, not on Ray's capturing wrapper:
+        # the config is then only the decoded layout ({"params": {...}}), not
+        # also the encoding's internal names (``microbatch_size|1,2,4,8``).
+        return {"params": self.encoder.suggest(getattr(trial, "ot_trial", trial))}
 
 
 class TuneBOHBAll(TuneBOHB):
@@ -269,7 +273,9 @@ def _short_name(trial) -> str:
 
 def _elapsed(r) -> float:
     """Seconds from the experiment's start to the trial's end (wall clocks)."""
-    start = (r.get("config") or {}).get(PAYLOAD_KEY, {}).get("started_at")
+    start = r.get("started_at")
+    if start is None:           # an experiment whose configs carried the payload
+        start = (r.get("config") or {}).get(PAYLOAD_KEY, {}).get("started_at")
     end = r.get("finished_at")
     return float(end - start) if start is not None and end is not None else math.nan
 
@@ -327,11 +333,22 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
         with ray_session(address), _tune_settings():
             pieces = ray_search(sampler, prob.encoder, seed, trials, concurrency, grid)
             payload = {**prob.payload(), "started_at": time.time()}
-            param_space = {PAYLOAD_KEY: payload, **pieces["param_space"]}
+            param_space = dict(pieces["param_space"])
+            where = None if temp else _join(storage, name)
+            if where is not None and "://" not in where:
+                # the problem travels by tune.with_parameters, kept beside the
+                # experiment for a restore (configs hold only searched values)
+                _write_problem(where, payload)
+                trainable_p = tune.with_parameters(trainable, problem=payload)
+            elif temp:
+                trainable_p = tune.with_parameters(trainable, problem=payload)
+            else:                 # a URI: the config carries the problem, as before
+                param_space[PAYLOAD_KEY] = payload
+                trainable_p = trainable
             if keep is not None:
                 keep["search_alg"] = pieces["search_alg"]
             tuner = tune.Tuner(
-                trainable,
+                trainable_p,
                 param_space=param_space,
                 tune_config=tune.TuneConfig(
                     metric=METRIC, mode="max", num_samples=pieces["num_samples"],
@@ -341,7 +358,10 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                     trial_dirname_creator=_short_name, trial_name_creator=_short_name),
                 run_config=tune.RunConfig(
                     name=name, storage_path=storage, verbose=0,
-                    callbacks=[collector], log_to_file=False,
+                    # kept experiments: each trial's result.json, so that
+                    # Tuner.restore(...).get_results() has the metrics
+                    callbacks=[collector] + ([] if temp else [JsonLoggerCallback()]),
+                    log_to_file=False,
                     checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
                     failure_config=tune.FailureConfig(max_failures=max_failures)))
             if on_start is not None and not temp:
@@ -357,6 +377,38 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
 def _join(storage: str, name: str) -> str:
     return storage.rstrip("/") + "/" + name if "://" in storage else \
         os.path.join(os.path.abspath(os.path.expanduser(storage)), name)
+
+
+PROBLEM_FILE = "autopar_problem.json"
+
+
+def _write_problem(exp_dir: str, payload: dict) -> None:
+    import json
+    from autopar.io.writers import atomic_path
+    Path(exp_dir).mkdir(parents=True, exist_ok=True)
+    with atomic_path(Path(exp_dir) / PROBLEM_FILE) as tmp:
+        Path(tmp).write_text(json.dumps(payload))
+
+
+def restore_trainable(path: str, trainable=layout_trainable):
+    """The trainable to restore the experiment at ``path`` with: the layout
+    trainable with the problem kept beside the experiment (or, for an
+    experiment whose configs carry it, the trainable as it is)."""
+    import json
+    problem = None if "://" in path else Path(path) / PROBLEM_FILE
+    if problem is not None and problem.is_file():
+        try:
+            payload = json.loads(problem.read_text())
+        except (OSError, ValueError) as e:
+            raise SpecError(str(problem), "(file)", f"cannot read the problem: {e}") from None
+        return tune.with_parameters(trainable, problem=payload)
+    return trainable
+
+
+def restore(path: str) -> "tune.Tuner":
+    """``Tuner.restore`` of an autopar experiment (for ``get_results()``: a
+    ResultGrid whose metrics hold the layout, ``sample_rate`` and the breakdown)."""
+    return tune.Tuner.restore(path, trainable=restore_trainable(path))
 
 
 def can_resume(path: str) -> bool:
@@ -375,8 +427,8 @@ def resume(path: str, address: str | None = None, trainable=layout_trainable) ->
         node = ray._private.worker._global_node
         roots = [Path(node.get_session_dir_path()).parent] if node is not None else []
         mend_experiment_state(path, roots + [Path(tempfile.gettempdir()) / "ray"])
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True,
-                                   resume_errored=True)
+        tuner = tune.Tuner.restore(path, trainable=restore_trainable(path, trainable),
+                                   resume_unfinished=True, resume_errored=True)
         return _finish(tuner.fit(), [])
 
 
