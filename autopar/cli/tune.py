@@ -56,8 +56,12 @@ def register(subparsers) -> None:
                    help="default: the space's (max)")
     p.add_argument("--backend", choices=("optuna", "ray"), default="optuna",
                    help="optuna: a study in this process (default); ray: a Ray Tune Tuner")
+    from autopar.search.encodings import DEFAULT_ENCODING, DEFAULT_ENCODINGS
+    by = ", ".join(f"{e} for {', '.join(s for s, x in DEFAULT_ENCODINGS.items() if x == e)}"
+                   for e in dict.fromkeys(DEFAULT_ENCODINGS.values()))
     p.add_argument("--encoding", choices=ENCODINGS, default=None,
-                   help="how samplers see the space (default: index; see autopar.search.encodings)")
+                   help=f"how samplers see the space (default by sampler: {by}; otherwise "
+                        f"{DEFAULT_ENCODING}; see autopar.search.encodings)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (backend ray; default: $RAY_ADDRESS, else "

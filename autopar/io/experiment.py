@@ -148,9 +148,15 @@ def integer(src: str, fld: str, v, minimum: int) -> int:
 
 
 def relative(base: Path, p: str) -> Path:
-    """A path of an experiment file: relative to the file's folder."""
+    """A path an experiment file reads: relative to the file's folder; one
+    not found there may name a shipped file (``systems/a100_80g.json``,
+    ``autopar.io.shipped.resolve``)."""
+    from autopar.io.shipped import resolve
     q = Path(p)
-    return q if q.is_absolute() else base / q
+    if q.is_absolute() or (base / q).exists():
+        return q if q.is_absolute() else base / q
+    shipped = resolve(q)
+    return shipped.resolve() if shipped.is_absolute() else base / q
 
 
 def header(data: Mapping, src: str, stem: str, kind: str, keys) -> tuple[str, str]:
