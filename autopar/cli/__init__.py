@@ -25,23 +25,65 @@ COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate", "compare", "t
 SOURCE = "command line"    # what SpecError names for a bad argument
 
 
+# Counts beyond these are not layouts anyone runs, and the divisor searches
+# over them would take hours (processors, batch) or overflow 64-bit columns.
+LIMITS = {"--num-procs": 1 << 24, "--max-batch-size": 1 << 32, "--trials": 1 << 31,
+          "--top-n": 1 << 31, "--chunk-size": 1 << 31, "--concurrency": 1 << 16,
+          "--workers": 1 << 12}
+SEED_MAX = 2 ** 32 - 1             # numpy's and Optuna's samplers take 32-bit seeds
+
+
 def positive(name: str, v) -> None:
-    """A count given on the command line must be at least 1 (None: not given)."""
+    """A count given on the command line must be at least 1 (None: not given)
+    and at most ``LIMITS[name]``."""
     if v is not None and v < 1:
         raise SpecError(SOURCE, name, f"must be a positive integer, got {v}")
+    hi = LIMITS.get(name)
+    if v is not None and hi is not None and v > hi:
+        raise SpecError(SOURCE, name, f"must be at most {hi:,}, got {v}")
+
+
+def seed_arg(name: str, v) -> None:
+    if v is not None and not 0 <= v <= SEED_MAX:
+        raise SpecError(SOURCE, name, f"must be between 0 and 2**32-1, got {v}")
 
 
 def output_path(name: str, path: str | None):
-    """An output file argument that can be written (its folder exists), or None."""
+    """An output file argument that can be written, or None: its folder exists
+    and is writable, and it is not a folder, a device or a FIFO (a symlink
+    names the file it points to).  Checked before any work."""
+    import os
     from pathlib import Path
     if path is None:
         return None
     p = Path(path)
+    if os.path.exists(p) and not os.path.isfile(p) and not os.path.isdir(p):
+        raise SpecError(SOURCE, name, f"{path} is not a regular file (a device, FIFO, pipe "
+                        "or socket); autopar writes whole files only")
+    if p.is_symlink():
+        p = Path(os.path.realpath(p))
     if p.is_dir():
         raise SpecError(SOURCE, name, f"{path} is a directory")
+    if p.exists() and not p.is_file():
+        raise SpecError(SOURCE, name, f"{path} is not a regular file (a device, FIFO or "
+                        "socket); autopar writes whole files only")
     if not p.parent.is_dir():
         raise SpecError(SOURCE, name, f"directory {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise SpecError(SOURCE, name, f"cannot write into {p.parent}")
     return p
+
+
+def distinct_outputs(outs: dict) -> None:
+    """Two output options naming one file would overwrite each other."""
+    seen: dict = {}
+    for name, p in outs.items():
+        if p is None:
+            continue
+        key = p.resolve()
+        if key in seen:
+            raise SpecError(SOURCE, name, f"{p} is also {seen[key]}'s file")
+        seen[key] = name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,14 +104,39 @@ def error_line(err: SpecError) -> str:
     return " ".join(text.split())   # never more than one line
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt       # SIGTERM ends a run as an interrupt does: nothing half-written
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:            # not the main thread
+        pass
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()        # a closed pipe shows here, not at exit
+        return code
     except SpecError as err:
         print(error_line(err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("autopar: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away: say so once on stderr, print nothing more
+        import os
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        print("autopar: error: stdout: closed by its reader", file=sys.stderr)
+        return 2
+    except OSError as err:        # a full disk, a file that cannot be written
+        where = err.filename or "output"
+        print(f"autopar: error: {where}: (file): cannot write: "
+              f"{err.strerror or err}", file=sys.stderr)
+        return 2

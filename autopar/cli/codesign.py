@@ -61,8 +61,16 @@ def register(subparsers) -> None:
     c.set_defaults(func=run_cliffs)
 
 
+def _check_counts(args) -> None:
+    from autopar.cli import positive, seed_arg
+    positive("--workers", getattr(args, "workers", None))
+    positive("--trials", getattr(args, "trials", None))
+    seed_arg("--seed", getattr(args, "seed", None))
+
+
 def run(args) -> int:
     from autopar.io.experiment import read
+    _check_counts(args)
     data = read(args.study)
     if data.get("kind") == "cliffs":
         for opt in ("sampler", "trials", "seed"):
@@ -97,6 +105,7 @@ def _sweep(spec, args) -> int:
 
 def run_cliffs(args) -> int:
     from autopar.io.specs import SpecError
+    _check_counts(args)
     direct = ("model", "system", "max_batch_size", "datatype", "num_procs")
     given = [k for k in direct + ("space", "batch_policy", "inner", "inner_trials")
              if getattr(args, k) is not None]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
-from autopar.cli import output_path, positive
+from autopar.cli import distinct_outputs, output_path, positive
 
 
 
@@ -71,6 +71,21 @@ def _write_json(path: Path, data) -> Path:
     return tmp
 
 
+def _remove_stale_partials(p: Path) -> None:
+    """Partial --all files a killed run (SIGKILL: no cleanup) left beside ``p``:
+    ``.STEM.PID.partialSUFFIX`` whose process is gone are removed."""
+    for old in p.parent.glob(f".{p.stem}.*.partial{p.suffix}"):
+        pid = old.name[len(p.stem) + 2:].split(".", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            old.unlink(missing_ok=True)
+        except PermissionError:
+            pass
+
+
 def run(args) -> int:
     from autopar.search.exhaustive import DEFAULT_CHUNK, DEFAULT_SPACE, exhaustive, top_json
     from autopar.search.space import load_space
@@ -85,6 +100,7 @@ def run(args) -> int:
             "--top": output_path("--top", args.top),
             "--all": output_path("--all", args.all_rows),
             "--summary": output_path("--summary", args.summary)}
+    distinct_outputs(outs)
     model = load_model(args.model)
     system = load_system(args.system)
     space = load_space(args.space if args.space is not None else DEFAULT_SPACE)
@@ -95,6 +111,7 @@ def run(args) -> int:
         p = outs["--all"]
         # held back under a temporary name until the search has succeeded
         all_tmp = p.with_name(f".{p.stem}.{os.getpid()}.partial{p.suffix}")
+        _remove_stale_partials(p)
     temps: list[tuple[Path, Path]] = []
     try:
         table, summary = exhaustive(
@@ -103,6 +120,11 @@ def run(args) -> int:
             address=args.address, progress=args.progress,
             chunk_size=args.chunk_size or DEFAULT_CHUNK, all_path=all_tmp)
         best = summary["best"]
+        if summary["layouts"] == 0:        # as tune says it: bad input, exit 2
+            from autopar.io.specs import SpecError
+            raise SpecError(getattr(space, "source", "space"), "space",
+                            f"has no layout for this case ({args.num_procs} procs, "
+                            f"batch {args.max_batch_size})")
         if best is None:
             reasons = list(summary["infeasible"].items())[:3]
             why = "; ".join(f"{r} ({n:,})" for r, n in reasons) or "the space is empty"

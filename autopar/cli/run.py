@@ -87,13 +87,26 @@ def run_file(path, *, address: str | None = None, progress: bool | None = None,
     storage = getattr(ns, "storage", None)
     if storage and storage.startswith("sqlite:///"):
         outs.append(storage[len("sqlite:///"):])
+    made: list[Path] = []
     for p in outs:
         if p:
+            missing = [d for d in (Path(p).parent, *Path(p).parent.parents) if not d.exists()]
             Path(p).parent.mkdir(parents=True, exist_ok=True)
+            made += missing
     if kind == "tune":
         from autopar.cli.tune import run
     else:
         from autopar.cli.exhaustive import run
     label = data.get("name") or Path(path).name.removesuffix(".yaml").removesuffix(".yml")
     print(f"experiment {label} ({kind})")
-    return run(ns)
+    try:
+        return run(ns)
+    except SpecError as e:
+        for d in made:                     # bad input: leave no folder behind
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        if e.source == "command line":     # the command's check of a value the file gave
+            raise SpecError(src, e.field.lstrip("-").replace("-", "_"), e.message) from None
+        raise

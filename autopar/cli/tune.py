@@ -28,7 +28,7 @@ from pathlib import Path
 
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
-from autopar.cli import SOURCE, output_path, positive
+from autopar.cli import SOURCE, distinct_outputs, output_path, positive, seed_arg
 from autopar.io.specs import SpecError
 
 SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb")   # autopar.search.samplers.SAMPLERS (no optuna import here)
@@ -202,14 +202,14 @@ def run(args) -> int:
     positive("--max-batch-size", args.max_batch_size)
     positive("--trials", args.trials)
     positive("--concurrency", args.concurrency)
-    if args.seed is not None and args.seed < 0:
-        raise SpecError(SOURCE, "--seed", f"must be >= 0, got {args.seed}")
+    seed_arg("--seed", args.seed)
     if args.backend == "optuna" and args.address:
         raise SpecError(SOURCE, "--address", "a Ray address needs --backend ray")
     if args.backend == "ray" and args.storage:
         raise SpecError(SOURCE, "--storage", "an Optuna storage needs --backend optuna")
     output = output_path("--output", args.output)
     trials_out = output_path("--trials-out", args.trials_out)
+    distinct_outputs({"--output": output, "--trials-out": trials_out})
     fmt = getattr(args, "format", DEFAULT_FORMAT)
     if fmt != "autopar":
         from autopar.io.export import check_calculon_run

@@ -518,10 +518,16 @@ def _option(src: str, fld: str, key: str, val):
 
 def _seeds(src: str, v) -> tuple[int, ...]:
     if isinstance(v, int) and not isinstance(v, bool):
-        return tuple(range(integer(src, "seeds", v, 1)))
+        n = integer(src, "seeds", v, 1)
+        if n > 10_000:
+            raise SpecError(src, "seeds", f"at most 10,000 seeds, got {n:,}")
+        return tuple(range(n))
     if not isinstance(v, list) or not v:
         raise SpecError(src, "seeds", f"expected a count or a non-empty list of seeds, got {brief(v)}")
     seeds = tuple(integer(src, f"seeds[{i}]", s, 0) for i, s in enumerate(v))
+    for i, s in enumerate(seeds):
+        if s > 2 ** 32 - 1:
+            raise SpecError(src, f"seeds[{i}]", f"must be between 0 and 2**32-1, got {s}")
     if len(set(seeds)) != len(seeds):
         raise SpecError(src, "seeds", "lists a seed twice")
     return seeds

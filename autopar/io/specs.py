@@ -251,6 +251,8 @@ class _Checker:
             self.fail(field, f"expected an integer, got {_kind(v)} {_show(v)}")
         if minimum is not None and v < minimum:
             self.fail(field, f"must be >= {minimum}, got {v}")
+        if abs(v) > 2 ** 53:           # the model computes in float64 and int64 columns
+            self.fail(field, f"must be at most 2**53, got {v}")
         return int(v)
 
     def number(self, v, field: str) -> float:

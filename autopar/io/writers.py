@@ -14,10 +14,25 @@ import tempfile
 from pathlib import Path
 
 
+def target_of(path) -> Path:
+    """The file an output path names: a symlink's target (the link is kept and
+    the file it points to is written), and never a device, FIFO or folder
+    (replacing those by a renamed file would destroy them: SpecError)."""
+    from autopar.io.errors import SpecError
+    path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
+        raise SpecError(str(path), "(output)", f"is {what}; autopar writes whole files only")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yield a temporary path; on success it replaces ``path``."""
-    path = Path(path)
+    """Yield a temporary path; on success it replaces ``path`` (see
+    ``target_of``: a symlink's target is written, the link kept)."""
+    path = target_of(path)
     if path.parent and not path.parent.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

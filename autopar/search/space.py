@@ -79,8 +79,25 @@ def _check_case(case: Case, source: str = "case") -> None:
         bad("training", f"expected true or false, got {case.training!r}")
 
 
+def _check_tiers(case: Case, space: "Space") -> None:
+    """A network tier a space names must exist in the case's system (else the
+    search would silently leave those layouts out)."""
+    n = len(case.system.networks)
+    for f in NET_FIELDS:
+        a = space.allowed.get(f)
+        named = list(a.values or ()) + [a.low] if a is not None else []
+        if f in space.fixed:
+            named.append(space.fixed[f])
+        bad = sorted({v for v in named if isinstance(v, int) and v >= n})
+        if bad:
+            where = f"fixed.{f}" if f in space.fixed else f"params.{f}"
+            raise SpecError(space.source, where, f"network tier {bad[0]} is beyond the "
+                            f"system's {n} tier(s) (0..{n - 1}) of {case.system.source}")
+
+
 def _ctx(case: Case, space: "Space") -> _Ctx:
     _check_case(case)
+    _check_tiers(case, space)
     m, s = case.model, case.system
     return _Ctx(num_procs=int(case.num_procs), hidden=int(m.hidden),
                 heads=int(m.attn_heads), blocks=int(m.num_blocks),

@@ -135,6 +135,8 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     backend = _choice("backend", backend, BACKENDS)
     trials = _int("trials", trials, 1)
     seed = _int("seed", seed, 0, optional=True)
+    if seed is not None and seed > 2 ** 32 - 1:
+        _bad("seed", f"must be between 0 and 2**32-1 (the samplers' seeds), got {seed}")
     concurrency = _int("concurrency", concurrency, 1, optional=True)
     encoding = _choice("encoding", encoding or default_encoding(sampler), ENCODINGS)
     if encoding == "named" and sampler == "bohb":
@@ -275,13 +277,33 @@ def _sqlite_storage(url: str):
 
 
 def _open_study(storage, name):
+    """Create or load the study; two runs starting together on one new
+    database race at creating its tables and the study: the loser retries."""
+    import time
+    for attempt in range(6):
+        try:
+            return _open_study_once(storage, name)
+        except SpecError as e:
+            racing = any(w in e.message for w in ("UNIQUE constraint", "already exists",
+                                                  "database is locked"))
+            if not racing or attempt == 5:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
+def _open_study_once(storage, name):
     import optuna
     try:
         if isinstance(storage, str) and storage.startswith("sqlite:"):
             storage = _sqlite_storage(storage)
-        return optuna.create_study(storage=storage, study_name=name, direction="maximize",
-                                   sampler=optuna.samplers.RandomSampler(),
-                                   load_if_exists=True)
+        try:
+            return optuna.create_study(storage=storage, study_name=name, direction="maximize",
+                                       sampler=optuna.samplers.RandomSampler(),
+                                       load_if_exists=True)
+        except optuna.exceptions.DuplicatedStudyError:
+            # another run created it between the check and the insert
+            return optuna.load_study(storage=storage, study_name=name,
+                                     sampler=optuna.samplers.RandomSampler())
     except SpecError:
         raise
     except Exception as e:     # bad URL, unreachable database, wrong direction ...
@@ -303,6 +325,27 @@ def _same_search(study, storage, search: dict) -> None:
                         f"another search (different {diff}); choose another study name")
 
 
+OWNER = f"{__import__('socket').gethostname()}:{__import__('os').getpid()}"
+
+
+def _owner_alive(owner) -> bool:
+    """Whether the run that asked a trial (``host:pid``) is still going here."""
+    import os
+    import socket
+    host, _, pid = str(owner or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                 concurrency: int, grid, bar: _Progress) -> list[dict]:
     import optuna
@@ -319,9 +362,12 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                                       "encoding": prob.encoder.encoding,
                                       "grid_points": len(grid) if grid else 0})
         # Trials a killed run left RUNNING cannot finish: fail them (they are
-        # not part of the table; their layouts are sampled again).
+        # not part of the table; their layouts are sampled again).  Those of a
+        # run still going on this machine (another `autopar tune` on the same
+        # study) are left to it.
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study.tell(t.number, state=TrialState.FAIL)
+            if not _owner_alive(t.system_attrs.get("autopar_owner")):
+                study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         finished = (TrialState.COMPLETE, TrialState.PRUNED)
         old = study.get_trials(deepcopy=False, states=finished)
         study.sampler = optuna_sampler(sampler, prob.encoder, resumed_seed(seed, len(old)),
@@ -349,7 +395,20 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         for row in rows.values():
             bar.update(row)
         while done < trials:
-            asked = [study.ask() for _ in range(min(concurrency, trials - done))]
+            if storage is not None:
+                # another run on the same study counts too: together they make
+                # the trials asked for (finished, or asked and not yet told)
+                live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+                others = len(study.get_trials(deepcopy=False, states=live)) - len(rows)
+                if done + others >= trials:
+                    break
+                want = min(concurrency, trials - done - others)
+            else:
+                want = min(concurrency, trials - done)
+            asked = [study.ask() for _ in range(want)]
+            if storage is not None:
+                for t in asked:
+                    t.storage.set_trial_system_attr(t._trial_id, "autopar_owner", OWNER)
             try:
                 params = [suggest(t) for t in asked]
                 results = evaluate_params(prob, params)

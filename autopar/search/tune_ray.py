@@ -245,7 +245,10 @@ def _tune_settings():
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",   # no per-trial CSV/JSON/TB files
-           "RAY_AIR_NEW_OUTPUT": "0"}                   # no tables printed on stdout
+           "RAY_AIR_NEW_OUTPUT": "0",                   # no tables printed on stdout
+           # Ctrl-C is an interrupt (exit 130, the experiment kept resumable),
+           # not Tune's graceful stop that returns the trials so far as a result
+           "TUNE_DISABLE_SIGINT_HANDLER": "1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     quiet = _Quiet()
