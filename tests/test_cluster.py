@@ -165,6 +165,19 @@ def _trial_dirs(path: Path) -> int:
     return len(list(path.glob("t*"))) if path.is_dir() else 0
 
 
+def _nodes_done(path: Path) -> set:
+    """Nodes of the finished trials of a kept experiment (their result.json)."""
+    import json
+    nodes = set()
+    for f in path.glob("t*/result.json"):
+        try:
+            for line in f.read_text().splitlines():
+                nodes.add(json.loads(line)["node_id"])
+        except (OSError, ValueError, KeyError):
+            pass                          # being written
+    return nodes
+
+
 def _check_trials(csv: Path, n: int) -> pd.DataFrame:
     table = pd.read_csv(csv)
     assert len(table) == n
@@ -301,8 +314,10 @@ def test_lost_worker_node_loses_no_trial(cluster, tmp_path):
                 "--trials", trials, "--seed", 3, "--concurrency", 2, "--address",
                 cluster.address, "--storage-path", storage, "--name", "lost",
                 "--max-failures", 3, "--trials-out", out)
+    # kill the worker node once it has finished a trial (each kept trial's
+    # result.json names its node), not after some time
     end = time.monotonic() + 120
-    while _trial_dirs(exp) < 6 and p.poll() is None and time.monotonic() < end:
+    while len(_nodes_done(exp)) < 2 and p.poll() is None and time.monotonic() < end:
         time.sleep(0.2)
     assert p.poll() is None, "the driver ended before the node could be killed"
     _kill_group(cluster.worker)           # the worker raylet and its workers, at once
