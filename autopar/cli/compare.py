@@ -26,12 +26,16 @@ def register(subparsers) -> None:
     p.add_argument("--address", default=None,
                    help="Ray cluster address: run the sampler x seed runs as Ray tasks "
                         "there (default: as the experiment says, else in this process)")
+    p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
+                   help="layouts must leave this much of tier 1 free (default: the system's "
+                        "memory_headroom, else 0); the fastest layout without it is named too")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.set_defaults(func=run)
 
 
-def run_experiment(path, output_dir=None, address=None, progress=None, data=None) -> int:
+def run_experiment(path, output_dir=None, address=None, progress=None, data=None,
+                   memory_headroom=None) -> int:
     """Run one comparison file and print its summary; the exit code.
 
     ``autopar run`` calls this for ``kind: compare`` files (``data``: the
@@ -46,7 +50,8 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
                           base_dir=Path(path).resolve().parent, source=str(path))
     out = Path(output_dir) if output_dir else (exp.output_dir or Path("results") / exp.name)
     try:
-        result = compare(exp, out, address=address, progress=progress)
+        result = compare(exp, out, address=address, progress=progress,
+                         memory_headroom=memory_headroom)
     except BeatsOptimum as err:        # a bug, not bad input: say it on one line
         print(f"autopar: error: {err}", file=sys.stderr)
         return 1
@@ -56,4 +61,5 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
 
 
 def run(args) -> int:
-    return run_experiment(args.experiment, args.output_dir, args.address, args.progress)
+    return run_experiment(args.experiment, args.output_dir, args.address, args.progress,
+                          memory_headroom=args.memory_headroom)

@@ -37,7 +37,7 @@ def with_headroom(system: SystemSpec, gib: float) -> SystemSpec:
     it when it fits on ``system`` with that headroom."""
     if gib <= 0:
         return system
-    return dataclasses.replace(system, mem1=dataclasses.replace(
+    return dataclasses.replace(system, memory_headroom=None, mem1=dataclasses.replace(
         system.mem1, GiB=system.mem1.GiB - gib))
 
 
