@@ -185,3 +185,29 @@ def test_tune_recommends_a_trial_that_fits_with_headroom(cli, tmp_path):
         (want.tensor_par, want.pipeline_par, want.microbatch_size)
     assert f"(fits with {headroom:g} GiB headroom)" in r.stdout
     assert f"trial {int(fastest.trial)}" in r.stdout.split("fastest without headroom")[1]
+
+
+def test_codesign_inner_search_keeps_the_headroom(cli, tmp_path, repo_root):
+    import yaml
+    study = {"kind": "codesign", "name": "headroom",
+             "case": {"model": str(repo_root / "models" / "llama-13B.json"),
+                      "system": str(repo_root / "systems" / "a100_80g_dgx_hdr200.json"),
+                      "num_procs": 8, "max_batch_size": 64, "datatype": "bfloat16",
+                      "space": "llama"},
+             "hardware": {"mem1.GiB": {"values": [80, 96], "cost": 20}},
+             "cost": {"processor": 10000}, "objectives": ["sample_rate", "cost"],
+             "output_dir": "out"}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    p = cli("codesign", path, "--no-progress", "--memory-headroom", 5)
+    assert p.returncode == 0, p.stderr
+    rows = pd.read_csv(tmp_path / "out" / "trials.csv").set_index("mem1.GiB")
+    assert (rows.memory_headroom_GiB == 5).all()
+    assert (rows.proc_mem_tier1_cap_req <= (rows.index - 5) * GIB).all()
+    assert (rows.sample_rate <= rows.sample_rate_without_headroom).all()
+    # On 80 GiB the fastest layout (77.6 GiB) does not fit with the headroom.
+    at80 = rows[rows.index == 80]
+    assert len(at80) and (at80.proc_mem_tier1_cap_req <= 75 * GIB).all()
+    assert (at80.sample_rate_without_headroom >= at80.sample_rate).all()
+    p = cli("codesign", path, "--no-progress", "--memory-headroom", -1)
+    assert p.returncode == 2 and "--memory-headroom" in p.stderr
