@@ -87,7 +87,7 @@ def run(args) -> int:
     from autopar.search.headroom import headroom_gib, with_headroom
     model = load_model(args.model)
     system = load_system(args.system)
-    headroom = headroom_gib(system, args.memory_headroom)
+    headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
     space = load_space(args.space if args.space is not None else DEFAULT_SPACE)
     all_tmp = None
     if outs["--all"] is not None:
