@@ -26,8 +26,9 @@ def register(subparsers) -> None:
     p.add_argument("sweep", help="measured sweep CSV")
     p.add_argument("--system", required=True, help="base system JSON")
     p.add_argument("--output", required=True, help="calibrated system JSON to write")
-    p.add_argument("--models", default="models",
-                   help="folder of model JSON files the sweep names (default: models)")
+    p.add_argument("--models", default=None,
+                   help="folder of model JSON files the sweep names (default: the shipped "
+                        "models/)")
     p.add_argument("--name", default=None,
                    help="name of the calibrated system (default: the output file's stem)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -50,10 +51,13 @@ def run(args) -> int:
     from autopar.io.writers import write_json
     from autopar.studies.calibrate import apply, calibrate, describe
 
+    from autopar.io.shipped import resolve, shipped_dir
+
     out = output_path("--output", args.output)
     base = load_system(args.system)
+    models_dir = resolve(args.models) if args.models else shipped_dir("models")
     t0 = time.time()
-    cal = calibrate(args.sweep, base, models_dir=args.models, progress=not args.no_progress)
+    cal = calibrate(args.sweep, base, models_dir=models_dir, progress=not args.no_progress)
     k = cal.constants
     print(f"calibrated on {Path(args.sweep).name} in {time.time() - t0:.0f} s "
           f"({cal.evaluations} model evaluations of the sweep)")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -31,11 +33,13 @@ def register(subparsers) -> None:
                         "memory_headroom, else 0); the fastest layout without it is named too")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
+    p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT,
+                   help="the execution in optimum.json: " + FORMAT_HELP)
     p.set_defaults(func=run)
 
 
 def run_experiment(path, output_dir=None, address=None, progress=None, data=None,
-                   memory_headroom=None) -> int:
+                   fmt: str = DEFAULT_FORMAT, memory_headroom=None) -> int:
     """Run one comparison file and print its summary; the exit code.
 
     ``autopar run`` calls this for ``kind: compare`` files (``data``: the
@@ -49,8 +53,10 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     exp = load_experiment(data if data is not None else path,
                           base_dir=Path(path).resolve().parent, source=str(path))
     out = Path(output_dir) if output_dir else (exp.output_dir or Path("results") / exp.name)
+    from autopar.io.export import check_calculon_run
+    check_calculon_run(fmt, exp.case.model, exp.case.space)
     try:
-        result = compare(exp, out, address=address, progress=progress,
+        result = compare(exp, out, address=address, progress=progress, execution_format=fmt,
                          memory_headroom=memory_headroom)
     except BeatsOptimum as err:        # a bug, not bad input: say it on one line
         print(f"autopar: error: {err}", file=sys.stderr)
@@ -62,4 +68,4 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
 
 def run(args) -> int:
     return run_experiment(args.experiment, args.output_dir, args.address, args.progress,
-                          memory_headroom=args.memory_headroom)
+                          fmt=args.format, memory_headroom=args.memory_headroom)

@@ -4,8 +4,10 @@ Evaluates every layout of a search space (``--space``, Calculon's own search
 by default) and reports the best.  Files are written only when the search
 succeeds, each atomically:
 
-* ``--output``: the best execution, Calculon's 23 fields (``autopar estimate``
-  and Calculon's ``llm`` command read it);
+* ``--output``: the best execution (``--format autopar``, the default: every
+  field, extensions included, read back by ``autopar estimate``; ``--format
+  calculon``: Calculon's 23 fields for its ``llm`` command, refused in one line
+  for a model or space Calculon cannot represent; see ``autopar.io.export``);
 * ``--top``: the best ``--top-n`` with their statistics, in Calculon's
   optimal-execution layout ``{"0": {"execution": ..., "stats": ...}, ...}``;
 * ``--all``: every layout with its statistics (Parquet; CSV for ``*.csv``);
@@ -22,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
 from autopar.cli import output_path, positive
 
@@ -45,7 +48,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch-policy", choices=("max", "fixed"), default=None,
                    help="default: the space's (max)")
     p.add_argument("--top-n", type=int, default=1, help="best layouts kept (default 1)")
-    p.add_argument("--output", metavar="FILE", help="write the best execution (Calculon JSON)")
+    p.add_argument("--output", metavar="FILE", help="write the best execution (JSON, --format)")
+    p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT, help=FORMAT_HELP)
     p.add_argument("--top", metavar="FILE", help="write the top N with statistics (JSON)")
     p.add_argument("--all", dest="all_rows", metavar="FILE",
                    help="write every layout with statistics (Parquet, or CSV for .csv)")
@@ -74,6 +78,7 @@ def _write_json(path: Path, data) -> Path:
 def run(args) -> int:
     from autopar.search.exhaustive import DEFAULT_CHUNK, DEFAULT_SPACE, exhaustive, top_json
     from autopar.search.space import load_space
+    from autopar.io.export import check_calculon_run, export_execution
     from autopar.io.specs import load_model, load_system
 
     positive("--num-procs", args.num_procs)
@@ -89,6 +94,8 @@ def run(args) -> int:
     system = load_system(args.system)
     headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
     space = load_space(args.space if args.space is not None else DEFAULT_SPACE)
+    fmt = getattr(args, "format", DEFAULT_FORMAT)
+    check_calculon_run(fmt, model, space)
     all_tmp = None
     if outs["--all"] is not None:
         p = outs["--all"]
@@ -111,10 +118,14 @@ def run(args) -> int:
             print(f"autopar: no feasible layout among {summary['layouts']:,} layouts of "
                   f"space {summary['space']}: {why}", file=sys.stderr)
             return 1
+        top = top_json(table, args.top_n)
+        for entry in top.values():
+            entry["execution"] = export_execution(entry["execution"], fmt)
         if outs["--output"] is not None:
-            temps.append((_write_json(outs["--output"], best["execution"]), outs["--output"]))
+            temps.append((_write_json(outs["--output"], export_execution(best["execution"], fmt)),
+                          outs["--output"]))
         if outs["--top"] is not None:
-            temps.append((_write_json(outs["--top"], top_json(table, args.top_n)), outs["--top"]))
+            temps.append((_write_json(outs["--top"], top), outs["--top"]))
         if outs["--summary"] is not None:
             temps.append((_write_json(outs["--summary"], summary), outs["--summary"]))
         if all_tmp is not None:

@@ -5,7 +5,9 @@ Samples layouts with a sampler (``--sampler tpe|cmaes|random|grid|bohb``) for
 layouts end as pruned trials.  Files are written only when the search has
 run, each atomically:
 
-* ``--output``: the best execution, Calculon's 23 fields;
+* ``--output``: the best execution (``--format autopar``, the default: every
+  field; ``--format calculon``: Calculon's 23 fields, refused in one line for
+  what Calculon cannot represent; see ``autopar.io.export``);
 * ``--trials-out``: one CSV row per trial (``trial, state, feasible, reason,
   sample_rate``, the breakdown, the layout, ``node_id``, ``elapsed_s``).
 
@@ -24,6 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
 from autopar.cli import SOURCE, output_path, positive
 from autopar.io.specs import SpecError
@@ -81,7 +84,8 @@ def register(subparsers) -> None:
     p.add_argument("--concurrency", type=int, default=None,
                    help="trials at once (optuna: asked and evaluated together; ray: "
                         "concurrent trials, default all CPUs)")
-    p.add_argument("--output", help="write the best execution (Calculon JSON)")
+    p.add_argument("--output", help="write the best execution (JSON, --format)")
+    p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT, help=FORMAT_HELP)
     p.add_argument("--trials-out", help="write every trial (CSV)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
@@ -89,16 +93,20 @@ def register(subparsers) -> None:
 
 
 def write_results(table, output: Path | None, trials_out: Path | None,
-                  recommend=None) -> dict | None:
-    """Write the best execution and the trials, both or neither; returns the
-    best (of the trials in ``recommend``, a subset of ``table``, when given)."""
+                  fmt: str = DEFAULT_FORMAT, recommend=None) -> dict | None:
+    """Write the best execution (in ``fmt``) and the trials, both or neither;
+    returns the best (of the trials in ``recommend``, a subset of ``table``,
+    when given)."""
     import contextlib
     import json
 
+    from autopar.io.export import export_execution
     from autopar.search.tune import best_execution
     from autopar.io.writers import atomic_path
 
     best = best_execution(table if recommend is None else recommend)
+    if best is not None and output is not None:
+        best = export_execution(best, fmt)
     with contextlib.ExitStack() as stack:
         if trials_out is not None:
             tmp = stack.enter_context(atomic_path(trials_out))
@@ -177,7 +185,7 @@ def _resume(args) -> int:
     output = output_path("--output", args.output)
     trials_out = output_path("--trials-out", args.trials_out)
     table = resume(args.resume, address=args.address)
-    best = write_results(table, output, trials_out)
+    best = write_results(table, output, trials_out, getattr(args, "format", DEFAULT_FORMAT))
     for line in summary_lines(table, "tune (ray, resumed)"):
         print(line)
     if best is None:
@@ -236,6 +244,13 @@ def run(args) -> int:
         raise SpecError(SOURCE, "--storage", "an Optuna storage needs --backend optuna")
     output = output_path("--output", args.output)
     trials_out = output_path("--trials-out", args.trials_out)
+    fmt = getattr(args, "format", DEFAULT_FORMAT)
+    if fmt != "autopar":
+        from autopar.io.export import check_calculon_run
+        from autopar.io.specs import load_model
+        from autopar.search.space import load_space
+        check_calculon_run(fmt, load_model(args.model),
+                           load_space(args.space if args.space is not None else DEFAULT_SPACE))
     from autopar.io.specs import load_system
     from autopar.search.headroom import headroom_gib
     system = load_system(args.system)
@@ -248,7 +263,7 @@ def run(args) -> int:
                  progress=args.progress, study_name=args.study_name,
                  batch_policy=args.batch_policy, **_ray_options(args))
     recommend = fitting_trials(table, system, headroom)
-    best = write_results(table, output, trials_out, recommend)
+    best = write_results(table, output, trials_out, fmt, recommend)
     for line in summary_lines(table, f"tune {args.sampler} ({args.backend})", system, headroom):
         print(line)
     if best is None:

@@ -20,8 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("target", help="'megatron' or a measured sweep CSV")
     p.add_argument("--system", default=None,
                    help="system JSON (default for megatron: systems/a100_80g.json)")
-    p.add_argument("--models", default="models",
-                   help="folder of model JSON files for a sweep (default: models)")
+    p.add_argument("--models", default=None,
+                   help="folder of model JSON files for a sweep (default: the shipped "
+                        "models/)")
     p.add_argument("--output", default=None, help="write the per-row table (CSV)")
     p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
                    help="a sweep's favourite (top-1 regret) is the fastest layout predicted "
@@ -62,7 +63,9 @@ def run(args) -> int:
     from autopar.search.headroom import headroom_gib
     system = load_system(args.system)
     headroom = headroom_gib(system, args.memory_headroom)
-    rows = validate_sweep(args.target, system, models_dir=args.models, headroom_gib=headroom)
+    from autopar.io.shipped import resolve, shipped_dir
+    models_dir = resolve(args.models) if args.models else shipped_dir("models")
+    rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom)
     report = sweep_report(rows)
     print(report.to_string(float_format=lambda x: f"{x:.3f}"))
     if headroom > 0:

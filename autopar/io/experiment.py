@@ -93,11 +93,12 @@ TUNE_KEYS: dict[str, tuple[Any, Any, bool]] = {
     "study_name": (str, None, False), "address": (str, None, False),
     "storage_path": (str, None, False), "max_failures": (int, 3, False),
     "output": (str, None, True), "trials_out": (str, None, True),
+    "format": (str, "autopar", False),
 }
 EXHAUSTIVE_KEYS: dict[str, tuple[Any, Any, bool]] = {
     "top_n": (int, 1, False), "output": (str, None, True), "top": (str, None, True),
     "summary": (str, None, True), "all": (str, None, True), "chunk_size": (int, None, False),
-    "address": (str, None, False),
+    "address": (str, None, False), "format": (str, "autopar", False),
 }
 COMPARE_KEYS = ("kind", "name", "description", "case", "samplers", "seeds", "trials",
                 "budgets", "parallel", "workers", "output_dir")
@@ -319,6 +320,8 @@ def parse_command_file(data: Mapping, src: str, base: Path) -> CommandExperiment
         raise SpecError(src, "description", f"expected a string, got {brief(data['description'])}")
     case = parse_case(src, base, data.get("case"))
     opts = parse_options(src, base, data, keys)
+    from autopar.io.export import check_format
+    check_format(opts["format"], src, "format")
     if kind == "tune":
         for k, options in (("sampler", SAMPLERS), ("backend", BACKENDS)):
             if opts[k] not in options:

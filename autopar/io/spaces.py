@@ -39,8 +39,6 @@ BATCH_POLICIES = ("max", "fixed")
 TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed")
 NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net")
 
-_ROOT = Path(__file__).resolve().parent.parent.parent
-SPACES_DIR = _ROOT / "search_spaces"
 
 
 def value_kind(name: str) -> str:
@@ -149,18 +147,14 @@ class SpaceSpec:
 def read_space(spec, source: str | None = None) -> SpaceSpec:
     """A space file (YAML) or a dict -> SpaceSpec.  SpecError on bad input.
 
-    A relative path that is not found is also looked up relative to the
-    project root, and a bare name (``calculon``) names
-    ``search_spaces/<name>.yaml``.
+    A relative path that is not found is looked up among the shipped spaces
+    (``autopar.io.shipped.resolve``): ``search_spaces/small.yaml`` or a bare
+    name (``calculon``) names a space that comes with autopar.
     """
     stem = "space"
     if isinstance(spec, (str, os.PathLike)):
-        path = Path(spec)
-        if not path.exists() and not path.is_absolute():
-            for alt in (_ROOT / path, SPACES_DIR / f"{path}.yaml"):
-                if alt.is_file():     # relative to the project, or a bare name
-                    path = alt
-                    break
+        from autopar.io.shipped import resolve
+        path = resolve(spec, "search_spaces")
         src = source or str(spec)
         if not path.is_file():
             raise SpecError(src, "file", "no such space file" if not path.exists() else "not a file")

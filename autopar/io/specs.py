@@ -208,7 +208,9 @@ def _open(path_or_dict, source: str | None, what: str) -> tuple[dict, str]:
     if isinstance(path_or_dict, Mapping):
         return dict(path_or_dict), source or "dict"
     if isinstance(path_or_dict, (str, os.PathLike)):
-        data, src = read_json(path_or_dict), source or str(path_or_dict)
+        from autopar.io.shipped import resolve
+        path = resolve(path_or_dict)        # systems/..., models/...: shipped ones too
+        data, src = read_json(path), source or str(path)
         if not isinstance(data, dict):
             raise SpecError(src, "(root)",
                             f"expected a JSON object ({what}), got {_kind(data)}")

@@ -8,6 +8,20 @@ Tuner is built and run), no checkpoints are taken, and every trial reports
 once with ``done=True``.  Results are collected on the driver by a callback
 (``_Collector``), not read back from files.
 
+Spreading over a cluster's nodes is by placement, not by timing.  Every trial
+holds one CPU (Tune's default for a function trainable), so with concurrency
+up to the cluster's CPUs the trials running at once are placed on different
+nodes whenever one node's CPUs are taken, and each waits for the actor Ray
+starts for it there.  Tune's FIFO scheduler would undo that with actor reuse:
+it picks the first pending trial, whose actor is still starting on a cold
+node (shipping the package, importing numpy and Ray), and hands it an actor
+that has just finished on a warm node, cancelling the cold one
+(``TuneController._maybe_reuse_cached_actor``); with trials quicker than an
+actor's start every trial ends up on the first node.  ``KeepPlacement`` (the
+scheduler used unless the sampler brings its own) never picks a trial, so
+Tune starts pending trials in order: a finished actor is reused by a new
+trial that has no actor yet, and a trial placed on another node keeps it.
+
 A Ray started here is local, listens on loopback only and has no dashboard;
 with ``address`` (or ``RAY_ADDRESS``) an existing cluster is joined instead,
 and the autopar package travels with the job (runtime_env ``py_modules``) so
@@ -35,6 +49,7 @@ from pathlib import Path
 
 import ray
 from ray import tune
+from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.bohb import TuneBOHB
 
@@ -79,6 +94,22 @@ class TuneBOHBAll(TuneBOHB):
                 warnings.simplefilter("ignore")
                 self.bohber.new_result(BohbJob(loss, dict(config)))
         super().on_trial_complete(trial_id, result=result, error=error)
+
+
+class KeepPlacement(FIFOScheduler):
+    """FIFO order without handing a placed trial to another node's actor.
+
+    Returning no trial to run leaves Tune's own pass over the pending trials
+    in creation order: a trial with no actor yet takes a cached one or asks
+    Ray for a new one; a trial whose actor is starting keeps it (see the
+    module docstring).
+    """
+
+    def choose_trial_to_run(self, tune_controller):
+        return None
+
+    def debug_string(self) -> str:
+        return "FIFO scheduling; trials keep their placement."
 
 
 def ray_search(name: str, encoder, seed: int | None, trials: int,
@@ -304,7 +335,8 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                 param_space=param_space,
                 tune_config=tune.TuneConfig(
                     metric=METRIC, mode="max", num_samples=pieces["num_samples"],
-                    search_alg=pieces["search_alg"], scheduler=pieces["scheduler"],
+                    search_alg=pieces["search_alg"],
+                    scheduler=pieces["scheduler"] or KeepPlacement(),
                     max_concurrent_trials=concurrency, reuse_actors=True,
                     trial_dirname_creator=_short_name, trial_name_creator=_short_name),
                 run_config=tune.RunConfig(

@@ -227,7 +227,8 @@ class _Progress:
 
 
 def compare(experiment, output_dir=None, *, address: str | None = None,
-            progress: bool | None = None, memory_headroom: float | None = None,
+            progress: bool | None = None, execution_format: str = "autopar",
+            memory_headroom: float | None = None,
             **overrides) -> CompareResult:
     """Run a comparison experiment; returns a ``CompareResult``.
 
@@ -236,12 +237,17 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     ``output_dir`` (else the experiment's ``output_dir``): where the four
     files are written; None writes nothing.  ``address``: a Ray cluster; the
     runs become Ray tasks there (as ``parallel: ray``).  ``progress``: a bar
-    on stderr (None: when stderr is a terminal).
+    on stderr (None: when stderr is a terminal).  ``execution_format``: how
+    optimum.json's execution is written (``autopar.io.export``: autopar, or
+    calculon, refused before any work for what Calculon cannot represent).
     """
+    from autopar.io.export import check_calculon_run, export_execution
     from autopar.studies import regret
     from autopar.search.exhaustive import exhaustive
 
     exp = load_experiment(experiment, overrides=overrides or None)
+    check_calculon_run(execution_format, exp.case.model, exp.case.space, source="compare",
+                       field="execution_format")
     out_dir = Path(output_dir) if output_dir is not None else exp.output_dir
     if out_dir is not None:
         _check_output_dir(out_dir)
@@ -267,7 +273,9 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
         "datatype": exp.case.datatype, "batch_policy": summ["batch_policy"],
         "space": summ["space"], "space_size": summ["layouts"],
         "feasible_layouts": summ["feasible"],
-        "execution": summ["best"]["execution"], "sample_rate": opt,
+        "execution": export_execution(summ["best"]["execution"], execution_format,
+                                      "compare", "execution_format"),
+        "sample_rate": opt,
         "exhaustive_seconds": summ["seconds"],
         "exhaustive_runner": summ["runner"],
     }

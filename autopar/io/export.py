@@ -1,0 +1,86 @@
+"""Which format an execution is written in: autopar's own, or Calculon's.
+
+* ``autopar`` (the default): Calculon's 23 execution fields plus every
+  extension field that differs from its default (``attention_impl``,
+  ``fused_norm``, ``unsharded_grads``).  ``autopar estimate`` reads it back
+  exactly; a plain layout of a plain model is already a Calculon file.
+* ``calculon``: exactly what Calculon's ``llm`` command reads and means the
+  same by.  Refused, in one line and before any search, when Calculon cannot
+  represent the run: a model with ``block: llama``, ``kv_heads`` or
+  ``vocab_size`` (Calculon ignores them: its prediction would silently differ),
+  or a search space that can choose an extension field's non-default value
+  (Calculon rejects or ignores those fields).  A layout found with an extension
+  field set is refused too, before anything is written.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from autopar.io.errors import SpecError
+from autopar.io.layouts import EXT_DEFAULTS, FIELDS
+
+FORMATS = ("autopar", "calculon")
+DEFAULT_FORMAT = "autopar"
+HELP = ("how executions are written: autopar (default) keeps every field, the "
+        "extensions (attention_impl, fused_norm, unsharded_grads) included; calculon "
+        "writes exactly Calculon's 23 fields and refuses a model or layout Calculon "
+        "cannot represent (block llama, kv_heads, vocab_size, extension fields)")
+ADVICE = "Calculon's format cannot represent it; use --format autopar"
+
+
+def model_extensions(model) -> list[str]:
+    """The model fields Calculon's application format lacks, as ``name=value``."""
+    out = []
+    if getattr(model, "block", "gpt") != "gpt":
+        out.append(f"block={model.block}")
+    if getattr(model, "kv_heads", None) is not None:
+        out.append(f"kv_heads={model.kv_heads}")
+    if getattr(model, "vocab_size", 0):
+        out.append(f"vocab_size={model.vocab_size}")
+    return out
+
+
+def check_format(fmt: str, source: str, field: str = "--format") -> str:
+    if fmt not in FORMATS:
+        raise SpecError(source, field, f"expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    return fmt
+
+
+def check_calculon_run(fmt: str, model, space=None, source: str = "command line",
+                       field: str = "--format") -> None:
+    """Before a search: refuse ``calculon`` for what Calculon cannot represent."""
+    if check_format(fmt, source, field) != "calculon":
+        return
+    ext = model_extensions(model)
+    if ext:
+        raise SpecError(source, field, f"calculon: the model {model.name or ''} has "
+                        f"{', '.join(ext)}; {ADVICE}")
+    if space is not None:
+        for f, default in EXT_DEFAULTS.items():
+            if f in space.fixed and space.fixed[f] != default:
+                raise SpecError(source, field, f"calculon: space {space.name} fixes "
+                                f"{f}={space.fixed[f]}; {ADVICE}")
+            allowed = space.allowed.get(f)
+            if allowed is not None and any(allowed.ok(v) for v in _others(f, default)):
+                raise SpecError(source, field, f"calculon: space {space.name} searches "
+                                f"{f}; {ADVICE}")
+
+
+def _others(field: str, default) -> tuple:
+    from autopar.io.layouts import CHOICES
+    if field in CHOICES:
+        return tuple(v for v in CHOICES[field] if v != default)
+    return (not default,)
+
+
+def export_execution(execution: Mapping, fmt: str, source: str = "command line",
+                     field: str = "--format") -> dict:
+    """The execution as written in ``fmt`` (see the module docstring)."""
+    if check_format(fmt, source, field) == "autopar":
+        return dict(execution)
+    extra = {k: v for k, v in execution.items()
+             if k not in FIELDS and EXT_DEFAULTS.get(k, object()) != v}
+    if extra:
+        shown = ", ".join(f"{k}={v}" for k, v in extra.items())
+        raise SpecError(source, field, f"calculon: the layout has {shown}; {ADVICE}")
+    return {k: execution[k] for k in FIELDS}
