@@ -203,13 +203,22 @@ def _study_states(db: Path) -> dict:
         return dict(con.execute("select state, count(*) from trials group by state").fetchall())
 
 
+def _completed_any(db: Path) -> bool:
+    """Whether the study has a finished trial yet (Optuna may be creating the
+    database's tables while we look)."""
+    try:
+        return db.exists() and bool(_study_states(db).get("COMPLETE"))
+    except sqlite3.OperationalError:
+        return False
+
+
 def test_sigterm_leaves_no_running_trial(tmp_path):
     db = tmp_path / "s.db"
     p = _popen(["tune", *[str(REPO_ROOT / a) if a.endswith(".json") else a for a in SMALL],
                 "--sampler", "random", "--trials", 200000, "--storage", f"sqlite:///{db}",
                 "--trials-out", tmp_path / "t.csv"], tmp_path)
     end = time.monotonic() + 120
-    while time.monotonic() < end and not (db.exists() and _study_states(db).get("COMPLETE")):
+    while time.monotonic() < end and not _completed_any(db):
         time.sleep(0.3)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)

@@ -38,6 +38,10 @@ def register(subparsers) -> None:
     p.add_argument("--sampler", choices=OUTER, default=None, help="outer search (overrides the file)")
     p.add_argument("--trials", type=int, default=None, help="outer trials (overrides the file)")
     p.add_argument("--seed", type=int, default=None, help="outer sampler seed (overrides the file)")
+    p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
+                   help="each system's best layout must leave this much of tier 1 free "
+                        "(overrides the file's inner.memory_headroom; default: each system's "
+                        "memory_headroom, else 0); rows also give the rate without it")
     _common(p)
     p.set_defaults(func=run)
 
@@ -86,7 +90,8 @@ def _study(path, args, overrides) -> int:
     from autopar.studies.codesign import codesign
     from autopar.studies.codesign_report import summary_text
     res = codesign(path, args.output_dir, address=args.address, parallel=args.parallel,
-                   workers=args.workers, progress=args.progress, overrides=overrides)
+                   workers=args.workers, progress=args.progress, overrides=overrides,
+                   memory_headroom=getattr(args, "memory_headroom", None))
     print(summary_text(res))
     if res.outputs:
         print(f"wrote {len(res.outputs)} files to {res.outputs[-1].parent}")

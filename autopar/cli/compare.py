@@ -29,6 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--address", default=None,
                    help="Ray cluster address: run the sampler x seed runs as Ray tasks "
                         "there (default: as the experiment says, else in this process)")
+    p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
+                   help="layouts must leave this much of tier 1 free (default: the system's "
+                        "memory_headroom, else 0); the fastest layout without it is named too")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT,
@@ -37,7 +40,7 @@ def register(subparsers) -> None:
 
 
 def run_experiment(path, output_dir=None, address=None, progress=None, data=None,
-                   fmt: str = DEFAULT_FORMAT) -> int:
+                   fmt: str = DEFAULT_FORMAT, memory_headroom=None) -> int:
     """Run one comparison file and print its summary; the exit code.
 
     ``autopar run`` calls this for ``kind: compare`` files (``data``: the
@@ -57,7 +60,8 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     from autopar.io.export import check_calculon_run
     check_calculon_run(fmt, exp.case.model, exp.case.space)
     try:
-        result = compare(exp, out, address=address, progress=progress, execution_format=fmt)
+        result = compare(exp, out, address=address, progress=progress, execution_format=fmt,
+                         memory_headroom=memory_headroom)
     except BeatsOptimum as err:        # a bug, not bad input: say it on one line
         print(f"autopar: error: {err}", file=sys.stderr)
         return 1
@@ -69,4 +73,4 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
 
 def run(args) -> int:
     return run_experiment(args.experiment, args.output_dir, args.address, args.progress,
-                          fmt=args.format)
+                          fmt=args.format, memory_headroom=args.memory_headroom)

@@ -38,6 +38,10 @@ def register(subparsers) -> None:
     p.add_argument("execution", help="execution JSON file (Calculon's 23 fields)")
     p.add_argument("--json", action="store_true",
                    help="print the statistics as one JSON object")
+    p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
+                   help="memory margin a layout must leave below tier 1's capacity to be "
+                        "recommended (default: the system's memory_headroom, else 0); "
+                        "the report says whether the layout fits with it")
     p.set_defaults(func=run)
 
 
@@ -57,11 +61,18 @@ def run(args) -> int:
     model = load_model(args.model)
     system = load_system(args.system)
     execution = load_execution(args.execution, system=system, model=model)
+    from autopar.search.headroom import band_gib, fits, headroom_gib
+    headroom = headroom_gib(system, args.memory_headroom)
     result = estimate(model, system, execution)
+    peak = result.get("proc_mem_tier1_cap_req")
+    result["memory_headroom_GiB"] = headroom
+    result["memory_band_GiB"] = band_gib(system)
+    result["fits_with_headroom"] = bool(result["feasible"] and peak is not None
+                                        and fits(peak, system, headroom))
     if args.json:
         print(json.dumps(result, indent=2))
     elif result["feasible"]:
-        print(report(model, system, execution, result))
+        print(report(model, system, execution, result, headroom))
     else:
         print(result["reason"])
     return 0 if result["feasible"] else 1
@@ -112,7 +123,7 @@ def memory_rows(model, execution, stats: dict) -> list[tuple[str, float, float]]
     return rows
 
 
-def report(model, system, execution, stats: dict) -> str:
+def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
     """A readable report of one evaluated layout."""
     e = execution
     lines = []
@@ -147,6 +158,8 @@ def report(model, system, execution, stats: dict) -> str:
     add(f"  {'requirement':<26}{_get(stats, 'proc_mem_tier1_cap_req') / GiB:>12.2f}"
         f"{_get(stats, 'proc_mem_tier2_cap_req') / GiB:>12.2f}")
     add(f"  {'capacity':<26}{system.mem1.GiB:>12.2f}{system.mem2.GiB:>12.2f}")
+    from autopar.search.headroom import peak_text
+    add(f"  predicted peak {peak_text(_get(stats, 'proc_mem_tier1_cap_req'), system, headroom)}")
 
     total = _get(stats, "total_time")
     add("")

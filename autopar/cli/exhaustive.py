@@ -59,6 +59,10 @@ def register(subparsers) -> None:
                         "(default: $RAY_ADDRESS, else local)")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="layouts evaluated at once (memory vs. overhead)")
+    p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
+                   help="the best layout must leave this much of tier 1 free (default: the "
+                        "system's memory_headroom, else 0); the fastest layout without the "
+                        "headroom is named too")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.set_defaults(func=run)
@@ -101,8 +105,10 @@ def run(args) -> int:
             "--all": output_path("--all", args.all_rows),
             "--summary": output_path("--summary", args.summary)}
     distinct_outputs(outs)
+    from autopar.search.headroom import headroom_gib, with_headroom
     model = load_model(args.model)
     system = load_system(args.system)
+    headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
     space = load_space(args.space if args.space is not None else DEFAULT_SPACE)
     fmt = getattr(args, "format", DEFAULT_FORMAT)
     check_calculon_run(fmt, model, space)
@@ -115,7 +121,7 @@ def run(args) -> int:
     temps: list[tuple[Path, Path]] = []
     try:
         table, summary = exhaustive(
-            model, system, args.num_procs, args.max_batch_size, args.datatype,
+            model, with_headroom(system, headroom), args.num_procs, args.max_batch_size, args.datatype,
             space=space, batch_policy=args.batch_policy, top_n=args.top_n,
             address=args.address, progress=args.progress,
             chunk_size=args.chunk_size or DEFAULT_CHUNK, all_path=all_tmp)
@@ -125,9 +131,12 @@ def run(args) -> int:
             raise SpecError(getattr(space, "source", "space"), "space",
                             f"has no layout for this case ({args.num_procs} procs, "
                             f"batch {args.max_batch_size})")
+        unhedged = _without_headroom(model, system, space, args, headroom, summary)
         if best is None:
             reasons = list(summary["infeasible"].items())[:3]
             why = "; ".join(f"{r} ({n:,})" for r, n in reasons) or "the space is empty"
+            if headroom > 0:
+                why += f" (with {headroom:g} GiB memory headroom)"
             print(f"autopar: no feasible layout among {summary['layouts']:,} layouts of "
                   f"space {summary['space']}: {why}", file=sys.stderr)
             return 1
@@ -155,11 +164,47 @@ def run(args) -> int:
             tmp.unlink(missing_ok=True)
         if all_tmp is not None and all_tmp.exists():
             all_tmp.unlink()
-    ex = best["execution"]
     print(f"space {summary['space']}: {summary['layouts']:,} layouts, "
-          f"{summary['feasible']:,} feasible, {summary['seconds']:.1f} s")
-    print(f"best: {best['sample_rate']:.4g} samples/s  tp={ex['tensor_par']} "
-          f"pp={ex['pipeline_par']} dp={ex['data_par']} batch={ex['batch_size']} "
-          f"mbs={ex['microbatch_size']} ppint={ex['pipeline_interleaving']} "
-          f"recompute={ex['activation_recompute']} comm={ex['tensor_par_comm_type']}")
+          f"{summary['feasible']:,} feasible"
+          + (f" with {headroom:g} GiB memory headroom" if headroom > 0 else "")
+          + f", {summary['seconds']:.1f} s")
+    print(f"best: {_layout_text(best)}")
+    if headroom > 0:
+        from autopar.search.headroom import difference_text, peak_text
+        print(f"      peak {peak_text(best['peak_bytes'], system, headroom)}")
+        if unhedged is not None and unhedged["execution"] != best["execution"]:
+            print(f"fastest without headroom: {_layout_text(unhedged)}")
+            print(f"      peak {peak_text(unhedged['peak_bytes'], system, headroom)}; "
+                  f"{difference_text(best['sample_rate'], unhedged['sample_rate'])}")
+        elif unhedged is not None:
+            print("fastest without headroom: the same layout")
     return 0
+
+
+def _layout_text(best: dict) -> str:
+    ex = best["execution"]
+    return (f"{best['sample_rate']:.4g} samples/s  tp={ex['tensor_par']} "
+            f"pp={ex['pipeline_par']} dp={ex['data_par']} batch={ex['batch_size']} "
+            f"mbs={ex['microbatch_size']} ppint={ex['pipeline_interleaving']} "
+            f"recompute={ex['activation_recompute']} comm={ex['tensor_par_comm_type']}")
+
+
+def _without_headroom(model, system, space, args, headroom: float, summary: dict):
+    """With a headroom: the fastest layout without it (a second search of the
+    space, keeping the best only), recorded in the summary with both peaks."""
+    from autopar.search.exhaustive import DEFAULT_CHUNK, exhaustive
+    from autopar.model import evaluate_one
+
+    if headroom <= 0:
+        return None
+    _, plain = exhaustive(model, system, args.num_procs, args.max_batch_size, args.datatype,
+                          space=space, batch_policy=args.batch_policy, top_n=1,
+                          address=args.address, progress=args.progress,
+                          chunk_size=args.chunk_size or DEFAULT_CHUNK)
+    found = [b for b in (summary["best"], plain["best"]) if b is not None]
+    for b in found:
+        b["peak_bytes"] = float(evaluate_one(model, system, b["execution"])
+                                ["proc_mem_tier1_cap_req"])
+    summary["memory_headroom_GiB"] = headroom
+    summary["best_without_headroom"] = plain["best"]
+    return plain["best"]

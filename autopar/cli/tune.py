@@ -63,6 +63,10 @@ def register(subparsers) -> None:
                    help=f"how samplers see the space (default by sampler: {by}; otherwise "
                         f"{DEFAULT_ENCODING}; see autopar.search.encodings)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
+                   help="the recommended layout is the fastest trial that leaves this much of "
+                        "tier 1 free (default: the system's memory_headroom, else 0); the "
+                        "fastest trial without it is named too")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (backend ray; default: $RAY_ADDRESS, else "
                         "a local Ray on loopback)")
@@ -93,9 +97,10 @@ def register(subparsers) -> None:
 
 
 def write_results(table, output: Path | None, trials_out: Path | None,
-                  fmt: str = DEFAULT_FORMAT) -> dict | None:
+                  fmt: str = DEFAULT_FORMAT, recommend=None) -> dict | None:
     """Write the best execution (in ``fmt``) and the trials, both or neither;
-    returns the best."""
+    returns the best (of the trials in ``recommend``, a subset of ``table``,
+    when given)."""
     import contextlib
     import json
 
@@ -103,7 +108,7 @@ def write_results(table, output: Path | None, trials_out: Path | None,
     from autopar.search.tune import best_execution
     from autopar.io.writers import atomic_path
 
-    best = best_execution(table)
+    best = best_execution(table if recommend is None else recommend)
     if best is not None and output is not None:
         best = export_execution(best, fmt)
     with contextlib.ExitStack() as stack:
@@ -117,21 +122,54 @@ def write_results(table, output: Path | None, trials_out: Path | None,
     return best
 
 
-def summary_lines(table, label: str) -> list[str]:
-    """What a run printed: counts and the best layout."""
+def _layout_line(row) -> str:
+    return (f"{row['sample_rate']:.4g} samples/s (trial {int(row['trial'])})  "
+            f"tp={row['tensor_par']} pp={row['pipeline_par']} dp={row['data_par']} "
+            f"batch={row['batch_size']} mbs={row['microbatch_size']} "
+            f"ppint={row['pipeline_interleaving']} recompute={row['activation_recompute']} "
+            f"comm={row['tensor_par_comm_type']}")
+
+
+def fitting_trials(table, system, headroom: float):
+    """The trials but the complete ones that do not fit with ``headroom`` GiB."""
+    from autopar.search.headroom import PEAK, fits
+    if headroom <= 0 or PEAK not in table:
+        return table
+    return table[(table["state"] != "COMPLETE") | fits(table[PEAK], system, headroom)]
+
+
+def headroom_lines(table, system, headroom: float) -> list[str]:
+    """The recommendation's predicted peak and the fastest trial without headroom."""
+    from autopar.search.headroom import PEAK, difference_text, peak_text
+    from autopar.search.tune import best_trial
+    if headroom <= 0 or PEAK not in table:
+        return []
+    rec, fastest = best_trial(fitting_trials(table, system, headroom)), best_trial(table)
+    lines = []
+    if rec is not None:
+        lines.append(f"      peak {peak_text(rec[PEAK], system, headroom)}")
+    if fastest is not None and (rec is None or fastest["trial"] != rec["trial"]):
+        lines.append(f"fastest without headroom: {_layout_line(fastest)}")
+        lines.append(f"      peak {peak_text(fastest[PEAK], system, headroom)}; "
+                     + difference_text(rec["sample_rate"] if rec is not None else 0.0,
+                                       fastest["sample_rate"]))
+    return lines
+
+
+def summary_lines(table, label: str, system=None, headroom: float = 0.0) -> list[str]:
+    """What a run printed: counts and the best layout (with ``headroom`` GiB
+    of memory to spare, and then the fastest without it)."""
     from autopar.search.tune import best_trial
     n = len(table)
     pruned = int((table["state"] == "PRUNED").sum())
     lines = [f"{label}: {n} trials, {n - pruned} complete, {pruned} pruned "
              f"({table['elapsed_s'].max():.1f} s)" if n else f"{label}: no trials"]
-    row = best_trial(table)
+    row = best_trial(table if system is None else fitting_trials(table, system, headroom))
     if row is not None:
-        lines.append(
-            f"best: {row['sample_rate']:.4g} samples/s (trial {int(row['trial'])})  "
-            f"tp={row['tensor_par']} pp={row['pipeline_par']} dp={row['data_par']} "
-            f"batch={row['batch_size']} mbs={row['microbatch_size']} "
-            f"ppint={row['pipeline_interleaving']} recompute={row['activation_recompute']} "
-            f"comm={row['tensor_par_comm_type']}")
+        lines.append(f"best: {_layout_line(row)}"
+                     + (f" (fits with {headroom:g} GiB headroom)" if headroom > 0 else ""))
+    if system is not None:
+        lines += headroom_lines(table, system, headroom)
     return lines
 
 
@@ -217,21 +255,26 @@ def run(args) -> int:
         from autopar.search.space import load_space
         check_calculon_run(fmt, load_model(args.model),
                            load_space(args.space if args.space is not None else DEFAULT_SPACE))
-    table = tune(args.model, args.system, args.num_procs, args.max_batch_size, args.datatype,
+    from autopar.io.specs import load_system
+    from autopar.search.headroom import headroom_gib
+    system = load_system(args.system)
+    headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
+    table = tune(args.model, system, args.num_procs, args.max_batch_size, args.datatype,
                  sampler=args.sampler, trials=args.trials,
                  space=args.space if args.space is not None else DEFAULT_SPACE,
                  backend=args.backend, seed=args.seed, storage=args.storage,
                  address=args.address, concurrency=args.concurrency, encoding=args.encoding,
                  progress=args.progress, study_name=args.study_name,
                  batch_policy=args.batch_policy, **_ray_options(args))
-    best = write_results(table, output, trials_out, fmt)
+    recommend = fitting_trials(table, system, headroom)
+    best = write_results(table, output, trials_out, fmt, recommend)
     if "study_name" in table.attrs:
         where = f" in {args.storage}" if args.storage else " (in memory)"
         print(f"study {table.attrs['study_name']}{where}")
         if table.attrs.get("new_trials") == 0:
             print(f"nothing to do: the study already has {len(table)} finished trials "
                   f"(asked for {args.trials})")
-    for line in summary_lines(table, f"tune {args.sampler} ({args.backend})"):
+    for line in summary_lines(table, f"tune {args.sampler} ({args.backend})", system, headroom):
         print(line)
     if best is None:
         print(no_feasible_line(table), file=sys.stderr)

@@ -24,6 +24,10 @@ def register(subparsers) -> None:
                    help="folder of model JSON files for a sweep (default: the shipped "
                         "models/)")
     p.add_argument("--output", default=None, help="write the per-row table (CSV)")
+    p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
+                   help="a sweep's favourite (top-1 regret) is the fastest layout predicted "
+                        "to fit with this much of tier 1 free (default: the system's "
+                        "memory_headroom, else 0)")
     p.set_defaults(func=run)
 
 
@@ -56,12 +60,17 @@ def run(args) -> int:
         raise SpecError("command line", "--system", "a system file is required for a sweep")
     from autopar.studies.validate import sweep_report, validate_sweep
 
+    from autopar.search.headroom import headroom_gib
     system = load_system(args.system)
+    headroom = headroom_gib(system, args.memory_headroom)
     from autopar.io.shipped import resolve, shipped_dir
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
-    rows = validate_sweep(args.target, system, models_dir=models_dir)
+    rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom)
     report = sweep_report(rows)
     print(report.to_string(float_format=lambda x: f"{x:.3f}"))
+    if headroom > 0:
+        print(f"favourites: the fastest layouts predicted to fit with {headroom:g} GiB of "
+              f"memory headroom")
     if args.output:
         write_atomic_csv(rows, args.output)
     return 0 if len(rows) else 1

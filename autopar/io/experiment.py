@@ -355,9 +355,13 @@ class Inner:
     search: str = "exhaustive"        # or a sampler of autopar.search.tune
     trials: int = 0                   # sampler trials per system
     seed: int | None = 0
+    # GiB each system's best layout must leave free on tier 1 (None: the
+    # system's own memory_headroom, else 0).
+    memory_headroom: float | None = None
 
     def to_dict(self) -> dict:
-        return {"search": self.search, "trials": self.trials, "seed": self.seed}
+        return {"search": self.search, "trials": self.trials, "seed": self.seed,
+                "memory_headroom": self.memory_headroom}
 
 
 def parse_inner(src: str, v) -> Inner:
@@ -368,8 +372,9 @@ def parse_inner(src: str, v) -> Inner:
     if not isinstance(v, Mapping):
         raise SpecError(src, "inner", f"expected a mapping (search, trials, seed), got {v!r}")
     for k in v:
-        if k not in ("search", "trials", "seed"):
-            raise SpecError(src, f"inner.{k}", "unknown key; expected one of search, trials, seed")
+        if k not in ("search", "trials", "seed", "memory_headroom"):
+            raise SpecError(src, f"inner.{k}", "unknown key; expected one of search, trials, "
+                                               "seed, memory_headroom")
     search = v.get("search", "exhaustive")
     if search not in INNER_SEARCHES:
         raise SpecError(src, "inner.search", f"expected one of {', '.join(INNER_SEARCHES)}, "
@@ -383,7 +388,13 @@ def parse_inner(src: str, v) -> Inner:
     seed = v.get("seed", 0)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise SpecError(src, "inner.seed", f"expected an integer >= 0, got {seed!r}")
-    return Inner(search, int(trials), seed)
+    headroom = v.get("memory_headroom")
+    if headroom is not None and (isinstance(headroom, bool)
+                                 or not isinstance(headroom, (int, float)) or headroom < 0):
+        raise SpecError(src, "inner.memory_headroom", f"expected a number >= 0 (GiB), "
+                                                      f"got {headroom!r}")
+    return Inner(search, int(trials), seed,
+                 None if headroom is None else float(headroom))
 
 
 # --------------------------------------------------------------------------

@@ -95,6 +95,18 @@ class TimeOverhead:
 
 
 @dataclass(frozen=True)
+class MemoryHeadroom:
+    """How sure the model is of its memory need on this system (written by
+    ``autopar calibrate`` from the out-of-memory labels of measured sweeps):
+    ``band_GiB``, the half-width of the band of predicted peaks in which the
+    measured layouts went either way (between 25% and 75% estimated chance
+    of running out), and ``GiB``, the margin below capacity a recommended
+    layout keeps by default."""
+    GiB: float = 0.0
+    band_GiB: float = 0.0
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     matrix: dict              # datatype -> ProcessorSpec
     vector: dict              # datatype -> ProcessorSpec
@@ -109,6 +121,8 @@ class SystemSpec:
     memory_overhead: MemoryOverhead | None = None
     # Extension: framework time overheads (None: none, as Calculon).
     time_overhead: TimeOverhead | None = None
+    # Extension: the default memory headroom and the uncertainty of the need.
+    memory_headroom: MemoryHeadroom | None = None
 
     @property
     def datatypes(self) -> tuple[str, ...]:
@@ -122,7 +136,8 @@ MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
 MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "name", "description")
 BLOCK_TYPES = ("gpt", "llama")
 SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks")
-SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhead")
+SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhead",
+                         "memory_headroom")
 PROCESSING_MODES = ("roofline", "no_overlap")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
@@ -488,10 +503,23 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
         if not 0 <= frac < 1:
             c.fail("time_overhead.pipeline_fraction", f"must be in [0, 1), got {frac}")
         time_overhead = TimeOverhead(frac)
+    headroom = None
+    if "memory_headroom" in data:
+        o = data["memory_headroom"]
+        c.keys(o, "memory_headroom", (), ("GiB", "band_GiB"))
+        vals = []
+        for k in ("GiB", "band_GiB"):
+            x = c.number(o.get(k, 0.0), f"memory_headroom.{k}")
+            if x < 0:
+                c.fail(f"memory_headroom.{k}", f"must be >= 0, got {x}")
+            vals.append(x)
+        if vals[0] >= mem1.GiB:
+            c.fail("memory_headroom.GiB", f"must be below mem1.GiB ({mem1.GiB}), got {vals[0]}")
+        headroom = MemoryHeadroom(*vals)
     spec = SystemSpec(matrix=matrix, vector=vector, mem1=mem1, mem2=mem2,
                       processing_mode=mode, networks=networks, name=name,
                       source=src, description=desc, memory_overhead=overhead,
-                      time_overhead=time_overhead)
+                      time_overhead=time_overhead, memory_headroom=headroom)
     if not spec.datatypes:
         c.fail("vector", "no datatype is listed in both matrix and vector")
     return spec
@@ -537,6 +565,9 @@ def system_to_json(system: SystemSpec) -> dict:
                                   "logits_gathered": o.logits_gathered}
     if system.time_overhead is not None:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
+    if system.memory_headroom is not None:
+        out["memory_headroom"] = {"GiB": _num(system.memory_headroom.GiB),
+                                  "band_GiB": _num(system.memory_headroom.band_GiB)}
     return out
 
 

@@ -353,7 +353,8 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
     """
     V = float(ctx.model.vocab_size)
     if V <= 0:
-        return 0.0, {"first": 0.0, "last": 0.0, "logits": 0.0}
+        return 0.0, {"first": 0.0, "last": 0.0,
+                     "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
     tp, training, b = ctx.tp, ctx.training, ctx.elem_bytes
     B = acts["B"]
     out = finish(ctx, linear(ctx, B, float(ctx.model.hidden), V / tp))
@@ -368,7 +369,9 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
     per_param = b + np.where(training, grads + np.where(b < 4, 12.0, 8.0) / ctx.optim_shards, 0.0)
     matrix = params * per_param
     over = system.memory_overhead or MemoryOverhead()
-    logit_mem = B * V / (1.0 if over.logits_gathered else tp) * (
-        b + np.where(training, over.logits_fp32_copies * 4.0, 0.0))
+    whole = B * V / (1.0 if over.logits_gathered else tp)
+    copy = np.where(training, whole * 4.0, 0.0)
+    copies = over.logits_fp32_copies * copy
     return time, {"first": matrix, "last": np.where(stages == 1, 2 * matrix, matrix),
-                  "logits": logit_mem}
+                  "logits": {"total": whole * b + copies, "fp32_copies": copies,
+                             "fp32_copy": copy}}

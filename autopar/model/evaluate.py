@@ -30,7 +30,7 @@ from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.block import BlockCache, activation_sizes, output_head
 from autopar.model.communication import data_parallel_sync, pipeline_p2p
 from autopar.model.context import LayoutContext
-from autopar.model.memory import footprints, offload_bandwidth, offload_traffic
+from autopar.model.memory import MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic
 from autopar.model.pipeline import bubble, chunk_times, per_batch, schedule
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
 
@@ -193,14 +193,14 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     """Every statistic for every layout of ``cols`` (a layout table).
 
     Returns a dict of columns: each name of ``STATS`` (or of ``stats``, a
-    subset, when given; NaN where the layout cannot run, except that a layout
+    subset, when given, which may also name the ``MEMORY_PARTS``; NaN where the layout cannot run, except that a layout
     that fails on memory capacity keeps its two ``proc_mem_tier*_cap_req``
     requirements), ``feasible`` (bool) and ``reason_code`` (index in
     REASONS).  Only layouts that pass the rules are computed: the block once
     per distinct block, the batch level in chunks that stay in cache.
     """
     names = STATS if stats is None else tuple(stats)
-    unknown = [x for x in names if x not in STATS]
+    unknown = [x for x in names if x not in STATS and x not in MEMORY_PARTS]
     if unknown:
         raise ValueError(f"unknown statistics: {', '.join(unknown)}")
     cols = normalize(cols)
@@ -234,7 +234,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 bad = cc != 0
                 for name in names:
                     v = np.array(np.broadcast_to(S[name], cc.shape), dtype=float)
-                    if name not in _MEM_REQ:
+                    if name not in _MEM_REQ and name not in MEMORY_PARTS:
                         np.putmask(v, bad, np.nan)
                     out[name][at] = v
     out["feasible"] = code == 0

@@ -118,15 +118,40 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
     transient_first = np.where(acts_off, act_min, act_first + ckpt_first) + ckpt_offloaded \
         + act_grad
     transient_last = np.where(acts_off, act_min, act_last + ckpt_last) + ckpt_offloaded \
-        + act_grad + head["logits"]
+        + act_grad + head["logits"]["total"]
     tier2 = tier2 + np.where(acts_off, np.where(recompute_full, ckpt_first, act_first), 0.0)
     static = static + np.where(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + np.where(optim_off, sums["wgrad_space"] * blocks + optimizer_space, 0.0)
-    grow = 1.0 + (overhead.fraction if overhead is not None else 0.0)
-    tier1 = np.maximum(static + head["first"] + transient_first * grow,
-                       static + head["last"] + transient_last * grow)
-    if overhead is not None:
-        tier1 = tier1 + overhead.reserved_GiB * 1024 ** 3
+    logits = head["logits"]
+    parts = {"mem_static_first": static + head["first"], "mem_transient_first": transient_first,
+             "mem_static_last": static + head["last"],
+             "mem_transient_last": transient_last - logits["fp32_copies"],
+             "mem_logits_fp32_copy": logits["fp32_copy"]}
+    S.update(parts)
+    tier1 = tier1_need(parts, overhead)
     S["proc_mem_tier1_cap_req"] = tier1
     S["proc_mem_tier2_cap_req"] = tier2
     return S
+
+
+# The parts of the need on tier 1 that a system's memory_overhead acts on
+# (reported by evaluate_columns on request; autopar calibrate refits the
+# overheads from them without evaluating the model again).
+MEMORY_PARTS = ("mem_static_first", "mem_transient_first", "mem_static_last",
+                "mem_transient_last", "mem_logits_fp32_copy")
+
+
+def tier1_need(parts: dict, overhead):
+    """Need on tier 1 of the fuller of the first and last stage: static state,
+    transient tensors grown by the fragmentation ``fraction``, the loss's fp32
+    copies of the logits on the last stage, and the reserved amount."""
+    if overhead is None:
+        return np.maximum(parts["mem_static_first"] + parts["mem_transient_first"],
+                          parts["mem_static_last"] + parts["mem_transient_last"]
+                          + parts["mem_logits_fp32_copy"])
+    grow = 1.0 + overhead.fraction
+    last = parts["mem_transient_last"] + overhead.logits_fp32_copies \
+        * parts["mem_logits_fp32_copy"]
+    return np.maximum(parts["mem_static_first"] + parts["mem_transient_first"] * grow,
+                      parts["mem_static_last"] + last * grow) \
+        + overhead.reserved_GiB * 1024 ** 3

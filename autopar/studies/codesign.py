@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -117,7 +115,10 @@ def _columns(names: Sequence[str], lead: str) -> list[str]:
 
 def _frame(rows: Sequence[Mapping], names, lead: str, extra=()):
     import pandas as pd
-    cols = _columns(names, lead) + list(extra) + ["execution"]
+    # With a memory headroom, each row also gives it and the rate without it.
+    cols = _columns(names, lead) + list(extra) + [
+        c for c in ("memory_headroom_GiB", "sample_rate_without_headroom")
+        if any(c in r for r in rows)] + ["execution"]
     out = []
     for r in rows:
         d = {c: r.get(c) for c in cols}
@@ -298,10 +299,18 @@ class Result:
 
 def codesign(study, output_dir=None, *, address: str | None = None,
              parallel: str | None = None, workers: int | None = None,
-             progress: bool | None = None, overrides: Mapping | None = None) -> Result:
+             progress: bool | None = None, overrides: Mapping | None = None,
+             memory_headroom: float | None = None) -> Result:
     """Run a co-design study (file, mapping or Study); with an output folder
-    (argument or the file's ``output_dir``), write its results there."""
+    (argument or the file's ``output_dir``), write its results there.
+    ``memory_headroom`` (GiB) replaces the file's ``inner.memory_headroom``."""
     st = with_run_options(load_study(study, overrides), address, parallel, workers)
+    if memory_headroom is not None:
+        from dataclasses import replace
+        if memory_headroom < 0:
+            raise SpecError("command line", "--memory-headroom",
+                            f"must be >= 0, got {memory_headroom}")
+        st = replace(st, inner=replace(st.inner, memory_headroom=float(memory_headroom)))
     from autopar.io.writers import NO_OUTPUT, output_dir_arg
     out_dir = output_dir_arg(output_dir) if output_dir is not None else st.output_dir
     if out_dir == NO_OUTPUT:

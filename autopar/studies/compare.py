@@ -228,6 +228,7 @@ class _Progress:
 
 def compare(experiment, output_dir=None, *, address: str | None = None,
             progress: bool | None = None, execution_format: str = "autopar",
+            memory_headroom: float | None = None,
             **overrides) -> CompareResult:
     """Run a comparison experiment; returns a ``CompareResult``.
 
@@ -259,6 +260,7 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     show = sys.stderr.isatty() if progress is None else bool(progress)
 
     t0 = time.perf_counter()
+    exp, plain = _headroom_case(exp, memory_headroom, address if parallel == "ray" else None)
     case = exp.case
     _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
                          case.datatype, space=case.space, batch_policy=case.batch_policy,
@@ -284,6 +286,8 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
         "exhaustive_seconds": summ["seconds"],
         "exhaustive_runner": summ["runner"],
     }
+    if plain is not None:
+        optimum.update(_headroom_record(plain, summ["best"]))
     jobs = _jobs(exp)
     bar = _Progress(len(jobs) * exp.trials, show)
     bar.say(f"exhaustive: {summ['layouts']:,} layouts ({summ['feasible']:,} feasible) in "
@@ -349,6 +353,46 @@ def write_outputs(result: CompareResult, out_dir) -> tuple[Path, ...]:
 # --------------------------------------------------------------------------
 # The summary as text
 
+def _headroom_case(exp, memory_headroom, address):
+    """With a memory headroom (asked, else the system's default): the
+    experiment on the system whose first tier is that much smaller (samplers
+    and optimum then fit with headroom), and what is needed to name the
+    fastest layout without it; else ``(exp, None)``."""
+    from dataclasses import replace
+
+    from autopar.search.exhaustive import exhaustive
+    from autopar.search.headroom import headroom_gib, with_headroom
+    case = exp.case
+    h = headroom_gib(case.system, memory_headroom)
+    if h <= 0:
+        return exp, None
+    _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
+                         case.datatype, space=case.space, batch_policy=case.batch_policy,
+                         address=address)
+    plain = {"headroom": h, "system": case.system, "model": case.model, "best": summ["best"]}
+    return replace(exp, case=replace(case, system=with_headroom(case.system, h))), plain
+
+
+def _headroom_record(plain: dict, best) -> dict:
+    """optimum.json's headroom fields: the headroom, the optimum's predicted
+    peak with its band, the fastest layout without headroom and the gap."""
+    from autopar.model import evaluate_one
+    from autopar.search.headroom import band_gib
+    system, model = plain["system"], plain["model"]
+
+    def peak(ex):
+        return evaluate_one(model, system, ex)["proc_mem_tier1_cap_req"] / 1024 ** 3
+
+    rec = {"memory_headroom_GiB": plain["headroom"], "memory_band_GiB": band_gib(system),
+           "peak_GiB": peak(best["execution"])}
+    fast = plain["best"]
+    if fast is not None:
+        rec["fastest_without_headroom"] = {"execution": fast["execution"],
+                                           "sample_rate": fast["sample_rate"],
+                                           "peak_GiB": peak(fast["execution"])}
+    return rec
+
+
 def summary_text(result: CompareResult) -> str:
     """The summary as an aligned text table (what the terminal ends with)."""
     s, exp, opt = result.summary, result.experiment, result.optimum
@@ -378,6 +422,16 @@ def summary_text(result: CompareResult) -> str:
              f"optimum {opt['sample_rate']:.6g} samples/s",
              "regret: median [IQR] after N trials; trials to X%: median (runs that got there)",
              fmt(head), fmt(["-" * w for w in widths])]
+    if "memory_headroom_GiB" in opt:
+        from autopar.search.headroom import difference_text
+        band = f" +-{opt['memory_band_GiB']:.2f}" if opt["memory_band_GiB"] else ""
+        lines.insert(1, f"memory headroom {opt['memory_headroom_GiB']:g} GiB: the optimum's "
+                        f"predicted peak {opt['peak_GiB']:.2f} GiB{band}")
+        fast = opt.get("fastest_without_headroom")
+        if fast is not None and fast["execution"] != opt["execution"]:
+            lines.insert(2, f"fastest without headroom: {fast['sample_rate']:.6g} samples/s, "
+                            f"peak {fast['peak_GiB']:.2f} GiB; "
+                            + difference_text(opt["sample_rate"], fast["sample_rate"]))
     lines += [fmt(r) for r in rows]
     return "\n".join(lines)
 

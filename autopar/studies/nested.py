@@ -161,8 +161,22 @@ class Context:
                     max_batch_size=self.max_batch_size, datatype=self.datatype,
                     batch_policy=self.batch_policy, training=self.training)
 
+    def best(self, system, n: int, headroom: float) -> dict:
+        """The best layout of ``system`` that fits with ``headroom`` GiB of
+        tier 1 to spare; with a headroom, the row also carries it and the
+        fastest layout's rate without it."""
+        from autopar.search.headroom import with_headroom
+        res = best_layout(self.case(with_headroom(system, headroom), n), self.space,
+                          self.inner, self.space_key)
+        if headroom > 0:
+            plain = best_layout(self.case(system, n), self.space, self.inner, self.space_key)
+            res["memory_headroom_GiB"] = headroom
+            res["sample_rate_without_headroom"] = plain["sample_rate"]
+        return res
+
     def point(self, values: Mapping) -> dict:
         """Evaluate one system of the space; a row for the trials table."""
+        from autopar.search.headroom import headroom_gib
         t0 = time.perf_counter()
         hw = self.hardware
         vals = hw.canonical(values)
@@ -170,11 +184,13 @@ class Context:
         row: dict = {**vals, "num_procs": n, "cost": hw.cost(values)}
         try:
             system = hw.system(values)
+            headroom = headroom_gib(system, self.inner.memory_headroom,
+                                    source="inner.memory_headroom")
         except SpecError as e:
             res = _result(self.model, None, None, 0, 0, np.zeros(1, np.int64), ("",))
             res["reason"] = f"invalid system: {e.field}: {e.message}"
         else:
-            res = best_layout(self.case(system, n), self.space, self.inner, self.space_key)
+            res = self.best(system, n, headroom)
         row.update(res)
         row["sample_rate_per_proc"] = row["sample_rate"] / n
         row["eval_s"] = time.perf_counter() - t0

@@ -157,34 +157,52 @@ def read_sweep(path) -> pd.DataFrame:
     return frame
 
 
-UNEVEN = "invalid: Megatron needs pipeline_par to divide the blocks"
+def sweep_groups(frame: pd.DataFrame, system: SystemSpec, models_dir="models"):
+    """The rows of a sweep by (model, sequence): [(rows, model, executions)].
 
-
-def validate_sweep(path, system: SystemSpec, models_dir="models") -> pd.DataFrame:
-    """Predict every row of a measured sweep: adds pred_feasible, pred_reason,
-    pred_step_time_s, pred_mfu and pred_mem_gib."""
+    A pipeline that does not divide the blocks is kept: Megatron then places
+    fewer blocks on some stages, which the model counts as Calculon does
+    (every stage holds ``ceil(blocks / pipeline_par)`` blocks' memory, the
+    stages lacking blocks shorten the bubble)."""
     from pathlib import Path
 
-    from autopar.model.frame import evaluate
-
-    frame = read_sweep(path)
-    out = []
+    groups = []
     for (mname, seq), rows in frame.groupby(["model", "seq_size"], sort=False):
         model = load_model(Path(models_dir) / f"{mname}.json")
         if model.seq_size != seq:
             model = dataclasses.replace(model, seq_size=int(seq))
-        exes = [sweep_execution(r, system) for r in rows.itertuples()]
+        groups.append((rows, model, [sweep_execution(r, system) for r in rows.itertuples()]))
+    return groups
+
+
+def headroom_of(system: SystemSpec, headroom_gib=None) -> float:
+    """The memory headroom (GiB) asked for, else the system's default, else 0."""
+    if headroom_gib is not None:
+        return float(headroom_gib)
+    return system.memory_headroom.GiB if system.memory_headroom is not None else 0.0
+
+
+def validate_sweep(path, system: SystemSpec, models_dir="models",
+                   headroom_gib=None) -> pd.DataFrame:
+    """Predict every row of a measured sweep: adds pred_feasible, pred_reason,
+    pred_step_time_s, pred_mem_gib and pred_fits_headroom (feasible with
+    ``headroom_gib`` to spare; default: the system's ``memory_headroom``)."""
+    from autopar.model.frame import evaluate
+
+    frame = read_sweep(path)
+    out = []
+    for rows, model, exes in sweep_groups(frame, system, models_dir):
         pred = evaluate(model, system, exes)
         part = rows.copy()
-        # Megatron splits the blocks evenly over the stages: it does not run
-        # a pipeline that does not divide them (Calculon would).
-        uneven = (model.num_blocks % part["pipeline_par"] != 0).to_numpy()
-        part["pred_feasible"] = pred["feasible"].to_numpy() & ~uneven
-        part["pred_reason"] = np.where(uneven, UNEVEN, pred["reason"].astype(object).to_numpy())
-        part["pred_step_time_s"] = np.where(uneven, np.nan, pred["total_time"].to_numpy())
+        part["pred_feasible"] = pred["feasible"].to_numpy()
+        part["pred_reason"] = pred["reason"].astype(object).to_numpy()
+        part["pred_step_time_s"] = pred["total_time"].to_numpy()
         part["pred_mem_gib"] = pred["proc_mem_tier1_cap_req"].to_numpy() / GIB
         out.append(part)
-    return pd.concat(out).loc[frame.index]
+    rows = pd.concat(out).loc[frame.index]
+    limit = system.mem1.GiB - headroom_of(system, headroom_gib)
+    rows["pred_fits_headroom"] = rows["pred_feasible"] & (rows["pred_mem_gib"] <= limit)
+    return rows
 
 
 def sweep_report(rows: pd.DataFrame) -> pd.DataFrame:
@@ -210,9 +228,11 @@ def sweep_report(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _regret(g: pd.DataFrame) -> float:
-    """Measured MFU lost by running the model's favourite layout of the sweep."""
+    """Measured MFU lost by running the model's favourite layout of the sweep:
+    the fastest predicted to fit with the headroom (``pred_fits_headroom``)
+    where the table has it, else the fastest predicted to fit."""
     best = g.loc[g.status == "ok", "mfu"].max()
-    cands = g[g.pred_feasible]
+    cands = g[g["pred_fits_headroom"] if "pred_fits_headroom" in g else g.pred_feasible]
     if not len(cands) or not best > 0:
         return 1.0
     fav = cands.loc[cands.pred_step_time_s.idxmin()]
