@@ -60,6 +60,27 @@ EXT_DEFAULTS: dict[str, object] = {"attention_impl": "unfused", "fused_norm": Fa
                                    "unsharded_grads": False}
 CHOICES["attention_impl"] = ("unfused", "fused_softmax", "flash_v1", "flash_v2")
 BOOL_FIELDS = BOOL_FIELDS | {"fused_norm", "unsharded_grads"}
+# Mixture-of-experts execution (only meaningful for a model with ``moe``):
+# ``expert_par`` (EP) spreads the routed experts over that many processors,
+# ``expert_tensor_par`` (ETP) splits each expert's feed-forward over that
+# many; both are laid over the tensor x data processors of a stage (as
+# Megatron does), so the expert-data-parallel group that syncs expert
+# gradients is tensor_par * data_par / (EP * ETP).  ``expert_par_net`` /
+# ``expert_tensor_par_net`` are their network tiers; ``moe_dispatcher``
+# moves tokens to their experts by all-to-all or by all-gather (and back by
+# all-to-all / reduce-scatter); ``moe_overlap`` hides the dispatch and
+# combine behind the experts' compute.  The defaults (1, 1, tier 0,
+# all-to-all, no overlap) leave a dense model exactly as Calculon has it.
+EXT_DEFAULTS.update({"expert_par": 1, "expert_tensor_par": 1, "expert_par_net": 0,
+                     "expert_tensor_par_net": 0, "moe_dispatcher": "alltoall",
+                     "moe_overlap": False})
+CHOICES["moe_dispatcher"] = ("alltoall", "allgather")
+BOOL_FIELDS = BOOL_FIELDS | {"moe_overlap"}
+INT_FIELDS = INT_FIELDS | {"expert_par", "expert_tensor_par", "expert_par_net",
+                           "expert_tensor_par_net"}
+# Network-tier fields (>= 0; the other integer fields count things, >= 1).
+NET_FIELDS = frozenset({"tensor_par_net", "pipeline_par_net", "data_par_net",
+                        "expert_par_net", "expert_tensor_par_net"})
 ALL_FIELDS: tuple[str, ...] = FIELDS + tuple(EXT_DEFAULTS)
 
 

@@ -26,12 +26,13 @@ from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.communication import tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext
 from autopar.model.hardware import MAX_TIERS
+from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork, gelu,
                                   layer, layer_norm, linear, residual, rms_norm, rotary,
                                   softmax, swiglu)
 
 
-def block(ctx: LayoutContext, cols: dict):
+def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     """Per-block sums of one micro-batch for every row of ``cols``.
 
     The GPT block with default options is exactly Calculon's layer sequence.
@@ -40,6 +41,11 @@ def block(ctx: LayoutContext, cols: dict):
     first matrix is two matrices wide.  ``attention_impl`` replaces the
     attention core by a fused softmax or a FlashAttention kernel, and
     ``fused_norm`` the norm by a fused kernel.
+
+    ``kind == "moe"`` (a model with ``moe``): the MLP is the shared experts
+    (a dense MLP of ``shared_feedforward``, absent when 0) followed by the
+    routed experts (``autopar.model.moe``).  A model with ``mla`` has
+    multi-head latent attention.
     """
     m = ctx.model
     llama = m.block == "llama"
@@ -76,6 +82,48 @@ def block(ctx: LayoutContext, cols: dict):
     attn = {"recompute": recompute_attn}        # ... under full or attention-only
     shared_input = {"stored": False, "reused": True}   # its input is the Fork's
     # (layer, rows that have it)
+    if m.mla is not None:
+        seq = mla_attention(ctx, cols, A=A, A_tp=A_tp, B=B, mbs=mbs, norm=norm, full=full,
+                            attn=attn, shared_input=shared_input,
+                            regather_attn=regather_attn, recompute_attn=recompute_attn,
+                            flash=flash, core=core, impl=impl, fused_norm=fused_norm)
+    else:
+        seq = _attention(**locals())
+    moe = kind == "moe"
+    if moe:
+        f = float(m.moe.shared_feedforward)
+        ff_in = 2 * f if llama else f
+    seq += [
+        (residual(ctx, A_tp, A_tp, **full, **shared_input), True),
+        # MLP block
+        (fork(ctx, A_tp, 2, **full, stored=True), True),
+        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
+    ]
+    if f > 0:
+        seq += [
+            (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
+            (linear(ctx, B, h, ff_in / tp, **full, stored=~regather_mlp), tp_separate),
+            (tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_full, regather_mlp),
+             tp_overlapped),
+            ((swiglu if llama else gelu)(ctx, f * B / tp, fused, **full), True),
+            (linear(ctx, B, f / tp, h, **full), tp_separate),
+            (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
+            (tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full),
+             tp_overlapped),
+        ]
+    if moe:
+        seq += routed_experts(ctx, cols, llama, full)
+    if not llama:
+        seq.append((dropout(ctx, A_tp, **full), True))
+    seq.append((residual(ctx, A_tp, A_tp, **full, **shared_input), True))
+    return accumulate(ctx, cols, seq, recompute_full)
+
+
+def _attention(ctx, A, A_tp, B, mbs, h, s, H, d, KV, tp, llama, norm, full, attn,
+               shared_input, regather_attn, recompute_full, recompute_attn, tp_separate,
+               tp_overlapped, multiquery, kv_width, impl, flash, core, fused_norm,
+               scores, heads_tp, **_):
+    """The attention half of the block, up to (not including) its residual."""
     seq = [
         # attention block
         (fork(ctx, A_tp, 2, **full, stored=True), True),
@@ -110,25 +158,7 @@ def block(ctx: LayoutContext, cols: dict):
     ]
     if not llama:
         seq.append((dropout(ctx, A_tp, **full), True))
-    seq += [
-        (residual(ctx, A_tp, A_tp, **full, **shared_input), True),
-        # MLP block
-        (fork(ctx, A_tp, 2, **full, stored=True), True),
-        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
-        (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
-        (linear(ctx, B, h, ff_in / tp, **full, stored=~regather_mlp), tp_separate),
-        (tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_full, regather_mlp),
-         tp_overlapped),
-        ((swiglu if llama else gelu)(ctx, f * B / tp, fused, **full), True),
-        (linear(ctx, B, f / tp, h, **full), tp_separate),
-        (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-        (tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full),
-         tp_overlapped),
-    ]
-    if not llama:
-        seq.append((dropout(ctx, A_tp, **full), True))
-    seq.append((residual(ctx, A_tp, A_tp, **full, **shared_input), True))
-    return accumulate(ctx, cols, seq, recompute_full)
+    return seq
 
 
 def activation_sizes(ctx: LayoutContext, cols: dict) -> dict:
@@ -145,7 +175,9 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "datatype", "tensor_par", "microbatch_size", "activation_recompute",
                  "tensor_par_comm_type", "tensor_par_overlap", "seq_par_ag_redo",
                  "fused_activation", "attention_type", "training", "tensor_par_net",
-                 "optimizer_sharding", "data_par")
+                 "optimizer_sharding", "data_par", "unsharded_grads",
+                 "expert_par", "expert_tensor_par", "expert_par_net",
+                 "expert_tensor_par_net", "moe_dispatcher", "moe_overlap")
 # Block sums of the optimizer step (they depend on the sharding, cached apart).
 OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")
@@ -180,20 +212,31 @@ class BlockCache:
     changes the optimizer step, which is evaluated on its own smaller key.
     """
 
-    def __init__(self, model, system, cols: dict, datatypes):
+    def __init__(self, model, system, cols: dict, datatypes, kind: str = "dense"):
         n = len(cols["tensor_par"])
         if n <= _FEW:        # a handful of layouts: no deduplication to win
-            sums = block(LayoutContext(model, system, cols, datatypes), cols)
+            sums = block(LayoutContext(model, system, cols, datatypes), cols, kind)
             self._n1 = [name for name in sums if name not in OPTIM_SUMS]
             self._t1 = np.stack([np.broadcast_to(sums[name], (n,)) for name in self._n1])
             self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
+            self.x_shard = self.x_grad_shard = self.shard
             return
         t = cols["tensor_par"]
         tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
         tp_code, tp_rad = _compact(t)
         mbs_code, mbs_rad = _compact(cols["microbatch_size"])
+        moe_key = []
+        if kind == "moe":
+            ep, etp = cols["expert_par"], cols["expert_tensor_par"]
+            ep_code, ep_rad = _compact(ep)
+            etp_code, etp_rad = _compact(etp)
+            moe_key = [(ep_code, ep_rad), (etp_code, etp_rad),
+                       (np.where(ep > 1, cols["expert_par_net"], 0), MAX_TIERS),
+                       (np.where(etp > 1, cols["expert_tensor_par_net"], 0), MAX_TIERS),
+                       (cols["moe_dispatcher"].astype(np.int64), 2),
+                       (cols["moe_overlap"].astype(np.int64), 2)]
         key1 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
                       (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 3),
                       (cols["tensor_par_comm_type"].astype(np.int64), 3),
@@ -203,23 +246,32 @@ class BlockCache:
                       (cols["attention_type"].astype(np.int64), 2),
                       (cols["training"].astype(np.int64), 2), (tpnet, MAX_TIERS),
                       (cols["attention_impl"].astype(np.int64), 4),
-                      (cols["fused_norm"].astype(np.int64), 2)])
+                      (cols["fused_norm"].astype(np.int64), 2)] + moe_key)
         _, idx1, inv1 = np.unique(key1, return_index=True, return_inverse=True)
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]
         sub["optimizer_sharding"] = np.zeros(len(idx1), dtype=bool)
         sub["data_par"] = np.ones(len(idx1), dtype=np.int64)
-        sums1 = block(LayoutContext(model, system, sub, datatypes), sub)
+        sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
+        sums1 = block(LayoutContext(model, system, sub, datatypes), sub, kind)
 
         shard = np.where(cols["optimizer_sharding"], cols["data_par"], 1)
         sh_code, sh_rad = _compact(shard)
-        key2 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
+        key2_parts = [(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
                       (cols["attention_type"].astype(np.int64), 2),
                       ((cols["tensor_par_overlap"] != 0).astype(np.int64), 2),
-                      (cols["training"].astype(np.int64), 2), (sh_code, sh_rad)])
+                      (cols["training"].astype(np.int64), 2), (sh_code, sh_rad)]
+        x_shard = shard
+        if kind == "moe":
+            edp = np.maximum(cols["data_par"] * t // (cols["expert_par"]
+                                                     * cols["expert_tensor_par"]), 1)
+            x_shard = np.where(cols["optimizer_sharding"], edp, 1)
+            xs_code, xs_rad = _compact(x_shard)
+            key2_parts += [(xs_code, xs_rad), (mbs_code, mbs_rad)] + moe_key
+        key2 = _pack(key2_parts)
         _, idx2, inv2 = np.unique(key2, return_index=True, return_inverse=True)
         sub2 = {f: cols[f][idx2] for f in _BLOCK_FIELDS}
-        sums2 = block(LayoutContext(model, system, sub2, datatypes), sub2)
+        sums2 = block(LayoutContext(model, system, sub2, datatypes), sub2, kind)
         # Sums stacked as (sum, distinct block) tables, gathered per chunk.
         self._n1 = [name for name in sums1 if name not in OPTIM_SUMS]
         self._t1 = np.stack([np.broadcast_to(sums1[name], (len(idx1),)) for name in self._n1])
@@ -227,6 +279,8 @@ class BlockCache:
         self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
         self.grad_shard = np.where(cols["unsharded_grads"], 1, shard)
+        self.x_shard = x_shard
+        self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
 
     def rows(self, sl: slice) -> dict:
         """Per-block sums for the rows ``sl`` (one gather per key table)."""
@@ -234,8 +288,14 @@ class BlockCache:
         b = self._t2[:, self.inv2[sl]]
         sums = dict(zip(self._n1, a))
         sums.update(zip(OPTIM_SUMS, b))
-        sums["wgrad_space"] = sums["wgrad_space"] / self.grad_shard[sl]
-        sums["optimizer_space"] = sums["optimizer_space"] / self.shard[sl]
+        # Expert footprints shard over expert-data-parallel, the rest over data_par.
+        xw, xo = sums["x_wgrad_space"], sums["x_optimizer_space"]
+        sums["x_wgrad_space"] = xw / self.x_grad_shard[sl]
+        sums["x_optimizer_space"] = xo / self.x_shard[sl]
+        sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[sl] \
+            + sums["x_wgrad_space"]
+        sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[sl] \
+            + sums["x_optimizer_space"]
         return sums
 
 
@@ -254,6 +314,9 @@ SUMS = (
     "weight_space", "act_working", "act_storage", "wgrad_space",
     "wgrad_space_full", "act_grad_space", "optimizer_space", "useful_fw",
     "useful_bw",
+    # the routed experts' share of the footprints (sharded over expert-data-
+    # parallel) and the dispatch/combine transfers (link and exposed time)
+    "x_weight_space", "x_wgrad_space", "x_optimizer_space", "ep_link", "ep_exposed",
 )
 
 
@@ -332,6 +395,13 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
         add("wgrad_space_full", L["wgrad_full"], pt)
         add("act_grad_space", L["agrad_b"], pt)
         add("optimizer_space", L["optimizer"], pt)
+        if L["expert"]:
+            add("x_weight_space", L["weight_b"])
+            add("x_wgrad_space", L["wgrad_sh"], pt)
+            add("x_optimizer_space", L["optimizer"], pt)
+        if "ep_link_total" in L:
+            add("ep_link", np.where(tr, L["ep_link_total"], L["ep_link_total"] / 2))
+            add("ep_exposed", np.where(tr, L["ep_exposed_total"], L["time_fw"]))
     acc["act_storage"] = np.where(recompute_full, 0.0, acc["act_storage"])
     return acc
 
@@ -362,13 +432,23 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
                              outputs=logits))
     per_mb = out["time_fw"] + loss["time_fw"] + np.where(
         training, out["time_agrad"] + out["time_wgrad"] + loss["time_agrad"], 0.0)
+    mtp = ctx.model.mtp
+    if mtp:
+        # Each multi-token-prediction module projects [hidden; embedding]
+        # (2 x hidden) back to hidden and passes the output layer again.
+        proj = finish(ctx, linear(ctx, B, 2.0 * ctx.model.hidden, ctx.model.hidden))
+        per_mb = per_mb * (1 + mtp) + mtp * (proj["time_fw"] + np.where(
+            training, proj["time_agrad"] + proj["time_wgrad"], 0.0))
     time = (microbatches + stages - 1) * per_mb
     params = V * ctx.model.hidden / tp
     grads = np.where(cols["unsharded_grads"], b, b / ctx.optim_shards)
     per_param = b + np.where(training, grads + np.where(b < 4, 12.0, 8.0) / ctx.optim_shards, 0.0)
     matrix = params * per_param
+    mtp_params = 2.0 * ctx.model.hidden * ctx.model.hidden * mtp
     over = system.memory_overhead or MemoryOverhead()
     logit_mem = B * V / (1.0 if over.logits_gathered else tp) * (
         b + np.where(training, over.logits_fp32_copies * 4.0, 0.0))
-    return time, {"first": matrix, "last": np.where(stages == 1, 2 * matrix, matrix),
-                  "logits": logit_mem}
+    last = np.where(stages == 1, 2 * matrix, matrix)
+    if mtp:
+        last = last + mtp_params * per_param
+    return time, {"first": matrix, "last": last, "logits": logit_mem}

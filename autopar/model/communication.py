@@ -243,11 +243,23 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     net = NetworkTier(networks, cols["data_par_net"])
     peers = np.maximum(dp, 2)
     active = (dp > 1) & training
-    block_bytes = np.where(active, sums["weight_space"], 0.0)
+    # Routed experts' gradients sync over the expert-data-parallel group instead.
+    expert_bytes = sums["x_weight_space"]
+    block_bytes = np.where(active, sums["weight_space"] - expert_bytes, 0.0)
     block_time = np.where(active, np.where(
         sharded, net.time("reduce_scatter", block_bytes, peers)
         + net.time("all_gather", block_bytes, peers),
         net.time("all_reduce", block_bytes, peers)), 0.0)
+    edp = ctx.edp
+    x_active = (edp > 1) & training & (expert_bytes > 0)
+    if x_active.any():
+        x_peers = np.maximum(edp, 2)
+        block_time = block_time + np.where(x_active, np.where(
+            sharded, net.time("reduce_scatter", expert_bytes, x_peers)
+            + net.time("all_gather", expert_bytes, x_peers),
+            net.time("all_reduce", expert_bytes, x_peers)), 0.0)
+        block_bytes = block_bytes + np.where(x_active, expert_bytes, 0.0)
+        active = active | x_active
     wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
                           net.scale("all_reduce"))
     usage = net.processor_usage

@@ -50,6 +50,22 @@ class LayoutContext:
         self.tp_p2p = is_choice(comm, "tensor_par_comm_type", "p2p_rs_ag")
         self.tp_pipe_overlap = is_choice(cols["tensor_par_overlap"], "tensor_par_overlap",
                                          "pipe")
+        # Mixture of experts: expert weights are spread over expert_par x
+        # expert_tensor_par processors; their gradients are synchronised, and
+        # their optimizer state sharded, over the expert-data-parallel group
+        # (tensor_par * data_par / (EP * ETP), as Megatron lays EP over TP x DP).
+        one = np.ones(self.n, dtype=np.int64)
+        self.ep = cols.get("expert_par", one).astype(float)
+        self.etp = cols.get("expert_tensor_par", one).astype(float)
+        self.edp = np.maximum(cols["data_par"] * cols["tensor_par"] / (self.ep * self.etp), 1.0)
+        self.expert_optim_shards = np.where(cols["optimizer_sharding"], self.edp, 1.0)
+        self.expert_grad_shards = np.where(cols.get("unsharded_grads", False), 1.0,
+                                           self.expert_optim_shards)
+        self.ep_net = NetworkTier(system.networks, cols.get("expert_par_net", one * 0))
+        self.etp_net = NetworkTier(system.networks, cols.get("expert_tensor_par_net", one * 0))
+        self.moe_allgather = is_choice(cols.get("moe_dispatcher", one * 0), "moe_dispatcher",
+                                       "allgather")
+        self.moe_overlap = cols.get("moe_overlap", np.zeros(self.n, dtype=bool))
         self.zeros = np.zeros(self.n)
 
     def processing_time(self, flops_time, mem_time):

@@ -59,8 +59,36 @@ def offload_bandwidth(ctx: LayoutContext, sums: dict, chunk: dict, offload: dict
 
 
 def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
-               recompute_full, head: dict, overhead) -> dict:
-    """Every memory statistic (Calculon's names) and the need on each tier."""
+               recompute_full, head: dict, overhead, sums_last: dict | None = None) -> dict:
+    """Every memory statistic (Calculon's names) and the need on each tier.
+
+    ``sums`` are the first stage's per-block sums; ``sums_last`` the last
+    stage's where its blocks differ (a mixture-of-experts model with dense
+    first blocks, multi-token prediction); the statistics describe the first.
+    """
+    S, static, tier2, transient_first, _ = _stage(ctx, cols, sums, sched, checkpoint,
+                                                  recompute_full, head)
+    static_last, transient_last = static, None
+    if sums_last is not None:
+        _, static_last, tier2_last, _, transient_last = _stage(
+            ctx, cols, sums_last, sched, checkpoint, recompute_full, head)
+        tier2 = np.maximum(tier2, tier2_last)
+    else:
+        transient_last = _
+    grow = 1.0 + (overhead.fraction if overhead is not None else 0.0)
+    tier1 = np.maximum(static + head["first"] + transient_first * grow,
+                       static_last + head["last"] + transient_last * grow)
+    if overhead is not None:
+        tier1 = tier1 + overhead.reserved_GiB * 1024 ** 3
+    S["proc_mem_tier1_cap_req"] = tier1
+    S["proc_mem_tier2_cap_req"] = tier2
+    return S
+
+
+def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
+           recompute_full, head: dict):
+    """Statistics, static and tier-2 footprints, and the transient footprint
+    of the first and of the last stage, from one stage's per-block sums."""
     training = ctx.training
     blocks = sched.blocks_per_stage
     stages, interleaving = sched.stages, sched.interleaving
@@ -122,11 +150,4 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
     tier2 = tier2 + np.where(acts_off, np.where(recompute_full, ckpt_first, act_first), 0.0)
     static = static + np.where(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + np.where(optim_off, sums["wgrad_space"] * blocks + optimizer_space, 0.0)
-    grow = 1.0 + (overhead.fraction if overhead is not None else 0.0)
-    tier1 = np.maximum(static + head["first"] + transient_first * grow,
-                       static + head["last"] + transient_last * grow)
-    if overhead is not None:
-        tier1 = tier1 + overhead.reserved_GiB * 1024 ** 3
-    S["proc_mem_tier1_cap_req"] = tier1
-    S["proc_mem_tier2_cap_req"] = tier2
-    return S
+    return S, static, tier2, transient_first, transient_last

@@ -43,7 +43,19 @@ REASONS: tuple[str, ...] = (
     "infeasible: mem tier1 capacity exceeded",
     "infeasible: mem tier2 capacity exceeded",
 ) + tuple(f"infeasible: network tier{t} isn't big enough" for t in range(MAX_TIERS)) \
-  + tuple(f"infeasible: network tier{t} isn't fully used" for t in range(MAX_TIERS))
+  + tuple(f"infeasible: network tier{t} isn't fully used" for t in range(MAX_TIERS)) + (
+    # mixture of experts and latent attention (autopar's; after Calculon's)
+    "invalid: expert_par and expert_tensor_par need a mixture-of-experts model",
+    "invalid: expert_par must divide the number of experts",
+    "invalid: expert_tensor_par must divide the expert feed-forward size",
+    "invalid: expert_par * expert_tensor_par must divide tensor_par * data_par",
+    "invalid: moe_dispatcher allgather and moe_overlap need expert_par or "
+    "expert_tensor_par > 1",
+    "invalid: a mixture-of-experts model with tensor_par > 1 needs "
+    "tensor_par_comm_type rs_ag (sequence parallelism)",
+    "invalid: shared_feedforward must be divisible by tensor_par",
+    "invalid: latent attention (mla) is modelled with tensor_par_overlap none",
+)
 
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
@@ -123,7 +135,50 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          "invalid: microbatch_size * seq_size must be divisible by tensor_par")
     flag((model.hidden % tp1 != 0) | (model.feedforward % tp1 != 0) | (model.attn_heads % tp1 != 0),
          "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par")
+    _check_moe(model, system, cols, flag, tp1, dp1)
     return code, dts
+
+
+def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1) -> None:
+    """The rules of expert parallelism and latent attention (none apply to a
+    dense model at the defaults)."""
+    ep, etp = cols["expert_par"], cols["expert_tensor_par"]
+    flag((ep <= 0) | (etp <= 0), "invalid: sizes must be positive")
+    ep1, etp1 = np.maximum(ep, 1), np.maximum(etp, 1)
+    expert = (ep > 1) | (etp > 1)
+    moe = model.moe
+    if moe is None:
+        flag(expert, "invalid: expert_par and expert_tensor_par need a mixture-of-experts model")
+    else:
+        flag(moe.experts % ep1 != 0, "invalid: expert_par must divide the number of experts")
+        flag(moe.expert_feedforward % etp1 != 0,
+             "invalid: expert_tensor_par must divide the expert feed-forward size")
+        flag((tp1 * dp1) % (ep1 * etp1) != 0,
+             "invalid: expert_par * expert_tensor_par must divide tensor_par * data_par")
+    allgather = cols["moe_dispatcher"] == CHOICES["moe_dispatcher"].index("allgather")
+    flag((allgather | cols["moe_overlap"]) & ~expert,
+         "invalid: moe_dispatcher allgather and moe_overlap need expert_par or "
+         "expert_tensor_par > 1")
+    if moe is not None:
+        rs = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("rs_ag")
+        flag((tp1 > 1) & ~rs, "invalid: a mixture-of-experts model with tensor_par > 1 needs "
+                              "tensor_par_comm_type rs_ag (sequence parallelism)")
+        flag(moe.shared_feedforward % tp1 != 0,
+             "invalid: shared_feedforward must be divisible by tensor_par")
+    if model.mla is not None:
+        flag(cols["tensor_par_overlap"] != 0,
+             "invalid: latent attention (mla) is modelled with tensor_par_overlap none")
+    nets = system.networks
+    nn = len(nets)
+    for f in ("expert_par_net", "expert_tensor_par_net"):
+        flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
+    # The expert groups are laid over tensor x data processors: each tier
+    # must hold the expert parallelism assigned to it.
+    for tier in range(min(nn, MAX_TIERS)):
+        size = np.ones(len(ep), dtype=np.int64)
+        for par, net in ((ep1, "expert_par_net"), (etp1, "expert_tensor_par_net")):
+            size = np.where((par > 1) & (cols[net] == tier), size * par, size)
+        flag(size > nets[tier].size, REASONS[_NET_BIG + tier])
 
 
 def normalize(cols: Mapping) -> dict:
@@ -144,6 +199,8 @@ def normalize(cols: Mapping) -> dict:
             out[f] = np.broadcast_to(np.asarray(cols[f]), (n,))
         elif f in CHOICES:
             out[f] = np.full(n, CHOICES[f].index(default), dtype=np.int8)
-        else:
+        elif isinstance(default, bool):
             out[f] = np.full(n, default, dtype=bool)
+        else:
+            out[f] = np.full(n, default, dtype=np.int64)
     return out

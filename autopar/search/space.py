@@ -47,13 +47,17 @@ PARAMS: tuple[str, ...] = (
     # autopar's extensions (optional in a file: when absent, fixed at their
     # defaults, which keep Calculon's meaning).
     "attention_impl", "fused_norm", "unsharded_grads",
+    # mixture of experts (neutral for a dense model)
+    "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
+    "moe_dispatcher", "moe_overlap",
 )
 OPTIONAL = tuple(EXT_DEFAULTS)
 DERIVED = ("data_par", "batch_size")          # computed from the others
 FROM_CASE = ("num_procs", "datatype", "training")
 BATCH_POLICIES = ("max", "fixed")
 TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed")
-NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net")
+NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "expert_par_net",
+              "expert_tensor_par_net")
 
 _ROOT = Path(__file__).resolve().parent.parent.parent
 SPACES_DIR = _ROOT / "search_spaces"
@@ -88,6 +92,8 @@ class _Ctx:
     max_batch: int
     policy: str
     datatype: str
+    experts: int = 0               # routed experts (0: a dense model)
+    expert_ff: int = 0             # an expert's feed-forward size
 
 
 def _check_case(case: Case, source: str = "case") -> None:
@@ -114,7 +120,9 @@ def _ctx(case: Case, space: "Space") -> _Ctx:
                 mem2=float(s.mem2.GiB) > 0, training=bool(case.training),
                 max_batch=int(case.max_batch_size),
                 policy=case.batch_policy or space.batch_policy,
-                datatype=case.datatype)
+                datatype=case.datatype,
+                experts=int(m.moe.experts) if getattr(m, "moe", None) else 0,
+                expert_ff=int(m.moe.expert_feedforward) if getattr(m, "moe", None) else 0)
 
 
 # --------------------------------------------------------------------------
@@ -241,6 +249,32 @@ def _r_unsharded(c, s):
     return _TF, None
 
 
+def _r_ep(c, s):
+    if not c.experts:
+        return (1,), "needs a mixture-of-experts model"
+    domain = s["tensor_par"] * s["data_par"]
+    return tuple(d for d in divisors(c.experts) if domain % d == 0), None
+
+
+def _r_etp(c, s):
+    if not c.experts:
+        return (1,), "needs a mixture-of-experts model"
+    room = s["tensor_par"] * s["data_par"] // s["expert_par"]
+    return tuple(d for d in divisors(room) if c.expert_ff % d == 0), None
+
+
+def _r_dispatch(c, s):
+    if s["expert_par"] == 1 and s["expert_tensor_par"] == 1:
+        return ("alltoall",), "must be alltoall when expert_par and expert_tensor_par are 1"
+    return CHOICES["moe_dispatcher"], None
+
+
+def _r_moe_overlap(c, s):
+    if s["expert_par"] == 1 and s["expert_tensor_par"] == 1:
+        return (False,), "needs expert_par or expert_tensor_par > 1"
+    return _TF, None
+
+
 def _r_mbs(c, s):
     tp = s["tensor_par"]
     local = s["batch_size"] // s["data_par"]
@@ -292,6 +326,16 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("attention_impl", (), _r_impl, ""),
     _Rule("fused_norm", (), _r_fused, ""),
     _Rule("unsharded_grads", ("optimizer_sharding",), _r_unsharded, ""),
+    _Rule("expert_par", ("tensor_par", "data_par"), _r_ep,
+          "must divide the number of experts and tensor_par*data_par"),
+    _Rule("expert_tensor_par", ("tensor_par", "data_par", "expert_par"), _r_etp,
+          "must divide the expert feed-forward size, with expert_par*expert_tensor_par "
+          "dividing tensor_par*data_par"),
+    _Rule("expert_par_net", ("expert_par",), _r_net("expert_par"), "network tier"),
+    _Rule("expert_tensor_par_net", ("expert_tensor_par",), _r_net("expert_tensor_par"),
+          "network tier"),
+    _Rule("moe_dispatcher", ("expert_par", "expert_tensor_par"), _r_dispatch, ""),
+    _Rule("moe_overlap", ("expert_par", "expert_tensor_par"), _r_moe_overlap, ""),
 )
 assert tuple(r.name for r in _RULES if r.name not in DERIVED) == PARAMS
 
