@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES, EXT_DEFAULTS, FIELDS
+from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
 
@@ -144,6 +144,8 @@ def normalize(cols: Mapping) -> dict:
             out[f] = np.broadcast_to(np.asarray(cols[f]), (n,))
         elif f in CHOICES:
             out[f] = np.full(n, CHOICES[f].index(default), dtype=np.int8)
+        elif f in EXT_INT_FIELDS:
+            out[f] = np.full(n, default, dtype=np.int64)
         else:
             out[f] = np.full(n, default, dtype=bool)
     return out
