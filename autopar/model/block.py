@@ -23,12 +23,12 @@ import numpy as np
 
 from autopar.io.layouts import CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
-from autopar.model.communication import tp_collective, tp_overlapped_linear
-from autopar.model.context import LayoutContext
+from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
+from autopar.model.context import LayoutContext, shard_counts
 from autopar.model.hardware import MAX_TIERS
-from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork, gelu,
-                                  layer, layer_norm, linear, residual, rms_norm, rotary,
-                                  softmax, swiglu)
+from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
+                                  fp8_gemm, gelu, layer, layer_norm, linear, residual, rms_norm,
+                                  rotary, softmax, swiglu)
 
 
 def block(ctx: LayoutContext, cols: dict):
@@ -48,13 +48,21 @@ def block(ctx: LayoutContext, cols: dict):
     KV = float(m.kv_heads or m.attn_heads)
     tp = ctx.tp
     mbs = cols["microbatch_size"].astype(float)
-    B = mbs * s
+    # Context parallelism: sq of the sequence's queries (and tokens) are local;
+    # attention runs them against all s keys.
+    sq = s / ctx.cp
+    B = mbs * sq
     A = B * h
     A_split = np.floor_divide(B, tp) * h
     A_tp = np.where(ctx.tp_rs_ag, A_split, A)
     rec = cols["activation_recompute"]
     recompute_full = rec == CHOICES["activation_recompute"].index("full")
     recompute_attn = recompute_full | (rec == CHOICES["activation_recompute"].index("attn_only"))
+    # Megatron's selective MLP recompute: the MLP's first GEMM and activation
+    # run again in backward from the MLP's input; the activation's output is
+    # not kept.
+    mlp_only = rec == CHOICES["activation_recompute"].index("mlp_only")
+    recompute_mlp = recompute_full | mlp_only
     ag_redo = cols["seq_par_ag_redo"]
     regather_attn = recompute_attn | ag_redo
     regather_mlp = recompute_full | ag_redo
@@ -68,8 +76,11 @@ def block(ctx: LayoutContext, cols: dict):
     fused_norm = cols["fused_norm"]
     fused = cols["fused_activation"]
     heads_tp = H / tp
-    scores = heads_tp * s * s * mbs
+    scores = heads_tp * sq * s * mbs
     norm = rms_norm if llama else layer_norm
+
+    def g(L):           # a GEMM of the block: fp8 where the recipe says so
+        return fp8_gemm(ctx, L)
     ff_in = 2 * f if llama else f           # SwiGLU: gate and up projections
 
     full = {"recompute": recompute_full}        # recomputed under full recompute
@@ -82,30 +93,33 @@ def block(ctx: LayoutContext, cols: dict):
         (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
         (tp_collective(ctx, A, False, recomm=regather_attn), tp_separate),
         (fork(ctx, A, 3, recompute=regather_attn, stored=~regather_attn), tp_separate),
-        (linear(ctx, B, h, H * d / tp, **full, **shared_input), tp_separate),
-        (tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
-                              regather_attn), tp_overlapped & ~multiquery),
-        (tp_overlapped_linear(ctx, B, h, H * d, False, recompute_full, regather_attn),
+        (g(linear(ctx, B, h, H * d / tp, **full, **shared_input)), tp_separate),
+        (g(tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
+                                regather_attn)), tp_overlapped & ~multiquery),
+        (g(tp_overlapped_linear(ctx, B, h, H * d, False, recompute_full, regather_attn)),
          tp_overlapped & multiquery),
         (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn),
          tp_overlapped & multiquery),
-        (linear(ctx, B, h, kv_width, **full, **shared_input), tp_separate | multiquery),
-        (linear(ctx, B, h, kv_width, **full, **shared_input), tp_separate | multiquery),
+        (g(linear(ctx, B, h, kv_width, **full, **shared_input)), tp_separate | multiquery),
+        (g(linear(ctx, B, h, kv_width, **full, **shared_input)), tp_separate | multiquery),
     ]
     if llama:
         seq.append((rotary(ctx, B * (H * d / tp + kv_width), **attn), True))
-    seq += [
-        (batched_matmul(ctx, mbs * heads_tp, s, d, s, **attn, out_stored=~recompute_attn), core),
+    core_layers = [
+        (batched_matmul(ctx, mbs * heads_tp, sq, d, s, **attn, out_stored=~recompute_attn), core),
         (softmax(ctx, scores, impl, llama, **attn, out_stored=~recompute_attn), core),
     ]
     if not llama:
-        seq.append((dropout(ctx, scores, **attn, stored=~recompute_attn), core))
+        core_layers.append((dropout(ctx, scores, **attn, stored=~recompute_attn), core))
+    core_layers += [
+        (batched_matmul(ctx, mbs * heads_tp, sq, s, d, **full), core),
+        (flash_attention(ctx, mbs, heads_tp, sq, d, kv_width, impl, sk=s, **full), flash),
+    ]
+    seq += core_layers
     seq += [
-        (batched_matmul(ctx, mbs * heads_tp, s, s, d, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, s, d, kv_width, impl, **full), flash),
-        (linear(ctx, B, H * d / tp, h, **full), tp_separate),
+        (g(linear(ctx, B, H * d / tp, h, **full)), tp_separate),
         (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-        (tp_overlapped_linear(ctx, B, H * d, h, True, recompute_full, recompute_full),
+        (g(tp_overlapped_linear(ctx, B, H * d, h, True, recompute_full, recompute_full)),
          tp_overlapped),
     ]
     if not llama:
@@ -116,24 +130,36 @@ def block(ctx: LayoutContext, cols: dict):
         (fork(ctx, A_tp, 2, **full, stored=True), True),
         (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
         (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
-        (linear(ctx, B, h, ff_in / tp, **full, stored=~regather_mlp), tp_separate),
-        (tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_full, regather_mlp),
+        (g(linear(ctx, B, h, ff_in / tp, recompute=recompute_mlp,
+                  stored=~regather_mlp)), tp_separate),
+        (g(tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_mlp, regather_mlp)),
          tp_overlapped),
-        ((swiglu if llama else gelu)(ctx, f * B / tp, fused, **full), True),
-        (linear(ctx, B, f / tp, h, **full), tp_separate),
+        ((swiglu if llama else gelu)(ctx, f * B / tp, fused, recompute=recompute_mlp,
+                                     stored=~mlp_only), True),
+        (g(linear(ctx, B, f / tp, h, **full, stored=~mlp_only)), tp_separate),
         (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-        (tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full),
+        (g(tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full)),
          tp_overlapped),
     ]
     if not llama:
         seq.append((dropout(ctx, A_tp, **full), True))
     seq.append((residual(ctx, A_tp, A_tp, **full, **shared_input), True))
-    return accumulate(ctx, cols, seq, recompute_full)
+    acc = accumulate(ctx, cols, seq, recompute_full)
+    # The attention core's own times, which the K/V exchange can hide behind.
+    attn_fw, attn_bw = ctx.zeros.copy(), ctx.zeros.copy()
+    for L, present in core_layers:
+        if "time_fw" not in L:          # no row has it
+            continue
+        attn_fw += np.where(present, L["time_fw"], 0.0)
+        attn_bw += np.where(present, L["time_agrad"] + L["time_wgrad"], 0.0)
+    acc.update(context_exchange(ctx, cols, mbs, sq, H * d / tp, kv_width, attn_fw, attn_bw,
+                                recompute_attn))
+    return acc
 
 
 def activation_sizes(ctx: LayoutContext, cols: dict) -> dict:
     """Activation sizes (elements) of one micro-batch and the recompute flag."""
-    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size
+    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size / ctx.cp
     A = B * ctx.model.hidden
     A_split = np.floor_divide(B, ctx.tp) * ctx.model.hidden
     recompute_full = cols["activation_recompute"] == CHOICES["activation_recompute"].index("full")
@@ -145,7 +171,9 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "datatype", "tensor_par", "microbatch_size", "activation_recompute",
                  "tensor_par_comm_type", "tensor_par_overlap", "seq_par_ag_redo",
                  "fused_activation", "attention_type", "training", "tensor_par_net",
-                 "optimizer_sharding", "data_par")
+                 "optimizer_sharding", "data_par", "context_par", "context_par_net",
+                 "context_par_comm", "fp8_recipe", "sharding_group", "unsharded_grads",
+                 "weight_sharding")
 # Block sums of the optimizer step (they depend on the sharding, cached apart).
 OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")
@@ -189,13 +217,14 @@ class BlockCache:
             self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
+            self.weight_shard = shard_counts(cols)[2]
             return
         t = cols["tensor_par"]
         tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
         tp_code, tp_rad = _compact(t)
         mbs_code, mbs_rad = _compact(cols["microbatch_size"])
-        key1 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
-                      (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 3),
+        key1 = _pack([(cols["datatype"].astype(np.int64), 5), (tp_code, tp_rad),
+                      (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 4),
                       (cols["tensor_par_comm_type"].astype(np.int64), 3),
                       (cols["tensor_par_overlap"].astype(np.int64), 3),
                       (cols["seq_par_ag_redo"].astype(np.int64), 2),
@@ -204,16 +233,25 @@ class BlockCache:
                       (cols["training"].astype(np.int64), 2), (tpnet, MAX_TIERS),
                       (cols["attention_impl"].astype(np.int64), 4),
                       (cols["fused_norm"].astype(np.int64), 2)])
+        cp = cols["context_par"]
+        if (cp > 1).any() or (cols["fp8_recipe"] != 0).any():
+            cp_code, cp_rad = _compact(cp)
+            key1 = _pack([(key1, int(key1.max()) + 1), (cp_code, cp_rad),
+                          (np.where(cp > 1, cols["context_par_net"], 0), MAX_TIERS),
+                          (np.where(cp > 1, cols["context_par_comm"], 0).astype(np.int64), 2),
+                          (cols["fp8_recipe"].astype(np.int64), 4)])
         _, idx1, inv1 = np.unique(key1, return_index=True, return_inverse=True)
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]
+        sub["context_par_net"] = np.where(sub["context_par"] > 1, sub["context_par_net"], 0)
         sub["optimizer_sharding"] = np.zeros(len(idx1), dtype=bool)
         sub["data_par"] = np.ones(len(idx1), dtype=np.int64)
         sums1 = block(LayoutContext(model, system, sub, datatypes), sub)
 
-        shard = np.where(cols["optimizer_sharding"], cols["data_par"], 1)
+        shard, grad_shard, weight_shard = shard_counts(cols)
+        shard = shard.astype(np.int64)
         sh_code, sh_rad = _compact(shard)
-        key2 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
+        key2 = _pack([(cols["datatype"].astype(np.int64), 5), (tp_code, tp_rad),
                       (cols["attention_type"].astype(np.int64), 2),
                       ((cols["tensor_par_overlap"] != 0).astype(np.int64), 2),
                       (cols["training"].astype(np.int64), 2), (sh_code, sh_rad)])
@@ -226,7 +264,8 @@ class BlockCache:
         self._t2 = np.stack([np.broadcast_to(sums2[name], (len(idx2),)) for name in OPTIM_SUMS])
         self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
-        self.grad_shard = np.where(cols["unsharded_grads"], 1, shard)
+        self.grad_shard = grad_shard
+        self.weight_shard = weight_shard
 
     def rows(self, sl: slice) -> dict:
         """Per-block sums for the rows ``sl`` (one gather per key table)."""
@@ -236,6 +275,10 @@ class BlockCache:
         sums.update(zip(OPTIM_SUMS, b))
         sums["wgrad_space"] = sums["wgrad_space"] / self.grad_shard[sl]
         sums["optimizer_space"] = sums["optimizer_space"] / self.shard[sl]
+        # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
+        # gathered when it runs (``weight_space_full``).
+        sums["weight_space_full"] = sums["weight_space"]
+        sums["weight_space"] = sums["weight_space"] / self.weight_shard[sl]
         return sums
 
 
@@ -332,6 +375,8 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
         add("wgrad_space_full", L["wgrad_full"], pt)
         add("act_grad_space", L["agrad_b"], pt)
         add("optimizer_space", L["optimizer"], pt)
+    # What a block keeps when it does not recompute (for recompute_layers).
+    acc["act_storage_all"] = acc["act_storage"]
     acc["act_storage"] = np.where(recompute_full, 0.0, acc["act_storage"])
     return acc
 

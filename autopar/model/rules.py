@@ -45,6 +45,16 @@ REASONS: tuple[str, ...] = (
 ) + tuple(f"infeasible: network tier{t} isn't big enough" for t in range(MAX_TIERS)) \
   + tuple(f"infeasible: network tier{t} isn't fully used" for t in range(MAX_TIERS))
 
+# Rules of autopar's extension fields (after Calculon's, so its codes stay).
+REASONS = REASONS + (
+    "invalid: seq_size must be divisible by 2 * context_par",
+    "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par",
+    "invalid: weight_sharding needs optimizer_sharding without unsharded_grads",
+    "invalid: sharding_group must divide data_par and needs optimizer_sharding",
+    "invalid: recompute_layers needs activation_recompute full",
+    "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate",
+    "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs",
+)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -68,8 +78,17 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          "invalid: sizes must be positive")
     tp1, pp1, dp1 = np.maximum(t, 1), np.maximum(pp, 1), np.maximum(dp, 1)
     mbs1 = np.maximum(cols["microbatch_size"], 1)
-    flag(t * pp * dp != cols["num_procs"],
-         "invalid: tensor_par * pipeline_par * data_par != num_procs")
+    cp = cols["context_par"]
+    extended = (cp != 1).any()
+    if extended:
+        flag(cp <= 0, "invalid: sizes must be positive")
+        flag((cp == 1) & (t * pp * dp != cols["num_procs"]),
+             "invalid: tensor_par * pipeline_par * data_par != num_procs")
+        flag(t * pp * dp * cp != cols["num_procs"],
+             "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs")
+    else:
+        flag(t * pp * dp != cols["num_procs"],
+             "invalid: tensor_par * pipeline_par * data_par != num_procs")
     flag(cols["batch_size"] % dp1 != 0, "invalid: batch_size is not divisible by data_par")
     flag((cols["batch_size"] // dp1) % mbs1 != 0,
          "invalid: local batch is not divisible by microbatch_size")
@@ -78,7 +97,8 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          "invalid: activation recompute is only for training")
     flag((pp == 1) & (cols["pipeline_interleaving"] != 1),
          "invalid: pipeline_interleaving must be 1 when pipeline_par is 1")
-    flag(cols["optimizer_sharding"] & (dp <= 1), "invalid: optimizer_sharding needs data_par > 1")
+    flag(cols["optimizer_sharding"] & (dp * np.maximum(cp, 1) <= 1),
+         "invalid: optimizer_sharding needs data_par > 1")
     flag((cols["tensor_par_overlap"] != 0) & (t <= 1),
          "invalid: tensor_par_overlap needs tensor_par > 1")
     rs = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("rs_ag")
@@ -91,14 +111,15 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
     flag(cols["optimizer_offload"] & ~tr, "invalid: optimizer_offload is only for training")
     nets = system.networks
     nn = len(nets)
-    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net"):
+    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net"):
         flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
     # Network tiers: each must hold the product of the parallelisms on it,
     # and a tier that must be filled must be filled exactly.
     for tier in range(min(nn, MAX_TIERS)):
         size = np.ones(n, dtype=np.int64)
         used = np.zeros(n, dtype=bool)
-        for par, net in ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net")):
+        for par, net in ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"),
+                         (cp, "context_par_net")):
             on = (par > 1) & (cols[net] == tier)
             used |= on
             size = np.where(on, size * par, size)
@@ -119,10 +140,33 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          & (blocks_per_stage <= 2),
          "infeasible: offloading requires each processor to handle at least 3 blocks")
     p2p = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("p2p_rs_ag")
-    flag((rs | p2p) & ((cols["microbatch_size"] * model.seq_size) % tp1 != 0),
+    flag((rs | p2p) & ((cols["microbatch_size"] * (model.seq_size // np.maximum(cp, 1))) % tp1
+                       != 0),
          "invalid: microbatch_size * seq_size must be divisible by tensor_par")
     flag((model.hidden % tp1 != 0) | (model.feedforward % tp1 != 0) | (model.attn_heads % tp1 != 0),
          "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par")
+    # autopar's extension fields.
+    cp1 = np.maximum(cp, 1)
+    flag((cp > 1) & (model.seq_size % (2 * cp1) != 0),
+         "invalid: seq_size must be divisible by 2 * context_par")
+    flag((cp > 1) & (cols["context_par_comm"] == 1) & (model.attn_heads % (tp1 * cp1) != 0),
+         "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par")
+    ws = cols["weight_sharding"]
+    flag(ws & (~cols["optimizer_sharding"] | cols["unsharded_grads"]),
+         "invalid: weight_sharding needs optimizer_sharding without unsharded_grads")
+    g = cols["sharding_group"]
+    flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"] | (dp % np.maximum(g, 1) != 0))),
+         "invalid: sharding_group must divide data_par and needs optimizer_sharding")
+    k = cols["recompute_layers"]
+    flag((k < 0) | ((k > 0) & (rec != CHOICES["activation_recompute"].index("full"))),
+         "invalid: recompute_layers needs activation_recompute full")
+    recipe = cols["fp8_recipe"]
+    if (recipe != 0).any():
+        dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]
+        rate = {1: "float8", 2: "float8", 3: "mxfp8"}
+        has = np.array([True] + [rate[i] in system.matrix for i in (1, 2, 3)])
+        flag((recipe != 0) & (~np.isin(cols["datatype"], dts_ok) | ~has[recipe]),
+             "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
     return code, dts
 
 
