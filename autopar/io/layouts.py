@@ -89,12 +89,14 @@ BOOL_FIELDS = BOOL_FIELDS | {"fused_norm", "unsharded_grads"}
 #   between layers, the attention core, norms, the output layer; the fp32
 #   master weights and optimizer state are as for that datatype.  The casts to
 #   fp8 (and their amax reductions) are charged as memory traffic.
+# * ``fp32_grads``: weight gradients are accumulated and reduced in fp32
+#   (Megatron's main_grad buffers) rather than in the working datatype.
 EXT_DEFAULTS.update({"context_par": 1, "context_par_net": 0, "context_par_comm": "p2p",
                      "weight_sharding": False, "sharding_group": 0,
-                     "recompute_layers": 0, "fp8_recipe": "none"})
+                     "recompute_layers": 0, "fp8_recipe": "none", "fp32_grads": False})
 CHOICES["context_par_comm"] = ("p2p", "a2a")
 CHOICES["fp8_recipe"] = ("none", "tensorwise", "rowwise", "mxfp8")
-BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding"}
+BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding", "fp32_grads"}
 EXT_INT_FIELDS = frozenset({"context_par", "context_par_net", "sharding_group",
                             "recompute_layers"})
 ALL_FIELDS: tuple[str, ...] = FIELDS + tuple(EXT_DEFAULTS)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES
+from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext, shard_counts
@@ -199,6 +199,14 @@ def _compact(col: np.ndarray) -> tuple[np.ndarray, int]:
 _FEW = 64
 
 
+def _grad_scale(cols):
+    """Weight-gradient bytes relative to the working datatype (fp32_grads)."""
+    if "fp32_grads" not in cols or not cols["fp32_grads"].any():
+        return None
+    b = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]], dtype=float)
+    return np.where(cols["fp32_grads"], 4.0 / b[cols["datatype"]], 1.0)
+
+
 class BlockCache:
     """Per-block sums for every row, computed once per distinct block.
 
@@ -218,6 +226,7 @@ class BlockCache:
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
             self.weight_shard = shard_counts(cols)[2]
+            self.grad_scale = _grad_scale(cols)
             return
         t = cols["tensor_par"]
         tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
@@ -266,6 +275,7 @@ class BlockCache:
         self.shard = shard
         self.grad_shard = grad_shard
         self.weight_shard = weight_shard
+        self.grad_scale = _grad_scale(cols)
 
     def rows(self, sl: slice) -> dict:
         """Per-block sums for the rows ``sl`` (one gather per key table)."""
@@ -274,6 +284,8 @@ class BlockCache:
         sums = dict(zip(self._n1, a))
         sums.update(zip(OPTIM_SUMS, b))
         sums["wgrad_space"] = sums["wgrad_space"] / self.grad_shard[sl]
+        if self.grad_scale is not None:
+            sums["wgrad_space"] = sums["wgrad_space"] * self.grad_scale[sl]
         sums["optimizer_space"] = sums["optimizer_space"] / self.shard[sl]
         # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
         # gathered when it runs (``weight_space_full``).

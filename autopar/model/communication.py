@@ -309,7 +309,8 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     # context-parallel one when data_par is 1).
     cp = cols["context_par"] if "context_par" in cols else 1
     extended = np.any(cp != 1) or "sharding_group" in cols and np.any(cols["sharding_group"] > 0) \
-        or "weight_sharding" in cols and np.any(cols["weight_sharding"])
+        or "weight_sharding" in cols and np.any(cols["weight_sharding"]) \
+        or "fp32_grads" in cols and np.any(cols["fp32_grads"])
     tier = cols["data_par_net"]
     if extended:
         tier = np.where(dp > 1, tier, cols["context_par_net"])
@@ -337,9 +338,11 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
         gather = np.where(cols["weight_sharding"], 0.0,
                           net.time("all_gather", block_bytes, inner))
         cross = np.where(hybrid, net.time("all_reduce", block_bytes / inner, replicas), 0.0)
+        # Gradients reduced in fp32 move 4 bytes an element.
+        grad_bytes = block_bytes * np.where(cols["fp32_grads"], 4.0 / ctx.elem_bytes, 1.0)
         block_time = np.where(active, np.where(
-            sharded, net.time("reduce_scatter", block_bytes, inner) + gather + cross,
-            net.time("all_reduce", block_bytes, peers)), 0.0)
+            sharded, net.time("reduce_scatter", grad_bytes, inner) + gather + cross,
+            net.time("all_reduce", grad_bytes, peers)), 0.0)
     usage = net.processor_usage
     overlapped_chunks = sched.interleaving - 1
     last_blocks = sched.blocks_per_chunk - 1

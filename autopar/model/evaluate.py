@@ -278,7 +278,7 @@ def _typed_columns(c: dict) -> dict:
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
               "optimizer_offload", "training", "fused_norm", "unsharded_grads",
-              "weight_sharding"):
+              "weight_sharding", "fp32_grads"):
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe"):

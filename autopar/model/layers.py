@@ -129,6 +129,8 @@ def fp8_gemm(ctx, L: dict) -> dict:
     L["mem_fw"] = L["mem_fw"] + per * (L["inputs"] + L["weight"])
     L["mem_agrad"] = L["mem_agrad"] + per * L["act_grads"]
     L["weight_b"] = L["weight_b"] + np.where(ctx.fp8, L["weight"] * copies, 0.0)
+    # The input kept for the weight gradient is its fp8 cast.
+    L["act_b"] = np.where(ctx.fp8, L["act"] * copies, L["act_b"])
     return L
 
 

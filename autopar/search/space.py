@@ -48,7 +48,7 @@ PARAMS: tuple[str, ...] = (
     # autopar's extensions (optional in a file: when absent, fixed at their
     # defaults, which keep Calculon's meaning).
     "attention_impl", "fused_norm", "unsharded_grads",
-    "context_par_net", "context_par_comm", "fp8_recipe",
+    "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads",
 )
 OPTIONAL = tuple(EXT_DEFAULTS)
 DERIVED = ("data_par", "batch_size")          # computed from the others
@@ -190,6 +190,12 @@ def _r_cpcomm(c, s):
     return CHOICES["context_par_comm"], None
 
 
+def _r_fp32grads(c, s):
+    if not c.training:
+        return (False,), "needs training"
+    return _TF, None
+
+
 def _r_fp8(c, s):
     if c.datatype not in ("bfloat16", "float16"):
         return ("none",), "needs datatype bfloat16 or float16"
@@ -222,8 +228,8 @@ def _r_recompute(c, s):
 
 
 def _r_optsh(c, s):
-    if s["data_par"] == 1:
-        return (False,), "needs data_par > 1"
+    if s["data_par"] * s["context_par"] == 1:
+        return (False,), "needs data_par * context_par > 1"
     return _TF, None
 
 
@@ -323,7 +329,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("activation_recompute", (), _r_recompute, ""),
     _Rule("recompute_layers", ("pipeline_par", "activation_recompute"), _r_reclayers,
           "fewer than the blocks per stage"),
-    _Rule("optimizer_sharding", ("data_par",), _r_optsh, ""),
+    _Rule("optimizer_sharding", ("data_par", "context_par"), _r_optsh, ""),
     _Rule("weight_sharding", ("optimizer_sharding",), _r_wsh, ""),
     _Rule("sharding_group", ("data_par", "optimizer_sharding"), _r_group,
           "0 or a divisor of data_par between 1 and data_par"),
@@ -348,6 +354,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("context_par_net", ("context_par",), _r_net("context_par"), "network tier"),
     _Rule("context_par_comm", ("tensor_par", "context_par"), _r_cpcomm, ""),
     _Rule("fp8_recipe", (), _r_fp8, ""),
+    _Rule("fp32_grads", (), _r_fp32grads, ""),
 )
 assert tuple(r.name for r in _RULES if r.name not in DERIVED) == PARAMS
 
