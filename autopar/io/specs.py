@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autopar.io.errors import SpecError, brief  # noqa: F401  (re-exported)
-from autopar.io.layouts import (ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS, INT_FIELDS,
-                                NET_FIELDS)
+from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS, INT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -192,7 +191,10 @@ NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
 # Execution integer fields that count things (>= 1); the *_net tiers are >= 0.
-_COUNT_FIELDS = INT_FIELDS - NET_FIELDS
+_COUNT_FIELDS = (INT_FIELDS - {"tensor_par_net", "pipeline_par_net", "data_par_net"}) \
+    | {"context_par", "expert_par", "expert_tensor_par"}
+# The matrix datatype whose rate an fp8 recipe's GEMMs run at.
+FP8_MATRIX = {"tensorwise": "float8", "rowwise": "float8", "mxfp8": "mxfp8"}
 
 
 # --------------------------------------------------------------------------
@@ -681,7 +683,10 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     followed by the extension fields that differ from their defaults.
 
     Extensions (optional): ``attention_impl`` (unfused | fused_softmax |
-    flash_v1 | flash_v2), ``fused_norm`` (bool), and the pair some Calculon
+    flash_v1 | flash_v2), ``fused_norm`` (bool), ``context_par`` (>= 1),
+    ``context_par_net``, ``context_par_comm`` (p2p | a2a), ``weight_sharding``
+    (bool), ``sharding_group`` and ``recompute_layers`` (>= 0), ``fp8_recipe``
+    (none | tensorwise | rowwise | mxfp8) (see ``autopar.io.layouts``), and the pair some Calculon
     forks write: ``attention_type: "flash"`` (multi-head attention with a
     FlashAttention-2 kernel) and ``structure_type`` ("gpt" | "llama"), which
     must match the model's ``block`` when ``model`` is given.
@@ -719,7 +724,12 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
             c.fail("datatype", f"{out['datatype']!r} is not supported by {where} "
                                f"(it runs: {', '.join(system.datatypes)})")
         n = len(system.networks)
-        for f in ("tensor_par_net", "pipeline_par_net", "data_par_net",
+        recipe = out.get("fp8_recipe", "none")
+        if recipe != "none" and FP8_MATRIX[recipe] not in system.matrix:
+            where = system.source if system.source != "dict" else "the system"
+            c.fail("fp8_recipe", f"{recipe!r} needs a {FP8_MATRIX[recipe]} matrix rate, which "
+                                 f"{where} does not list")
+        for f in ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
                   "expert_par_net", "expert_tensor_par_net"):
             if out.get(f, 0) >= n:
                 c.fail(f, f"network tier {out[f]} does not exist: the system has "

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES
+from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
-from autopar.model.communication import tp_collective, tp_overlapped_linear
-from autopar.model.context import LayoutContext
+from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
+from autopar.model.context import LayoutContext, shard_counts
 from autopar.model.hardware import MAX_TIERS
 from autopar.model.moe import mla_attention, routed_experts
-from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork, gelu,
-                                  layer, layer_norm, linear, residual, rms_norm, rotary,
-                                  softmax, swiglu)
+from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
+                                  fp8_gemm, gelu, layer, layer_norm, linear, residual, rms_norm,
+                                  rotary, softmax, swiglu)
 
 
 def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
@@ -54,13 +54,21 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     KV = float(m.kv_heads or m.attn_heads)
     tp = ctx.tp
     mbs = cols["microbatch_size"].astype(float)
-    B = mbs * s
+    # Context parallelism: sq of the sequence's queries (and tokens) are local;
+    # attention runs them against all s keys.
+    sq = s / ctx.cp
+    B = mbs * sq
     A = B * h
     A_split = np.floor_divide(B, tp) * h
     A_tp = np.where(ctx.tp_rs_ag, A_split, A)
     rec = cols["activation_recompute"]
     recompute_full = rec == CHOICES["activation_recompute"].index("full")
     recompute_attn = recompute_full | (rec == CHOICES["activation_recompute"].index("attn_only"))
+    # Megatron's selective MLP recompute: the MLP's first GEMM and activation
+    # run again in backward from the MLP's input; the activation's output is
+    # not kept.
+    mlp_only = rec == CHOICES["activation_recompute"].index("mlp_only")
+    recompute_mlp = recompute_full | mlp_only
     ag_redo = cols["seq_par_ag_redo"]
     regather_attn = recompute_attn | ag_redo
     regather_mlp = recompute_full | ag_redo
@@ -74,8 +82,11 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     fused_norm = cols["fused_norm"]
     fused = cols["fused_activation"]
     heads_tp = H / tp
-    scores = heads_tp * s * s * mbs
+    scores = heads_tp * sq * s * mbs
     norm = rms_norm if llama else layer_norm
+
+    def g(L):           # a GEMM of the block: fp8 where the recipe says so
+        return fp8_gemm(ctx, L)
     ff_in = 2 * f if llama else f           # SwiGLU: gate and up projections
 
     full = {"recompute": recompute_full}        # recomputed under full recompute
@@ -83,12 +94,14 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     shared_input = {"stored": False, "reused": True}   # its input is the Fork's
     # (layer, rows that have it)
     if m.mla is not None:
-        seq = mla_attention(ctx, cols, A=A, A_tp=A_tp, B=B, mbs=mbs, norm=norm, full=full,
-                            attn=attn, shared_input=shared_input,
-                            regather_attn=regather_attn, recompute_attn=recompute_attn,
-                            flash=flash, core=core, impl=impl, fused_norm=fused_norm)
+        seq, core_layers, q_width, kv_width = mla_attention(
+            ctx, cols, A=A, A_tp=A_tp, B=B, mbs=mbs, sq=sq, norm=norm, full=full, attn=attn,
+            shared_input=shared_input, regather_attn=regather_attn,
+            recompute_attn=recompute_attn, flash=flash, core=core, impl=impl,
+            fused_norm=fused_norm, g=g)
     else:
-        seq = _attention(**locals())
+        seq, core_layers = _attention(**locals())
+        q_width = H * d / tp
     moe = kind == "moe"
     if moe:
         f = float(m.moe.shared_feedforward)
@@ -102,68 +115,84 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     if f > 0:
         seq += [
             (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
-            (linear(ctx, B, h, ff_in / tp, **full, stored=~regather_mlp), tp_separate),
-            (tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_full, regather_mlp),
+            (g(linear(ctx, B, h, ff_in / tp, recompute=recompute_mlp,
+                      stored=~regather_mlp)), tp_separate),
+            (g(tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_mlp, regather_mlp)),
              tp_overlapped),
-            ((swiglu if llama else gelu)(ctx, f * B / tp, fused, **full), True),
-            (linear(ctx, B, f / tp, h, **full), tp_separate),
+            ((swiglu if llama else gelu)(ctx, f * B / tp, fused, recompute=recompute_mlp,
+                                         stored=~mlp_only), True),
+            (g(linear(ctx, B, f / tp, h, **full, stored=~mlp_only)), tp_separate),
             (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-            (tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full),
+            (g(tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full)),
              tp_overlapped),
         ]
     if moe:
-        seq += routed_experts(ctx, cols, llama, full)
+        seq += routed_experts(ctx, cols, llama, full, g)
     if not llama:
         seq.append((dropout(ctx, A_tp, **full), True))
     seq.append((residual(ctx, A_tp, A_tp, **full, **shared_input), True))
-    return accumulate(ctx, cols, seq, recompute_full)
+    acc = accumulate(ctx, cols, seq, recompute_full)
+    # The attention core's own times, which the K/V exchange can hide behind.
+    attn_fw, attn_bw = ctx.zeros.copy(), ctx.zeros.copy()
+    for L, present in core_layers:
+        if "time_fw" not in L:          # no row has it
+            continue
+        attn_fw += np.where(present, L["time_fw"], 0.0)
+        attn_bw += np.where(present, L["time_agrad"] + L["time_wgrad"], 0.0)
+    acc.update(context_exchange(ctx, cols, mbs, sq, q_width, kv_width, attn_fw, attn_bw,
+                                recompute_attn))
+    return acc
 
 
-def _attention(ctx, A, A_tp, B, mbs, h, s, H, d, KV, tp, llama, norm, full, attn,
+def _attention(ctx, A, A_tp, B, mbs, h, s, sq, H, d, KV, tp, llama, norm, full, attn,
                shared_input, regather_attn, recompute_full, recompute_attn, tp_separate,
                tp_overlapped, multiquery, kv_width, impl, flash, core, fused_norm,
-               scores, heads_tp, **_):
-    """The attention half of the block, up to (not including) its residual."""
+               scores, heads_tp, g, **_):
+    """The attention half of the block, up to (not including) its residual,
+    and the layers of its core (which a K/V exchange can hide behind)."""
     seq = [
         # attention block
         (fork(ctx, A_tp, 2, **full, stored=True), True),
         (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
         (tp_collective(ctx, A, False, recomm=regather_attn), tp_separate),
         (fork(ctx, A, 3, recompute=regather_attn, stored=~regather_attn), tp_separate),
-        (linear(ctx, B, h, H * d / tp, **full, **shared_input), tp_separate),
-        (tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
-                              regather_attn), tp_overlapped & ~multiquery),
-        (tp_overlapped_linear(ctx, B, h, H * d, False, recompute_full, regather_attn),
+        (g(linear(ctx, B, h, H * d / tp, **full, **shared_input)), tp_separate),
+        (g(tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
+                                regather_attn)), tp_overlapped & ~multiquery),
+        (g(tp_overlapped_linear(ctx, B, h, H * d, False, recompute_full, regather_attn)),
          tp_overlapped & multiquery),
         (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn),
          tp_overlapped & multiquery),
-        (linear(ctx, B, h, kv_width, **full, **shared_input), tp_separate | multiquery),
-        (linear(ctx, B, h, kv_width, **full, **shared_input), tp_separate | multiquery),
+        (g(linear(ctx, B, h, kv_width, **full, **shared_input)), tp_separate | multiquery),
+        (g(linear(ctx, B, h, kv_width, **full, **shared_input)), tp_separate | multiquery),
     ]
     if llama:
         seq.append((rotary(ctx, B * (H * d / tp + kv_width), **attn), True))
-    seq += [
-        (batched_matmul(ctx, mbs * heads_tp, s, d, s, **attn, out_stored=~recompute_attn), core),
+    core_layers = [
+        (batched_matmul(ctx, mbs * heads_tp, sq, d, s, **attn, out_stored=~recompute_attn), core),
         (softmax(ctx, scores, impl, llama, **attn, out_stored=~recompute_attn), core),
     ]
     if not llama:
-        seq.append((dropout(ctx, scores, **attn, stored=~recompute_attn), core))
+        core_layers.append((dropout(ctx, scores, **attn, stored=~recompute_attn), core))
+    core_layers += [
+        (batched_matmul(ctx, mbs * heads_tp, sq, s, d, **full), core),
+        (flash_attention(ctx, mbs, heads_tp, sq, d, kv_width, impl, sk=s, **full), flash),
+    ]
+    seq += core_layers
     seq += [
-        (batched_matmul(ctx, mbs * heads_tp, s, s, d, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, s, d, kv_width, impl, **full), flash),
-        (linear(ctx, B, H * d / tp, h, **full), tp_separate),
+        (g(linear(ctx, B, H * d / tp, h, **full)), tp_separate),
         (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-        (tp_overlapped_linear(ctx, B, H * d, h, True, recompute_full, recompute_full),
+        (g(tp_overlapped_linear(ctx, B, H * d, h, True, recompute_full, recompute_full)),
          tp_overlapped),
     ]
     if not llama:
         seq.append((dropout(ctx, A_tp, **full), True))
-    return seq
+    return seq, core_layers
 
 
 def activation_sizes(ctx: LayoutContext, cols: dict) -> dict:
     """Activation sizes (elements) of one micro-batch and the recompute flag."""
-    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size
+    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size / ctx.cp
     A = B * ctx.model.hidden
     A_split = np.floor_divide(B, ctx.tp) * ctx.model.hidden
     recompute_full = cols["activation_recompute"] == CHOICES["activation_recompute"].index("full")
@@ -175,7 +204,9 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "datatype", "tensor_par", "microbatch_size", "activation_recompute",
                  "tensor_par_comm_type", "tensor_par_overlap", "seq_par_ag_redo",
                  "fused_activation", "attention_type", "training", "tensor_par_net",
-                 "optimizer_sharding", "data_par", "unsharded_grads",
+                 "optimizer_sharding", "data_par", "context_par", "context_par_net",
+                 "context_par_comm", "fp8_recipe", "sharding_group", "unsharded_grads",
+                 "weight_sharding", "fp32_grads",
                  "expert_par", "expert_tensor_par", "expert_par_net",
                  "expert_tensor_par_net", "moe_dispatcher", "moe_overlap")
 # Block sums of the optimizer step (they depend on the sharding, cached apart).
@@ -203,6 +234,14 @@ def _compact(col: np.ndarray) -> tuple[np.ndarray, int]:
 _FEW = 64
 
 
+def _grad_scale(cols):
+    """Weight-gradient bytes relative to the working datatype (fp32_grads)."""
+    if "fp32_grads" not in cols or not cols["fp32_grads"].any():
+        return None
+    b = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]], dtype=float)
+    return np.where(cols["fp32_grads"], 4.0 / b[cols["datatype"]], 1.0)
+
+
 class BlockCache:
     """Per-block sums for every row, computed once per distinct block.
 
@@ -221,6 +260,8 @@ class BlockCache:
             self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
+            self.weight_shard = shard_counts(cols)[2]
+            self.grad_scale = _grad_scale(cols)
             self.x_shard = self.x_grad_shard = self.shard
             return
         t = cols["tensor_par"]
@@ -235,10 +276,10 @@ class BlockCache:
             moe_key = [(ep_code, ep_rad), (etp_code, etp_rad),
                        (np.where(ep > 1, cols["expert_par_net"], 0), MAX_TIERS),
                        (np.where(etp > 1, cols["expert_tensor_par_net"], 0), MAX_TIERS),
-                       (cols["moe_dispatcher"].astype(np.int64), 2),
+                       (cols["moe_dispatcher"].astype(np.int64), 3),
                        (cols["moe_overlap"].astype(np.int64), 2)]
-        key1 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
-                      (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 3),
+        key1 = _pack([(cols["datatype"].astype(np.int64), 5), (tp_code, tp_rad),
+                      (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 4),
                       (cols["tensor_par_comm_type"].astype(np.int64), 3),
                       (cols["tensor_par_overlap"].astype(np.int64), 3),
                       (cols["seq_par_ag_redo"].astype(np.int64), 2),
@@ -246,29 +287,41 @@ class BlockCache:
                       (cols["attention_type"].astype(np.int64), 2),
                       (cols["training"].astype(np.int64), 2), (tpnet, MAX_TIERS),
                       (cols["attention_impl"].astype(np.int64), 4),
-                      (cols["fused_norm"].astype(np.int64), 2)] + moe_key)
+                      (cols["fused_norm"].astype(np.int64), 2)])
+        cp = cols["context_par"]
+        if (cp > 1).any() or (cols["fp8_recipe"] != 0).any():
+            cp_code, cp_rad = _compact(cp)
+            key1 = _pack([(key1, int(key1.max()) + 1), (cp_code, cp_rad),
+                          (np.where(cp > 1, cols["context_par_net"], 0), MAX_TIERS),
+                          (np.where(cp > 1, cols["context_par_comm"], 0).astype(np.int64), 2),
+                          (cols["fp8_recipe"].astype(np.int64), 4)])
+        if moe_key:
+            key1 = _pack([(key1, int(key1.max()) + 1)] + moe_key)
         _, idx1, inv1 = np.unique(key1, return_index=True, return_inverse=True)
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]
+        sub["context_par_net"] = np.where(sub["context_par"] > 1, sub["context_par_net"], 0)
         sub["optimizer_sharding"] = np.zeros(len(idx1), dtype=bool)
         sub["data_par"] = np.ones(len(idx1), dtype=np.int64)
         sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
+        sub["sharding_group"] = np.zeros(len(idx1), dtype=np.int64)
+        sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
         sums1 = block(LayoutContext(model, system, sub, datatypes), sub, kind)
 
-        shard = np.where(cols["optimizer_sharding"], cols["data_par"], 1)
+        shard, grad_shard, weight_shard = shard_counts(cols)
+        shard = shard.astype(np.int64)
         sh_code, sh_rad = _compact(shard)
-        key2_parts = [(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
+        key2 = _pack([(cols["datatype"].astype(np.int64), 5), (tp_code, tp_rad),
                       (cols["attention_type"].astype(np.int64), 2),
                       ((cols["tensor_par_overlap"] != 0).astype(np.int64), 2),
-                      (cols["training"].astype(np.int64), 2), (sh_code, sh_rad)]
+                      (cols["training"].astype(np.int64), 2), (sh_code, sh_rad)])
         x_shard = shard
         if kind == "moe":
-            edp = np.maximum(cols["data_par"] * t // (cols["expert_par"]
-                                                     * cols["expert_tensor_par"]), 1)
+            edp = np.maximum(cols["data_par"] * t * cols["context_par"]
+                             // (cols["expert_par"] * cols["expert_tensor_par"]), 1)
             x_shard = np.where(cols["optimizer_sharding"], edp, 1)
             xs_code, xs_rad = _compact(x_shard)
-            key2_parts += [(xs_code, xs_rad), (mbs_code, mbs_rad)] + moe_key
-        key2 = _pack(key2_parts)
+            key2 = _pack([(key2, int(key2.max()) + 1), (xs_code, xs_rad)] + moe_key)
         _, idx2, inv2 = np.unique(key2, return_index=True, return_inverse=True)
         sub2 = {f: cols[f][idx2] for f in _BLOCK_FIELDS}
         sums2 = block(LayoutContext(model, system, sub2, datatypes), sub2, kind)
@@ -278,7 +331,9 @@ class BlockCache:
         self._t2 = np.stack([np.broadcast_to(sums2[name], (len(idx2),)) for name in OPTIM_SUMS])
         self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
-        self.grad_shard = np.where(cols["unsharded_grads"], 1, shard)
+        self.grad_shard = grad_shard
+        self.weight_shard = weight_shard
+        self.grad_scale = _grad_scale(cols)
         self.x_shard = x_shard
         self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
 
@@ -296,6 +351,12 @@ class BlockCache:
             + sums["x_wgrad_space"]
         sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[sl] \
             + sums["x_optimizer_space"]
+        if self.grad_scale is not None:
+            sums["wgrad_space"] = sums["wgrad_space"] * self.grad_scale[sl]
+        # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
+        # gathered when it runs (``weight_space_full``).
+        sums["weight_space_full"] = sums["weight_space"]
+        sums["weight_space"] = sums["weight_space"] / self.weight_shard[sl]
         return sums
 
 
@@ -402,6 +463,8 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
         if "ep_link_total" in L:
             add("ep_link", np.where(tr, L["ep_link_total"], L["ep_link_total"] / 2))
             add("ep_exposed", np.where(tr, L["ep_exposed_total"], L["time_fw"]))
+    # What a block keeps when it does not recompute (for recompute_layers).
+    acc["act_storage_all"] = acc["act_storage"]
     acc["act_storage"] = np.where(recompute_full, 0.0, acc["act_storage"])
     return acc
 
@@ -441,14 +504,16 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
             training, proj["time_agrad"] + proj["time_wgrad"], 0.0))
     time = (microbatches + stages - 1) * per_mb
     params = V * ctx.model.hidden / tp
-    grads = np.where(cols["unsharded_grads"], b, b / ctx.optim_shards)
+    grad_b = b
+    if "fp32_grads" in cols and np.any(cols["fp32_grads"]):
+        grad_b = np.where(cols["fp32_grads"], 4.0, b)    # Megatron's fp32 main_grad
+    grads = np.where(cols["unsharded_grads"], grad_b, grad_b / ctx.optim_shards)
     per_param = b + np.where(training, grads + np.where(b < 4, 12.0, 8.0) / ctx.optim_shards, 0.0)
     matrix = params * per_param
-    mtp_params = 2.0 * ctx.model.hidden * ctx.model.hidden * mtp
     over = system.memory_overhead or MemoryOverhead()
     logit_mem = B * V / (1.0 if over.logits_gathered else tp) * (
         b + np.where(training, over.logits_fp32_copies * 4.0, 0.0))
     last = np.where(stages == 1, 2 * matrix, matrix)
     if mtp:
-        last = last + mtp_params * per_param
+        last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * mtp * per_param
     return time, {"first": matrix, "last": last, "logits": logit_mem}

@@ -28,9 +28,10 @@ import numpy as np
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.block import BlockCache, activation_sizes, output_head
-from autopar.model.communication import data_parallel_sync, pipeline_p2p
+from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext
-from autopar.model.memory import footprints, offload_bandwidth, offload_traffic
+from autopar.model.memory import (footprints, offload_bandwidth, offload_traffic,
+                                  recompute_share)
 from autopar.model.moe import mix, stage_counts
 from autopar.model.pipeline import bubble, chunk_times, per_batch, schedule
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
@@ -76,8 +77,12 @@ STATS: tuple[str, ...] = (
     "offload_mem_bw_req", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
     "useful_flops", "compute_efficiency", "system_efficiency",
     "total_efficiency", "sample_rate",
-    # autopar's: mixture-of-experts dispatch/combine over the whole batch
-    # (link time, and the part not hidden, which fw_time/bw_time include).
+    # autopar's extensions (after Calculon's): context parallelism's K/V
+    # exchange and ZeRO-3 / FSDP weight gathers (both 0 by default).
+    "cp_comm_link_time", "cp_comm_exposed_time",
+    "weight_gather_link_time", "weight_gather_exposed_time",
+    # mixture-of-experts dispatch/combine over the whole batch (link time, and
+    # the part not hidden, which fw_time/bw_time include).
     "ep_comm_link_time", "ep_comm_exposed_time",
 )
 
@@ -151,8 +156,19 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
     bw_offload = np.where(training, per_batch(sched, chunk["bw_base_offload"],
                                               chunk["bw_edge_offload"]), 0.0)
-    recompute_time = passes * sums["re_time"]
-    recomm_exposed = np.where(training, recomm_exposed, 0.0)
+    # Full recompute of only recompute_layers blocks of each stage.
+    share = recompute_share(cols, recompute_full, sched.blocks_per_stage)
+    recompute_time = passes * sums["re_time"] * share
+    recomm_exposed = np.where(training, recomm_exposed * share, 0.0)
+    # Context parallelism's K/V exchange; ZeRO-3 / FSDP weight gathers.
+    S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
+        training, sums["cp_bw_link"], 0.0))
+    cp_exposed = passes * (sums["cp_fw_exp"] + np.where(
+        training, sums["cp_bw_exp"] + sums["cp_re_exp"] * share, 0.0))
+    S["cp_comm_exposed_time"] = cp_exposed
+    gathers = weight_gathers(ctx, cols, sums, sched, system.networks)
+    S["weight_gather_link_time"] = gathers["link"] + ctx.zeros
+    S["weight_gather_exposed_time"] = gathers["exposed"] + ctx.zeros
     S["fw_time"] = fw_time
     S["bw_time"] = bw_time
     S["optim_step_time"] = optim_time
@@ -170,6 +186,9 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     total = (fw_time + bw_time + optim_time + fw_offload + bw_offload + recompute_time
              + recomm_exposed + bubble_time + S["tp_comm_exposed_time"] + pp_link
              + dp["exposed"])
+    if "context_par" in cols and ((cols["context_par"] > 1).any()
+                                  or cols["weight_sharding"].any()):
+        total = total + cp_exposed + S["weight_gather_exposed_time"]
     total = total + head_time
     # Pipelined steps run slower by the system's pipeline_fraction: at every
     # synchronising p2p exchange a stage waits for its neighbour.
@@ -281,16 +300,18 @@ def _typed_columns(c: dict) -> dict:
     typed = {}
     for f in ("tensor_par", "pipeline_par", "data_par", "microbatch_size",
               "pipeline_interleaving", "batch_size", "num_procs",
-              "tensor_par_net", "pipeline_par_net", "data_par_net",
+              "tensor_par_net", "pipeline_par_net", "data_par_net", "context_par",
+              "context_par_net", "sharding_group", "recompute_layers",
               "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
               "optimizer_offload", "training", "fused_norm", "unsharded_grads",
-              "moe_overlap"):
+              "weight_sharding", "fp32_grads", "moe_overlap"):
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
-              "tensor_par_overlap", "attention_impl", "moe_dispatcher"):
+              "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe",
+              "moe_dispatcher"):
         typed[f] = c[f].astype(np.int8, copy=False)
     return typed
 

@@ -58,6 +58,15 @@ def offload_bandwidth(ctx: LayoutContext, sums: dict, chunk: dict, offload: dict
                 offload["fw_bytes"] / fw_window)}
 
 
+def recompute_share(cols: dict, recompute_full, blocks):
+    """Share of a stage's blocks that run full recompute: recompute_layers of
+    them when it is set (> 0), else all (Calculon)."""
+    k = cols.get("recompute_layers") if hasattr(cols, "get") else None
+    if k is None or not np.any(k > 0):
+        return 1.0
+    return np.where(recompute_full & (k > 0), np.minimum(k, blocks) / blocks, 1.0)
+
+
 def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
                recompute_full, head: dict, overhead, sums_last: dict | None = None) -> dict:
     """Every memory statistic (Calculon's names) and the need on each tier.
@@ -107,12 +116,21 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
         interleaving > 1, in_flight * (1 + (stages - 1) / (interleaving * stages.astype(float))),
         in_flight)
 
+    share = recompute_share(cols, recompute_full, blocks)
+    partial = np.any(share != 1.0)
+
     def stage_activations(micro_batches):
         """Activations and checkpoints of a stage with ``micro_batches`` in flight."""
         act = np.where(training & ~recompute_full,
                        sums["act_working"] + sums["act_storage"] * (blocks * micro_batches - 1),
                        sums["act_working"])
-        return act, np.where(training & recompute_full, blocks * checkpoint * micro_batches, 0.0)
+        ckpt = np.where(training & recompute_full, blocks * checkpoint * micro_batches, 0.0)
+        if partial:
+            # Blocks that do not recompute keep their activations.
+            kept = blocks * (1 - share) * micro_batches
+            act = act + np.where(training & recompute_full, sums["act_storage_all"] * kept, 0.0)
+            ckpt = ckpt * share
+        return act, ckpt
 
     act_first, ckpt_first = stage_activations(in_flight_first)
     # The last stage has one micro-batch in flight where the first has in_flight.
@@ -141,6 +159,9 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     weights_off, acts_off, optim_off = (cols["weight_offload"], cols["activations_offload"],
                                         cols["optimizer_offload"])
     static = np.where(weights_off, weight_min, weight_space)
+    if "weight_space_full" in sums and np.any(ctx.weight_shards > 1):
+        # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
+        static = static + np.where(ctx.weight_shards > 1, 2 * sums["weight_space_full"], 0.0)
     tier2 = np.where(weights_off, weight_space, 0.0)
     ckpt_offloaded = np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
     transient_first = np.where(acts_off, act_min, act_first + ckpt_first) + ckpt_offloaded \

@@ -9,8 +9,11 @@ part of an MoE block's feed-forward (the shared experts are a dense MLP of
 * the router (a ``hidden x experts`` linear layer, then softmax or sigmoid
   scores and the top-k choice);
 * dispatch: the tokens' copies travel to the processors holding their experts
-  (all-to-all over the expert_par group, or all-gather), then an all-gather
-  over the expert_tensor_par group; the combine is the reverse;
+  (all-to-all over the expert_par group: copies for peers in the same
+  first-tier domain over the first tier, the others over the EP group's
+  tier; or all-gather; or DeepEP's all-to-all, which sends a token once to
+  each remote domain holding any of its experts), then an all-gather over
+  the expert_tensor_par group; the combine is the reverse;
 * the experts as grouped GEMMs: a processor holds ``experts / EP`` experts at
   ``1 / ETP`` of their width and processes ``ETP x T x top_k x load`` token
   copies (``T`` tokens per processor, ``load`` the busiest expert's share
@@ -32,6 +35,8 @@ and ``mix`` weights the two blocks' sums by those counts.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from autopar.model.communication import tp_collective
@@ -48,8 +53,9 @@ _ROUTER_FLOPS = {"softmax": 8.0, "sigmoid": 9.0}
 
 def tokens_per_processor(ctx: LayoutContext, cols: dict):
     """Tokens of one micro-batch that a processor routes: its sequence-parallel
-    share (an MoE model runs its MoE layers sequence-parallel over tensor_par)."""
-    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size
+    share (an MoE model runs its MoE layers sequence-parallel over tensor_par;
+    context parallelism splits the sequence too)."""
+    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size / ctx.cp
     return np.floor_divide(B, ctx.tp)
 
 
@@ -73,8 +79,20 @@ def _ep_comm(ctx: LayoutContext, nbytes, tokens_bytes, hide, recompute, combine:
     """
     L = layer(ctx, recompute=recompute, stored=False)
     ep, etp = ctx.ep, ctx.etp
-    a2a = np.where(ep > 1, ctx.ep_net.time("p2p", nbytes * (ep - 1) / np.maximum(ep, 1), 2),
-                   0.0)
+    local = ctx.ep_local
+    # All-to-all: the copies for peers in the same first-tier domain go over
+    # the first tier, the rest over the EP group's tier, both at once.
+    near = ctx.net0.time("p2p", nbytes * (local - 1) / ep, 2)
+    far = np.where(ep > local, ctx.ep_net.time("p2p", nbytes * (ep - local) / ep, 2), 0.0)
+    a2a = np.where(ep > 1, np.maximum(near, far), 0.0)
+    # DeepEP: a token crosses to each remote domain holding one of its
+    # experts once, then is forwarded inside it.
+    hits = remote_domains_hit(ctx)
+    deep_far = np.where(ep > local, ctx.ep_net.time(
+        "p2p", tokens_bytes * hits * ctx.model.moe.load, 2), 0.0)
+    deep_near = ctx.net0.time("p2p", nbytes * (local - 1) / local, 2)
+    deep = np.where(ep > 1, np.maximum(deep_near, deep_far), 0.0)
+    a2a = np.where(ctx.moe_deepep, deep, a2a)
     group = ep * etp
     gathered = tokens_bytes * group
     op = "reduce_scatter" if combine else "all_gather"
@@ -86,6 +104,24 @@ def _ep_comm(ctx: LayoutContext, nbytes, tokens_bytes, hide, recompute, combine:
     L["ep_link"] = link
     L["ep_hide"] = hide
     return L
+
+
+def remote_domains_hit(ctx: LayoutContext):
+    """Expected remote first-tier domains (nodes) a token's top-k experts
+    fall in, under balanced routing: each of the ``ep / ep_local - 1`` remote
+    domains holds ``experts * ep_local / ep`` experts and is hit unless all
+    top-k choices miss it."""
+    moe = ctx.model.moe
+    E, k = moe.experts, moe.top_k
+    out = np.zeros(ctx.n)
+    for ep, local in set(zip(ctx.ep.tolist(), ctx.ep_local.tolist())):
+        domains = int(round(ep / local))
+        if domains <= 1:
+            continue
+        g = int(round(E * local / ep))
+        miss = math.comb(E - g, k) / math.comb(E, k) if E - g >= k else 0.0
+        out[(ctx.ep == ep) & (ctx.ep_local == local)] = (domains - 1) * (1.0 - miss)
+    return out
 
 
 def _finish_ep_comm(ctx: LayoutContext, L: dict):
@@ -107,8 +143,10 @@ def _finish_ep_comm(ctx: LayoutContext, L: dict):
     L["ep_exposed_total"] = L["time_fw"] + L["time_agrad"]
 
 
-def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict) -> list:
-    """The routed part of an MoE block's feed-forward, as (layer, present) pairs."""
+def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=None) -> list:
+    """The routed part of an MoE block's feed-forward, as (layer, present)
+    pairs; ``g`` marks the experts' GEMMs fp8 where the layout's recipe says so."""
+    g = g or (lambda L: L)
     moe = ctx.model.moe
     h = float(ctx.model.hidden)
     E = float(moe.experts)
@@ -125,9 +163,9 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict) -> l
                    act=T * E, act_grads=T * E, **full)
     # Local permutation of the token copies (before and after the transfer).
     permute = layer(ctx, inputs=T * h, outputs=M * h, act_grads=M * h, **full)
-    fc1 = grouped_linear(ctx, groups, M, h, fc1_width, **full)
+    fc1 = g(grouped_linear(ctx, groups, M, h, fc1_width, **full))
     act_fn = (swiglu if llama else gelu)(ctx, M * ffe, cols["fused_activation"], **full)
-    fc2 = grouped_linear(ctx, groups, M, ffe, h, **full)
+    fc2 = g(grouped_linear(ctx, groups, M, ffe, h, **full))
     # The weighted sum keeps the experts' outputs for the gradient of the scores.
     combine = layer(ctx, fw=2 * M * h, agrad=3 * M * h, inputs=M * h, outputs=T * h,
                     act=M * h, act_grads=T * h, **full)
@@ -146,11 +184,13 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict) -> l
             (act_fn, True), (fc2, True), (back, True), (combine, True)]
 
 
-def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, norm, full, attn,
+def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, sq, norm, full, attn,
                   shared_input, regather_attn, recompute_attn, flash, core, impl,
-                  fused_norm) -> list:
+                  fused_norm, g):
     """DeepSeek's multi-head latent attention, up to its output projection's
-    collective (TP communication as separate collectives)."""
+    collective (TP communication as separate collectives): the layers, those
+    of its core, and the query and key widths per processor.  ``sq``: the
+    local queries (context parallelism), attending to all ``seq_size`` keys."""
     m, a = ctx.model, ctx.model.mla
     h, s, H = float(m.hidden), float(m.seq_size), float(m.attn_heads)
     tp = ctx.tp
@@ -164,27 +204,32 @@ def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, norm, full
         (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn), True),
     ]
     if qr > 0:
-        seq += [(linear(ctx, B, h, qr, **full, **shared_input), True),
+        seq += [(g(linear(ctx, B, h, qr, **full, **shared_input)), True),
                 (rms_norm(ctx, B * qr, qr, fused_norm, **full), True),
-                (linear(ctx, B, qr, heads_tp * dqk, **full), True)]
+                (g(linear(ctx, B, qr, heads_tp * dqk, **full)), True)]
     else:
-        seq.append((linear(ctx, B, h, heads_tp * dqk, **full, **shared_input), True))
+        seq.append((g(linear(ctx, B, h, heads_tp * dqk, **full, **shared_input)), True))
     seq += [
-        (linear(ctx, B, h, kvr + rope, **full, **shared_input), True),
+        (g(linear(ctx, B, h, kvr + rope, **full, **shared_input)), True),
         (rms_norm(ctx, B * kvr, kvr, fused_norm, **full), True),
-        (linear(ctx, B, kvr, heads_tp * (a.qk_nope_head_dim + dv), **full), True),
+        (g(linear(ctx, B, kvr, heads_tp * (a.qk_nope_head_dim + dv), **full)), True),
         (rotary(ctx, B * (heads_tp * rope + rope), **attn), True),
-        (batched_matmul(ctx, mbs * heads_tp, s, dqk, s, **attn, out_stored=~recompute_attn),
+    ]
+    core_layers = [
+        (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=~recompute_attn),
          core),
-        (softmax(ctx, heads_tp * s * s * mbs, impl, True, **attn,
+        (softmax(ctx, heads_tp * sq * s * mbs, impl, True, **attn,
                  out_stored=~recompute_attn), core),
-        (batched_matmul(ctx, mbs * heads_tp, s, s, dv, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, s, dqk, heads_tp * dqk, impl, dv=dv,
+        (batched_matmul(ctx, mbs * heads_tp, sq, s, dv, **full), core),
+        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, impl, sk=s, dv=dv,
                          kv_v=heads_tp * dv, **full), flash),
-        (linear(ctx, B, heads_tp * dv, h, **full), True),
+    ]
+    seq += core_layers
+    seq += [
+        (g(linear(ctx, B, heads_tp * dv, h, **full)), True),
         (tp_collective(ctx, A, True, recomm=full["recompute"], stored=False), True),
     ]
-    return seq
+    return seq, core_layers, heads_tp * dqk, heads_tp * dqk
 
 
 # ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES, EXT_DEFAULTS, FIELDS
+from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
 
@@ -43,20 +43,29 @@ REASONS: tuple[str, ...] = (
     "infeasible: mem tier1 capacity exceeded",
     "infeasible: mem tier2 capacity exceeded",
 ) + tuple(f"infeasible: network tier{t} isn't big enough" for t in range(MAX_TIERS)) \
-  + tuple(f"infeasible: network tier{t} isn't fully used" for t in range(MAX_TIERS)) + (
-    # mixture of experts and latent attention (autopar's; after Calculon's)
+  + tuple(f"infeasible: network tier{t} isn't fully used" for t in range(MAX_TIERS))
+
+# Rules of autopar's extension fields (after Calculon's, so its codes stay).
+REASONS = REASONS + (
+    "invalid: seq_size must be divisible by 2 * context_par",
+    "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par",
+    "invalid: weight_sharding needs optimizer_sharding without unsharded_grads",
+    "invalid: sharding_group must divide data_par and needs optimizer_sharding",
+    "invalid: recompute_layers needs activation_recompute full",
+    "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate",
+    "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs",
+    # mixture of experts and latent attention (issue 14)
     "invalid: expert_par and expert_tensor_par need a mixture-of-experts model",
     "invalid: expert_par must divide the number of experts",
     "invalid: expert_tensor_par must divide the expert feed-forward size",
-    "invalid: expert_par * expert_tensor_par must divide tensor_par * data_par",
-    "invalid: moe_dispatcher allgather and moe_overlap need expert_par or "
+    "invalid: expert_par * expert_tensor_par must divide tensor_par * data_par * context_par",
+    "invalid: moe_dispatcher other than alltoall and moe_overlap need expert_par or "
     "expert_tensor_par > 1",
     "invalid: a mixture-of-experts model with tensor_par > 1 needs "
     "tensor_par_comm_type rs_ag (sequence parallelism)",
     "invalid: shared_feedforward must be divisible by tensor_par",
     "invalid: latent attention (mla) is modelled with tensor_par_overlap none",
 )
-
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -80,8 +89,17 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          "invalid: sizes must be positive")
     tp1, pp1, dp1 = np.maximum(t, 1), np.maximum(pp, 1), np.maximum(dp, 1)
     mbs1 = np.maximum(cols["microbatch_size"], 1)
-    flag(t * pp * dp != cols["num_procs"],
-         "invalid: tensor_par * pipeline_par * data_par != num_procs")
+    cp = cols["context_par"]
+    extended = (cp != 1).any()
+    if extended:
+        flag(cp <= 0, "invalid: sizes must be positive")
+        flag((cp == 1) & (t * pp * dp != cols["num_procs"]),
+             "invalid: tensor_par * pipeline_par * data_par != num_procs")
+        flag(t * pp * dp * cp != cols["num_procs"],
+             "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs")
+    else:
+        flag(t * pp * dp != cols["num_procs"],
+             "invalid: tensor_par * pipeline_par * data_par != num_procs")
     flag(cols["batch_size"] % dp1 != 0, "invalid: batch_size is not divisible by data_par")
     flag((cols["batch_size"] // dp1) % mbs1 != 0,
          "invalid: local batch is not divisible by microbatch_size")
@@ -90,7 +108,8 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          "invalid: activation recompute is only for training")
     flag((pp == 1) & (cols["pipeline_interleaving"] != 1),
          "invalid: pipeline_interleaving must be 1 when pipeline_par is 1")
-    flag(cols["optimizer_sharding"] & (dp <= 1), "invalid: optimizer_sharding needs data_par > 1")
+    flag(cols["optimizer_sharding"] & (dp * np.maximum(cp, 1) <= 1),
+         "invalid: optimizer_sharding needs data_par > 1")
     flag((cols["tensor_par_overlap"] != 0) & (t <= 1),
          "invalid: tensor_par_overlap needs tensor_par > 1")
     rs = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("rs_ag")
@@ -103,14 +122,15 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
     flag(cols["optimizer_offload"] & ~tr, "invalid: optimizer_offload is only for training")
     nets = system.networks
     nn = len(nets)
-    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net"):
+    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net"):
         flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
     # Network tiers: each must hold the product of the parallelisms on it,
     # and a tier that must be filled must be filled exactly.
     for tier in range(min(nn, MAX_TIERS)):
         size = np.ones(n, dtype=np.int64)
         used = np.zeros(n, dtype=bool)
-        for par, net in ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net")):
+        for par, net in ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"),
+                         (cp, "context_par_net")):
             on = (par > 1) & (cols[net] == tier)
             used |= on
             size = np.where(on, size * par, size)
@@ -131,17 +151,40 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          & (blocks_per_stage <= 2),
          "infeasible: offloading requires each processor to handle at least 3 blocks")
     p2p = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("p2p_rs_ag")
-    flag((rs | p2p) & ((cols["microbatch_size"] * model.seq_size) % tp1 != 0),
+    flag((rs | p2p) & ((cols["microbatch_size"] * (model.seq_size // np.maximum(cp, 1))) % tp1
+                       != 0),
          "invalid: microbatch_size * seq_size must be divisible by tensor_par")
     flag((model.hidden % tp1 != 0) | (model.feedforward % tp1 != 0) | (model.attn_heads % tp1 != 0),
          "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par")
-    _check_moe(model, system, cols, flag, tp1, dp1)
+    # autopar's extension fields.
+    cp1 = np.maximum(cp, 1)
+    flag((cp > 1) & (model.seq_size % (2 * cp1) != 0),
+         "invalid: seq_size must be divisible by 2 * context_par")
+    flag((cp > 1) & (cols["context_par_comm"] == 1) & (model.attn_heads % (tp1 * cp1) != 0),
+         "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par")
+    ws = cols["weight_sharding"]
+    flag(ws & (~cols["optimizer_sharding"] | cols["unsharded_grads"]),
+         "invalid: weight_sharding needs optimizer_sharding without unsharded_grads")
+    g = cols["sharding_group"]
+    flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"] | (dp % np.maximum(g, 1) != 0))),
+         "invalid: sharding_group must divide data_par and needs optimizer_sharding")
+    k = cols["recompute_layers"]
+    flag((k < 0) | ((k > 0) & (rec != CHOICES["activation_recompute"].index("full"))),
+         "invalid: recompute_layers needs activation_recompute full")
+    recipe = cols["fp8_recipe"]
+    if (recipe != 0).any():
+        dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]
+        rate = {1: "float8", 2: "float8", 3: "mxfp8"}
+        has = np.array([True] + [rate[i] in system.matrix for i in (1, 2, 3)])
+        flag((recipe != 0) & (~np.isin(cols["datatype"], dts_ok) | ~has[recipe]),
+             "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
+    _check_moe(model, system, cols, flag, tp1, dp1 * cp1)
     return code, dts
 
 
 def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1) -> None:
     """The rules of expert parallelism and latent attention (none apply to a
-    dense model at the defaults)."""
+    dense model at the defaults).  ``dp1``: data_par * context_par."""
     ep, etp = cols["expert_par"], cols["expert_tensor_par"]
     flag((ep <= 0) | (etp <= 0), "invalid: sizes must be positive")
     ep1, etp1 = np.maximum(ep, 1), np.maximum(etp, 1)
@@ -154,10 +197,11 @@ def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1)
         flag(moe.expert_feedforward % etp1 != 0,
              "invalid: expert_tensor_par must divide the expert feed-forward size")
         flag((tp1 * dp1) % (ep1 * etp1) != 0,
-             "invalid: expert_par * expert_tensor_par must divide tensor_par * data_par")
-    allgather = cols["moe_dispatcher"] == CHOICES["moe_dispatcher"].index("allgather")
-    flag((allgather | cols["moe_overlap"]) & ~expert,
-         "invalid: moe_dispatcher allgather and moe_overlap need expert_par or "
+             "invalid: expert_par * expert_tensor_par must divide tensor_par * data_par * "
+             "context_par")
+    other = cols["moe_dispatcher"] != CHOICES["moe_dispatcher"].index("alltoall")
+    flag((other | cols["moe_overlap"]) & ~expert,
+         "invalid: moe_dispatcher other than alltoall and moe_overlap need expert_par or "
          "expert_tensor_par > 1")
     if moe is not None:
         rs = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("rs_ag")
@@ -199,8 +243,8 @@ def normalize(cols: Mapping) -> dict:
             out[f] = np.broadcast_to(np.asarray(cols[f]), (n,))
         elif f in CHOICES:
             out[f] = np.full(n, CHOICES[f].index(default), dtype=np.int8)
-        elif isinstance(default, bool):
-            out[f] = np.full(n, default, dtype=bool)
-        else:
+        elif f in EXT_INT_FIELDS:
             out[f] = np.full(n, default, dtype=np.int64)
+        else:
+            out[f] = np.full(n, default, dtype=bool)
     return out

@@ -32,14 +32,15 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
-from autopar.io.specs import SpecError, brief, read_yaml
+from autopar.io.specs import FP8_MATRIX, SpecError, brief, read_yaml
 
 # The parameters a space decides on, in define-by-run order (Calculon's loop
 # nesting; fused_activation and attention_type, which Calculon fixes, sit
 # where Calculon loops over fused_activation).
 PARAMS: tuple[str, ...] = (
-    "tensor_par", "pipeline_par", "pipeline_interleaving",
-    "activation_recompute", "optimizer_sharding", "tensor_par_comm_type",
+    "tensor_par", "pipeline_par", "context_par", "pipeline_interleaving",
+    "activation_recompute", "recompute_layers", "optimizer_sharding", "weight_sharding",
+    "sharding_group", "tensor_par_comm_type",
     "seq_par_ag_redo", "data_par_overlap", "tensor_par_overlap",
     "weight_offload", "activations_offload", "optimizer_offload",
     "fused_activation", "attention_type", "microbatch_size",
@@ -47,6 +48,7 @@ PARAMS: tuple[str, ...] = (
     # autopar's extensions (optional in a file: when absent, fixed at their
     # defaults, which keep Calculon's meaning).
     "attention_impl", "fused_norm", "unsharded_grads",
+    "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads",
     # mixture of experts (neutral for a dense model)
     "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
     "moe_dispatcher", "moe_overlap",
@@ -56,8 +58,10 @@ DERIVED = ("data_par", "batch_size")          # computed from the others
 FROM_CASE = ("num_procs", "datatype", "training")
 BATCH_POLICIES = ("max", "fixed")
 TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed")
-NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "expert_par_net",
-              "expert_tensor_par_net")
+NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
+              "expert_par_net", "expert_tensor_par_net")
+# Integer parameters whose smallest value is 0.
+_ZERO_OK = NET_FIELDS + ("sharding_group", "recompute_layers")
 
 _ROOT = Path(__file__).resolve().parent.parent.parent
 SPACES_DIR = _ROOT / "search_spaces"
@@ -92,8 +96,10 @@ class _Ctx:
     max_batch: int
     policy: str
     datatype: str
-    experts: int = 0               # routed experts (0: a dense model)
-    expert_ff: int = 0             # an expert's feed-forward size
+    fp8: tuple = ()       # fp8 recipes the system's matrix rates allow
+    experts: int = 0      # routed experts (0: a dense model)
+    expert_ff: int = 0    # an expert's feed-forward size
+    mla: bool = False     # latent attention (TP communication not overlapped)
 
 
 def _check_case(case: Case, source: str = "case") -> None:
@@ -121,8 +127,11 @@ def _ctx(case: Case, space: "Space") -> _Ctx:
                 max_batch=int(case.max_batch_size),
                 policy=case.batch_policy or space.batch_policy,
                 datatype=case.datatype,
+                fp8=tuple(r for r in CHOICES["fp8_recipe"][1:]
+                          if FP8_MATRIX[r] in s.matrix),
                 experts=int(m.moe.experts) if getattr(m, "moe", None) else 0,
-                expert_ff=int(m.moe.expert_feedforward) if getattr(m, "moe", None) else 0)
+                expert_ff=int(m.moe.expert_feedforward) if getattr(m, "moe", None) else 0,
+                mla=getattr(m, "mla", None) is not None)
 
 
 # --------------------------------------------------------------------------
@@ -154,9 +163,53 @@ def _r_pp(c, s):
     return divisors(math.gcd(c.num_procs // s["tensor_par"], c.blocks)), None
 
 
+def _r_cp(c, s):
+    rest = c.num_procs // (s["tensor_par"] * s["pipeline_par"])
+    return tuple(d for d in divisors(rest) if d == 1 or c.seq % (2 * d) == 0), None
+
+
 def _r_dp(c, s):
-    tp, pp = s["tensor_par"], s["pipeline_par"]
-    return ((c.num_procs // (tp * pp),) if c.num_procs % (tp * pp) == 0 else ()), None
+    tp, pp, cp = s["tensor_par"], s["pipeline_par"], s["context_par"]
+    return ((c.num_procs // (tp * pp * cp),) if c.num_procs % (tp * pp * cp) == 0
+            else ()), None
+
+
+def _r_reclayers(c, s):
+    if s["activation_recompute"] != "full":
+        return (0,), "needs activation_recompute full"
+    return tuple(range(-(-c.blocks // s["pipeline_par"]))), None
+
+
+def _r_wsh(c, s):
+    if not s["optimizer_sharding"]:
+        return (False,), "needs optimizer_sharding"
+    return _TF, None
+
+
+def _r_group(c, s):
+    if not s["optimizer_sharding"]:
+        return (0,), "needs optimizer_sharding"
+    return (0,) + tuple(d for d in divisors(s["data_par"]) if 1 < d < s["data_par"]), None
+
+
+def _r_cpcomm(c, s):
+    if s["context_par"] == 1:
+        return ("p2p",), "must be p2p when context_par is 1"
+    if c.heads % (s["tensor_par"] * s["context_par"]):
+        return ("p2p",), "a2a needs tensor_par * context_par to divide attn_heads"
+    return CHOICES["context_par_comm"], None
+
+
+def _r_fp32grads(c, s):
+    if not c.training:
+        return (False,), "needs training"
+    return _TF, None
+
+
+def _r_fp8(c, s):
+    if c.datatype not in ("bfloat16", "float16"):
+        return ("none",), "needs datatype bfloat16 or float16"
+    return ("none",) + c.fp8, None
 
 
 def batch_for(policy: str, data_par: int, max_batch: int) -> int | None:
@@ -185,12 +238,14 @@ def _r_recompute(c, s):
 
 
 def _r_optsh(c, s):
-    if s["data_par"] == 1:
-        return (False,), "needs data_par > 1"
+    if s["data_par"] * s["context_par"] == 1:
+        return (False,), "needs data_par * context_par > 1"
     return _TF, None
 
 
 def _r_comm(c, s):
+    if c.experts and s["tensor_par"] > 1:
+        return ("rs_ag",), "must be rs_ag for a mixture-of-experts model with tensor_par > 1"
     return CHOICES["tensor_par_comm_type"], None
 
 
@@ -210,6 +265,8 @@ def _r_dpov(c, s):
 def _r_tpov(c, s):
     if s["tensor_par"] == 1:
         return ("none",), "must be none when tensor_par is 1"
+    if c.mla:
+        return ("none",), "must be none with latent attention (mla)"
     return CHOICES["tensor_par_overlap"], None
 
 
@@ -244,22 +301,22 @@ def _r_impl(c, s):
 
 
 def _r_unsharded(c, s):
-    if not s["optimizer_sharding"]:
-        return (False,), "needs optimizer_sharding"
+    if not s["optimizer_sharding"] or s["weight_sharding"]:
+        return (False,), "needs optimizer_sharding without weight_sharding"
     return _TF, None
 
 
 def _r_ep(c, s):
     if not c.experts:
         return (1,), "needs a mixture-of-experts model"
-    domain = s["tensor_par"] * s["data_par"]
+    domain = s["tensor_par"] * s["data_par"] * s["context_par"]
     return tuple(d for d in divisors(c.experts) if domain % d == 0), None
 
 
 def _r_etp(c, s):
     if not c.experts:
         return (1,), "needs a mixture-of-experts model"
-    room = s["tensor_par"] * s["data_par"] // s["expert_par"]
+    room = s["tensor_par"] * s["data_par"] * s["context_par"] // s["expert_par"]
     return tuple(d for d in divisors(room) if c.expert_ff % d == 0), None
 
 
@@ -301,14 +358,22 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden and attn_heads"),
     _Rule("pipeline_par", ("tensor_par",), _r_pp,
           "must divide num_procs/tensor_par and num_blocks"),
-    _Rule("data_par", ("tensor_par", "pipeline_par"), _r_dp,
-          "tensor_par*pipeline_par must divide num_procs"),
+    _Rule("context_par", ("tensor_par", "pipeline_par"), _r_cp,
+          "must divide num_procs/(tensor_par*pipeline_par), with seq_size divisible by "
+          "2*context_par"),
+    _Rule("data_par", ("tensor_par", "pipeline_par", "context_par"), _r_dp,
+          "tensor_par*pipeline_par*context_par must divide num_procs"),
     _Rule("batch_size", ("data_par",), _r_batch, "batch"),
     _Rule("pipeline_interleaving", ("pipeline_par",), _r_ppint,
           "must divide num_blocks/pipeline_par"),
     _Rule("activation_recompute", (), _r_recompute, ""),
-    _Rule("optimizer_sharding", ("data_par",), _r_optsh, ""),
-    _Rule("tensor_par_comm_type", (), _r_comm, ""),
+    _Rule("recompute_layers", ("pipeline_par", "activation_recompute"), _r_reclayers,
+          "fewer than the blocks per stage"),
+    _Rule("optimizer_sharding", ("data_par", "context_par"), _r_optsh, ""),
+    _Rule("weight_sharding", ("optimizer_sharding",), _r_wsh, ""),
+    _Rule("sharding_group", ("data_par", "optimizer_sharding"), _r_group,
+          "0 or a divisor of data_par between 1 and data_par"),
+    _Rule("tensor_par_comm_type", ("tensor_par",), _r_comm, ""),
     _Rule("seq_par_ag_redo", ("tensor_par_comm_type", "activation_recompute"), _r_redo, ""),
     _Rule("data_par_overlap", ("data_par",), _r_dpov, ""),
     _Rule("tensor_par_overlap", ("tensor_par",), _r_tpov, ""),
@@ -325,12 +390,16 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("data_par_net", ("data_par",), _r_net("data_par"), "network tier"),
     _Rule("attention_impl", (), _r_impl, ""),
     _Rule("fused_norm", (), _r_fused, ""),
-    _Rule("unsharded_grads", ("optimizer_sharding",), _r_unsharded, ""),
-    _Rule("expert_par", ("tensor_par", "data_par"), _r_ep,
-          "must divide the number of experts and tensor_par*data_par"),
-    _Rule("expert_tensor_par", ("tensor_par", "data_par", "expert_par"), _r_etp,
+    _Rule("unsharded_grads", ("optimizer_sharding", "weight_sharding"), _r_unsharded, ""),
+    _Rule("context_par_net", ("context_par",), _r_net("context_par"), "network tier"),
+    _Rule("context_par_comm", ("tensor_par", "context_par"), _r_cpcomm, ""),
+    _Rule("fp8_recipe", (), _r_fp8, ""),
+    _Rule("fp32_grads", (), _r_fp32grads, ""),
+    _Rule("expert_par", ("tensor_par", "data_par", "context_par"), _r_ep,
+          "must divide the number of experts and tensor_par*data_par*context_par"),
+    _Rule("expert_tensor_par", ("tensor_par", "data_par", "context_par", "expert_par"), _r_etp,
           "must divide the expert feed-forward size, with expert_par*expert_tensor_par "
-          "dividing tensor_par*data_par"),
+          "dividing tensor_par*data_par*context_par"),
     _Rule("expert_par_net", ("expert_par",), _r_net("expert_par"), "network tier"),
     _Rule("expert_tensor_par_net", ("expert_tensor_par",), _r_net("expert_tensor_par"),
           "network tier"),
@@ -364,7 +433,7 @@ def _value(src: str, where: str, name: str, v):
         if not isinstance(v, bool):
             raise SpecError(src, where, f"expected true or false, got {brief(v)}")
         return v
-    low = 0 if name in NET_FIELDS else 1
+    low = 0 if name in _ZERO_OK else 1
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise SpecError(src, where, f"expected an integer >= {low}, got {brief(v)}")
     return v
