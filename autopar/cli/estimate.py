@@ -122,6 +122,14 @@ def report(model, system, execution, stats: dict) -> str:
         f"{model.attn_size}, seq {model.seq_size}"
         + (f", {model.block} block" if model.block != "gpt" else "")
         + (f", {model.kv_heads} kv heads" if model.kv_heads else ""))
+    if model.moe is not None:
+        mo = model.moe
+        add(f"        MoE: {mo.experts} experts x {mo.expert_feedforward}, top-{mo.top_k}"
+            + (f", {mo.shared_experts} shared ({mo.shared_feedforward})" if mo.shared_experts
+               else "")
+            + (f", first {mo.first_dense} blocks dense" if mo.first_dense else "")
+            + (", MLA" if model.mla is not None else "")
+            + (f", {model.mtp} MTP" if model.mtp else ""))
     add(f"system  {system.name or system.source}: {system.processing_mode}, "
         f"{len(system.networks)} network tiers, mem1 {system.mem1.GiB:g} GiB, "
         f"mem2 {system.mem2.GiB:g} GiB")
@@ -139,6 +147,11 @@ def report(model, system, execution, stats: dict) -> str:
                           "data_par_overlap", "weight_offload", "activations_offload",
                           "optimizer_offload") if e[f]]
     add("        " + ", ".join(flags))
+    if e.get("expert_par", 1) > 1 or e.get("expert_tensor_par", 1) > 1:
+        add(f"        EP {e.get('expert_par', 1)} (net {e.get('expert_par_net', 0)}) x ETP "
+            f"{e.get('expert_tensor_par', 1)} (net {e.get('expert_tensor_par_net', 0)}), "
+            f"dispatcher {e.get('moe_dispatcher', 'alltoall')}"
+            + (", overlapped" if e.get("moe_overlap") else ""))
 
     add("")
     add(f"{'memory per processor (GiB)':<28}{'tier 1':>12}{'tier 2':>12}")
@@ -156,6 +169,10 @@ def report(model, system, execution, stats: dict) -> str:
         share = t / total * 100 if total > 0 else float("nan")
         add(f"  {label:<26}{t:>12.4f}{share:>11.1f}%")
     add(f"  {'total':<26}{total:>12.4f}{100.0:>11.1f}%")
+    if _get(stats, "ep_comm_link_time") > 0:
+        t = _get(stats, "ep_comm_exposed_time")
+        add(f"  {'EP dispatch (in fw/bw)':<26}{t:>12.4f}{t / total * 100:>11.1f}%"
+            f"   (link {_get(stats, 'ep_comm_link_time'):.4f} s)")
 
     add("")
     add(f"efficiency   compute {_get(stats, 'compute_efficiency') * 100:.2f}%, system "
