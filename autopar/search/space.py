@@ -38,7 +38,11 @@ from autopar.io.specs import FP8_MATRIX, SpecError, brief, read_yaml
 # nesting; fused_activation and attention_type, which Calculon fixes, sit
 # where Calculon loops over fused_activation).
 PARAMS: tuple[str, ...] = (
-    "tensor_par", "pipeline_par", "context_par", "pipeline_interleaving",
+    "tensor_par", "pipeline_par", "context_par",
+    # expert parallelism early: later nodes depend on it, and the nodes up to
+    # the last one depended on are walked in Python (the prefix)
+    "expert_par", "expert_tensor_par",
+    "pipeline_interleaving",
     "activation_recompute", "recompute_layers", "optimizer_sharding", "weight_sharding",
     "sharding_group", "tensor_par_comm_type",
     "seq_par_ag_redo", "data_par_overlap", "tensor_par_overlap",
@@ -50,8 +54,7 @@ PARAMS: tuple[str, ...] = (
     "attention_impl", "fused_norm", "unsharded_grads",
     "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads",
     # mixture of experts (neutral for a dense model)
-    "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
-    "moe_dispatcher", "moe_overlap",
+    "expert_par_net", "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
 )
 OPTIONAL = tuple(EXT_DEFAULTS)
 DERIVED = ("data_par", "batch_size")          # computed from the others
@@ -364,6 +367,11 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("data_par", ("tensor_par", "pipeline_par", "context_par"), _r_dp,
           "tensor_par*pipeline_par*context_par must divide num_procs"),
     _Rule("batch_size", ("data_par",), _r_batch, "batch"),
+    _Rule("expert_par", ("tensor_par", "data_par", "context_par"), _r_ep,
+          "must divide the number of experts and tensor_par*data_par*context_par"),
+    _Rule("expert_tensor_par", ("tensor_par", "data_par", "context_par", "expert_par"), _r_etp,
+          "must divide the expert feed-forward size, with expert_par*expert_tensor_par "
+          "dividing tensor_par*data_par*context_par"),
     _Rule("pipeline_interleaving", ("pipeline_par",), _r_ppint,
           "must divide num_blocks/pipeline_par"),
     _Rule("activation_recompute", (), _r_recompute, ""),
@@ -395,11 +403,6 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("context_par_comm", ("tensor_par", "context_par"), _r_cpcomm, ""),
     _Rule("fp8_recipe", (), _r_fp8, ""),
     _Rule("fp32_grads", (), _r_fp32grads, ""),
-    _Rule("expert_par", ("tensor_par", "data_par", "context_par"), _r_ep,
-          "must divide the number of experts and tensor_par*data_par*context_par"),
-    _Rule("expert_tensor_par", ("tensor_par", "data_par", "context_par", "expert_par"), _r_etp,
-          "must divide the expert feed-forward size, with expert_par*expert_tensor_par "
-          "dividing tensor_par*data_par*context_par"),
     _Rule("expert_par_net", ("expert_par",), _r_net("expert_par"), "network tier"),
     _Rule("expert_tensor_par_net", ("expert_tensor_par",), _r_net("expert_tensor_par"),
           "network tier"),
