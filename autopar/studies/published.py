@@ -296,7 +296,7 @@ def rank_space(table: Table, case: PublishedCase) -> dict:
     from autopar.search.space import PARAMS
     for p in PARAMS:
         if p not in params:
-            fixed[p] = ex.get(p, _default(p))
+            fixed[p] = ex[p] if p in ex else _default(p)
     params.update(table.search_space)
     for p in table.search_space:
         fixed.pop(p, None)
@@ -576,7 +576,8 @@ def _simumax(row) -> PublishedCase | Skip:
         return Skip(f"no model file for {row.model}", label)
     seq = int(row.seq_len)
     m = model(name, seq_size=seq, num_blocks=int(row.layers_truncated_to))
-    sy = system("b200_nvl8")
+    # The B200 file calibrated on this table (systems/b200_nvl8_megatron.json).
+    sy = system("b200_nvl8_megatron")
     n, tp, pp, dp, cp = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                          int(row.cp))
     vp = _int(row.vp) or 1
