@@ -127,7 +127,10 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     pp_link = micro * fw_transfers * p2p_fw + micro * bw_transfers * p2p_bw
 
     # Block and chunk times, offloading, the bubble, the data-parallel sync.
-    checkpoint = np.where(training & recompute_full, acts["A"] * ctx.elem_bytes, 0.0)
+    kept = acts["A"]
+    if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
+        kept = np.where(ctx.tp_rs_ag, acts["A_split"], kept)
+    checkpoint = np.where(training & recompute_full, kept * ctx.elem_bytes, 0.0)
     offload = offload_traffic(ctx, cols, sums, checkpoint, recompute_full)
     chunk = chunk_times(sums, sched, p2p_fw, p2p_bw, offload["fw_time"], offload["bw_time"])
     bubble_time = bubble(sched, chunk)

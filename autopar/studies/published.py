@@ -164,7 +164,8 @@ def megatron_execution(system_: SystemSpec, *, n: int, tp: int, pp: int, dp: int
           "attention_impl": "flash_v2" if flash else "unfused", "fused_norm": fused,
           "unsharded_grads": dist_opt and not fsdp and dp * cp > 1,
           "context_par": cp, "context_par_comm": cp_comm,
-          "weight_sharding": fsdp and dp > 1, "fp8_recipe": fp8, "fp32_grads": fp32_grads}
+          "weight_sharding": fsdp and dp * cp > 1, "fp8_recipe": fp8,
+          "fp32_grads": fp32_grads}
     ex.update(tiers(system_, tp, cp, dp, pp))
     return ex
 
@@ -535,11 +536,16 @@ def _titan(row) -> PublishedCase | Skip:
     local = int(row.local_batch)
     gbs = local * dp
     ckpt = str(row.activation_ckpt)
-    recompute = "full" if ckpt.startswith("full") else "attn_only"
+    # torchtitan's selective checkpointing (per-op policy) keeps the
+    # attention's GEMM and SDPA outputs and recomputes the element-wise ops and
+    # every second matmul: modelled as Megatron's MLP-only recompute, which
+    # keeps the attention and recomputes the MLP's first GEMM and activation.
+    recompute = "full" if ckpt.startswith("full") else "mlp_only"
     f8 = str(row.float8)
     fp8 = ("rowwise" if "rowwise" in f8 else "tensorwise" if ("float8" in f8 or f8 == "True")
            else "none")
     async_tp = str(row.async_tp).strip() == "True"
+    # FSDP shards over the data-parallel and context-parallel ranks together.
     # Pipeline: torchtitan's default schedule has as many micro-batches as stages.
     mbs = max(local // pp, 1) if pp > 1 else local
     vp = 2 if "Interleaved" in str(row.pp_schedule) else 1
@@ -549,7 +555,7 @@ def _titan(row) -> PublishedCase | Skip:
     # checkpointing keeps none; compile's speed-up is not modelled.
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                             recompute=recompute, sp=tp > 1, tp_overlap=async_tp,
-                            dist_opt=False, fsdp=fsdp > 1, dp_overlap=True, fp8=fp8,
+                            dist_opt=False, fsdp=fsdp * cp > 1, dp_overlap=True, fp8=fp8,
                             fused=True, cp_comm="p2p")
     meas = {"tokens_per_s_per_gpu": float(row.tokens_per_sec_per_gpu)}
     if _num(row.peak_mem_gib) is not None:
