@@ -182,7 +182,8 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
              + recomm_exposed + bubble_time + S["tp_comm_exposed_time"] + pp_link
              + dp["exposed"])
     if "context_par" in cols and ((cols["context_par"] > 1).any()
-                                  or cols["weight_sharding"].any()):
+                                  or cols["weight_sharding"].any()
+                                  or cols["param_gather_overlap"].any()):
         total = total + cp_exposed + S["weight_gather_exposed_time"]
     total = total + head_time
     # Pipelined steps run slower by the system's pipeline_fraction: at every
@@ -281,7 +282,7 @@ def _typed_columns(c: dict) -> dict:
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
               "optimizer_offload", "training", "fused_norm", "unsharded_grads",
-              "weight_sharding", "fp32_grads"):
+              "weight_sharding", "fp32_grads", "param_gather_overlap"):
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe"):

@@ -54,6 +54,7 @@ REASONS = REASONS + (
     "invalid: recompute_layers needs activation_recompute full",
     "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate",
     "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs",
+    "invalid: param_gather_overlap needs optimizer_sharding without weight_sharding",
 )
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
@@ -157,6 +158,8 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
     g = cols["sharding_group"]
     flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"] | (dp % np.maximum(g, 1) != 0))),
          "invalid: sharding_group must divide data_par and needs optimizer_sharding")
+    flag(cols["param_gather_overlap"] & (~cols["optimizer_sharding"] | ws),
+         "invalid: param_gather_overlap needs optimizer_sharding without weight_sharding")
     k = cols["recompute_layers"]
     flag((k < 0) | ((k > 0) & (rec != CHOICES["activation_recompute"].index("full"))),
          "invalid: recompute_layers needs activation_recompute full")

@@ -48,7 +48,7 @@ PARAMS: tuple[str, ...] = (
     # autopar's extensions (optional in a file: when absent, fixed at their
     # defaults, which keep Calculon's meaning).
     "attention_impl", "fused_norm", "unsharded_grads",
-    "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads",
+    "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads", "param_gather_overlap",
 )
 OPTIONAL = tuple(EXT_DEFAULTS)
 DERIVED = ("data_par", "batch_size")          # computed from the others
@@ -188,6 +188,12 @@ def _r_cpcomm(c, s):
     if c.heads % (s["tensor_par"] * s["context_par"]):
         return ("p2p",), "a2a needs tensor_par * context_par to divide attn_heads"
     return CHOICES["context_par_comm"], None
+
+
+def _r_pgo(c, s):
+    if not s["optimizer_sharding"] or s["weight_sharding"] or not c.training:
+        return (False,), "needs optimizer_sharding without weight_sharding, and training"
+    return _TF, None
 
 
 def _r_fp32grads(c, s):
@@ -355,6 +361,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("context_par_comm", ("tensor_par", "context_par"), _r_cpcomm, ""),
     _Rule("fp8_recipe", (), _r_fp8, ""),
     _Rule("fp32_grads", (), _r_fp32grads, ""),
+    _Rule("param_gather_overlap", ("optimizer_sharding", "weight_sharding"), _r_pgo, ""),
 )
 assert tuple(r.name for r in _RULES if r.name not in DERIVED) == PARAMS
 

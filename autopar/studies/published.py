@@ -165,7 +165,9 @@ def megatron_execution(system_: SystemSpec, *, n: int, tp: int, pp: int, dp: int
           "unsharded_grads": dist_opt and not fsdp and dp * cp > 1,
           "context_par": cp, "context_par_comm": cp_comm,
           "weight_sharding": fsdp and dp * cp > 1, "fp8_recipe": fp8,
-          "fp32_grads": fp32_grads}
+          "fp32_grads": fp32_grads,
+          # Megatron's overlap_param_gather goes with the overlapped grad reduce.
+          "param_gather_overlap": dist_opt and not fsdp and dp_overlap and dp * cp > 1}
     ex.update(tiers(system_, tp, cp, dp, pp))
     return ex
 
@@ -406,9 +408,12 @@ def _nemo_perf(row) -> PublishedCase | Skip:
     vp = _int(row.vp) or 1
     dp = n // (tp * pp * cp)
     datatype, fp8 = PRECISIONS[row.precision]
+    # NeMo's GPT/Llama training configurations of the time synchronise
+    # gradients in bf16 (distributed_fused_adam with grad_sync_dtype bf16):
+    # no fp32 gradient buffers.
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=int(row.gbs),
                             mbs=int(row.mbs), vp=vp if pp > 1 else 1, datatype=datatype,
-                            fp8=fp8, tp_overlap=True)
+                            fp8=fp8, tp_overlap=True, fp32_grads=False)
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": float(row.tokens_per_sec_per_gpu)},
                          label)
 
@@ -440,7 +445,7 @@ def _nemo_cp(row) -> PublishedCase | Skip:
         return Skip(f"global batch {gbs} not divisible by data_par {dp}", label)
     datatype, fp8 = PRECISIONS[row.precision]
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=1,
-                            datatype=datatype, fp8=fp8, tp_overlap=True)
+                            datatype=datatype, fp8=fp8, tp_overlap=True, fp32_grads=False)
     # Reported TFLOP/s per GPU -> tokens/s/GPU with NeMo's (causal) FLOP count.
     tok = float(row.tflops_per_gpu_with_cp) * 1e12 / flops_per_token(m, causal=True)
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
