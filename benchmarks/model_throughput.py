@@ -9,9 +9,9 @@ peak resident memory.
 
 With ``--new-fields``: Llama 3 70B on 1,024 H100 (h100_80g_nvl8), layouts
 that also draw issue 13's dimensions: context parallelism (size, tier, ring
-or all-to-all), ZeRO-1/2/3 and hybrid sharding groups, recompute variants
-(mlp_only, a number of fully recomputed blocks), fp8 recipes and fp32
-gradients, with FlashAttention-2 and fused norms.
+or all-to-all), ZeRO-1/2/3 and hybrid sharding groups, overlapped parameter
+gathers, recompute variants (mlp_only, a number of fully recomputed blocks),
+fp8 recipes and fp32 gradients, with FlashAttention-2 and fused norms.
 
     python benchmarks/model_throughput.py [--layouts 1000000] [--new-fields]
 """
@@ -137,6 +137,7 @@ def random_modern_layouts(model, num_procs: int, batch: int, n: int, seed: int =
         context_par_comm=(coin() & (cp > 1) & (model.attn_heads % (tp * cp) == 0)).astype(np.int8),
         weight_sharding=ws, sharding_group=group, recompute_layers=rl,
         fp8_recipe=rng.integers(0, 3, n).astype(np.int8), fp32_grads=coin())
+    cols["param_gather_overlap"] = sharded & ~ws & coin()
     return {f: cols[f] for f in ALL_FIELDS}
 
 
