@@ -68,7 +68,8 @@ def random_layouts(model, num_procs: int, batch: int, n: int, seed: int = 0) -> 
         batch_size=gb, microbatch_size=mbs,
         datatype=np.full(n, CHOICES["datatype"].index("float16"), np.int8),
         fused_activation=coin(), attention_type=np.zeros(n, np.int8),
-        activation_recompute=code("activation_recompute"), pipeline_interleaving=ppint,
+        # Calculon's three recompute modes (mlp_only is an extension).
+        activation_recompute=rng.integers(0, 3, n).astype(np.int8), pipeline_interleaving=ppint,
         optimizer_sharding=coin() & (dp > 1), tensor_par_comm_type=code("tensor_par_comm_type"),
         tensor_par_overlap=(code("tensor_par_overlap") * (tp > 1)).astype(np.int8),
         seq_par_ag_redo=np.zeros(n, bool), data_par_overlap=coin() & (dp > 1),

@@ -322,7 +322,7 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     if extended:
         tier = np.where(dp > 1, tier, cols["context_par_net"])
     net = NetworkTier(networks, tier)
-    group = dp * cp
+    group = dp * cp if extended else dp
     peers = np.maximum(group, 2)
     active = (group > 1) & training
     block_bytes = np.where(active, sums.get("weight_space_full", sums["weight_space"]), 0.0)

@@ -156,10 +156,13 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     recompute_time = passes * sums["re_time"] * share
     recomm_exposed = np.where(training, recomm_exposed * share, 0.0)
     # Context parallelism's K/V exchange; ZeRO-3 / FSDP weight gathers.
-    S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
-        training, sums["cp_bw_link"], 0.0))
-    cp_exposed = passes * (sums["cp_fw_exp"] + np.where(
-        training, sums["cp_bw_exp"] + sums["cp_re_exp"] * share, 0.0))
+    if (cols["context_par"] > 1).any():
+        S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
+            training, sums["cp_bw_link"], 0.0))
+        cp_exposed = passes * (sums["cp_fw_exp"] + np.where(
+            training, sums["cp_bw_exp"] + sums["cp_re_exp"] * share, 0.0))
+    else:
+        S["cp_comm_link_time"] = cp_exposed = 0.0
     S["cp_comm_exposed_time"] = cp_exposed
     gathers = weight_gathers(ctx, cols, sums, sched, system.networks)
     S["weight_gather_link_time"] = gathers["link"] + ctx.zeros
