@@ -725,7 +725,9 @@ class Space:
                 cands, forced = (), None     # an earlier value is out of range
             if rule.name == "data_par":
                 tp, pp = state["tensor_par"], state["pipeline_par"]
-                v = cands[0] if cands else (ctx.num_procs // (tp * pp) if tp and pp else 0)
+                cp = state.get("context_par", 1) or 0
+                v = cands[0] if cands else (ctx.num_procs // (tp * pp * cp) if tp and pp and cp
+                                            else 0)
             elif rule.name == "batch_size":
                 v = cands[0] if cands else 0
             elif forced is not None and (normalize or rule.name not in self.allowed):
@@ -774,6 +776,10 @@ class Space:
             else:
                 if name in ex:
                     v = ex[name]
+                elif name in EXT_DEFAULTS:
+                    # Extension fields are written only where they differ
+                    # from their defaults (``complete``, ``layouts.record``).
+                    v = EXT_DEFAULTS[name]
                 elif name in self.allowed:
                     return f"invalid: {name} is missing"
                 else:
@@ -787,6 +793,10 @@ class Space:
 
     def _no_derived(self, ctx, name, state) -> str:
         if name == "data_par":
+            cp = state.get("context_par", 1)
+            if cp != 1:
+                return (f"tensor_par*pipeline_par*context_par ({state['tensor_par']}*"
+                        f"{state['pipeline_par']}*{cp}) does not divide num_procs {ctx.num_procs}")
             return (f"tensor_par*pipeline_par ({state['tensor_par']}*{state['pipeline_par']}) "
                     f"does not divide num_procs {ctx.num_procs}")
         dp = state["data_par"]
@@ -796,6 +806,9 @@ class Space:
 
     def _derived_mismatch(self, ctx, name, state, v, want) -> str:
         if name == "data_par":
+            if state.get("context_par", 1) != 1:
+                return (f"data_par {brief(v)} is not num_procs/(tensor_par*pipeline_par*"
+                        f"context_par) = {want}")
             return f"data_par {brief(v)} is not num_procs/(tensor_par*pipeline_par) = {want}"
         how = ("the batch size" if ctx.policy == "fixed"
                else f"the largest multiple of data_par {state['data_par']} <= {ctx.max_batch}")
