@@ -270,3 +270,18 @@ def test_validate_published_cli(reference, cli):
     assert "megatron_2021" in r.stdout and "8 x no system file for DGX-GB300" in r.stdout
     r = cli("validate", "published", "--table", "nope")
     assert r.returncode == 2 and "unknown table" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_param_gather_overlap_moves_the_gather_into_forward(gpt, h100):
+    z1 = dict(optimizer_sharding=True, unsharded_grads=True, data_par_overlap=True)
+    plain = run(gpt, h100, **z1)
+    over = run(gpt, h100, **z1, param_gather_overlap=True)
+    net = h100.networks[0]
+    block = plain["block_weight_space"]
+    gather = net.latency + block * 7 / 8 / (net.bandwidth * 1e9 * net.efficiency)
+    # Once a step, every block of the stage (8), during the first forward.
+    assert over["weight_gather_link_time"] == pytest.approx(8 * gather, rel=1e-12)
+    assert over["weight_gather_exposed_time"] >= gather * (1 - 1e-12)
+    assert over["dp_comm_link_time"] < plain["dp_comm_link_time"]
+    bad = evaluate_one(gpt, h100, exe(param_gather_overlap=True))
+    assert not bad["feasible"]

@@ -24,6 +24,11 @@ TIME_ROWS = (
     ("DP comm exposed", ("dp_comm_exposed_time",)),
     ("offload exposed", ("fw_offload_exposed_time", "bw_offload_exposed_time")),
 )
+# Extension rows, shown when a layout has them.
+EXTRA_TIME_ROWS = (
+    ("CP comm exposed", ("cp_comm_exposed_time",)),
+    ("weight gathers exposed", ("weight_gather_exposed_time",)),
+)
 
 
 def register(subparsers) -> None:
@@ -135,7 +140,10 @@ def report(model, system, execution, stats: dict) -> str:
         f"mem2 {system.mem2.GiB:g} GiB")
     add(f"layout  {e['num_procs']} procs = TP {e['tensor_par']} (net {e['tensor_par_net']})"
         f" x PP {e['pipeline_par']} (net {e['pipeline_par_net']})"
-        f" x DP {e['data_par']} (net {e['data_par_net']}); batch {e['batch_size']},"
+        f" x DP {e['data_par']} (net {e['data_par_net']})"
+        + (f" x CP {e['context_par']} (net {e.get('context_par_net', 0)}, "
+           f"{e.get('context_par_comm', 'p2p')})" if e.get("context_par", 1) > 1 else "")
+        + f"; batch {e['batch_size']},"
         f" microbatch {e['microbatch_size']}, {e['datatype']}"
         f"{'' if e['training'] else ', inference'}")
     flags = [f"recompute={e['activation_recompute']}",
@@ -146,6 +154,10 @@ def report(model, system, execution, stats: dict) -> str:
     flags += [f for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
                           "data_par_overlap", "weight_offload", "activations_offload",
                           "optimizer_offload") if e[f]]
+    flags += [f for f in ("unsharded_grads", "weight_sharding", "fp32_grads",
+                          "param_gather_overlap") if e.get(f)]
+    flags += [f"{f}={e[f]}" for f in ("sharding_group", "recompute_layers", "fp8_recipe",
+                                      "attention_impl") if f in e]
     add("        " + ", ".join(flags))
     if e.get("expert_par", 1) > 1 or e.get("expert_tensor_par", 1) > 1:
         add(f"        EP {e.get('expert_par', 1)} (net {e.get('expert_par_net', 0)}) x ETP "
@@ -164,7 +176,8 @@ def report(model, system, execution, stats: dict) -> str:
     total = _get(stats, "total_time")
     add("")
     add(f"{'time per batch (s)':<28}{'seconds':>12}{'share':>12}")
-    for label, keys in TIME_ROWS:
+    extra = tuple(r for r in EXTRA_TIME_ROWS if any(_get(stats, k) > 0 for k in r[1]))
+    for label, keys in TIME_ROWS + extra:
         t = sum(_get(stats, k) for k in keys)
         share = t / total * 100 if total > 0 else float("nan")
         add(f"  {label:<26}{t:>12.4f}{share:>11.1f}%")

@@ -124,5 +124,7 @@ def run(args) -> int:
     print(f"best: {best['sample_rate']:.4g} samples/s  tp={ex['tensor_par']} "
           f"pp={ex['pipeline_par']} dp={ex['data_par']} batch={ex['batch_size']} "
           f"mbs={ex['microbatch_size']} ppint={ex['pipeline_interleaving']} "
-          f"recompute={ex['activation_recompute']} comm={ex['tensor_par_comm_type']}")
+          f"recompute={ex['activation_recompute']} comm={ex['tensor_par_comm_type']}"
+          + "".join(f" {k}={ex[k]}" for k in ("context_par", "weight_sharding", "sharding_group",
+                                               "fp8_recipe") if k in ex))
     return 0

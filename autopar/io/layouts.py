@@ -91,12 +91,18 @@ BOOL_FIELDS = BOOL_FIELDS | {"fused_norm", "unsharded_grads"}
 #   fp8 (and their amax reductions) are charged as memory traffic.
 # * ``fp32_grads``: weight gradients are accumulated and reduced in fp32
 #   (Megatron's main_grad buffers) rather than in the working datatype.
+# * ``param_gather_overlap``: with sharded optimizer state (and whole
+#   weights), the all-gather of the updated weights leaves the gradient sync
+#   and runs block by block during the next step's first forward pass, each
+#   block's gather hidden behind the forward of the one before (Megatron's
+#   overlap_param_gather).
 EXT_DEFAULTS.update({"context_par": 1, "context_par_net": 0, "context_par_comm": "p2p",
                      "weight_sharding": False, "sharding_group": 0,
-                     "recompute_layers": 0, "fp8_recipe": "none", "fp32_grads": False})
+                     "recompute_layers": 0, "fp8_recipe": "none", "fp32_grads": False,
+                     "param_gather_overlap": False})
 CHOICES["context_par_comm"] = ("p2p", "a2a")
 CHOICES["fp8_recipe"] = ("none", "tensorwise", "rowwise", "mxfp8")
-BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding", "fp32_grads"}
+BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding", "fp32_grads", "param_gather_overlap"}
 EXT_INT_FIELDS = frozenset({"context_par", "context_par_net", "sharding_group",
                             "recompute_layers"})
 # Mixture-of-experts execution (issue 14; only meaningful for a model with

@@ -139,6 +139,10 @@ class MemoryOverhead:
     # framework gathers the logits whole on every tensor-parallel rank.
     logits_fp32_copies: float = 1.0
     logits_gathered: bool = False
+    # Full-recompute checkpoints kept split over tensor_par where sequence
+    # parallelism splits the block's input (Megatron, torchtitan); Calculon
+    # keeps them whole.
+    checkpoint_split: bool = False
 
 
 @dataclass(frozen=True)
@@ -602,7 +606,7 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     if "memory_overhead" in data:
         o = data["memory_overhead"]
         c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction", "logits_fp32_copies",
-                                           "logits_gathered"))
+                                           "logits_gathered", "checkpoint_split"))
         reserved = c.number(o.get("reserved_GiB", 0.0), "memory_overhead.reserved_GiB")
         fraction = c.number(o.get("fraction", 0.0), "memory_overhead.fraction")
         if reserved < 0:
@@ -613,7 +617,8 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
         if copies < 0:
             c.fail("memory_overhead.logits_fp32_copies", f"must be >= 0, got {copies}")
         gathered = c.bool(o.get("logits_gathered", False), "memory_overhead.logits_gathered")
-        overhead = MemoryOverhead(reserved, fraction, copies, gathered)
+        split = c.bool(o.get("checkpoint_split", False), "memory_overhead.checkpoint_split")
+        overhead = MemoryOverhead(reserved, fraction, copies, gathered, split)
     time_overhead = None
     if "time_overhead" in data:
         o = data["time_overhead"]
@@ -669,6 +674,8 @@ def system_to_json(system: SystemSpec) -> dict:
         out["memory_overhead"] = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
                                   "logits_fp32_copies": _num(o.logits_fp32_copies),
                                   "logits_gathered": o.logits_gathered}
+        if o.checkpoint_split:
+            out["memory_overhead"]["checkpoint_split"] = True
     if system.time_overhead is not None:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
     return out

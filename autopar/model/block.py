@@ -234,6 +234,10 @@ def _compact(col: np.ndarray) -> tuple[np.ndarray, int]:
 _FEW = 64
 
 
+def _ones_to_none(a):
+    return None if np.all(a == 1) else a
+
+
 def _grad_scale(cols):
     """Weight-gradient bytes relative to the working datatype (fp32_grads)."""
     if "fp32_grads" not in cols or not cols["fp32_grads"].any():
@@ -260,7 +264,7 @@ class BlockCache:
             self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
-            self.weight_shard = shard_counts(cols)[2]
+            self.weight_shard = _ones_to_none(shard_counts(cols)[2])
             self.grad_scale = _grad_scale(cols)
             self.x_shard = self.x_grad_shard = self.shard
             return
@@ -332,7 +336,7 @@ class BlockCache:
         self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
         self.grad_shard = grad_shard
-        self.weight_shard = weight_shard
+        self.weight_shard = _ones_to_none(weight_shard)
         self.grad_scale = _grad_scale(cols)
         self.x_shard = x_shard
         self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
@@ -356,7 +360,8 @@ class BlockCache:
         # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
         # gathered when it runs (``weight_space_full``).
         sums["weight_space_full"] = sums["weight_space"]
-        sums["weight_space"] = sums["weight_space"] / self.weight_shard[sl]
+        if self.weight_shard is not None:
+            sums["weight_space"] = sums["weight_space"] / self.weight_shard[sl]
         return sums
 
 

@@ -258,18 +258,24 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: dict, sched, networks) 
     whole.  Returns link and exposed times per batch."""
     ws = ctx.weight_shards
     on = (ws > 1) & ctx.training
-    if not on.any():
+    pgo = cols["param_gather_overlap"] & ctx.training if "param_gather_overlap" in cols \
+        else np.zeros(ctx.n, dtype=bool)
+    if not on.any() and not pgo.any():
         return {"link": 0.0, "exposed": 0.0}
     dp = cols["data_par"]
     net = NetworkTier(networks, np.where(dp > 1, cols["data_par_net"], cols["context_par_net"]))
-    g = net.time("all_gather", sums["weight_space_full"], np.maximum(ws, 2))
+    g = net.time("all_gather", sums["weight_space_full"],
+                 np.maximum(np.where(on, ws, ctx.optim_shards), 2))
     fw_hidden = np.maximum(g - sums["fw_time"], 0.0)
     bw_hidden = np.maximum(g - (sums["agrad_time"] + sums["wgrad_time"] + sums["re_time"]), 0.0)
     micro = sched.microbatches
     blocks = sched.blocks_per_stage
-    link = micro * blocks * 2 * g
-    exposed = micro * ((blocks - 1) * (fw_hidden + bw_hidden) + 2 * g)
-    return {"link": np.where(on, link, 0.0), "exposed": np.where(on, exposed, 0.0)}
+    link = np.where(on, micro * blocks * 2 * g, 0.0)
+    exposed = np.where(on, micro * ((blocks - 1) * (fw_hidden + bw_hidden) + 2 * g), 0.0)
+    # Megatron's overlap_param_gather: once a step, during the first forward.
+    link = np.where(pgo, blocks * g, link)
+    exposed = np.where(pgo, (blocks - 1) * fw_hidden + g, exposed)
+    return {"link": link, "exposed": exposed}
 
 
 def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
@@ -310,12 +316,13 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     cp = cols["context_par"] if "context_par" in cols else 1
     extended = np.any(cp != 1) or "sharding_group" in cols and np.any(cols["sharding_group"] > 0) \
         or "weight_sharding" in cols and np.any(cols["weight_sharding"]) \
-        or "fp32_grads" in cols and np.any(cols["fp32_grads"])
+        or "fp32_grads" in cols and np.any(cols["fp32_grads"]) \
+        or "param_gather_overlap" in cols and np.any(cols["param_gather_overlap"])
     tier = cols["data_par_net"]
     if extended:
         tier = np.where(dp > 1, tier, cols["context_par_net"])
     net = NetworkTier(networks, tier)
-    group = dp * cp
+    group = dp * cp if extended else dp
     peers = np.maximum(group, 2)
     active = (group > 1) & training
     # Routed experts' gradients sync over the expert-data-parallel group instead.
@@ -338,7 +345,7 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
         hybrid = sharded & (g > 0)
         inner = np.maximum(np.where(hybrid, g * cp, group), 2)
         replicas = np.maximum(np.where(hybrid, dp // np.maximum(g, 1), 1), 2)
-        gather = np.where(cols["weight_sharding"], 0.0,
+        gather = np.where(cols["weight_sharding"] | cols["param_gather_overlap"], 0.0,
                           net.time("all_gather", block_bytes, inner))
         cross = np.where(hybrid, net.time("all_reduce", block_bytes / inner, replicas), 0.0)
         # Gradients reduced in fp32 move 4 bytes an element.

@@ -39,12 +39,16 @@ def shard_counts(cols: dict):
     FSDP).  With context parallelism the data-parallel group is data_par x
     context_par (Megatron reduces gradients over both); ``sharding_group`` > 0
     shards over that many data-parallel ranks only (hybrid sharding)."""
-    dp = cols["data_par"]
-    group = np.where(_col(cols, "sharding_group") > 0, _col(cols, "sharding_group"), dp) \
-        * _col(cols, "context_par")
+    group = cols["data_par"]
+    sg, cp = np.asarray(_col(cols, "sharding_group")), np.asarray(_col(cols, "context_par"))
+    if sg.any():
+        group = np.where(sg > 0, sg, group)
+    if (cp != 1).any():
+        group = group * cp
     optim = np.where(cols["optimizer_sharding"], group, 1).astype(float)
     grad = np.where(_col(cols, "unsharded_grads"), 1.0, optim)
-    weight = np.where(_col(cols, "weight_sharding"), optim, 1.0)
+    ws = np.asarray(_col(cols, "weight_sharding"))
+    weight = np.where(ws, optim, 1.0) if ws.any() else np.ones_like(optim)
     return optim, grad, weight
 
 

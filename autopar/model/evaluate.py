@@ -134,7 +134,10 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     pp_link = micro * fw_transfers * p2p_fw + micro * bw_transfers * p2p_bw
 
     # Block and chunk times, offloading, the bubble, the data-parallel sync.
-    checkpoint = np.where(training & recompute_full, acts["A"] * ctx.elem_bytes, 0.0)
+    kept = acts["A"]
+    if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
+        kept = np.where(ctx.tp_rs_ag, acts["A_split"], kept)
+    checkpoint = np.where(training & recompute_full, kept * ctx.elem_bytes, 0.0)
     offload = offload_traffic(ctx, cols, sums, checkpoint, recompute_full)
     chunk = chunk_times(sums, sched, p2p_fw, p2p_bw, offload["fw_time"], offload["bw_time"])
     bubble_time = bubble(sched, chunk)
@@ -161,10 +164,13 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     recompute_time = passes * sums["re_time"] * share
     recomm_exposed = np.where(training, recomm_exposed * share, 0.0)
     # Context parallelism's K/V exchange; ZeRO-3 / FSDP weight gathers.
-    S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
-        training, sums["cp_bw_link"], 0.0))
-    cp_exposed = passes * (sums["cp_fw_exp"] + np.where(
-        training, sums["cp_bw_exp"] + sums["cp_re_exp"] * share, 0.0))
+    if (cols["context_par"] > 1).any():
+        S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
+            training, sums["cp_bw_link"], 0.0))
+        cp_exposed = passes * (sums["cp_fw_exp"] + np.where(
+            training, sums["cp_bw_exp"] + sums["cp_re_exp"] * share, 0.0))
+    else:
+        S["cp_comm_link_time"] = cp_exposed = 0.0
     S["cp_comm_exposed_time"] = cp_exposed
     gathers = weight_gathers(ctx, cols, sums, sched, system.networks)
     S["weight_gather_link_time"] = gathers["link"] + ctx.zeros
@@ -187,7 +193,8 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
              + recomm_exposed + bubble_time + S["tp_comm_exposed_time"] + pp_link
              + dp["exposed"])
     if "context_par" in cols and ((cols["context_par"] > 1).any()
-                                  or cols["weight_sharding"].any()):
+                                  or cols["weight_sharding"].any()
+                                  or cols["param_gather_overlap"].any()):
         total = total + cp_exposed + S["weight_gather_exposed_time"]
     total = total + head_time
     # Pipelined steps run slower by the system's pipeline_fraction: at every
@@ -307,7 +314,7 @@ def _typed_columns(c: dict) -> dict:
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
               "optimizer_offload", "training", "fused_norm", "unsharded_grads",
-              "weight_sharding", "fp32_grads", "moe_overlap"):
+              "weight_sharding", "fp32_grads", "param_gather_overlap", "moe_overlap"):
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe",

@@ -54,6 +54,7 @@ REASONS = REASONS + (
     "invalid: recompute_layers needs activation_recompute full",
     "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate",
     "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs",
+    "invalid: param_gather_overlap needs optimizer_sharding without weight_sharding",
     # mixture of experts and latent attention (issue 14)
     "invalid: expert_par and expert_tensor_par need a mixture-of-experts model",
     "invalid: expert_par must divide the number of experts",
@@ -122,15 +123,18 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
     flag(cols["optimizer_offload"] & ~tr, "invalid: optimizer_offload is only for training")
     nets = system.networks
     nn = len(nets)
-    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net"):
+    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net") + (
+            ("context_par_net",) if extended or cols["context_par_net"].any() else ()):
         flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
     # Network tiers: each must hold the product of the parallelisms on it,
     # and a tier that must be filled must be filled exactly.
     for tier in range(min(nn, MAX_TIERS)):
         size = np.ones(n, dtype=np.int64)
         used = np.zeros(n, dtype=bool)
-        for par, net in ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"),
-                         (cp, "context_par_net")):
+        pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
+        if extended:
+            pars += ((cp, "context_par_net"),)
+        for par, net in pars:
             on = (par > 1) & (cols[net] == tier)
             used |= on
             size = np.where(on, size * par, size)
@@ -156,21 +160,29 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          "invalid: microbatch_size * seq_size must be divisible by tensor_par")
     flag((model.hidden % tp1 != 0) | (model.feedforward % tp1 != 0) | (model.attn_heads % tp1 != 0),
          "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par")
-    # autopar's extension fields.
-    cp1 = np.maximum(cp, 1)
-    flag((cp > 1) & (model.seq_size % (2 * cp1) != 0),
-         "invalid: seq_size must be divisible by 2 * context_par")
-    flag((cp > 1) & (cols["context_par_comm"] == 1) & (model.attn_heads % (tp1 * cp1) != 0),
-         "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par")
+    # autopar's extension fields (checked only where some row sets them).
+    if extended:
+        cp1 = np.maximum(cp, 1)
+        flag((cp > 1) & (model.seq_size % (2 * cp1) != 0),
+             "invalid: seq_size must be divisible by 2 * context_par")
+        flag((cp > 1) & (cols["context_par_comm"] == 1) & (model.attn_heads % (tp1 * cp1) != 0),
+             "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par")
     ws = cols["weight_sharding"]
-    flag(ws & (~cols["optimizer_sharding"] | cols["unsharded_grads"]),
-         "invalid: weight_sharding needs optimizer_sharding without unsharded_grads")
+    if ws.any():
+        flag(ws & (~cols["optimizer_sharding"] | cols["unsharded_grads"]),
+             "invalid: weight_sharding needs optimizer_sharding without unsharded_grads")
     g = cols["sharding_group"]
-    flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"] | (dp % np.maximum(g, 1) != 0))),
-         "invalid: sharding_group must divide data_par and needs optimizer_sharding")
+    if g.any():
+        flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"] | (dp % np.maximum(g, 1) != 0))),
+             "invalid: sharding_group must divide data_par and needs optimizer_sharding")
+    pgo = cols["param_gather_overlap"]
+    if pgo.any():
+        flag(pgo & (~cols["optimizer_sharding"] | ws),
+             "invalid: param_gather_overlap needs optimizer_sharding without weight_sharding")
     k = cols["recompute_layers"]
-    flag((k < 0) | ((k > 0) & (rec != CHOICES["activation_recompute"].index("full"))),
-         "invalid: recompute_layers needs activation_recompute full")
+    if k.any():
+        flag((k < 0) | ((k > 0) & (rec != CHOICES["activation_recompute"].index("full"))),
+             "invalid: recompute_layers needs activation_recompute full")
     recipe = cols["fp8_recipe"]
     if (recipe != 0).any():
         dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]
@@ -241,10 +253,10 @@ def normalize(cols: Mapping) -> dict:
     for f, default in EXT_DEFAULTS.items():
         if f in cols:
             out[f] = np.broadcast_to(np.asarray(cols[f]), (n,))
-        elif f in CHOICES:
-            out[f] = np.full(n, CHOICES[f].index(default), dtype=np.int8)
+        elif f in CHOICES:       # read-only views of one value: no copies
+            out[f] = np.broadcast_to(np.int8(CHOICES[f].index(default)), (n,))
         elif f in EXT_INT_FIELDS:
-            out[f] = np.full(n, default, dtype=np.int64)
+            out[f] = np.broadcast_to(np.int64(default), (n,))
         else:
-            out[f] = np.full(n, default, dtype=bool)
+            out[f] = np.broadcast_to(np.bool_(default), (n,))
     return out

@@ -52,7 +52,7 @@ PARAMS: tuple[str, ...] = (
     # autopar's extensions (optional in a file: when absent, fixed at their
     # defaults, which keep Calculon's meaning).
     "attention_impl", "fused_norm", "unsharded_grads",
-    "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads",
+    "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads", "param_gather_overlap",
     # mixture of experts (neutral for a dense model)
     "expert_par_net", "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
 )
@@ -201,6 +201,12 @@ def _r_cpcomm(c, s):
     if c.heads % (s["tensor_par"] * s["context_par"]):
         return ("p2p",), "a2a needs tensor_par * context_par to divide attn_heads"
     return CHOICES["context_par_comm"], None
+
+
+def _r_pgo(c, s):
+    if not s["optimizer_sharding"] or s["weight_sharding"] or not c.training:
+        return (False,), "needs optimizer_sharding without weight_sharding, and training"
+    return _TF, None
 
 
 def _r_fp32grads(c, s):
@@ -403,6 +409,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("context_par_comm", ("tensor_par", "context_par"), _r_cpcomm, ""),
     _Rule("fp8_recipe", (), _r_fp8, ""),
     _Rule("fp32_grads", (), _r_fp32grads, ""),
+    _Rule("param_gather_overlap", ("optimizer_sharding", "weight_sharding"), _r_pgo, ""),
     _Rule("expert_par_net", ("expert_par",), _r_net("expert_par"), "network tier"),
     _Rule("expert_tensor_par_net", ("expert_tensor_par",), _r_net("expert_tensor_par"),
           "network tier"),
@@ -771,7 +778,9 @@ class Space:
                 cands, forced = (), None     # an earlier value is out of range
             if rule.name == "data_par":
                 tp, pp = state["tensor_par"], state["pipeline_par"]
-                v = cands[0] if cands else (ctx.num_procs // (tp * pp) if tp and pp else 0)
+                cp = state.get("context_par", 1) or 0
+                v = cands[0] if cands else (ctx.num_procs // (tp * pp * cp) if tp and pp and cp
+                                            else 0)
             elif rule.name == "batch_size":
                 v = cands[0] if cands else 0
             elif forced is not None and (normalize or rule.name not in self.allowed):
@@ -820,6 +829,10 @@ class Space:
             else:
                 if name in ex:
                     v = ex[name]
+                elif name in EXT_DEFAULTS:
+                    # Extension fields are written only where they differ
+                    # from their defaults (``complete``, ``layouts.record``).
+                    v = EXT_DEFAULTS[name]
                 elif name in self.allowed:
                     return f"invalid: {name} is missing"
                 else:
@@ -833,6 +846,10 @@ class Space:
 
     def _no_derived(self, ctx, name, state) -> str:
         if name == "data_par":
+            cp = state.get("context_par", 1)
+            if cp != 1:
+                return (f"tensor_par*pipeline_par*context_par ({state['tensor_par']}*"
+                        f"{state['pipeline_par']}*{cp}) does not divide num_procs {ctx.num_procs}")
             return (f"tensor_par*pipeline_par ({state['tensor_par']}*{state['pipeline_par']}) "
                     f"does not divide num_procs {ctx.num_procs}")
         dp = state["data_par"]
@@ -842,6 +859,9 @@ class Space:
 
     def _derived_mismatch(self, ctx, name, state, v, want) -> str:
         if name == "data_par":
+            if state.get("context_par", 1) != 1:
+                return (f"data_par {brief(v)} is not num_procs/(tensor_par*pipeline_par*"
+                        f"context_par) = {want}")
             return f"data_par {brief(v)} is not num_procs/(tensor_par*pipeline_par) = {want}"
         how = ("the batch size" if ctx.policy == "fixed"
                else f"the largest multiple of data_par {state['data_par']} <= {ctx.max_batch}")

@@ -164,7 +164,10 @@ def megatron_execution(system_: SystemSpec, *, n: int, tp: int, pp: int, dp: int
           "attention_impl": "flash_v2" if flash else "unfused", "fused_norm": fused,
           "unsharded_grads": dist_opt and not fsdp and dp * cp > 1,
           "context_par": cp, "context_par_comm": cp_comm,
-          "weight_sharding": fsdp and dp > 1, "fp8_recipe": fp8, "fp32_grads": fp32_grads}
+          "weight_sharding": fsdp and dp * cp > 1, "fp8_recipe": fp8,
+          "fp32_grads": fp32_grads,
+          # Megatron's overlap_param_gather goes with the overlapped grad reduce.
+          "param_gather_overlap": dist_opt and not fsdp and dp_overlap and dp * cp > 1}
     ex.update(tiers(system_, tp, cp, dp, pp))
     return ex
 
@@ -296,7 +299,7 @@ def rank_space(table: Table, case: PublishedCase) -> dict:
     from autopar.search.space import PARAMS
     for p in PARAMS:
         if p not in params:
-            fixed[p] = ex.get(p, _default(p))
+            fixed[p] = ex[p] if p in ex else _default(p)
     params.update(table.search_space)
     for p in table.search_space:
         fixed.pop(p, None)
@@ -405,9 +408,12 @@ def _nemo_perf(row) -> PublishedCase | Skip:
     vp = _int(row.vp) or 1
     dp = n // (tp * pp * cp)
     datatype, fp8 = PRECISIONS[row.precision]
+    # NeMo's GPT/Llama training configurations of the time synchronise
+    # gradients in bf16 (distributed_fused_adam with grad_sync_dtype bf16):
+    # no fp32 gradient buffers.
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=int(row.gbs),
                             mbs=int(row.mbs), vp=vp if pp > 1 else 1, datatype=datatype,
-                            fp8=fp8, tp_overlap=True)
+                            fp8=fp8, tp_overlap=True, fp32_grads=False)
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": float(row.tokens_per_sec_per_gpu)},
                          label)
 
@@ -439,7 +445,7 @@ def _nemo_cp(row) -> PublishedCase | Skip:
         return Skip(f"global batch {gbs} not divisible by data_par {dp}", label)
     datatype, fp8 = PRECISIONS[row.precision]
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=1,
-                            datatype=datatype, fp8=fp8, tp_overlap=True)
+                            datatype=datatype, fp8=fp8, tp_overlap=True, fp32_grads=False)
     # Reported TFLOP/s per GPU -> tokens/s/GPU with NeMo's (causal) FLOP count.
     tok = float(row.tflops_per_gpu_with_cp) * 1e12 / flops_per_token(m, causal=True)
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
@@ -535,11 +541,16 @@ def _titan(row) -> PublishedCase | Skip:
     local = int(row.local_batch)
     gbs = local * dp
     ckpt = str(row.activation_ckpt)
-    recompute = "full" if ckpt.startswith("full") else "attn_only"
+    # torchtitan's selective checkpointing (per-op policy) keeps the
+    # attention's GEMM and SDPA outputs and recomputes the element-wise ops and
+    # every second matmul: modelled as Megatron's MLP-only recompute, which
+    # keeps the attention and recomputes the MLP's first GEMM and activation.
+    recompute = "full" if ckpt.startswith("full") else "mlp_only"
     f8 = str(row.float8)
     fp8 = ("rowwise" if "rowwise" in f8 else "tensorwise" if ("float8" in f8 or f8 == "True")
            else "none")
     async_tp = str(row.async_tp).strip() == "True"
+    # FSDP shards over the data-parallel and context-parallel ranks together.
     # Pipeline: torchtitan's default schedule has as many micro-batches as stages.
     mbs = max(local // pp, 1) if pp > 1 else local
     vp = 2 if "Interleaved" in str(row.pp_schedule) else 1
@@ -549,7 +560,7 @@ def _titan(row) -> PublishedCase | Skip:
     # checkpointing keeps none; compile's speed-up is not modelled.
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                             recompute=recompute, sp=tp > 1, tp_overlap=async_tp,
-                            dist_opt=False, fsdp=fsdp > 1, dp_overlap=True, fp8=fp8,
+                            dist_opt=False, fsdp=fsdp * cp > 1, dp_overlap=True, fp8=fp8,
                             fused=True, cp_comm="p2p")
     meas = {"tokens_per_s_per_gpu": float(row.tokens_per_sec_per_gpu)}
     if _num(row.peak_mem_gib) is not None:
@@ -577,7 +588,8 @@ def _simumax(row) -> PublishedCase | Skip:
         return Skip(f"no model file for {row.model}", label)
     seq = int(row.seq_len)
     m = model(name, seq_size=seq, num_blocks=int(row.layers_truncated_to))
-    sy = system("b200_nvl8")
+    # The B200 file calibrated on this table (systems/b200_nvl8_megatron.json).
+    sy = system("b200_nvl8_megatron")
     n, tp, pp, dp, cp = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                          int(row.cp))
     vp = _int(row.vp) or 1
