@@ -326,12 +326,15 @@ def test_space_searches_expert_parallelism_by_its_rules(h100):
 
 def test_published_moe_rows(reference):
     """Every published MoE layout autopar has a system for is predicted
-    feasible; the SimuMax DeepSeek rows' peak memory is within 5% (median)."""
+    feasible; the SimuMax DeepSeek rows' peak memory is within 5% and their
+    throughput within 15% (medians, the issue's bars)."""
     from autopar.studies.published import TABLES, predict
     sim = predict(TABLES["simumax_b200"], rank=False)
     moe = sim[sim.label.str.startswith("deepseek")]
     assert len(moe) == 12 and moe.feasible.all()
     assert moe.mem_error.abs().median() <= 0.05
+    # On the B200 file calibrated on the table's dense rows only.
+    assert moe.tok_error.abs().median() <= 0.15
     qwen = predict(TABLES["bridge_qwen3_moe"], rank=False)
     done = qwen[qwen.status == "predicted"]
     assert len(done) == 23 and done.feasible.all()

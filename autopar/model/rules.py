@@ -190,7 +190,7 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
         has = np.array([True] + [rate[i] in system.matrix for i in (1, 2, 3)])
         flag((recipe != 0) & (~np.isin(cols["datatype"], dts_ok) | ~has[recipe]),
              "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
-    _check_moe(model, system, cols, flag, tp1, dp1 * cp1)
+    _check_moe(model, system, cols, flag, tp1, dp1 * np.maximum(cp, 1))
     return code, dts
 
 
@@ -198,6 +198,11 @@ def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1)
     """The rules of expert parallelism and latent attention (none apply to a
     dense model at the defaults).  ``dp1``: data_par * context_par."""
     ep, etp = cols["expert_par"], cols["expert_tensor_par"]
+    if model.moe is None and model.mla is None and not (
+            (ep != 1).any() or (etp != 1).any() or (cols["moe_dispatcher"] != 0).any()
+            or cols["moe_overlap"].any() or (cols["expert_par_net"] != 0).any()
+            or (cols["expert_tensor_par_net"] != 0).any()):
+        return                      # a dense model at the defaults: nothing to check
     flag((ep <= 0) | (etp <= 0), "invalid: sizes must be positive")
     ep1, etp1 = np.maximum(ep, 1), np.maximum(etp, 1)
     expert = (ep > 1) | (etp > 1)
