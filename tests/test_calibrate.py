@@ -199,7 +199,7 @@ def test_codesign_inner_search_keeps_the_headroom(cli, tmp_path, repo_root):
              "output_dir": "out"}
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
-    p = cli("codesign", path, "--no-progress", "--memory-headroom", 5)
+    p = cli("codesign", path, "--no-progress", "--memory-headroom", 5, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     rows = pd.read_csv(tmp_path / "out" / "trials.csv").set_index("mem1.GiB")
     assert (rows.memory_headroom_GiB == 5).all()

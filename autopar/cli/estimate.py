@@ -24,6 +24,11 @@ TIME_ROWS = (
     ("DP comm exposed", ("dp_comm_exposed_time",)),
     ("offload exposed", ("fw_offload_exposed_time", "bw_offload_exposed_time")),
 )
+# Extension rows, shown when a layout has them.
+EXTRA_TIME_ROWS = (
+    ("CP comm exposed", ("cp_comm_exposed_time",)),
+    ("weight gathers exposed", ("weight_gather_exposed_time",)),
+)
 
 
 def register(subparsers) -> None:
@@ -133,12 +138,23 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
         f"{model.attn_size}, seq {model.seq_size}"
         + (f", {model.block} block" if model.block != "gpt" else "")
         + (f", {model.kv_heads} kv heads" if model.kv_heads else ""))
+    if model.moe is not None:
+        mo = model.moe
+        add(f"        MoE: {mo.experts} experts x {mo.expert_feedforward}, top-{mo.top_k}"
+            + (f", {mo.shared_experts} shared ({mo.shared_feedforward})" if mo.shared_experts
+               else "")
+            + (f", first {mo.first_dense} blocks dense" if mo.first_dense else "")
+            + (", MLA" if model.mla is not None else "")
+            + (f", {model.mtp} MTP" if model.mtp else ""))
     add(f"system  {system.name or system.source}: {system.processing_mode}, "
         f"{len(system.networks)} network tiers, mem1 {system.mem1.GiB:g} GiB, "
         f"mem2 {system.mem2.GiB:g} GiB")
     add(f"layout  {e['num_procs']} procs = TP {e['tensor_par']} (net {e['tensor_par_net']})"
         f" x PP {e['pipeline_par']} (net {e['pipeline_par_net']})"
-        f" x DP {e['data_par']} (net {e['data_par_net']}); batch {e['batch_size']},"
+        f" x DP {e['data_par']} (net {e['data_par_net']})"
+        + (f" x CP {e['context_par']} (net {e.get('context_par_net', 0)}, "
+           f"{e.get('context_par_comm', 'p2p')})" if e.get("context_par", 1) > 1 else "")
+        + f"; batch {e['batch_size']},"
         f" microbatch {e['microbatch_size']}, {e['datatype']}"
         f"{'' if e['training'] else ', inference'}")
     flags = [f"recompute={e['activation_recompute']}",
@@ -149,7 +165,16 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
     flags += [f for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
                           "data_par_overlap", "weight_offload", "activations_offload",
                           "optimizer_offload") if e[f]]
+    flags += [f for f in ("unsharded_grads", "weight_sharding", "fp32_grads",
+                          "param_gather_overlap") if e.get(f)]
+    flags += [f"{f}={e[f]}" for f in ("sharding_group", "recompute_layers", "fp8_recipe",
+                                      "attention_impl") if f in e]
     add("        " + ", ".join(flags))
+    if e.get("expert_par", 1) > 1 or e.get("expert_tensor_par", 1) > 1:
+        add(f"        EP {e.get('expert_par', 1)} (net {e.get('expert_par_net', 0)}) x ETP "
+            f"{e.get('expert_tensor_par', 1)} (net {e.get('expert_tensor_par_net', 0)}), "
+            f"dispatcher {e.get('moe_dispatcher', 'alltoall')}"
+            + (", overlapped" if e.get("moe_overlap") else ""))
 
     add("")
     add(f"{'memory per processor (GiB)':<28}{'tier 1':>12}{'tier 2':>12}")
@@ -164,11 +189,16 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
     total = _get(stats, "total_time")
     add("")
     add(f"{'time per batch (s)':<28}{'seconds':>12}{'share':>12}")
-    for label, keys in TIME_ROWS:
+    extra = tuple(r for r in EXTRA_TIME_ROWS if any(_get(stats, k) > 0 for k in r[1]))
+    for label, keys in TIME_ROWS + extra:
         t = sum(_get(stats, k) for k in keys)
         share = t / total * 100 if total > 0 else float("nan")
         add(f"  {label:<26}{t:>12.4f}{share:>11.1f}%")
     add(f"  {'total':<26}{total:>12.4f}{100.0:>11.1f}%")
+    if _get(stats, "ep_comm_link_time") > 0:
+        t = _get(stats, "ep_comm_exposed_time")
+        add(f"  {'EP dispatch (in fw/bw)':<26}{t:>12.4f}{t / total * 100:>11.1f}%"
+            f"   (link {_get(stats, 'ep_comm_link_time'):.4f} s)")
 
     add("")
     add(f"efficiency   compute {_get(stats, 'compute_efficiency') * 100:.2f}%, system "

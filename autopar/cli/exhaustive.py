@@ -186,7 +186,10 @@ def _layout_text(best: dict) -> str:
     return (f"{best['sample_rate']:.4g} samples/s  tp={ex['tensor_par']} "
             f"pp={ex['pipeline_par']} dp={ex['data_par']} batch={ex['batch_size']} "
             f"mbs={ex['microbatch_size']} ppint={ex['pipeline_interleaving']} "
-            f"recompute={ex['activation_recompute']} comm={ex['tensor_par_comm_type']}")
+            f"recompute={ex['activation_recompute']} comm={ex['tensor_par_comm_type']}"
+            + "".join(f" {k}={ex[k]}" for k in ("context_par", "weight_sharding", "sharding_group",
+                                                 "fp8_recipe", "expert_par", "expert_tensor_par")
+                      if k in ex))
 
 
 def _without_headroom(model, system, space, args, headroom: float, summary: dict):

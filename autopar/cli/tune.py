@@ -127,7 +127,12 @@ def _layout_line(row) -> str:
             f"tp={row['tensor_par']} pp={row['pipeline_par']} dp={row['data_par']} "
             f"batch={row['batch_size']} mbs={row['microbatch_size']} "
             f"ppint={row['pipeline_interleaving']} recompute={row['activation_recompute']} "
-            f"comm={row['tensor_par_comm_type']}")
+            f"comm={row['tensor_par_comm_type']}"
+            + "".join(f" {k}={row[k]}" for k in ("context_par", "weight_sharding",
+                                                 "sharding_group", "fp8_recipe", "expert_par",
+                                                 "expert_tensor_par")
+                      if k in row and row[k] == row[k]
+                      and str(row[k]) not in ("1", "False", "0", "none")))
 
 
 def fitting_trials(table, system, headroom: float):

@@ -4,6 +4,8 @@
 figures of Korthikanti et al. (memory by recompute mode, time per batch).
 ``autopar validate SWEEP.csv --system FILE`` predicts a measured sweep (the
 column format of the LLaMA sweeps) and scores the model on it.
+``autopar validate published [--table NAME]`` predicts the published
+training measurements (``autopar.studies.published``) and reports per table.
 """
 from __future__ import annotations
 
@@ -17,7 +19,13 @@ def register(subparsers) -> None:
                     "a CSV path: predict a measured sweep and report out-of-memory "
                     "agreement, Spearman rank correlation, step-time error and "
                     "top-1 regret.")
-    p.add_argument("target", help="'megatron' or a measured sweep CSV")
+    p.add_argument("target", help="'megatron', 'published' or a measured sweep CSV")
+    p.add_argument("--table", action="append", default=None,
+                   help="published: only this table (repeatable; default: all)")
+    p.add_argument("--no-rank", action="store_true",
+                   help="published: skip ranking the published layouts among autopar's")
+    p.add_argument("--rows", action="store_true",
+                   help="published: also print every row's prediction")
     p.add_argument("--system", default=None,
                    help="system JSON (default for megatron: systems/a100_80g.json)")
     p.add_argument("--models", default=None,
@@ -56,6 +64,8 @@ def run(args) -> int:
         if args.output:
             write_atomic_csv(table, args.output)
         return 0
+    if args.target == "published":
+        return _published(args)
     if not args.system:
         raise SpecError("command line", "--system", "a system file is required for a sweep")
     from autopar.studies.validate import sweep_report, validate_sweep
@@ -74,6 +84,36 @@ def run(args) -> int:
     if args.output:
         write_atomic_csv(rows, args.output)
     return 0 if len(rows) else 1
+
+
+def _published(args) -> int:
+    import pandas as pd
+
+    from autopar.io.writers import write_atomic_csv
+    from autopar.studies.published import report
+
+    summary, rows = report(args.table, rank=not args.no_rank)
+    pct = lambda x: f"{100 * x:.1f}%" if x == x else "-"     # noqa: E731
+    show = summary.copy()
+    for c in ("median_abs_tok_error", "worst_abs_tok_error", "median_abs_mem_error"):
+        show[c] = show[c].map(pct)
+    print(show.to_string())
+    for name, r in rows.items():
+        skipped = r[r.status == "skipped"]
+        if len(skipped):
+            print(f"\n{name}: {len(skipped)} rows skipped")
+            for reason, g in skipped.groupby("reason", sort=False):
+                print(f"  {len(g)} x {reason}")
+        bad = r[(r.status == "predicted") & ~r.feasible.astype(bool)]
+        for _, b in bad.iterrows():
+            print(f"  predicted not to run: {b.label}: {b.reason}")
+        if args.rows:
+            print(f"\n{name}:")
+            print(r[r.status == "predicted"].drop(columns=["status"]).to_string(
+                index=False, float_format=lambda x: f"{x:.3f}"))
+    if args.output:
+        write_atomic_csv(pd.concat(rows, names=["table"]).reset_index(level=0), args.output)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,14 +40,14 @@ BOOL_FIELDS = frozenset({
 
 # String fields: the code of a value is its index here.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "datatype": ("float8", "float16", "bfloat16", "float32"),
+    "datatype": ("float8", "float16", "bfloat16", "float32", "mxfp8"),
     "attention_type": ("multihead", "multiquery"),
-    "activation_recompute": ("full", "attn_only", "none"),
+    "activation_recompute": ("full", "attn_only", "none", "mlp_only"),
     "tensor_par_comm_type": ("ar", "p2p_rs_ag", "rs_ag"),
     "tensor_par_overlap": ("none", "ring", "pipe"),
 }
 
-BYTES_PER_ELEMENT = {"float8": 1, "float16": 2, "bfloat16": 2, "float32": 4}
+BYTES_PER_ELEMENT = {"float8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "mxfp8": 1}
 
 # Extension fields: optional in files, absent from Calculon's format; the
 # defaults keep Calculon's meaning.  ``attention_impl`` is the attention
@@ -60,6 +60,73 @@ EXT_DEFAULTS: dict[str, object] = {"attention_impl": "unfused", "fused_norm": Fa
                                    "unsharded_grads": False}
 CHOICES["attention_impl"] = ("unfused", "fused_softmax", "flash_v1", "flash_v2")
 BOOL_FIELDS = BOOL_FIELDS | {"fused_norm", "unsharded_grads"}
+
+# Dimensions of today's training (issue 13), all opt-in:
+# * ``context_par`` (CP): the sequence of every micro-batch is split over this
+#   many processors; attention exchanges K/V between them, either around a ring
+#   of point-to-point transfers overlapped with the attention compute
+#   (``context_par_comm: p2p``, Megatron's default) or with all-to-alls that
+#   trade the sequence split for a head split around attention (``a2a``,
+#   DeepSpeed-Ulysses style); ``context_par_net`` is its network tier.
+#   num_procs = tensor_par * pipeline_par * data_par * context_par.
+# * Data-parallel sharding stages: Calculon's ``optimizer_sharding`` shards the
+#   optimizer state and the weight gradients (ZeRO-2); with ``unsharded_grads``
+#   only the optimizer state (ZeRO-1, Megatron's distributed optimizer);
+#   ``weight_sharding`` also shards the weights, all-gathered block by block in
+#   forward and backward with the next block's gather prefetched behind the
+#   current block's compute (ZeRO-3 / FSDP); ``sharding_group`` > 0 shards over
+#   groups of that many data-parallel ranks and replicates across the groups
+#   (hybrid sharding, HSDP); 0 shards over all of data_par.
+# * ``activation_recompute`` gains ``mlp_only`` (Megatron's selective MLP
+#   recompute) beside ``attn_only`` (attention core, Megatron's selective);
+#   ``recompute_layers`` > 0 with ``full`` recomputes only that many blocks of
+#   each stage (Megatron's recompute_num_layers), 0: all of them.
+# * ``fp8_recipe``: GEMMs of the block's linear layers run at the system's
+#   float8 rate (``tensorwise``: per-tensor scales, TE delayed/current scaling
+#   or torchao tensorwise; ``rowwise``: per-row / 1x128 block scales) or its
+#   mxfp8 rate (``mxfp8``: 1x32 block scales, Blackwell); ``datatype`` stays
+#   the high precision (bfloat16) of everything else: weights, activations
+#   between layers, the attention core, norms, the output layer; the fp32
+#   master weights and optimizer state are as for that datatype.  The casts to
+#   fp8 (and their amax reductions) are charged as memory traffic.
+# * ``fp32_grads``: weight gradients are accumulated and reduced in fp32
+#   (Megatron's main_grad buffers) rather than in the working datatype.
+# * ``param_gather_overlap``: with sharded optimizer state (and whole
+#   weights), the all-gather of the updated weights leaves the gradient sync
+#   and runs block by block during the next step's first forward pass, each
+#   block's gather hidden behind the forward of the one before (Megatron's
+#   overlap_param_gather).
+EXT_DEFAULTS.update({"context_par": 1, "context_par_net": 0, "context_par_comm": "p2p",
+                     "weight_sharding": False, "sharding_group": 0,
+                     "recompute_layers": 0, "fp8_recipe": "none", "fp32_grads": False,
+                     "param_gather_overlap": False})
+CHOICES["context_par_comm"] = ("p2p", "a2a")
+CHOICES["fp8_recipe"] = ("none", "tensorwise", "rowwise", "mxfp8")
+BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding", "fp32_grads", "param_gather_overlap"}
+EXT_INT_FIELDS = frozenset({"context_par", "context_par_net", "sharding_group",
+                            "recompute_layers"})
+# Mixture-of-experts execution (issue 14; only meaningful for a model with
+# ``moe``): ``expert_par`` (EP) spreads the routed experts over that many
+# processors, ``expert_tensor_par`` (ETP) splits each expert's feed-forward
+# over that many; both are laid over the tensor x data x context processors
+# of a stage (as Megatron does), so the expert-data-parallel group that syncs
+# expert gradients (and shards their optimizer state) is
+# tensor_par * data_par * context_par / (EP * ETP).  ``expert_par_net`` /
+# ``expert_tensor_par_net`` are their network tiers; ``moe_dispatcher`` moves
+# tokens to their experts by all-to-all, by all-gather (and back by
+# all-to-all / reduce-scatter), or ``deepep``: an all-to-all that sends a
+# token once to each remote node holding any of its experts and forwards it
+# inside the node (DeepEP / HybridEP, Megatron's flex dispatcher);
+# ``moe_overlap`` hides the dispatch and combine
+# behind the experts' compute.  The defaults (1, 1, tier 0, all-to-all, no
+# overlap) leave a dense model exactly as Calculon has it.
+EXT_DEFAULTS.update({"expert_par": 1, "expert_tensor_par": 1, "expert_par_net": 0,
+                     "expert_tensor_par_net": 0, "moe_dispatcher": "alltoall",
+                     "moe_overlap": False})
+CHOICES["moe_dispatcher"] = ("alltoall", "allgather", "deepep")
+BOOL_FIELDS = BOOL_FIELDS | {"moe_overlap"}
+EXT_INT_FIELDS = EXT_INT_FIELDS | {"expert_par", "expert_tensor_par", "expert_par_net",
+                                   "expert_tensor_par_net"}
 ALL_FIELDS: tuple[str, ...] = FIELDS + tuple(EXT_DEFAULTS)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from autopar.io.errors import SpecError, brief
@@ -22,8 +21,13 @@ from autopar.io.specs import read_yaml
 # nesting; fused_activation and attention_type, which Calculon fixes, sit
 # where Calculon loops over fused_activation).
 PARAMS: tuple[str, ...] = (
-    "tensor_par", "pipeline_par", "pipeline_interleaving",
-    "activation_recompute", "optimizer_sharding", "tensor_par_comm_type",
+    "tensor_par", "pipeline_par", "context_par",
+    # expert parallelism early: later nodes depend on it, and the nodes up to
+    # the last one depended on are walked in Python (the prefix)
+    "expert_par", "expert_tensor_par",
+    "pipeline_interleaving",
+    "activation_recompute", "recompute_layers", "optimizer_sharding", "weight_sharding",
+    "sharding_group", "tensor_par_comm_type",
     "seq_par_ag_redo", "data_par_overlap", "tensor_par_overlap",
     "weight_offload", "activations_offload", "optimizer_offload",
     "fused_activation", "attention_type", "microbatch_size",
@@ -31,13 +35,19 @@ PARAMS: tuple[str, ...] = (
     # autopar's extensions (optional in a file: when absent, fixed at their
     # defaults, which keep Calculon's meaning).
     "attention_impl", "fused_norm", "unsharded_grads",
+    "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads", "param_gather_overlap",
+    # mixture of experts (neutral for a dense model)
+    "expert_par_net", "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
 )
 OPTIONAL = tuple(EXT_DEFAULTS)
 DERIVED = ("data_par", "batch_size")          # computed from the others
 FROM_CASE = ("num_procs", "datatype", "training")
 BATCH_POLICIES = ("max", "fixed")
 TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed")
-NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net")
+NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
+              "expert_par_net", "expert_tensor_par_net")
+# Integer parameters whose smallest value is 0.
+_ZERO_OK = NET_FIELDS + ("sharding_group", "recompute_layers")
 
 
 
@@ -59,7 +69,7 @@ def _value(src: str, where: str, name: str, v):
         if not isinstance(v, bool):
             raise SpecError(src, where, f"expected true or false, got {brief(v)}")
         return v
-    low = 0 if name in NET_FIELDS else 1
+    low = 0 if name in _ZERO_OK else 1
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise SpecError(src, where, f"expected an integer >= {low}, got {brief(v)}")
     return v

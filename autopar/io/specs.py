@@ -4,7 +4,9 @@ The three inputs are read in Calculon's JSON formats, unchanged:
 
 * model ("application"): ``hidden, feedforward, seq_size, attn_heads,
   attn_size, num_blocks``; optional extension keys ``block`` ("gpt" |
-  "llama"), ``kv_heads``, ``vocab_size``, ``name`` and ``description``.
+  "llama"), ``kv_heads``, ``vocab_size``, ``moe`` (mixture of experts,
+  ``MoESpec``), ``mla`` (multi-head latent attention, ``MLASpec``), ``mtp``
+  (multi-token-prediction modules), ``name`` and ``description``.
 * system: ``matrix, vector, mem1, mem2, processing_mode, networks``; optional
   top-level ``name`` and ``description`` strings.
 * execution: exactly Calculon's 23 fields (``autopar.io.layouts.FIELDS``).
@@ -30,6 +32,57 @@ from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, F
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward (the ``moe`` object of a model file).
+
+    ``experts`` routed experts of ``expert_feedforward`` each, ``top_k`` of
+    them per token, plus ``shared_experts`` that every token passes
+    (``shared_feedforward`` wide in all, default shared_experts x
+    expert_feedforward).  The first ``first_dense`` blocks keep the dense
+    MLP of the model's ``feedforward``.  ``router`` scores tokens by softmax
+    or sigmoid; ``capacity_factor`` pads every expert to that multiple of
+    the balanced load (None: dropless, no padding); ``imbalance`` is the
+    load of the busiest expert relative to the balanced load (1.0: balanced
+    routing, the default assumption).
+    """
+    experts: int
+    top_k: int
+    expert_feedforward: int
+    shared_experts: int = 0
+    shared_feedforward: int = 0
+    first_dense: int = 0
+    router: str = "softmax"
+    capacity_factor: float | None = None
+    imbalance: float = 1.0
+
+    @property
+    def load(self) -> float:
+        """Tokens an expert processes relative to the balanced load."""
+        return self.capacity_factor if self.capacity_factor is not None else self.imbalance
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3; the ``mla`` object).
+
+    Queries are compressed to ``q_lora_rank`` (0: no query compression),
+    keys and values jointly to ``kv_lora_rank``; each head's query/key has
+    ``qk_nope_head_dim`` dimensions without and ``qk_rope_head_dim`` with
+    rotary embedding (the rotary key is shared by the heads), and its value
+    ``v_head_dim``.
+    """
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     hidden: int
     feedforward: int
@@ -41,6 +94,9 @@ class ModelSpec:
     block: str = "gpt"            # "gpt" | "llama"
     kv_heads: int | None = None   # None: as attention_type says (multihead/multiquery)
     vocab_size: int = 0           # 0: embeddings/output layer not modelled (as Calculon)
+    moe: MoESpec | None = None    # None: every block has the dense MLP (as Calculon)
+    mla: MLASpec | None = None    # None: attention as attention_type says
+    mtp: int = 0                  # multi-token-prediction modules (DeepSeek-V3: 1)
     name: str = ""
     source: str = "dict"
     description: str = ""
@@ -83,6 +139,10 @@ class MemoryOverhead:
     # framework gathers the logits whole on every tensor-parallel rank.
     logits_fp32_copies: float = 1.0
     logits_gathered: bool = False
+    # Full-recompute checkpoints kept split over tensor_par where sequence
+    # parallelism splits the block's input (Megatron, torchtitan); Calculon
+    # keeps them whole.
+    checkpoint_split: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,7 +193,14 @@ class SystemSpec:
 
 MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
               "num_blocks")
-MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "name", "description")
+MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "moe", "mla", "mtp", "name",
+                        "description")
+MOE_KEYS = ("experts", "top_k", "expert_feedforward")
+MOE_OPTIONAL_KEYS = ("shared_experts", "shared_feedforward", "first_dense", "router",
+                     "capacity_factor", "imbalance")
+ROUTERS = ("softmax", "sigmoid")
+MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MLA_OPTIONAL_KEYS = ("q_lora_rank",)
 BLOCK_TYPES = ("gpt", "llama")
 SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks")
 SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhead",
@@ -143,7 +210,10 @@ NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
 # Execution integer fields that count things (>= 1); the *_net tiers are >= 0.
-_COUNT_FIELDS = INT_FIELDS - {"tensor_par_net", "pipeline_par_net", "data_par_net"}
+_COUNT_FIELDS = (INT_FIELDS - {"tensor_par_net", "pipeline_par_net", "data_par_net"}) \
+    | {"context_par", "expert_par", "expert_tensor_par"}
+# The matrix datatype whose rate an fp8 recipe's GEMMs run at.
+FP8_MATRIX = {"tensorwise": "float8", "rowwise": "float8", "mxfp8": "mxfp8"}
 
 
 # --------------------------------------------------------------------------
@@ -360,13 +430,61 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
         if vals["attn_heads"] % kv_heads:
             c.fail("kv_heads", f"must divide attn_heads ({vals['attn_heads']}), got {kv_heads}")
     vocab = c.int(data.get("vocab_size", 0), "vocab_size", minimum=0)
+    moe = _moe(c, data["moe"], vals) if data.get("moe") is not None else None
+    mla = _mla(c, data["mla"]) if data.get("mla") is not None else None
+    mtp = c.int(data.get("mtp", 0), "mtp", minimum=0)
     if "name" in data:
         name = c.str(data["name"], "name")
     else:
         name = _stem(path_or_dict)
     desc = c.str(data.get("description", ""), "description")
-    return ModelSpec(**vals, block=block, kv_heads=kv_heads, vocab_size=vocab,
-                     name=name, source=src, description=desc)
+    return ModelSpec(**vals, block=block, kv_heads=kv_heads, vocab_size=vocab, moe=moe,
+                     mla=mla, mtp=mtp, name=name, source=src, description=desc)
+
+
+def _moe(c: _Checker, v, vals: dict) -> MoESpec:
+    c.keys(v, "moe", MOE_KEYS, MOE_OPTIONAL_KEYS)
+    experts = c.int(v["experts"], "moe.experts", minimum=1)
+    top_k = c.int(v["top_k"], "moe.top_k", minimum=1)
+    if top_k > experts:
+        c.fail("moe.top_k", f"must be <= moe.experts ({experts}), got {top_k}")
+    ffe = c.int(v["expert_feedforward"], "moe.expert_feedforward", minimum=1)
+    shared = c.int(v.get("shared_experts", 0), "moe.shared_experts", minimum=0)
+    shared_ff = c.int(v.get("shared_feedforward", shared * ffe), "moe.shared_feedforward",
+                      minimum=0)
+    if shared_ff and not shared:
+        c.fail("moe.shared_feedforward", "needs moe.shared_experts >= 1")
+    if shared and not shared_ff:
+        c.fail("moe.shared_feedforward", "must be >= 1 with shared experts")
+    first_dense = c.int(v.get("first_dense", 0), "moe.first_dense", minimum=0)
+    if first_dense >= vals["num_blocks"]:
+        c.fail("moe.first_dense", f"must be < num_blocks ({vals['num_blocks']}), "
+                                  f"got {first_dense}")
+    router = c.choice(v.get("router", "softmax"), "moe.router", ROUTERS)
+    cap = None
+    if v.get("capacity_factor") is not None:
+        cap = c.positive(v["capacity_factor"], "moe.capacity_factor")
+    imbalance = c.number(v.get("imbalance", 1.0), "moe.imbalance")
+    if imbalance < 1.0:
+        c.fail("moe.imbalance", f"must be >= 1 (1 = balanced routing), got {_show(v['imbalance'])}")
+    if imbalance * top_k > experts:
+        c.fail("moe.imbalance", f"the busiest expert cannot take more than every token: "
+                                f"imbalance * top_k must be <= experts ({experts})")
+    return MoESpec(experts=experts, top_k=top_k, expert_feedforward=ffe,
+                   shared_experts=shared, shared_feedforward=shared_ff,
+                   first_dense=first_dense, router=router, capacity_factor=cap,
+                   imbalance=imbalance)
+
+
+def _mla(c: _Checker, v) -> MLASpec:
+    c.keys(v, "mla", MLA_KEYS, MLA_OPTIONAL_KEYS)
+    return MLASpec(kv_lora_rank=c.int(v["kv_lora_rank"], "mla.kv_lora_rank", minimum=1),
+                   qk_nope_head_dim=c.int(v["qk_nope_head_dim"], "mla.qk_nope_head_dim",
+                                          minimum=1),
+                   qk_rope_head_dim=c.int(v["qk_rope_head_dim"], "mla.qk_rope_head_dim",
+                                          minimum=0),
+                   v_head_dim=c.int(v["v_head_dim"], "mla.v_head_dim", minimum=1),
+                   q_lora_rank=c.int(v.get("q_lora_rank", 0), "mla.q_lora_rank", minimum=0))
 
 
 def model_to_json(model: ModelSpec) -> dict:
@@ -378,6 +496,30 @@ def model_to_json(model: ModelSpec) -> dict:
         out["kv_heads"] = model.kv_heads
     if model.vocab_size:
         out["vocab_size"] = model.vocab_size
+    if model.moe is not None:
+        m = model.moe
+        moe = {"experts": m.experts, "top_k": m.top_k, "expert_feedforward": m.expert_feedforward}
+        if m.shared_experts:
+            moe["shared_experts"] = m.shared_experts
+            if m.shared_feedforward != m.shared_experts * m.expert_feedforward:
+                moe["shared_feedforward"] = m.shared_feedforward
+        if m.first_dense:
+            moe["first_dense"] = m.first_dense
+        if m.router != "softmax":
+            moe["router"] = m.router
+        if m.capacity_factor is not None:
+            moe["capacity_factor"] = _num(m.capacity_factor)
+        if m.imbalance != 1.0:
+            moe["imbalance"] = _num(m.imbalance)
+        out["moe"] = moe
+    if model.mla is not None:
+        a = model.mla
+        out["mla"] = {"kv_lora_rank": a.kv_lora_rank, "qk_nope_head_dim": a.qk_nope_head_dim,
+                      "qk_rope_head_dim": a.qk_rope_head_dim, "v_head_dim": a.v_head_dim}
+        if a.q_lora_rank:
+            out["mla"]["q_lora_rank"] = a.q_lora_rank
+    if model.mtp:
+        out["mtp"] = model.mtp
     if model.name:
         out["name"] = model.name
     if model.description:
@@ -483,7 +625,7 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     if "memory_overhead" in data:
         o = data["memory_overhead"]
         c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction", "logits_fp32_copies",
-                                           "logits_gathered"))
+                                           "logits_gathered", "checkpoint_split"))
         reserved = c.number(o.get("reserved_GiB", 0.0), "memory_overhead.reserved_GiB")
         fraction = c.number(o.get("fraction", 0.0), "memory_overhead.fraction")
         if reserved < 0:
@@ -494,7 +636,8 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
         if copies < 0:
             c.fail("memory_overhead.logits_fp32_copies", f"must be >= 0, got {copies}")
         gathered = c.bool(o.get("logits_gathered", False), "memory_overhead.logits_gathered")
-        overhead = MemoryOverhead(reserved, fraction, copies, gathered)
+        split = c.bool(o.get("checkpoint_split", False), "memory_overhead.checkpoint_split")
+        overhead = MemoryOverhead(reserved, fraction, copies, gathered, split)
     time_overhead = None
     if "time_overhead" in data:
         o = data["time_overhead"]
@@ -563,6 +706,8 @@ def system_to_json(system: SystemSpec) -> dict:
         out["memory_overhead"] = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
                                   "logits_fp32_copies": _num(o.logits_fp32_copies),
                                   "logits_gathered": o.logits_gathered}
+        if o.checkpoint_split:
+            out["memory_overhead"]["checkpoint_split"] = True
     if system.time_overhead is not None:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
     if system.memory_headroom is not None:
@@ -580,7 +725,10 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     followed by the extension fields that differ from their defaults.
 
     Extensions (optional): ``attention_impl`` (unfused | fused_softmax |
-    flash_v1 | flash_v2), ``fused_norm`` (bool), and the pair some Calculon
+    flash_v1 | flash_v2), ``fused_norm`` (bool), ``context_par`` (>= 1),
+    ``context_par_net``, ``context_par_comm`` (p2p | a2a), ``weight_sharding``
+    (bool), ``sharding_group`` and ``recompute_layers`` (>= 0), ``fp8_recipe``
+    (none | tensorwise | rowwise | mxfp8) (see ``autopar.io.layouts``), and the pair some Calculon
     forks write: ``attention_type: "flash"`` (multi-head attention with a
     FlashAttention-2 kernel) and ``structure_type`` ("gpt" | "llama"), which
     must match the model's ``block`` when ``model`` is given.
@@ -618,8 +766,14 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
             c.fail("datatype", f"{out['datatype']!r} is not supported by {where} "
                                f"(it runs: {', '.join(system.datatypes)})")
         n = len(system.networks)
-        for f in ("tensor_par_net", "pipeline_par_net", "data_par_net"):
-            if out[f] >= n:
+        recipe = out.get("fp8_recipe", "none")
+        if recipe != "none" and FP8_MATRIX[recipe] not in system.matrix:
+            where = system.source if system.source != "dict" else "the system"
+            c.fail("fp8_recipe", f"{recipe!r} needs a {FP8_MATRIX[recipe]} matrix rate, which "
+                                 f"{where} does not list")
+        for f in ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
+                  "expert_par_net", "expert_tensor_par_net"):
+            if out.get(f, 0) >= n:
                 c.fail(f, f"network tier {out[f]} does not exist: the system has "
                           f"{n} network{'s' if n != 1 else ''} (tiers 0..{n - 1})")
     return out

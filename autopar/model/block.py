@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES
+from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
-from autopar.model.communication import tp_collective, tp_overlapped_linear
-from autopar.model.context import LayoutContext
+from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
+from autopar.model.context import LayoutContext, shard_counts
 from autopar.model.hardware import MAX_TIERS
-from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork, gelu,
-                                  layer, layer_norm, linear, residual, rms_norm, rotary,
-                                  softmax, swiglu)
+from autopar.model.moe import mla_attention, routed_experts
+from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
+                                  fp8_gemm, gelu, layer, layer_norm, linear, residual, rms_norm,
+                                  rotary, softmax, swiglu)
 
 
-def block(ctx: LayoutContext, cols: dict):
+def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     """Per-block sums of one micro-batch for every row of ``cols``.
 
     The GPT block with default options is exactly Calculon's layer sequence.
@@ -40,6 +41,11 @@ def block(ctx: LayoutContext, cols: dict):
     first matrix is two matrices wide.  ``attention_impl`` replaces the
     attention core by a fused softmax or a FlashAttention kernel, and
     ``fused_norm`` the norm by a fused kernel.
+
+    ``kind == "moe"`` (a model with ``moe``): the MLP is the shared experts
+    (a dense MLP of ``shared_feedforward``, absent when 0) followed by the
+    routed experts (``autopar.model.moe``).  A model with ``mla`` has
+    multi-head latent attention.
     """
     m = ctx.model
     llama = m.block == "llama"
@@ -48,13 +54,21 @@ def block(ctx: LayoutContext, cols: dict):
     KV = float(m.kv_heads or m.attn_heads)
     tp = ctx.tp
     mbs = cols["microbatch_size"].astype(float)
-    B = mbs * s
+    # Context parallelism: sq of the sequence's queries (and tokens) are local;
+    # attention runs them against all s keys.
+    sq = s / ctx.cp
+    B = mbs * sq
     A = B * h
     A_split = np.floor_divide(B, tp) * h
     A_tp = np.where(ctx.tp_rs_ag, A_split, A)
     rec = cols["activation_recompute"]
     recompute_full = rec == CHOICES["activation_recompute"].index("full")
     recompute_attn = recompute_full | (rec == CHOICES["activation_recompute"].index("attn_only"))
+    # Megatron's selective MLP recompute: the MLP's first GEMM and activation
+    # run again in backward from the MLP's input; the activation's output is
+    # not kept.
+    mlp_only = rec == CHOICES["activation_recompute"].index("mlp_only")
+    recompute_mlp = recompute_full | mlp_only
     ag_redo = cols["seq_par_ag_redo"]
     regather_attn = recompute_attn | ag_redo
     regather_mlp = recompute_full | ag_redo
@@ -68,72 +82,117 @@ def block(ctx: LayoutContext, cols: dict):
     fused_norm = cols["fused_norm"]
     fused = cols["fused_activation"]
     heads_tp = H / tp
-    scores = heads_tp * s * s * mbs
+    scores = heads_tp * sq * s * mbs
     norm = rms_norm if llama else layer_norm
+
+    def g(L):           # a GEMM of the block: fp8 where the recipe says so
+        return fp8_gemm(ctx, L)
     ff_in = 2 * f if llama else f           # SwiGLU: gate and up projections
 
     full = {"recompute": recompute_full}        # recomputed under full recompute
     attn = {"recompute": recompute_attn}        # ... under full or attention-only
     shared_input = {"stored": False, "reused": True}   # its input is the Fork's
     # (layer, rows that have it)
+    if m.mla is not None:
+        seq, core_layers, q_width, kv_width = mla_attention(
+            ctx, cols, A=A, A_tp=A_tp, B=B, mbs=mbs, sq=sq, norm=norm, full=full, attn=attn,
+            shared_input=shared_input, regather_attn=regather_attn,
+            recompute_attn=recompute_attn, flash=flash, core=core, impl=impl,
+            fused_norm=fused_norm, g=g)
+    else:
+        seq, core_layers = _attention(**locals())
+        q_width = H * d / tp
+    moe = kind == "moe"
+    if moe:
+        f = float(m.moe.shared_feedforward)
+        ff_in = 2 * f if llama else f
+    seq += [
+        (residual(ctx, A_tp, A_tp, **full, **shared_input), True),
+        # MLP block
+        (fork(ctx, A_tp, 2, **full, stored=True), True),
+        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
+    ]
+    if f > 0:
+        seq += [
+            (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
+            (g(linear(ctx, B, h, ff_in / tp, recompute=recompute_mlp,
+                      stored=~regather_mlp)), tp_separate),
+            (g(tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_mlp, regather_mlp)),
+             tp_overlapped),
+            ((swiglu if llama else gelu)(ctx, f * B / tp, fused, recompute=recompute_mlp,
+                                         stored=~mlp_only), True),
+            (g(linear(ctx, B, f / tp, h, **full, stored=~mlp_only)), tp_separate),
+            (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
+            (g(tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full)),
+             tp_overlapped),
+        ]
+    if moe:
+        seq += routed_experts(ctx, cols, llama, full, g)
+    if not llama:
+        seq.append((dropout(ctx, A_tp, **full), True))
+    seq.append((residual(ctx, A_tp, A_tp, **full, **shared_input), True))
+    acc = accumulate(ctx, cols, seq, recompute_full)
+    # The attention core's own times, which the K/V exchange can hide behind.
+    attn_fw, attn_bw = ctx.zeros.copy(), ctx.zeros.copy()
+    for L, present in core_layers:
+        if "time_fw" not in L:          # no row has it
+            continue
+        attn_fw += np.where(present, L["time_fw"], 0.0)
+        attn_bw += np.where(present, L["time_agrad"] + L["time_wgrad"], 0.0)
+    acc.update(context_exchange(ctx, cols, mbs, sq, q_width, kv_width, attn_fw, attn_bw,
+                                recompute_attn))
+    return acc
+
+
+def _attention(ctx, A, A_tp, B, mbs, h, s, sq, H, d, KV, tp, llama, norm, full, attn,
+               shared_input, regather_attn, recompute_full, recompute_attn, tp_separate,
+               tp_overlapped, multiquery, kv_width, impl, flash, core, fused_norm,
+               scores, heads_tp, g, **_):
+    """The attention half of the block, up to (not including) its residual,
+    and the layers of its core (which a K/V exchange can hide behind)."""
     seq = [
         # attention block
         (fork(ctx, A_tp, 2, **full, stored=True), True),
         (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
         (tp_collective(ctx, A, False, recomm=regather_attn), tp_separate),
         (fork(ctx, A, 3, recompute=regather_attn, stored=~regather_attn), tp_separate),
-        (linear(ctx, B, h, H * d / tp, **full, **shared_input), tp_separate),
-        (tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
-                              regather_attn), tp_overlapped & ~multiquery),
-        (tp_overlapped_linear(ctx, B, h, H * d, False, recompute_full, regather_attn),
+        (g(linear(ctx, B, h, H * d / tp, **full, **shared_input)), tp_separate),
+        (g(tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
+                                regather_attn)), tp_overlapped & ~multiquery),
+        (g(tp_overlapped_linear(ctx, B, h, H * d, False, recompute_full, regather_attn)),
          tp_overlapped & multiquery),
         (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn),
          tp_overlapped & multiquery),
-        (linear(ctx, B, h, kv_width, **full, **shared_input), tp_separate | multiquery),
-        (linear(ctx, B, h, kv_width, **full, **shared_input), tp_separate | multiquery),
+        (g(linear(ctx, B, h, kv_width, **full, **shared_input)), tp_separate | multiquery),
+        (g(linear(ctx, B, h, kv_width, **full, **shared_input)), tp_separate | multiquery),
     ]
     if llama:
         seq.append((rotary(ctx, B * (H * d / tp + kv_width), **attn), True))
-    seq += [
-        (batched_matmul(ctx, mbs * heads_tp, s, d, s, **attn, out_stored=~recompute_attn), core),
+    core_layers = [
+        (batched_matmul(ctx, mbs * heads_tp, sq, d, s, **attn, out_stored=~recompute_attn), core),
         (softmax(ctx, scores, impl, llama, **attn, out_stored=~recompute_attn), core),
     ]
     if not llama:
-        seq.append((dropout(ctx, scores, **attn, stored=~recompute_attn), core))
+        core_layers.append((dropout(ctx, scores, **attn, stored=~recompute_attn), core))
+    core_layers += [
+        (batched_matmul(ctx, mbs * heads_tp, sq, s, d, **full), core),
+        (flash_attention(ctx, mbs, heads_tp, sq, d, kv_width, impl, sk=s, **full), flash),
+    ]
+    seq += core_layers
     seq += [
-        (batched_matmul(ctx, mbs * heads_tp, s, s, d, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, s, d, kv_width, impl, **full), flash),
-        (linear(ctx, B, H * d / tp, h, **full), tp_separate),
+        (g(linear(ctx, B, H * d / tp, h, **full)), tp_separate),
         (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-        (tp_overlapped_linear(ctx, B, H * d, h, True, recompute_full, recompute_full),
+        (g(tp_overlapped_linear(ctx, B, H * d, h, True, recompute_full, recompute_full)),
          tp_overlapped),
     ]
     if not llama:
         seq.append((dropout(ctx, A_tp, **full), True))
-    seq += [
-        (residual(ctx, A_tp, A_tp, **full, **shared_input), True),
-        # MLP block
-        (fork(ctx, A_tp, 2, **full, stored=True), True),
-        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
-        (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
-        (linear(ctx, B, h, ff_in / tp, **full, stored=~regather_mlp), tp_separate),
-        (tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_full, regather_mlp),
-         tp_overlapped),
-        ((swiglu if llama else gelu)(ctx, f * B / tp, fused, **full), True),
-        (linear(ctx, B, f / tp, h, **full), tp_separate),
-        (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-        (tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full),
-         tp_overlapped),
-    ]
-    if not llama:
-        seq.append((dropout(ctx, A_tp, **full), True))
-    seq.append((residual(ctx, A_tp, A_tp, **full, **shared_input), True))
-    return accumulate(ctx, cols, seq, recompute_full)
+    return seq, core_layers
 
 
 def activation_sizes(ctx: LayoutContext, cols: dict) -> dict:
     """Activation sizes (elements) of one micro-batch and the recompute flag."""
-    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size
+    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size / ctx.cp
     A = B * ctx.model.hidden
     A_split = np.floor_divide(B, ctx.tp) * ctx.model.hidden
     recompute_full = cols["activation_recompute"] == CHOICES["activation_recompute"].index("full")
@@ -145,7 +204,11 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "datatype", "tensor_par", "microbatch_size", "activation_recompute",
                  "tensor_par_comm_type", "tensor_par_overlap", "seq_par_ag_redo",
                  "fused_activation", "attention_type", "training", "tensor_par_net",
-                 "optimizer_sharding", "data_par")
+                 "optimizer_sharding", "data_par", "context_par", "context_par_net",
+                 "context_par_comm", "fp8_recipe", "sharding_group", "unsharded_grads",
+                 "weight_sharding", "fp32_grads",
+                 "expert_par", "expert_tensor_par", "expert_par_net",
+                 "expert_tensor_par_net", "moe_dispatcher", "moe_overlap")
 # Block sums of the optimizer step (they depend on the sharding, cached apart).
 OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")
@@ -171,6 +234,18 @@ def _compact(col: np.ndarray) -> tuple[np.ndarray, int]:
 _FEW = 64
 
 
+def _ones_to_none(a):
+    return None if np.all(a == 1) else a
+
+
+def _grad_scale(cols):
+    """Weight-gradient bytes relative to the working datatype (fp32_grads)."""
+    if "fp32_grads" not in cols or not cols["fp32_grads"].any():
+        return None
+    b = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]], dtype=float)
+    return np.where(cols["fp32_grads"], 4.0 / b[cols["datatype"]], 1.0)
+
+
 class BlockCache:
     """Per-block sums for every row, computed once per distinct block.
 
@@ -180,22 +255,35 @@ class BlockCache:
     changes the optimizer step, which is evaluated on its own smaller key.
     """
 
-    def __init__(self, model, system, cols: dict, datatypes):
+    def __init__(self, model, system, cols: dict, datatypes, kind: str = "dense"):
         n = len(cols["tensor_par"])
         if n <= _FEW:        # a handful of layouts: no deduplication to win
-            sums = block(LayoutContext(model, system, cols, datatypes), cols)
+            sums = block(LayoutContext(model, system, cols, datatypes), cols, kind)
             self._n1 = [name for name in sums if name not in OPTIM_SUMS]
             self._t1 = np.stack([np.broadcast_to(sums[name], (n,)) for name in self._n1])
             self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
+            self.weight_shard = _ones_to_none(shard_counts(cols)[2])
+            self.grad_scale = _grad_scale(cols)
+            self.x_shard = self.x_grad_shard = self.shard
             return
         t = cols["tensor_par"]
         tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
         tp_code, tp_rad = _compact(t)
         mbs_code, mbs_rad = _compact(cols["microbatch_size"])
-        key1 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
-                      (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 3),
+        moe_key = []
+        if kind == "moe":
+            ep, etp = cols["expert_par"], cols["expert_tensor_par"]
+            ep_code, ep_rad = _compact(ep)
+            etp_code, etp_rad = _compact(etp)
+            moe_key = [(ep_code, ep_rad), (etp_code, etp_rad),
+                       (np.where(ep > 1, cols["expert_par_net"], 0), MAX_TIERS),
+                       (np.where(etp > 1, cols["expert_tensor_par_net"], 0), MAX_TIERS),
+                       (cols["moe_dispatcher"].astype(np.int64), 3),
+                       (cols["moe_overlap"].astype(np.int64), 2)]
+        key1 = _pack([(cols["datatype"].astype(np.int64), 5), (tp_code, tp_rad),
+                      (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 4),
                       (cols["tensor_par_comm_type"].astype(np.int64), 3),
                       (cols["tensor_par_overlap"].astype(np.int64), 3),
                       (cols["seq_par_ag_redo"].astype(np.int64), 2),
@@ -204,29 +292,54 @@ class BlockCache:
                       (cols["training"].astype(np.int64), 2), (tpnet, MAX_TIERS),
                       (cols["attention_impl"].astype(np.int64), 4),
                       (cols["fused_norm"].astype(np.int64), 2)])
+        cp = cols["context_par"]
+        if (cp > 1).any() or (cols["fp8_recipe"] != 0).any():
+            cp_code, cp_rad = _compact(cp)
+            key1 = _pack([(key1, int(key1.max()) + 1), (cp_code, cp_rad),
+                          (np.where(cp > 1, cols["context_par_net"], 0), MAX_TIERS),
+                          (np.where(cp > 1, cols["context_par_comm"], 0).astype(np.int64), 2),
+                          (cols["fp8_recipe"].astype(np.int64), 4)])
+        if moe_key:
+            key1 = _pack([(key1, int(key1.max()) + 1)] + moe_key)
         _, idx1, inv1 = np.unique(key1, return_index=True, return_inverse=True)
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]
+        sub["context_par_net"] = np.where(sub["context_par"] > 1, sub["context_par_net"], 0)
         sub["optimizer_sharding"] = np.zeros(len(idx1), dtype=bool)
         sub["data_par"] = np.ones(len(idx1), dtype=np.int64)
-        sums1 = block(LayoutContext(model, system, sub, datatypes), sub)
+        sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
+        sub["sharding_group"] = np.zeros(len(idx1), dtype=np.int64)
+        sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
+        sums1 = block(LayoutContext(model, system, sub, datatypes), sub, kind)
 
-        shard = np.where(cols["optimizer_sharding"], cols["data_par"], 1)
+        shard, grad_shard, weight_shard = shard_counts(cols)
+        shard = shard.astype(np.int64)
         sh_code, sh_rad = _compact(shard)
-        key2 = _pack([(cols["datatype"].astype(np.int64), 4), (tp_code, tp_rad),
+        key2 = _pack([(cols["datatype"].astype(np.int64), 5), (tp_code, tp_rad),
                       (cols["attention_type"].astype(np.int64), 2),
                       ((cols["tensor_par_overlap"] != 0).astype(np.int64), 2),
                       (cols["training"].astype(np.int64), 2), (sh_code, sh_rad)])
+        x_shard = shard
+        if kind == "moe":
+            edp = np.maximum(cols["data_par"] * t * cols["context_par"]
+                             // (cols["expert_par"] * cols["expert_tensor_par"]), 1)
+            x_shard = np.where(cols["optimizer_sharding"], edp, 1)
+            xs_code, xs_rad = _compact(x_shard)
+            key2 = _pack([(key2, int(key2.max()) + 1), (xs_code, xs_rad)] + moe_key)
         _, idx2, inv2 = np.unique(key2, return_index=True, return_inverse=True)
         sub2 = {f: cols[f][idx2] for f in _BLOCK_FIELDS}
-        sums2 = block(LayoutContext(model, system, sub2, datatypes), sub2)
+        sums2 = block(LayoutContext(model, system, sub2, datatypes), sub2, kind)
         # Sums stacked as (sum, distinct block) tables, gathered per chunk.
         self._n1 = [name for name in sums1 if name not in OPTIM_SUMS]
         self._t1 = np.stack([np.broadcast_to(sums1[name], (len(idx1),)) for name in self._n1])
         self._t2 = np.stack([np.broadcast_to(sums2[name], (len(idx2),)) for name in OPTIM_SUMS])
         self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
-        self.grad_shard = np.where(cols["unsharded_grads"], 1, shard)
+        self.grad_shard = grad_shard
+        self.weight_shard = _ones_to_none(weight_shard)
+        self.grad_scale = _grad_scale(cols)
+        self.x_shard = x_shard
+        self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
 
     def rows(self, sl: slice) -> dict:
         """Per-block sums for the rows ``sl`` (one gather per key table)."""
@@ -234,8 +347,21 @@ class BlockCache:
         b = self._t2[:, self.inv2[sl]]
         sums = dict(zip(self._n1, a))
         sums.update(zip(OPTIM_SUMS, b))
-        sums["wgrad_space"] = sums["wgrad_space"] / self.grad_shard[sl]
-        sums["optimizer_space"] = sums["optimizer_space"] / self.shard[sl]
+        # Expert footprints shard over expert-data-parallel, the rest over data_par.
+        xw, xo = sums["x_wgrad_space"], sums["x_optimizer_space"]
+        sums["x_wgrad_space"] = xw / self.x_grad_shard[sl]
+        sums["x_optimizer_space"] = xo / self.x_shard[sl]
+        sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[sl] \
+            + sums["x_wgrad_space"]
+        sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[sl] \
+            + sums["x_optimizer_space"]
+        if self.grad_scale is not None:
+            sums["wgrad_space"] = sums["wgrad_space"] * self.grad_scale[sl]
+        # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
+        # gathered when it runs (``weight_space_full``).
+        sums["weight_space_full"] = sums["weight_space"]
+        if self.weight_shard is not None:
+            sums["weight_space"] = sums["weight_space"] / self.weight_shard[sl]
         return sums
 
 
@@ -254,6 +380,9 @@ SUMS = (
     "weight_space", "act_working", "act_storage", "wgrad_space",
     "wgrad_space_full", "act_grad_space", "optimizer_space", "useful_fw",
     "useful_bw",
+    # the routed experts' share of the footprints (sharded over expert-data-
+    # parallel) and the dispatch/combine transfers (link and exposed time)
+    "x_weight_space", "x_wgrad_space", "x_optimizer_space", "ep_link", "ep_exposed",
 )
 
 
@@ -332,6 +461,15 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
         add("wgrad_space_full", L["wgrad_full"], pt)
         add("act_grad_space", L["agrad_b"], pt)
         add("optimizer_space", L["optimizer"], pt)
+        if L["expert"]:
+            add("x_weight_space", L["weight_b"])
+            add("x_wgrad_space", L["wgrad_sh"], pt)
+            add("x_optimizer_space", L["optimizer"], pt)
+        if "ep_link_total" in L:
+            add("ep_link", np.where(tr, L["ep_link_total"], L["ep_link_total"] / 2))
+            add("ep_exposed", np.where(tr, L["ep_exposed_total"], L["time_fw"]))
+    # What a block keeps when it does not recompute (for recompute_layers).
+    acc["act_storage_all"] = acc["act_storage"]
     acc["act_storage"] = np.where(recompute_full, 0.0, acc["act_storage"])
     return acc
 
@@ -363,15 +501,28 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
                              outputs=logits))
     per_mb = out["time_fw"] + loss["time_fw"] + np.where(
         training, out["time_agrad"] + out["time_wgrad"] + loss["time_agrad"], 0.0)
+    mtp = ctx.model.mtp
+    if mtp:
+        # Each multi-token-prediction module projects [hidden; embedding]
+        # (2 x hidden) back to hidden and passes the output layer again.
+        proj = finish(ctx, linear(ctx, B, 2.0 * ctx.model.hidden, ctx.model.hidden))
+        per_mb = per_mb * (1 + mtp) + mtp * (proj["time_fw"] + np.where(
+            training, proj["time_agrad"] + proj["time_wgrad"], 0.0))
     time = (microbatches + stages - 1) * per_mb
     params = V * ctx.model.hidden / tp
-    grads = np.where(cols["unsharded_grads"], b, b / ctx.optim_shards)
+    grad_b = b
+    if "fp32_grads" in cols and np.any(cols["fp32_grads"]):
+        grad_b = np.where(cols["fp32_grads"], 4.0, b)    # Megatron's fp32 main_grad
+    grads = np.where(cols["unsharded_grads"], grad_b, grad_b / ctx.optim_shards)
     per_param = b + np.where(training, grads + np.where(b < 4, 12.0, 8.0) / ctx.optim_shards, 0.0)
     matrix = params * per_param
     over = system.memory_overhead or MemoryOverhead()
     whole = B * V / (1.0 if over.logits_gathered else tp)
     copy = np.where(training, whole * 4.0, 0.0)
     copies = over.logits_fp32_copies * copy
-    return time, {"first": matrix, "last": np.where(stages == 1, 2 * matrix, matrix),
+    last = np.where(stages == 1, 2 * matrix, matrix)
+    if mtp:
+        last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * mtp * per_param
+    return time, {"first": matrix, "last": last,
                   "logits": {"total": whole * b + copies, "fp32_copies": copies,
                              "fp32_copy": copy}}

@@ -186,6 +186,47 @@ def finish_tp_overlapped(ctx: LayoutContext, L: dict):
                                              L[f"comm_bytes_{s}_edge"] / t / fts_tile)
 
 
+def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
+                     attn_fw, attn_bw, recompute_attn) -> dict:
+    """K/V exchange of context parallelism, per block and micro-batch.
+
+    Ring (``context_par_comm: p2p``, Megatron's default): in context_par - 1
+    steps each processor passes the K/V chunk it holds to the next while it
+    attends to the current one, so each step's transfer hides behind 1/cp of
+    the attention compute; in backward K/V and their gradients travel (twice
+    the bytes) behind the attention's backward.  All-to-all (``a2a``): Q, K
+    and V are re-split from sequence to heads before attention and the output
+    back after it, not overlapped; backward moves their gradients likewise.
+    Returns link and exposed times of forward, backward and recompute (the
+    exchange runs again when the attention core is recomputed)."""
+    cp = ctx.cp
+    multi = cp > 1
+    if not multi.any():
+        z = ctx.zeros
+        return {"cp_fw_link": z, "cp_fw_exp": z, "cp_bw_link": z, "cp_bw_exp": z,
+                "cp_re_exp": z, "cp_fw_size": z}
+    b, net = ctx.elem_bytes, ctx.cp_net
+    steps = cp - 1
+    chunk = 2 * mbs * sq * kv_width * b                     # local K and V
+    step_fw = net.time("p2p", chunk, 2)
+    step_bw = net.time("p2p", 2 * chunk, 2)
+    ring_fw_exp = steps * np.maximum(step_fw - attn_fw / cp, 0.0)
+    ring_bw_exp = steps * np.maximum(step_bw - attn_bw / cp, 0.0)
+    qkvo = mbs * sq * (2 * q_width + 2 * kv_width) * b       # Q, K, V in; O out
+    peers = np.maximum(cp, 2)
+    a2a_t = net.time("all_gather", qkvo, peers)              # (cp-1)/cp of it leaves
+    a2a = cols["context_par_comm"] == 1
+    fw_link = np.where(a2a, a2a_t, steps * step_fw)
+    bw_link = np.where(a2a, a2a_t, steps * step_bw)
+    fw_exp = np.where(a2a, a2a_t, ring_fw_exp)
+    bw_exp = np.where(a2a, a2a_t, ring_bw_exp)
+    z = ctx.zeros
+    return {"cp_fw_link": np.where(multi, fw_link, z), "cp_fw_exp": np.where(multi, fw_exp, z),
+            "cp_bw_link": np.where(multi, bw_link, z), "cp_bw_exp": np.where(multi, bw_exp, z),
+            "cp_re_exp": np.where(multi & recompute_attn, fw_exp, z),
+            "cp_fw_size": np.where(multi, np.where(a2a, qkvo, steps * chunk), z)}
+
+
 # ----------------------------------------------------------------------------
 # The transformer block: attention then MLP.  Layers that exist only for some
 # rows (e.g. overlapped vs. separate TP communication) carry a presence mask;
@@ -206,6 +247,35 @@ def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: dict, networks):
     bw_bytes = np.where(ctx.training, fw_bytes, 0.0)
     net = NetworkTier(networks, cols["pipeline_par_net"])
     return fw_bytes, bw_bytes, net.time("p2p", fw_bytes, 2), net.time("p2p", bw_bytes, 2)
+
+
+def weight_gathers(ctx: LayoutContext, cols: dict, sums: dict, sched, networks) -> dict:
+    """ZeRO-3 / FSDP: every block's weights are all-gathered from their
+    shards before its forward and again before its backward, for every
+    micro-batch; the gather of the next block is prefetched while the current
+    one computes, so a block's gather is exposed only where it outlasts the
+    block's compute, and the first block's gather of each pass is exposed
+    whole.  Returns link and exposed times per batch."""
+    ws = ctx.weight_shards
+    on = (ws > 1) & ctx.training
+    pgo = cols["param_gather_overlap"] & ctx.training if "param_gather_overlap" in cols \
+        else np.zeros(ctx.n, dtype=bool)
+    if not on.any() and not pgo.any():
+        return {"link": 0.0, "exposed": 0.0}
+    dp = cols["data_par"]
+    net = NetworkTier(networks, np.where(dp > 1, cols["data_par_net"], cols["context_par_net"]))
+    g = net.time("all_gather", sums["weight_space_full"],
+                 np.maximum(np.where(on, ws, ctx.optim_shards), 2))
+    fw_hidden = np.maximum(g - sums["fw_time"], 0.0)
+    bw_hidden = np.maximum(g - (sums["agrad_time"] + sums["wgrad_time"] + sums["re_time"]), 0.0)
+    micro = sched.microbatches
+    blocks = sched.blocks_per_stage
+    link = np.where(on, micro * blocks * 2 * g, 0.0)
+    exposed = np.where(on, micro * ((blocks - 1) * (fw_hidden + bw_hidden) + 2 * g), 0.0)
+    # Megatron's overlap_param_gather: once a step, during the first forward.
+    link = np.where(pgo, blocks * g, link)
+    exposed = np.where(pgo, (blocks - 1) * fw_hidden + g, exposed)
+    return {"link": link, "exposed": exposed}
 
 
 def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
@@ -240,16 +310,60 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     chunk_window = base * base_window + 1.0 * edge_window
     chunk_compute = sched.blocks_per_chunk * block_compute
 
-    net = NetworkTier(networks, cols["data_par_net"])
-    peers = np.maximum(dp, 2)
-    active = (dp > 1) & training
-    block_bytes = np.where(active, sums["weight_space"], 0.0)
+    # Gradients are reduced over data_par x context_par (the context-parallel
+    # ranks hold the same weights), on the data-parallel tier (or the
+    # context-parallel one when data_par is 1).
+    cp = cols["context_par"] if "context_par" in cols else 1
+    extended = np.any(cp != 1) or "sharding_group" in cols and np.any(cols["sharding_group"] > 0) \
+        or "weight_sharding" in cols and np.any(cols["weight_sharding"]) \
+        or "fp32_grads" in cols and np.any(cols["fp32_grads"]) \
+        or "param_gather_overlap" in cols and np.any(cols["param_gather_overlap"])
+    tier = cols["data_par_net"]
+    if extended:
+        tier = np.where(dp > 1, tier, cols["context_par_net"])
+    net = NetworkTier(networks, tier)
+    group = dp * cp if extended else dp
+    peers = np.maximum(group, 2)
+    active = (group > 1) & training
+    # Routed experts' gradients sync over the expert-data-parallel group instead.
+    expert_bytes = sums["x_weight_space"] if "x_weight_space" in sums else 0.0
+    block_bytes = np.where(active, sums.get("weight_space_full", sums["weight_space"])
+                           - expert_bytes, 0.0)
     block_time = np.where(active, np.where(
         sharded, net.time("reduce_scatter", block_bytes, peers)
         + net.time("all_gather", block_bytes, peers),
         net.time("all_reduce", block_bytes, peers)), 0.0)
     wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
                           net.scale("all_reduce"))
+    if extended:
+        # Hybrid sharding: reduce-scatter / all-gather inside a group of
+        # sharding_group x context_par ranks, then all-reduce the shard
+        # across the data_par / sharding_group replicas.  ZeRO-3 / FSDP
+        # gathers weights before each use (see ``weight_gathers``), not after
+        # the step.
+        g = cols["sharding_group"]
+        hybrid = sharded & (g > 0)
+        inner = np.maximum(np.where(hybrid, g * cp, group), 2)
+        replicas = np.maximum(np.where(hybrid, dp // np.maximum(g, 1), 1), 2)
+        gather = np.where(cols["weight_sharding"] | cols["param_gather_overlap"], 0.0,
+                          net.time("all_gather", block_bytes, inner))
+        cross = np.where(hybrid, net.time("all_reduce", block_bytes / inner, replicas), 0.0)
+        # Gradients reduced in fp32 move 4 bytes an element.
+        grad_bytes = block_bytes * np.where(cols["fp32_grads"], 4.0 / ctx.elem_bytes, 1.0)
+        block_time = np.where(active, np.where(
+            sharded, net.time("reduce_scatter", grad_bytes, inner) + gather + cross,
+            net.time("all_reduce", grad_bytes, peers)), 0.0)
+    x_active = (ctx.edp > 1) & training & (expert_bytes > 0)
+    if np.any(x_active):
+        x_peers = np.maximum(ctx.edp, 2)
+        x_grads = expert_bytes * (np.where(cols["fp32_grads"], 4.0 / ctx.elem_bytes, 1.0)
+                                  if "fp32_grads" in cols else 1.0)
+        block_time = block_time + np.where(x_active, np.where(
+            sharded, net.time("reduce_scatter", x_grads, x_peers)
+            + net.time("all_gather", expert_bytes, x_peers),
+            net.time("all_reduce", x_grads, x_peers)), 0.0)
+        block_bytes = block_bytes + np.where(x_active, expert_bytes, 0.0)
+        active = active | x_active
     usage = net.processor_usage
     overlapped_chunks = sched.interleaving - 1
     last_blocks = sched.blocks_per_chunk - 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES
+from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.hardware import ComputeEngine, MemoryTier, NetworkTier
 
@@ -19,6 +19,37 @@ from autopar.model.hardware import ComputeEngine, MemoryTier, NetworkTier
 def is_choice(column: np.ndarray, field: str, value: str) -> np.ndarray:
     """Rows whose string-coded ``field`` is ``value``."""
     return column == CHOICES[field].index(value)
+
+
+def _col(cols: dict, field: str):
+    """An extension column, or its default (as a code) when the table lacks it."""
+    if field in cols:
+        return cols[field]
+    default = EXT_DEFAULTS[field]
+    return CHOICES[field].index(default) if field in CHOICES else default
+
+
+def shard_counts(cols: dict):
+    """How many ways data-parallel sharding divides (optimizer state, weight
+    gradients, weights), per row.
+
+    Calculon's optimizer_sharding divides the optimizer state and the weight
+    gradients over data_par (ZeRO-2); ``unsharded_grads`` keeps the gradients
+    whole (ZeRO-1); ``weight_sharding`` divides the weights too (ZeRO-3 /
+    FSDP).  With context parallelism the data-parallel group is data_par x
+    context_par (Megatron reduces gradients over both); ``sharding_group`` > 0
+    shards over that many data-parallel ranks only (hybrid sharding)."""
+    group = cols["data_par"]
+    sg, cp = np.asarray(_col(cols, "sharding_group")), np.asarray(_col(cols, "context_par"))
+    if sg.any():
+        group = np.where(sg > 0, sg, group)
+    if (cp != 1).any():
+        group = group * cp
+    optim = np.where(cols["optimizer_sharding"], group, 1).astype(float)
+    grad = np.where(_col(cols, "unsharded_grads"), 1.0, optim)
+    ws = np.asarray(_col(cols, "weight_sharding"))
+    weight = np.where(ws, optim, 1.0) if ws.any() else np.ones_like(optim)
+    return optim, grad, weight
 
 
 class LayoutContext:
@@ -38,11 +69,27 @@ class LayoutContext:
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par.
-        shards = np.where(cols["optimizer_sharding"], cols["data_par"], 1)
-        self.optim_shards = shards.astype(float)
-        self.grad_shards = np.where(cols.get("unsharded_grads", False), 1.0,
-                                    self.optim_shards)
+        self.optim_shards, self.grad_shards, self.weight_shards = shard_counts(cols)
+        # Context parallelism: each processor holds 1/context_par of the sequence.
+        self.cp = np.broadcast_to(_col(cols, "context_par"), (self.n,)).astype(float)
+        # FP8 recipes: the block's GEMMs run at the fp8 (or mxfp8) matrix rate.
+        recipe = np.broadcast_to(_col(cols, "fp8_recipe"), (self.n,))
+        self.fp8 = None
+        if (recipe != 0).any():
+            self.fp8 = recipe != 0
+            self.fp8_recipe = recipe
+            mx = is_choice(recipe, "fp8_recipe", "mxfp8")
+            dts = CHOICES["datatype"]
+            have = [d for d in ("float8", "mxfp8") if d in system.matrix]
+            fallback = dts.index(have[0])
+            code = np.where(mx, dts.index("mxfp8"), dts.index("float8"))
+            code = np.where(self.fp8, code, fallback)
+            used = sorted({int(c) for c in np.unique(code)} & {dts.index(d) for d in have})
+            code = np.where(np.isin(code, used), code, fallback).astype(np.int8)
+            self.matrix_fp8 = ComputeEngine(system.matrix, code, used)
         self.tp_net = NetworkTier(system.networks, cols["tensor_par_net"])
+        self.cp_net = NetworkTier(system.networks,
+                                  np.broadcast_to(_col(cols, "context_par_net"), (self.n,)))
         comm = cols["tensor_par_comm_type"]
         # Sequence parallelism: reduce-scatter + all-gather instead of all-reduce.
         self.tp_rs_ag = is_choice(comm, "tensor_par_comm_type", "rs_ag")
@@ -50,6 +97,31 @@ class LayoutContext:
         self.tp_p2p = is_choice(comm, "tensor_par_comm_type", "p2p_rs_ag")
         self.tp_pipe_overlap = is_choice(cols["tensor_par_overlap"], "tensor_par_overlap",
                                          "pipe")
+        # Mixture of experts: expert weights are spread over expert_par x
+        # expert_tensor_par processors; their gradients are synchronised, and
+        # their optimizer state sharded, over the expert-data-parallel group
+        # (tensor_par * data_par * context_par / (EP * ETP), as Megatron lays
+        # EP over TP x DP x CP).  Experts are not weight-sharded (ZeRO-3).
+        one = np.ones(self.n, dtype=np.int64)
+        self.ep = np.broadcast_to(cols.get("expert_par", one), (self.n,)).astype(float)
+        self.etp = np.broadcast_to(cols.get("expert_tensor_par", one), (self.n,)).astype(float)
+        self.edp = np.maximum(cols["data_par"] * self.tp * self.cp / (self.ep * self.etp), 1.0)
+        self.expert_optim_shards = np.where(cols["optimizer_sharding"], self.edp, 1.0)
+        self.expert_grad_shards = np.where(cols.get("unsharded_grads", False), 1.0,
+                                           self.expert_optim_shards)
+        self.ep_net = NetworkTier(system.networks, np.broadcast_to(
+            cols.get("expert_par_net", one * 0), (self.n,)))
+        self.etp_net = NetworkTier(system.networks, np.broadcast_to(
+            cols.get("expert_tensor_par_net", one * 0), (self.n,)))
+        dispatcher = np.broadcast_to(cols.get("moe_dispatcher", one * 0), (self.n,))
+        self.moe_allgather = is_choice(dispatcher, "moe_dispatcher", "allgather")
+        self.moe_deepep = is_choice(dispatcher, "moe_dispatcher", "deepep")
+        # An EP group on a tier above the first spans several first-tier
+        # domains (nodes): ep_local of its ranks share the first tier.
+        size0 = system.networks[0].size
+        self.ep_local = np.where(self.ep_net.tier > 0, np.minimum(size0, self.ep), self.ep)
+        self.net0 = NetworkTier(system.networks, np.zeros(self.n, dtype=np.int64))
+        self.moe_overlap = np.broadcast_to(cols.get("moe_overlap", False), (self.n,))
         self.zeros = np.zeros(self.n)
 
     def processing_time(self, flops_time, mem_time):

@@ -28,9 +28,11 @@ import numpy as np
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.block import BlockCache, activation_sizes, output_head
-from autopar.model.communication import data_parallel_sync, pipeline_p2p
+from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext
-from autopar.model.memory import MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic
+from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
+                                  recompute_share)
+from autopar.model.moe import mix, stage_counts
 from autopar.model.pipeline import bubble, chunk_times, per_batch, schedule
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
 
@@ -75,6 +77,13 @@ STATS: tuple[str, ...] = (
     "offload_mem_bw_req", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
     "useful_flops", "compute_efficiency", "system_efficiency",
     "total_efficiency", "sample_rate",
+    # autopar's extensions (after Calculon's): context parallelism's K/V
+    # exchange and ZeRO-3 / FSDP weight gathers (both 0 by default).
+    "cp_comm_link_time", "cp_comm_exposed_time",
+    "weight_gather_link_time", "weight_gather_exposed_time",
+    # mixture-of-experts dispatch/combine over the whole batch (link time, and
+    # the part not hidden, which fw_time/bw_time include).
+    "ep_comm_link_time", "ep_comm_exposed_time",
 )
 
 
@@ -99,8 +108,11 @@ for _edge in ("base", "edge"):
 _BLOCK_STATS["tp_bw_overlap_req"] = "tp_bw_req"
 
 
-def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec) -> dict:
-    """Every statistic of one batch per row, from the per-block sums ``sums``."""
+def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
+          stage_sums: tuple | None = None) -> dict:
+    """Every statistic of one batch per row, from the per-block sums ``sums``
+    (of the stage that paces the pipeline) and, for a model whose blocks
+    differ, ``stage_sums``: those of the first and of the last stage (memory)."""
     training = ctx.training
     sched = schedule(cols, ctx.model.num_blocks)
     stages, micro = sched.stages, sched.microbatches
@@ -122,7 +134,10 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     pp_link = micro * fw_transfers * p2p_fw + micro * bw_transfers * p2p_bw
 
     # Block and chunk times, offloading, the bubble, the data-parallel sync.
-    checkpoint = np.where(training & recompute_full, acts["A"] * ctx.elem_bytes, 0.0)
+    kept = acts["A"]
+    if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
+        kept = np.where(ctx.tp_rs_ag, acts["A_split"], kept)
+    checkpoint = np.where(training & recompute_full, kept * ctx.elem_bytes, 0.0)
     offload = offload_traffic(ctx, cols, sums, checkpoint, recompute_full)
     chunk = chunk_times(sums, sched, p2p_fw, p2p_bw, offload["fw_time"], offload["bw_time"])
     bubble_time = bubble(sched, chunk)
@@ -132,8 +147,9 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     S["dp_bw_overlap_req_tail"] = dp["req_tail"]
 
     head_time, head_memory = output_head(ctx, cols, acts, micro, stages, system)
-    S.update(footprints(ctx, cols, sums, sched, checkpoint, recompute_full, head_memory,
-                        system.memory_overhead))
+    first, last = stage_sums if stage_sums is not None else (sums, None)
+    S.update(footprints(ctx, cols, first, sched, checkpoint, recompute_full, head_memory,
+                        system.memory_overhead, sums_last=last))
 
     # Times of the whole batch.
     passes = sched.blocks_per_stage * micro       # block passes per stage
@@ -143,8 +159,22 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
     bw_offload = np.where(training, per_batch(sched, chunk["bw_base_offload"],
                                               chunk["bw_edge_offload"]), 0.0)
-    recompute_time = passes * sums["re_time"]
-    recomm_exposed = np.where(training, recomm_exposed, 0.0)
+    # Full recompute of only recompute_layers blocks of each stage.
+    share = recompute_share(cols, recompute_full, sched.blocks_per_stage)
+    recompute_time = passes * sums["re_time"] * share
+    recomm_exposed = np.where(training, recomm_exposed * share, 0.0)
+    # Context parallelism's K/V exchange; ZeRO-3 / FSDP weight gathers.
+    if (cols["context_par"] > 1).any():
+        S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
+            training, sums["cp_bw_link"], 0.0))
+        cp_exposed = passes * (sums["cp_fw_exp"] + np.where(
+            training, sums["cp_bw_exp"] + sums["cp_re_exp"] * share, 0.0))
+    else:
+        S["cp_comm_link_time"] = cp_exposed = 0.0
+    S["cp_comm_exposed_time"] = cp_exposed
+    gathers = weight_gathers(ctx, cols, sums, sched, system.networks)
+    S["weight_gather_link_time"] = gathers["link"] + ctx.zeros
+    S["weight_gather_exposed_time"] = gathers["exposed"] + ctx.zeros
     S["fw_time"] = fw_time
     S["bw_time"] = bw_time
     S["optim_step_time"] = optim_time
@@ -162,6 +192,10 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     total = (fw_time + bw_time + optim_time + fw_offload + bw_offload + recompute_time
              + recomm_exposed + bubble_time + S["tp_comm_exposed_time"] + pp_link
              + dp["exposed"])
+    if "context_par" in cols and ((cols["context_par"] > 1).any()
+                                  or cols["weight_sharding"].any()
+                                  or cols["param_gather_overlap"].any()):
+        total = total + cp_exposed + S["weight_gather_exposed_time"]
     total = total + head_time
     # Pipelined steps run slower by the system's pipeline_fraction: at every
     # synchronising p2p exchange a stage waits for its neighbour.
@@ -170,6 +204,8 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     S["pp_comm_exposed_time"] = pp_link + pp_sync
     total = total + pp_sync
     S["total_time"] = total
+    S["ep_comm_link_time"] = passes * sums["ep_link"]
+    S["ep_comm_exposed_time"] = passes * sums["ep_exposed"]
     S.update(offload_bandwidth(ctx, sums, chunk, offload))
 
     useful = sums["useful_fw"] + sums["useful_bw"] + sums["optim_flops"]
@@ -217,12 +253,16 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         m = len(rows)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             blocks = BlockCache(model, system, valid, datatypes)
+            moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
+                          if model.moe is not None else None)
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 at = sl if every else rows[sl]
                 part = {f: v[sl] for f, v in valid.items()}
                 ctx = LayoutContext(model, system, part, datatypes)
-                S = batch(ctx, part, blocks.rows(sl), activation_sizes(ctx, part), system)
+                sums, stage_sums = _stage_sums(model, part, blocks.rows(sl),
+                                               moe_blocks.rows(sl) if moe_blocks else None)
+                S = batch(ctx, part, sums, activation_sizes(ctx, part), system, stage_sums)
                 cc = np.zeros(sl.stop - sl.start, dtype=code.dtype)
                 cc[S["proc_mem_tier1_cap_req"] > ctx.mem1.capacity] = \
                     REASON_CODE["infeasible: mem tier1 capacity exceeded"]
@@ -242,6 +282,20 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     return out
 
 
+def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None):
+    """Per-block sums of the pacing stage, and (first, last) stage sums for
+    memory; a model whose blocks are all alike (no MoE, no MTP) has one block."""
+    if moe is None and not model.mtp:
+        return dense, None
+    if moe is None:
+        moe = dense
+    counts = stage_counts(model, cols["pipeline_par"])
+    per_stage = -(-model.num_blocks // cols["pipeline_par"])
+    pace, first, last = (mix(dense, moe, counts[f"{w}_dense"], counts[f"{w}_moe"], per_stage)
+                         for w in ("pace", "first", "last"))
+    return pace, (first, last)
+
+
 def evaluate_one(model: ModelSpec, system: SystemSpec, execution: Mapping) -> dict:
     """One execution -> what ``evaluate_columns`` returns, as Python values."""
     out = evaluate_columns(model, system, to_columns([execution]))
@@ -253,14 +307,18 @@ def _typed_columns(c: dict) -> dict:
     typed = {}
     for f in ("tensor_par", "pipeline_par", "data_par", "microbatch_size",
               "pipeline_interleaving", "batch_size", "num_procs",
-              "tensor_par_net", "pipeline_par_net", "data_par_net"):
+              "tensor_par_net", "pipeline_par_net", "data_par_net", "context_par",
+              "context_par_net", "sharding_group", "recompute_layers",
+              "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
-              "optimizer_offload", "training", "fused_norm", "unsharded_grads"):
+              "optimizer_offload", "training", "fused_norm", "unsharded_grads",
+              "weight_sharding", "fp32_grads", "param_gather_overlap", "moe_overlap"):
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
-              "tensor_par_overlap", "attention_impl"):
+              "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe",
+              "moe_dispatcher"):
         typed[f] = c[f].astype(np.int8, copy=False)
     return typed
 

@@ -27,7 +27,7 @@ STAGES = ("fw", "agrad", "wgrad", "optim")
 def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outputs=0.0,
           act=0.0, act_grads=0.0, weight=0.0, weight_grads=0.0, optim=0.0,
            recompute=False, recomm=False, reused=False, stored=True,
-           out_stored=True, matrix=False):
+           out_stored=True, matrix=False, expert=False):
     """A plain layer (Calculon's base Layer semantics); sizes in elements.
 
     ``fw``/``agrad``/``wgrad`` are the FLOPs of the forward pass and of the
@@ -35,7 +35,9 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
     backward, ``act_grads`` the gradients of its output; ``recompute`` (the
     layer runs again in backward), ``recomm`` (its communication runs again),
     ``reused`` (its working space is another layer's), ``stored``/``out_stored``
-    (its input/output stays in memory between passes).  Footprints in bytes:
+    (its input/output stays in memory between passes), ``expert`` (its
+    weights are routed experts': their gradients and optimizer state are
+    sharded over the expert-data-parallel group).  Footprints in bytes:
     ``weight_b``, ``act_b``, ``out_b``, ``agrad_b``, ``wgrad_sh`` (weight
     gradients after sharding), ``wgrad_full`` (fp32, unsharded) and
     ``optimizer`` (master weights and moments, after sharding).
@@ -50,18 +52,21 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
              stored=np.broadcast_to(stored, z.shape),
              out_stored=np.broadcast_to(out_stored, z.shape), matrix=matrix)
     b = ctx.elem_bytes
-    L["optim_flops"] = L["weight_grads"] / ctx.optim_shards * 11
+    optim_shards = ctx.expert_optim_shards if expert else ctx.optim_shards
+    grad_shards = ctx.expert_grad_shards if expert else ctx.grad_shards
+    L["expert"] = expert
+    L["optim_flops"] = L["weight_grads"] / optim_shards * 11
     L["mem_fw"] = (L["inputs"] + L["outputs"] + L["weight"]) * b
     L["mem_agrad"] = (L["weight"] + L["act"] + L["act_grads"]) * b
     L["mem_wgrad"] = np.where(L["weight"] == 0, 0.0,
                               (L["weight_grads"] + L["act"] + L["act_grads"]) * b)
     master = np.where(b < 4, L["weight"] * 4, 0.0)
-    L["optimizer"] = (master + L["optim"] * 4) / ctx.optim_shards
+    L["optimizer"] = (master + L["optim"] * 4) / optim_shards
     L["mem_optim"] = L["optimizer"]
     L["weight_b"] = L["weight"] * b
     L["act_b"] = L["act"] * b
     L["out_b"] = L["outputs"] * b
-    L["wgrad_sh"] = L["weight_grads"] * b / ctx.grad_shards
+    L["wgrad_sh"] = L["weight_grads"] * b / grad_shards
     L["wgrad_full"] = L["weight_grads"] * 4
     L["agrad_b"] = L["act_grads"] * b
     L["kind"] = "plain"
@@ -74,9 +79,22 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
              "optim": L["optim_flops"]}
     if "time_scale" in L:       # a kernel that executes other work than it counts
         flops = dict(flops, agrad=flops["agrad"] + L["agrad_extra"])
+    fp8 = ctx.fp8 if L.get("fp8") else None
+    groups = L.get("groups")
     for s in STAGES:
         eng = ctx.matrix if (L["matrix"] and s != "optim") else ctx.vector
+        if groups is not None and eng is ctx.matrix:
+            # A grouped GEMM runs each group at the efficiency of its own size.
+            L["flops_time_" + s] = groups * eng.time(flops[s] / groups)
+            if fp8 is not None and s != "optim":
+                L["flops_time_" + s] = np.where(
+                    fp8, groups * ctx.matrix_fp8.time(flops[s] / groups), L["flops_time_" + s])
+            L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
+            continue
         L["flops_time_" + s] = eng.time(flops[s])
+        if fp8 is not None and s != "optim":
+            L["flops_time_" + s] = np.where(fp8, ctx.matrix_fp8.time(flops[s]),
+                                            L["flops_time_" + s])
         L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
     if "time_scale" in L:
         for s in ("fw", "agrad"):
@@ -100,6 +118,48 @@ def linear(ctx, m, n, k, **kw):
     return layer(ctx, fw=2 * m * n * k, agrad=2 * m * n * k, wgrad=2 * m * n * k,
                  inputs=m * n, outputs=m * k, weight=n * k, weight_grads=n * k,
                   act=m * n, act_grads=m * k, optim=2 * n * k, matrix=True, **kw)
+
+
+# FP8 recipes: bytes moved per element to quantize a tensor (read it in the
+# working precision, write 1-byte values; the amax reduction reads it again
+# for current scaling, folded in here), for one orientation; ``rowwise`` and
+# ``mxfp8`` quantize both orientations the GEMMs of backward need.
+_FP8_CAST_COPIES = {"tensorwise": 1.0, "rowwise": 2.0, "mxfp8": 2.0}
+
+
+def fp8_gemm(ctx, L: dict) -> dict:
+    """Mark a linear layer's GEMMs as fp8 where the row's recipe says so: they
+    run at the fp8 matrix rate; the casts of its input and weight (forward)
+    and of its output gradient (backward) move memory; the fp8 copy of the
+    weight stays in memory beside the high-precision one."""
+    if ctx.fp8 is None:
+        return L
+    L["fp8"] = True
+    b = ctx.elem_bytes
+    copies = np.zeros(ctx.n)
+    for name, c in _FP8_CAST_COPIES.items():
+        copies = np.where(ctx.fp8_recipe == CHOICES["fp8_recipe"].index(name), c, copies)
+    per = (b + 1.0) * copies                   # bytes per element cast
+    L["mem_fw"] = L["mem_fw"] + per * (L["inputs"] + L["weight"])
+    L["mem_agrad"] = L["mem_agrad"] + per * L["act_grads"]
+    L["weight_b"] = L["weight_b"] + np.where(ctx.fp8, L["weight"] * copies, 0.0)
+    # The input kept for the weight gradient is its fp8 cast, in the one
+    # orientation the weight-gradient GEMM reads (Transformer Engine drops
+    # the row-wise data of a saved quantized input: update_usage(rowwise=False)).
+    L["act_b"] = np.where(ctx.fp8, L["act"] * 1.0, L["act_b"])
+    return L
+
+
+def grouped_linear(ctx, groups, m, n, k, **kw):
+    """``groups`` experts' linear layers (n x k each) over ``m`` tokens in all,
+    run as one grouped GEMM: FLOPs as one linear layer of the ``m`` tokens,
+    time at the efficiency of one expert's GEMM (``m / groups`` tokens)."""
+    L = layer(ctx, fw=2 * m * n * k, agrad=2 * m * n * k, wgrad=2 * m * n * k,
+              inputs=m * n, outputs=m * k, weight=groups * n * k,
+              weight_grads=groups * n * k, act=m * n, act_grads=m * k,
+              optim=2 * groups * n * k, matrix=True, expert=True, **kw)
+    L["groups"] = groups + ctx.zeros
+    return L
 
 
 def batched_matmul(ctx, batch, m, n, k, **kw):
@@ -159,14 +219,26 @@ _FLASH_CAUSAL = 0.5
 _FLASH_SPEED = {"flash_v1": 0.6, "flash_v2": 0.75}
 
 
-def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, **kw):
+def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=None, **kw):
     """FlashAttention: QK^T, softmax and PV in one kernel; the s x s scores
-    never reach memory and are recomputed in the backward pass."""
+    never reach memory and are recomputed in the backward pass.  With
+    context parallelism ``s`` is the local queries and ``sk`` the keys they
+    attend to (the whole sequence); K/V held locally are the local ones.
+    ``dv`` / ``kv_v``: value head size and width when they differ from the
+    keys' (multi-head latent attention)."""
+    sk = s if sk is None else sk
     q = mbs * s * heads_t * d
     k = mbs * s * kv
-    fw = 4 * mbs * heads_t * s * s * d
-    L = layer(ctx, fw=fw, agrad=2 * fw, inputs=q + 2 * k, outputs=q,
-              act=q + 2 * k, act_grads=q, matrix=True, **kw)
+    if dv is None:
+        fw = 4 * mbs * heads_t * s * sk * d
+        L = layer(ctx, fw=fw, agrad=2 * fw, inputs=q + 2 * k, outputs=q,
+                  act=q + 2 * k, act_grads=q, matrix=True, **kw)
+    else:
+        v = mbs * s * kv_v
+        o = mbs * s * heads_t * dv
+        fw = 2 * mbs * heads_t * s * sk * (d + dv)
+        L = layer(ctx, fw=fw, agrad=2 * fw, inputs=q + k + v, outputs=o,
+                  act=q + k + v + o, act_grads=o, matrix=True, **kw)
     L["keep_b"] = mbs * heads_t * s * 4 + ctx.zeros          # log-sum-exp, fp32
     L["mem_agrad"] = 2 * L["mem_fw"]
     speed = np.where(impl == CHOICES["attention_impl"].index("flash_v1"),

@@ -58,9 +58,45 @@ def offload_bandwidth(ctx: LayoutContext, sums: dict, chunk: dict, offload: dict
                 offload["fw_bytes"] / fw_window)}
 
 
+def recompute_share(cols: dict, recompute_full, blocks):
+    """Share of a stage's blocks that run full recompute: recompute_layers of
+    them when it is set (> 0), else all (Calculon)."""
+    k = cols.get("recompute_layers") if hasattr(cols, "get") else None
+    if k is None or not np.any(k > 0):
+        return 1.0
+    return np.where(recompute_full & (k > 0), np.minimum(k, blocks) / blocks, 1.0)
+
+
 def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
-               recompute_full, head: dict, overhead) -> dict:
-    """Every memory statistic (Calculon's names) and the need on each tier."""
+               recompute_full, head: dict, overhead, sums_last: dict | None = None) -> dict:
+    """Every memory statistic (Calculon's names) and the need on each tier.
+
+    ``sums`` are the first stage's per-block sums; ``sums_last`` the last
+    stage's where its blocks differ (a mixture-of-experts model with dense
+    first blocks, multi-token prediction); the statistics describe the first.
+    """
+    S, static, tier2, transient_first, transient_last = _stage(
+        ctx, cols, sums, sched, checkpoint, recompute_full, head)
+    static_last = static
+    if sums_last is not None:
+        _, static_last, tier2_last, _, transient_last = _stage(
+            ctx, cols, sums_last, sched, checkpoint, recompute_full, head)
+        tier2 = np.maximum(tier2, tier2_last)
+    logits = head["logits"]
+    parts = {"mem_static_first": static + head["first"], "mem_transient_first": transient_first,
+             "mem_static_last": static_last + head["last"],
+             "mem_transient_last": transient_last - logits["fp32_copies"],
+             "mem_logits_fp32_copy": logits["fp32_copy"]}
+    S.update(parts)
+    S["proc_mem_tier1_cap_req"] = tier1_need(parts, overhead)
+    S["proc_mem_tier2_cap_req"] = tier2
+    return S
+
+
+def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
+           recompute_full, head: dict):
+    """Statistics, static and tier-2 footprints, and the transient footprint
+    of the first and of the last stage, from one stage's per-block sums."""
     training = ctx.training
     blocks = sched.blocks_per_stage
     stages, interleaving = sched.stages, sched.interleaving
@@ -79,12 +115,21 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
         interleaving > 1, in_flight * (1 + (stages - 1) / (interleaving * stages.astype(float))),
         in_flight)
 
+    share = recompute_share(cols, recompute_full, blocks)
+    partial = np.any(share != 1.0)
+
     def stage_activations(micro_batches):
         """Activations and checkpoints of a stage with ``micro_batches`` in flight."""
         act = np.where(training & ~recompute_full,
                        sums["act_working"] + sums["act_storage"] * (blocks * micro_batches - 1),
                        sums["act_working"])
-        return act, np.where(training & recompute_full, blocks * checkpoint * micro_batches, 0.0)
+        ckpt = np.where(training & recompute_full, blocks * checkpoint * micro_batches, 0.0)
+        if partial:
+            # Blocks that do not recompute keep their activations.
+            kept = blocks * (1 - share) * micro_batches
+            act = act + np.where(training & recompute_full, sums["act_storage_all"] * kept, 0.0)
+            ckpt = ckpt * share
+        return act, ckpt
 
     act_first, ckpt_first = stage_activations(in_flight_first)
     # The last stage has one micro-batch in flight where the first has in_flight.
@@ -113,6 +158,9 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
     weights_off, acts_off, optim_off = (cols["weight_offload"], cols["activations_offload"],
                                         cols["optimizer_offload"])
     static = np.where(weights_off, weight_min, weight_space)
+    if "weight_space_full" in sums and np.any(ctx.weight_shards > 1):
+        # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
+        static = static + np.where(ctx.weight_shards > 1, 2 * sums["weight_space_full"], 0.0)
     tier2 = np.where(weights_off, weight_space, 0.0)
     ckpt_offloaded = np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
     transient_first = np.where(acts_off, act_min, act_first + ckpt_first) + ckpt_offloaded \
@@ -122,16 +170,7 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
     tier2 = tier2 + np.where(acts_off, np.where(recompute_full, ckpt_first, act_first), 0.0)
     static = static + np.where(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + np.where(optim_off, sums["wgrad_space"] * blocks + optimizer_space, 0.0)
-    logits = head["logits"]
-    parts = {"mem_static_first": static + head["first"], "mem_transient_first": transient_first,
-             "mem_static_last": static + head["last"],
-             "mem_transient_last": transient_last - logits["fp32_copies"],
-             "mem_logits_fp32_copy": logits["fp32_copy"]}
-    S.update(parts)
-    tier1 = tier1_need(parts, overhead)
-    S["proc_mem_tier1_cap_req"] = tier1
-    S["proc_mem_tier2_cap_req"] = tier2
-    return S
+    return S, static, tier2, transient_first, transient_last
 
 
 # The parts of the need on tier 1 that a system's memory_overhead acts on

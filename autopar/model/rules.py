@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES, EXT_DEFAULTS, FIELDS
+from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
 
@@ -45,6 +45,28 @@ REASONS: tuple[str, ...] = (
 ) + tuple(f"infeasible: network tier{t} isn't big enough" for t in range(MAX_TIERS)) \
   + tuple(f"infeasible: network tier{t} isn't fully used" for t in range(MAX_TIERS))
 
+# Rules of autopar's extension fields (after Calculon's, so its codes stay).
+REASONS = REASONS + (
+    "invalid: seq_size must be divisible by 2 * context_par",
+    "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par",
+    "invalid: weight_sharding needs optimizer_sharding without unsharded_grads",
+    "invalid: sharding_group must divide data_par and needs optimizer_sharding",
+    "invalid: recompute_layers needs activation_recompute full",
+    "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate",
+    "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs",
+    "invalid: param_gather_overlap needs optimizer_sharding without weight_sharding",
+    # mixture of experts and latent attention (issue 14)
+    "invalid: expert_par and expert_tensor_par need a mixture-of-experts model",
+    "invalid: expert_par must divide the number of experts",
+    "invalid: expert_tensor_par must divide the expert feed-forward size",
+    "invalid: expert_par * expert_tensor_par must divide tensor_par * data_par * context_par",
+    "invalid: moe_dispatcher other than alltoall and moe_overlap need expert_par or "
+    "expert_tensor_par > 1",
+    "invalid: a mixture-of-experts model with tensor_par > 1 needs "
+    "tensor_par_comm_type rs_ag (sequence parallelism)",
+    "invalid: shared_feedforward must be divisible by tensor_par",
+    "invalid: latent attention (mla) is modelled with tensor_par_overlap none",
+)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -68,8 +90,17 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          "invalid: sizes must be positive")
     tp1, pp1, dp1 = np.maximum(t, 1), np.maximum(pp, 1), np.maximum(dp, 1)
     mbs1 = np.maximum(cols["microbatch_size"], 1)
-    flag(t * pp * dp != cols["num_procs"],
-         "invalid: tensor_par * pipeline_par * data_par != num_procs")
+    cp = cols["context_par"]
+    extended = (cp != 1).any()
+    if extended:
+        flag(cp <= 0, "invalid: sizes must be positive")
+        flag((cp == 1) & (t * pp * dp != cols["num_procs"]),
+             "invalid: tensor_par * pipeline_par * data_par != num_procs")
+        flag(t * pp * dp * cp != cols["num_procs"],
+             "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs")
+    else:
+        flag(t * pp * dp != cols["num_procs"],
+             "invalid: tensor_par * pipeline_par * data_par != num_procs")
     flag(cols["batch_size"] % dp1 != 0, "invalid: batch_size is not divisible by data_par")
     flag((cols["batch_size"] // dp1) % mbs1 != 0,
          "invalid: local batch is not divisible by microbatch_size")
@@ -78,7 +109,8 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          "invalid: activation recompute is only for training")
     flag((pp == 1) & (cols["pipeline_interleaving"] != 1),
          "invalid: pipeline_interleaving must be 1 when pipeline_par is 1")
-    flag(cols["optimizer_sharding"] & (dp <= 1), "invalid: optimizer_sharding needs data_par > 1")
+    flag(cols["optimizer_sharding"] & (dp * np.maximum(cp, 1) <= 1),
+         "invalid: optimizer_sharding needs data_par > 1")
     flag((cols["tensor_par_overlap"] != 0) & (t <= 1),
          "invalid: tensor_par_overlap needs tensor_par > 1")
     rs = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("rs_ag")
@@ -91,14 +123,18 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
     flag(cols["optimizer_offload"] & ~tr, "invalid: optimizer_offload is only for training")
     nets = system.networks
     nn = len(nets)
-    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net"):
+    for f in ("tensor_par_net", "pipeline_par_net", "data_par_net") + (
+            ("context_par_net",) if extended or cols["context_par_net"].any() else ()):
         flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
     # Network tiers: each must hold the product of the parallelisms on it,
     # and a tier that must be filled must be filled exactly.
     for tier in range(min(nn, MAX_TIERS)):
         size = np.ones(n, dtype=np.int64)
         used = np.zeros(n, dtype=bool)
-        for par, net in ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net")):
+        pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
+        if extended:
+            pars += ((cp, "context_par_net"),)
+        for par, net in pars:
             on = (par > 1) & (cols[net] == tier)
             used |= on
             size = np.where(on, size * par, size)
@@ -119,11 +155,91 @@ def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray,
          & (blocks_per_stage <= 2),
          "infeasible: offloading requires each processor to handle at least 3 blocks")
     p2p = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("p2p_rs_ag")
-    flag((rs | p2p) & ((cols["microbatch_size"] * model.seq_size) % tp1 != 0),
+    flag((rs | p2p) & ((cols["microbatch_size"] * (model.seq_size // np.maximum(cp, 1))) % tp1
+                       != 0),
          "invalid: microbatch_size * seq_size must be divisible by tensor_par")
     flag((model.hidden % tp1 != 0) | (model.feedforward % tp1 != 0) | (model.attn_heads % tp1 != 0),
          "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par")
+    # autopar's extension fields (checked only where some row sets them).
+    if extended:
+        cp1 = np.maximum(cp, 1)
+        flag((cp > 1) & (model.seq_size % (2 * cp1) != 0),
+             "invalid: seq_size must be divisible by 2 * context_par")
+        flag((cp > 1) & (cols["context_par_comm"] == 1) & (model.attn_heads % (tp1 * cp1) != 0),
+             "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par")
+    ws = cols["weight_sharding"]
+    if ws.any():
+        flag(ws & (~cols["optimizer_sharding"] | cols["unsharded_grads"]),
+             "invalid: weight_sharding needs optimizer_sharding without unsharded_grads")
+    g = cols["sharding_group"]
+    if g.any():
+        flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"] | (dp % np.maximum(g, 1) != 0))),
+             "invalid: sharding_group must divide data_par and needs optimizer_sharding")
+    pgo = cols["param_gather_overlap"]
+    if pgo.any():
+        flag(pgo & (~cols["optimizer_sharding"] | ws),
+             "invalid: param_gather_overlap needs optimizer_sharding without weight_sharding")
+    k = cols["recompute_layers"]
+    if k.any():
+        flag((k < 0) | ((k > 0) & (rec != CHOICES["activation_recompute"].index("full"))),
+             "invalid: recompute_layers needs activation_recompute full")
+    recipe = cols["fp8_recipe"]
+    if (recipe != 0).any():
+        dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]
+        rate = {1: "float8", 2: "float8", 3: "mxfp8"}
+        has = np.array([True] + [rate[i] in system.matrix for i in (1, 2, 3)])
+        flag((recipe != 0) & (~np.isin(cols["datatype"], dts_ok) | ~has[recipe]),
+             "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
+    _check_moe(model, system, cols, flag, tp1, dp1 * np.maximum(cp, 1))
     return code, dts
+
+
+def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1) -> None:
+    """The rules of expert parallelism and latent attention (none apply to a
+    dense model at the defaults).  ``dp1``: data_par * context_par."""
+    ep, etp = cols["expert_par"], cols["expert_tensor_par"]
+    if model.moe is None and model.mla is None and not (
+            (ep != 1).any() or (etp != 1).any() or (cols["moe_dispatcher"] != 0).any()
+            or cols["moe_overlap"].any() or (cols["expert_par_net"] != 0).any()
+            or (cols["expert_tensor_par_net"] != 0).any()):
+        return                      # a dense model at the defaults: nothing to check
+    flag((ep <= 0) | (etp <= 0), "invalid: sizes must be positive")
+    ep1, etp1 = np.maximum(ep, 1), np.maximum(etp, 1)
+    expert = (ep > 1) | (etp > 1)
+    moe = model.moe
+    if moe is None:
+        flag(expert, "invalid: expert_par and expert_tensor_par need a mixture-of-experts model")
+    else:
+        flag(moe.experts % ep1 != 0, "invalid: expert_par must divide the number of experts")
+        flag(moe.expert_feedforward % etp1 != 0,
+             "invalid: expert_tensor_par must divide the expert feed-forward size")
+        flag((tp1 * dp1) % (ep1 * etp1) != 0,
+             "invalid: expert_par * expert_tensor_par must divide tensor_par * data_par * "
+             "context_par")
+    other = cols["moe_dispatcher"] != CHOICES["moe_dispatcher"].index("alltoall")
+    flag((other | cols["moe_overlap"]) & ~expert,
+         "invalid: moe_dispatcher other than alltoall and moe_overlap need expert_par or "
+         "expert_tensor_par > 1")
+    if moe is not None:
+        rs = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("rs_ag")
+        flag((tp1 > 1) & ~rs, "invalid: a mixture-of-experts model with tensor_par > 1 needs "
+                              "tensor_par_comm_type rs_ag (sequence parallelism)")
+        flag(moe.shared_feedforward % tp1 != 0,
+             "invalid: shared_feedforward must be divisible by tensor_par")
+    if model.mla is not None:
+        flag(cols["tensor_par_overlap"] != 0,
+             "invalid: latent attention (mla) is modelled with tensor_par_overlap none")
+    nets = system.networks
+    nn = len(nets)
+    for f in ("expert_par_net", "expert_tensor_par_net"):
+        flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
+    # The expert groups are laid over tensor x data processors: each tier
+    # must hold the expert parallelism assigned to it.
+    for tier in range(min(nn, MAX_TIERS)):
+        size = np.ones(len(ep), dtype=np.int64)
+        for par, net in ((ep1, "expert_par_net"), (etp1, "expert_tensor_par_net")):
+            size = np.where((par > 1) & (cols[net] == tier), size * par, size)
+        flag(size > nets[tier].size, REASONS[_NET_BIG + tier])
 
 
 def normalize(cols: Mapping) -> dict:
@@ -142,8 +258,10 @@ def normalize(cols: Mapping) -> dict:
     for f, default in EXT_DEFAULTS.items():
         if f in cols:
             out[f] = np.broadcast_to(np.asarray(cols[f]), (n,))
-        elif f in CHOICES:
-            out[f] = np.full(n, CHOICES[f].index(default), dtype=np.int8)
+        elif f in CHOICES:       # read-only views of one value: no copies
+            out[f] = np.broadcast_to(np.int8(CHOICES[f].index(default)), (n,))
+        elif f in EXT_INT_FIELDS:
+            out[f] = np.broadcast_to(np.int64(default), (n,))
         else:
-            out[f] = np.full(n, default, dtype=bool)
+            out[f] = np.broadcast_to(np.bool_(default), (n,))
     return out

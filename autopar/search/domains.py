@@ -45,9 +45,59 @@ def _r_pp(c, s):
     return divisors(math.gcd(c.num_procs // s["tensor_par"], c.blocks)), None
 
 
+def _r_cp(c, s):
+    rest = c.num_procs // (s["tensor_par"] * s["pipeline_par"])
+    return tuple(d for d in divisors(rest) if d == 1 or c.seq % (2 * d) == 0), None
+
+
 def _r_dp(c, s):
-    tp, pp = s["tensor_par"], s["pipeline_par"]
-    return ((c.num_procs // (tp * pp),) if c.num_procs % (tp * pp) == 0 else ()), None
+    tp, pp, cp = s["tensor_par"], s["pipeline_par"], s["context_par"]
+    return ((c.num_procs // (tp * pp * cp),) if c.num_procs % (tp * pp * cp) == 0
+            else ()), None
+
+
+def _r_reclayers(c, s):
+    if s["activation_recompute"] != "full":
+        return (0,), "needs activation_recompute full"
+    return tuple(range(-(-c.blocks // s["pipeline_par"]))), None
+
+
+def _r_wsh(c, s):
+    if not s["optimizer_sharding"]:
+        return (False,), "needs optimizer_sharding"
+    return _TF, None
+
+
+def _r_group(c, s):
+    if not s["optimizer_sharding"]:
+        return (0,), "needs optimizer_sharding"
+    return (0,) + tuple(d for d in divisors(s["data_par"]) if 1 < d < s["data_par"]), None
+
+
+def _r_cpcomm(c, s):
+    if s["context_par"] == 1:
+        return ("p2p",), "must be p2p when context_par is 1"
+    if c.heads % (s["tensor_par"] * s["context_par"]):
+        return ("p2p",), "a2a needs tensor_par * context_par to divide attn_heads"
+    return CHOICES["context_par_comm"], None
+
+
+def _r_pgo(c, s):
+    if not s["optimizer_sharding"] or s["weight_sharding"] or not c.training:
+        return (False,), "needs optimizer_sharding without weight_sharding, and training"
+    return _TF, None
+
+
+def _r_fp32grads(c, s):
+    if not c.training:
+        return (False,), "needs training"
+    return _TF, None
+
+
+def _r_fp8(c, s):
+    if c.datatype not in ("bfloat16", "float16"):
+        return ("none",), "needs datatype bfloat16 or float16"
+    return ("none",) + c.fp8, None
 
 
 def batch_for(policy: str, data_par: int, max_batch: int) -> int | None:
@@ -76,12 +126,14 @@ def _r_recompute(c, s):
 
 
 def _r_optsh(c, s):
-    if s["data_par"] == 1:
-        return (False,), "needs data_par > 1"
+    if s["data_par"] * s["context_par"] == 1:
+        return (False,), "needs data_par * context_par > 1"
     return _TF, None
 
 
 def _r_comm(c, s):
+    if c.experts and s["tensor_par"] > 1:
+        return ("rs_ag",), "must be rs_ag for a mixture-of-experts model with tensor_par > 1"
     return CHOICES["tensor_par_comm_type"], None
 
 
@@ -101,6 +153,8 @@ def _r_dpov(c, s):
 def _r_tpov(c, s):
     if s["tensor_par"] == 1:
         return ("none",), "must be none when tensor_par is 1"
+    if c.mla:
+        return ("none",), "must be none with latent attention (mla)"
     return CHOICES["tensor_par_overlap"], None
 
 
@@ -135,8 +189,34 @@ def _r_impl(c, s):
 
 
 def _r_unsharded(c, s):
-    if not s["optimizer_sharding"]:
-        return (False,), "needs optimizer_sharding"
+    if not s["optimizer_sharding"] or s["weight_sharding"]:
+        return (False,), "needs optimizer_sharding without weight_sharding"
+    return _TF, None
+
+
+def _r_ep(c, s):
+    if not c.experts:
+        return (1,), "needs a mixture-of-experts model"
+    domain = s["tensor_par"] * s["data_par"] * s["context_par"]
+    return tuple(d for d in divisors(c.experts) if domain % d == 0), None
+
+
+def _r_etp(c, s):
+    if not c.experts:
+        return (1,), "needs a mixture-of-experts model"
+    room = s["tensor_par"] * s["data_par"] * s["context_par"] // s["expert_par"]
+    return tuple(d for d in divisors(room) if c.expert_ff % d == 0), None
+
+
+def _r_dispatch(c, s):
+    if s["expert_par"] == 1 and s["expert_tensor_par"] == 1:
+        return ("alltoall",), "must be alltoall when expert_par and expert_tensor_par are 1"
+    return CHOICES["moe_dispatcher"], None
+
+
+def _r_moe_overlap(c, s):
+    if s["expert_par"] == 1 and s["expert_tensor_par"] == 1:
+        return (False,), "needs expert_par or expert_tensor_par > 1"
     return _TF, None
 
 
@@ -166,14 +246,27 @@ RULES: tuple[Rule, ...] = (
     Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden and attn_heads"),
     Rule("pipeline_par", ("tensor_par",), _r_pp,
           "must divide num_procs/tensor_par and num_blocks"),
-    Rule("data_par", ("tensor_par", "pipeline_par"), _r_dp,
-          "tensor_par*pipeline_par must divide num_procs"),
+    Rule("context_par", ("tensor_par", "pipeline_par"), _r_cp,
+          "must divide num_procs/(tensor_par*pipeline_par), with seq_size divisible by "
+          "2*context_par"),
+    Rule("data_par", ("tensor_par", "pipeline_par", "context_par"), _r_dp,
+          "tensor_par*pipeline_par*context_par must divide num_procs"),
     Rule("batch_size", ("data_par",), _r_batch, "batch"),
+    Rule("expert_par", ("tensor_par", "data_par", "context_par"), _r_ep,
+          "must divide the number of experts and tensor_par*data_par*context_par"),
+    Rule("expert_tensor_par", ("tensor_par", "data_par", "context_par", "expert_par"), _r_etp,
+          "must divide the expert feed-forward size, with expert_par*expert_tensor_par "
+          "dividing tensor_par*data_par*context_par"),
     Rule("pipeline_interleaving", ("pipeline_par",), _r_ppint,
           "must divide num_blocks/pipeline_par"),
     Rule("activation_recompute", (), _r_recompute, ""),
-    Rule("optimizer_sharding", ("data_par",), _r_optsh, ""),
-    Rule("tensor_par_comm_type", (), _r_comm, ""),
+    Rule("recompute_layers", ("pipeline_par", "activation_recompute"), _r_reclayers,
+          "fewer than the blocks per stage"),
+    Rule("optimizer_sharding", ("data_par", "context_par"), _r_optsh, ""),
+    Rule("weight_sharding", ("optimizer_sharding",), _r_wsh, ""),
+    Rule("sharding_group", ("data_par", "optimizer_sharding"), _r_group,
+          "0 or a divisor of data_par between 1 and data_par"),
+    Rule("tensor_par_comm_type", ("tensor_par",), _r_comm, ""),
     Rule("seq_par_ag_redo", ("tensor_par_comm_type", "activation_recompute"), _r_redo, ""),
     Rule("data_par_overlap", ("data_par",), _r_dpov, ""),
     Rule("tensor_par_overlap", ("tensor_par",), _r_tpov, ""),
@@ -190,6 +283,16 @@ RULES: tuple[Rule, ...] = (
     Rule("data_par_net", ("data_par",), _r_net("data_par"), "network tier"),
     Rule("attention_impl", (), _r_impl, ""),
     Rule("fused_norm", (), _r_fused, ""),
-    Rule("unsharded_grads", ("optimizer_sharding",), _r_unsharded, ""),
+    Rule("unsharded_grads", ("optimizer_sharding", "weight_sharding"), _r_unsharded, ""),
+    Rule("context_par_net", ("context_par",), _r_net("context_par"), "network tier"),
+    Rule("context_par_comm", ("tensor_par", "context_par"), _r_cpcomm, ""),
+    Rule("fp8_recipe", (), _r_fp8, ""),
+    Rule("fp32_grads", (), _r_fp32grads, ""),
+    Rule("param_gather_overlap", ("optimizer_sharding", "weight_sharding"), _r_pgo, ""),
+    Rule("expert_par_net", ("expert_par",), _r_net("expert_par"), "network tier"),
+    Rule("expert_tensor_par_net", ("expert_tensor_par",), _r_net("expert_tensor_par"),
+          "network tier"),
+    Rule("moe_dispatcher", ("expert_par", "expert_tensor_par"), _r_dispatch, ""),
+    Rule("moe_overlap", ("expert_par", "expert_tensor_par"), _r_moe_overlap, ""),
 )
 assert tuple(r.name for r in RULES if r.name not in DERIVED) == PARAMS

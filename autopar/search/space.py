@@ -29,7 +29,7 @@ import numpy as np
 from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
 from autopar.io.spaces import (BATCH_POLICIES, DERIVED, NET_FIELDS, OPTIONAL,  # noqa: F401
                                PARAMS, SpaceSpec, read_space, value_kind)
-from autopar.io.specs import SpecError, brief
+from autopar.io.specs import FP8_MATRIX, SpecError, brief
 from autopar.search.domains import RULES, Rule, divisors  # noqa: F401
 from autopar.search.enumeration import Plan, build_plan, materialize
 
@@ -62,6 +62,10 @@ class _Ctx:
     max_batch: int
     policy: str
     datatype: str
+    fp8: tuple = ()       # fp8 recipes the system's matrix rates allow
+    experts: int = 0      # routed experts (0: a dense model)
+    expert_ff: int = 0    # an expert's feed-forward size
+    mla: bool = False     # latent attention (TP communication not overlapped)
 
 
 def _check_case(case: Case, source: str = "case") -> None:
@@ -105,8 +109,12 @@ def _ctx(case: Case, space: "Space") -> _Ctx:
                 mem2=float(s.mem2.GiB) > 0, training=bool(case.training),
                 max_batch=int(case.max_batch_size),
                 policy=case.batch_policy or space.batch_policy,
-                datatype=case.datatype)
-
+                datatype=case.datatype,
+                fp8=tuple(r for r in CHOICES["fp8_recipe"][1:]
+                          if FP8_MATRIX[r] in s.matrix),
+                experts=int(m.moe.experts) if getattr(m, "moe", None) else 0,
+                expert_ff=int(m.moe.expert_feedforward) if getattr(m, "moe", None) else 0,
+                mla=getattr(m, "mla", None) is not None)
 
 
 # --------------------------------------------------------------------------
@@ -285,7 +293,9 @@ class Space:
                 cands, forced = (), None     # an earlier value is out of range
             if rule.name == "data_par":
                 tp, pp = state["tensor_par"], state["pipeline_par"]
-                v = cands[0] if cands else (ctx.num_procs // (tp * pp) if tp and pp else 0)
+                cp = state.get("context_par", 1) or 0
+                v = cands[0] if cands else (ctx.num_procs // (tp * pp * cp) if tp and pp and cp
+                                            else 0)
             elif rule.name == "batch_size":
                 v = cands[0] if cands else 0
             elif forced is not None and (normalize or rule.name not in self.allowed):
@@ -334,6 +344,10 @@ class Space:
             else:
                 if name in ex:
                     v = ex[name]
+                elif name in EXT_DEFAULTS:
+                    # Extension fields are written only where they differ
+                    # from their defaults (``complete``, ``layouts.record``).
+                    v = EXT_DEFAULTS[name]
                 elif name in self.allowed:
                     return f"invalid: {name} is missing"
                 else:
@@ -347,6 +361,10 @@ class Space:
 
     def _no_derived(self, ctx, name, state) -> str:
         if name == "data_par":
+            cp = state.get("context_par", 1)
+            if cp != 1:
+                return (f"tensor_par*pipeline_par*context_par ({state['tensor_par']}*"
+                        f"{state['pipeline_par']}*{cp}) does not divide num_procs {ctx.num_procs}")
             return (f"tensor_par*pipeline_par ({state['tensor_par']}*{state['pipeline_par']}) "
                     f"does not divide num_procs {ctx.num_procs}")
         dp = state["data_par"]
@@ -356,6 +374,9 @@ class Space:
 
     def _derived_mismatch(self, ctx, name, state, v, want) -> str:
         if name == "data_par":
+            if state.get("context_par", 1) != 1:
+                return (f"data_par {brief(v)} is not num_procs/(tensor_par*pipeline_par*"
+                        f"context_par) = {want}")
             return f"data_par {brief(v)} is not num_procs/(tensor_par*pipeline_par) = {want}"
         how = ("the batch size" if ctx.policy == "fixed"
                else f"the largest multiple of data_par {state['data_par']} <= {ctx.max_batch}")

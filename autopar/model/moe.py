@@ -1,0 +1,287 @@
+"""Mixture of experts and multi-head latent attention, as layers of a block.
+
+A model with ``moe`` (``autopar.io.specs.MoESpec``) has two kinds of block:
+the first ``first_dense`` keep the dense MLP of ``feedforward``; the others
+replace it by a mixture of experts.  ``routed_experts`` lays out the routed
+part of an MoE block's feed-forward (the shared experts are a dense MLP of
+``shared_feedforward``, laid out by ``autopar.model.block``):
+
+* the router (a ``hidden x experts`` linear layer, then softmax or sigmoid
+  scores and the top-k choice);
+* dispatch: the tokens' copies travel to the processors holding their experts
+  (all-to-all over the expert_par group: copies for peers in the same
+  first-tier domain over the first tier, the others over the EP group's
+  tier; or all-gather; or DeepEP's all-to-all, which sends a token once to
+  each remote domain holding any of its experts), then an all-gather over
+  the expert_tensor_par group; the combine is the reverse;
+* the experts as grouped GEMMs: a processor holds ``experts / EP`` experts at
+  ``1 / ETP`` of their width and processes ``ETP x T x top_k x load`` token
+  copies (``T`` tokens per processor, ``load`` the busiest expert's share
+  relative to balanced routing: the imbalance factor, or the capacity factor
+  when experts are padded to capacity), each expert's GEMM at the matrix
+  engine's efficiency for its own size (``m / groups`` tokens);
+* the weighted sum of the experts' outputs.
+
+Expert weights are counted with ``expert=True``: their gradients and
+optimizer state are sharded over the expert-data-parallel group (see
+``LayoutContext``) and synchronised over it (``data_parallel_sync``).
+
+``mla_attention`` is DeepSeek's attention with low-rank query and joint
+key/value compression: the down projections are replicated over tensor_par
+(as Megatron's), the up projections split by heads.  ``stage_mix`` says how
+many dense and MoE blocks a pipeline stage holds (the dense ones are the
+first blocks; multi-token-prediction modules add blocks to the last stage),
+and ``mix`` weights the two blocks' sums by those counts.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autopar.model.communication import tp_collective
+from autopar.model.context import LayoutContext
+from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
+                                  gelu, grouped_linear, layer, linear, rms_norm, rotary,
+                                  softmax, swiglu)
+
+# Vector FLOPs per score of the router: the score function (softmax: exp,
+# sum, divide; sigmoid: exp, add, divide, plus normalising the chosen ones)
+# and the top-k selection over the experts.
+_ROUTER_FLOPS = {"softmax": 8.0, "sigmoid": 9.0}
+
+
+def tokens_per_processor(ctx: LayoutContext, cols: dict):
+    """Tokens of one micro-batch that a processor routes: its sequence-parallel
+    share (an MoE model runs its MoE layers sequence-parallel over tensor_par;
+    context parallelism splits the sequence too)."""
+    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size / ctx.cp
+    return np.floor_divide(B, ctx.tp)
+
+
+def expert_tokens(ctx: LayoutContext, cols: dict):
+    """Token copies the busiest processor runs through its experts, per micro-batch."""
+    moe = ctx.model.moe
+    return ctx.etp * tokens_per_processor(ctx, cols) * moe.top_k * moe.load
+
+
+def _ep_comm(ctx: LayoutContext, nbytes, tokens_bytes, hide, recompute, combine: bool):
+    """Dispatch (or combine) of one micro-batch: its time on the expert tiers.
+
+    ``nbytes``: the token copies a processor sends (all-to-all), already
+    scaled by the load; ``tokens_bytes``: its own tokens (all-gather
+    dispatcher).  All-to-all sends the (EP-1)/EP of the copies bound for other
+    processors point to point; the all-gather dispatcher gathers every
+    processor's tokens (and reduce-scatters the outputs back).  With
+    expert_tensor_par the copies are all-gathered (reduce-scattered) over the
+    ETP group.  With ``moe_overlap`` the transfer hides behind ``hide`` (the
+    experts' compute of the same pass) and only the rest is exposed.
+    """
+    L = layer(ctx, recompute=recompute, stored=False)
+    ep, etp = ctx.ep, ctx.etp
+    local = ctx.ep_local
+    # All-to-all: the copies for peers in the same first-tier domain go over
+    # the first tier, the rest over the EP group's tier, both at once.
+    near = ctx.net0.time("p2p", nbytes * (local - 1) / ep, 2)
+    far = np.where(ep > local, ctx.ep_net.time("p2p", nbytes * (ep - local) / ep, 2), 0.0)
+    a2a = np.where(ep > 1, np.maximum(near, far), 0.0)
+    # DeepEP: a token crosses to each remote domain holding one of its
+    # experts once, then is forwarded inside it.
+    hits = remote_domains_hit(ctx)
+    deep_far = np.where(ep > local, ctx.ep_net.time(
+        "p2p", tokens_bytes * hits * ctx.model.moe.load, 2), 0.0)
+    deep_near = ctx.net0.time("p2p", nbytes * (local - 1) / local, 2)
+    deep = np.where(ep > 1, np.maximum(deep_near, deep_far), 0.0)
+    a2a = np.where(ctx.moe_deepep, deep, a2a)
+    group = ep * etp
+    gathered = tokens_bytes * group
+    op = "reduce_scatter" if combine else "all_gather"
+    ag = np.where(group > 1, ctx.ep_net.time(op, gathered, np.maximum(group, 2)), 0.0)
+    etp_op = np.where(etp > 1, ctx.etp_net.time(op, nbytes * etp, np.maximum(etp, 2)), 0.0)
+    link = np.where(ctx.moe_allgather, ag, a2a + etp_op)
+    L["kind"] = "epcomm"
+    L["finish"] = _finish_ep_comm
+    L["ep_link"] = link
+    L["ep_hide"] = hide
+    return L
+
+
+def remote_domains_hit(ctx: LayoutContext):
+    """Expected remote first-tier domains (nodes) a token's top-k experts
+    fall in, under balanced routing: each of the ``ep / ep_local - 1`` remote
+    domains holds ``experts * ep_local / ep`` experts and is hit unless all
+    top-k choices miss it."""
+    moe = ctx.model.moe
+    E, k = moe.experts, moe.top_k
+    out = np.zeros(ctx.n)
+    for ep, local in set(zip(ctx.ep.tolist(), ctx.ep_local.tolist())):
+        domains = int(round(ep / local))
+        if domains <= 1:
+            continue
+        g = int(round(E * local / ep))
+        miss = math.comb(E - g, k) / math.comb(E, k) if E - g >= k else 0.0
+        out[(ctx.ep == ep) & (ctx.ep_local == local)] = (domains - 1) * (1.0 - miss)
+    return out
+
+
+def _finish_ep_comm(ctx: LayoutContext, L: dict):
+    z = ctx.zeros
+    for s in STAGES:
+        L["time_" + s] = z
+    for s in ("fw", "agrad", "wgrad"):
+        for e in ("base", "edge"):
+            L[f"comm_bytes_{s}_{e}"] = z
+            L[f"comm_time_{s}_{e}"] = z
+            L[f"exposed_{s}_{e}"] = z
+    L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
+    link = L["ep_link"]
+    for s in ("fw", "agrad"):
+        hide = np.where(ctx.moe_overlap, L["ep_hide"][s], 0.0)
+        L["time_" + s] = np.maximum(link - hide, 0.0)
+    # Per block: the transfer of the forward and of the backward pass.
+    L["ep_link_total"] = 2 * link
+    L["ep_exposed_total"] = L["time_fw"] + L["time_agrad"]
+
+
+def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=None) -> list:
+    """The routed part of an MoE block's feed-forward, as (layer, present)
+    pairs; ``g`` marks the experts' GEMMs fp8 where the layout's recipe says so."""
+    g = g or (lambda L: L)
+    moe = ctx.model.moe
+    h = float(ctx.model.hidden)
+    E = float(moe.experts)
+    k = float(moe.top_k)
+    ffe = moe.expert_feedforward / ctx.etp
+    b = ctx.elem_bytes
+    T = tokens_per_processor(ctx, cols)
+    M = expert_tokens(ctx, cols)
+    groups = E / ctx.ep
+    fc1_width = 2 * ffe if llama else ffe
+    router = linear(ctx, T, h, E, **full, stored=False, reused=True)
+    score = float(_ROUTER_FLOPS[moe.router])
+    scores = layer(ctx, fw=score * T * E, agrad=score * T * E, inputs=T * E, outputs=T * E,
+                   act=T * E, act_grads=T * E, **full)
+    # Local permutation of the token copies (before and after the transfer).
+    permute = layer(ctx, inputs=T * h, outputs=M * h, act_grads=M * h, **full)
+    fc1 = g(grouped_linear(ctx, groups, M, h, fc1_width, **full))
+    act_fn = (swiglu if llama else gelu)(ctx, M * ffe, cols["fused_activation"], **full)
+    fc2 = g(grouped_linear(ctx, groups, M, ffe, h, **full))
+    # The weighted sum keeps the experts' outputs for the gradient of the scores.
+    combine = layer(ctx, fw=2 * M * h, agrad=3 * M * h, inputs=M * h, outputs=T * h,
+                    act=M * h, act_grads=T * h, **full)
+    # The experts' compute that an overlapped transfer can hide behind.
+    for L in (fc1, act_fn, fc2):
+        finish(ctx, L)
+    hide = {"fw": fc1["time_fw"] + act_fn["time_fw"] + fc2["time_fw"],
+            "agrad": (fc1["time_agrad"] + fc1["time_wgrad"] + act_fn["time_agrad"]
+                      + fc2["time_agrad"] + fc2["time_wgrad"])}
+    half = {s: v / 2 for s, v in hide.items()}
+    sent = T * k * moe.load * h * b
+    own = T * h * b
+    dispatch = _ep_comm(ctx, sent, own, half, full["recompute"], combine=False)
+    back = _ep_comm(ctx, sent, own, half, full["recompute"], combine=True)
+    return [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
+            (act_fn, True), (fc2, True), (back, True), (combine, True)]
+
+
+def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, sq, norm, full, attn,
+                  shared_input, regather_attn, recompute_attn, flash, core, impl,
+                  fused_norm, g):
+    """DeepSeek's multi-head latent attention, up to its output projection's
+    collective (TP communication as separate collectives): the layers, those
+    of its core, and the query and key widths per processor.  ``sq``: the
+    local queries (context parallelism), attending to all ``seq_size`` keys."""
+    m, a = ctx.model, ctx.model.mla
+    h, s, H = float(m.hidden), float(m.seq_size), float(m.attn_heads)
+    tp = ctx.tp
+    heads_tp = H / tp
+    dqk, dv, rope = float(a.qk_head_dim), float(a.v_head_dim), float(a.qk_rope_head_dim)
+    kvr, qr = float(a.kv_lora_rank), float(a.q_lora_rank)
+    seq = [
+        (fork(ctx, A_tp, 2, **full, stored=True), True),
+        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
+        (tp_collective(ctx, A, False, recomm=regather_attn), True),
+        (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn), True),
+    ]
+    if qr > 0:
+        seq += [(g(linear(ctx, B, h, qr, **full, **shared_input)), True),
+                (rms_norm(ctx, B * qr, qr, fused_norm, **full), True),
+                (g(linear(ctx, B, qr, heads_tp * dqk, **full)), True)]
+    else:
+        seq.append((g(linear(ctx, B, h, heads_tp * dqk, **full, **shared_input)), True))
+    seq += [
+        (g(linear(ctx, B, h, kvr + rope, **full, **shared_input)), True),
+        (rms_norm(ctx, B * kvr, kvr, fused_norm, **full), True),
+        (g(linear(ctx, B, kvr, heads_tp * (a.qk_nope_head_dim + dv), **full)), True),
+        (rotary(ctx, B * (heads_tp * rope + rope), **attn), True),
+    ]
+    core_layers = [
+        (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=~recompute_attn),
+         core),
+        (softmax(ctx, heads_tp * sq * s * mbs, impl, True, **attn,
+                 out_stored=~recompute_attn), core),
+        (batched_matmul(ctx, mbs * heads_tp, sq, s, dv, **full), core),
+        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, impl, sk=s, dv=dv,
+                         kv_v=heads_tp * dv, **full), flash),
+    ]
+    seq += core_layers
+    seq += [
+        (g(linear(ctx, B, heads_tp * dv, h, **full)), True),
+        (tp_collective(ctx, A, True, recomm=full["recompute"], stored=False), True),
+    ]
+    return seq, core_layers, heads_tp * dqk, heads_tp * dqk
+
+
+# ----------------------------------------------------------------------------
+# Which blocks a stage holds.
+
+def stage_counts(model, stages: np.ndarray) -> dict:
+    """Dense and MoE blocks of the first stage, the last stage and the
+    stage that paces the pipeline (the most MoE blocks, then the most
+    blocks), per row.  Stage i holds blocks [i * bps, (i + 1) * bps) with
+    ``bps = ceil(num_blocks / stages)``; the dense blocks are the first
+    ``first_dense``; the last stage also runs the ``mtp`` modules (an MoE
+    block each, as DeepSeek-V3's)."""
+    N = model.num_blocks
+    k = model.moe.first_dense if model.moe is not None else N
+    mtp = model.mtp
+    out = {f"{w}_{t}": np.zeros(len(stages)) for w in ("first", "last", "pace")
+           for t in ("dense", "moe")}
+    for pp in np.unique(stages):
+        rows = stages == pp
+        bps = -(-N // int(pp))
+        counts = []
+        for i in range(int(pp)):
+            lo, hi = min(i * bps, N), min((i + 1) * bps, N)
+            dense = max(0, min(hi, k) - lo)
+            moe = (hi - lo) - dense
+            if i == int(pp) - 1:
+                if model.moe is not None:
+                    moe += mtp
+                else:
+                    dense += mtp
+            counts.append((dense, moe))
+        pace = max(counts, key=lambda c: (c[1], c[0] + c[1]))
+        for w, (d, e) in (("first", counts[0]), ("last", counts[-1]), ("pace", pace)):
+            out[f"{w}_dense"][rows] = d
+            out[f"{w}_moe"][rows] = e
+    return out
+
+
+# Sums that combine by the larger value, not by adding.
+_MAX_SUMS = ("tp_bw_req",)
+
+
+def mix(dense: dict, moe: dict, n_dense, n_moe, per_stage) -> dict:
+    """Per-block sums of a stage holding ``n_dense`` dense and ``n_moe`` MoE
+    blocks, as the average block of its ``per_stage`` block slots (so that
+    the batch composition's ``blocks_per_stage`` multiples give the stage's
+    totals)."""
+    out = {}
+    for key, d in dense.items():
+        e = moe[key]
+        if key in _MAX_SUMS:
+            out[key] = np.maximum(np.where(n_dense > 0, d, 0.0), np.where(n_moe > 0, e, 0.0))
+        else:
+            out[key] = (n_dense * d + n_moe * e) / per_stage
+    return out

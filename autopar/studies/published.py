@@ -1,0 +1,626 @@
+"""Published training measurements: one registry of tables, one report.
+
+Each table of ``../shared/reference/measured/published/`` (measured training
+throughput with the layouts that produced it) is registered here as a
+``Table``: its CSV file, which rows it keeps, and a row function that turns
+one CSV row into what autopar needs to predict it -- a model spec, a system
+spec, an execution dict and the measured figures -- or says why the row is
+skipped (``Skip``: a dimension autopar does not model yet, a figure the table
+does not give).  Skipped rows are listed with their reason, never dropped.
+
+Settings a table does not state take the documented defaults of that
+framework's recipes (``docs/validation.md`` says which, per table).
+
+``report(table)`` predicts every row and summarises per table: published
+layouts predicted feasible, median and worst |error| of tokens/s/GPU, where
+the published layout ranks among autopar's own best layouts for the same
+case (model, system, GPUs, global batch), and the peak-memory error where
+the table measured it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from autopar.io.errors import SpecError
+from autopar.io.specs import ModelSpec, SystemSpec, load_execution, load_model, load_system
+
+GIB = 1024 ** 3
+_ROOT = Path(__file__).resolve().parent.parent.parent
+MODELS = _ROOT / "models"
+SYSTEMS = _ROOT / "systems"
+
+
+def published_dir() -> Path:
+    """Where the published tables are: $AUTOPAR_PUBLISHED, else
+    ``../shared/reference/measured/published`` from the project root (or from
+    the working directory)."""
+    env = os.environ.get("AUTOPAR_PUBLISHED")
+    if env:
+        return Path(env)
+    for base in (_ROOT, Path.cwd()):
+        p = base.parent / "shared" / "reference" / "measured" / "published"
+        if p.is_dir():
+            return p
+    return _ROOT.parent / "shared" / "reference" / "measured" / "published"
+
+
+@dataclass(frozen=True)
+class PublishedCase:
+    """One published row, ready to predict."""
+    model: ModelSpec
+    system: SystemSpec
+    execution: dict
+    # Measured figures: tokens_per_s_per_gpu (always), peak_mem_gib (optional)
+    measured: dict
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A row autopar cannot predict yet, and why."""
+    reason: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    csv: str                                   # file name in published_dir()
+    row: Callable[[pd.Series], "PublishedCase | Skip"]
+    framework: str
+    description: str = ""
+    keep: Callable[[pd.DataFrame], pd.Series] | None = None   # rows the table uses
+    search_space: dict = field(default_factory=dict)           # overrides for ranking
+
+
+TABLES: dict[str, Table] = {}
+
+
+def register(table: Table) -> Table:
+    """Add a table to the registry (other modules add theirs, e.g. MoE rows)."""
+    TABLES[table.name] = table
+    return table
+
+
+# ----------------------------------------------------------------------------
+# Shared helpers for row functions
+
+_model_cache: dict = {}
+_system_cache: dict = {}
+
+
+def model(name: str, **changes) -> ModelSpec:
+    """A model of ``models/`` with some fields changed (seq_size, vocab, ...)."""
+    if name not in _model_cache:
+        _model_cache[name] = load_model(MODELS / f"{name}.json")
+    m = _model_cache[name]
+    return dataclasses.replace(m, **changes) if changes else m
+
+
+def system(name: str) -> SystemSpec:
+    if name not in _system_cache:
+        _system_cache[name] = load_system(SYSTEMS / f"{name}.json")
+    return _system_cache[name]
+
+
+def gpt_model(name: str, hidden: int, blocks: int, heads: int, seq: int, vocab: int,
+              feedforward: int | None = None) -> ModelSpec:
+    """A GPT model built from a table row's shape (Megatron's GPT: GeLU MLP of 4x)."""
+    return load_model({"hidden": hidden, "feedforward": feedforward or 4 * hidden,
+                       "seq_size": seq, "attn_heads": heads, "attn_size": hidden // heads,
+                       "num_blocks": blocks, "vocab_size": vocab, "name": name},
+                      source=f"published:{name}")
+
+
+def tiers(system_: SystemSpec, tp: int, cp: int, dp: int, pp: int) -> dict:
+    """Megatron's rank order (tensor fastest, then context, data, pipeline):
+    each parallelism goes on the first network tier that holds it with the
+    ones inside it."""
+    sizes = [n.size for n in system_.networks]
+
+    def tier(group: int) -> int:
+        for i, s in enumerate(sizes):
+            if group <= s:
+                return i
+        return len(sizes) - 1
+
+    return {"tensor_par_net": tier(tp) if tp > 1 else 0,
+            "context_par_net": tier(tp * cp) if cp > 1 else 0,
+            "data_par_net": tier(tp * cp * dp) if dp > 1 else 0,
+            "pipeline_par_net": tier(tp * cp * dp * pp) if pp > 1 else 0}
+
+
+def megatron_execution(system_: SystemSpec, *, n: int, tp: int, pp: int, dp: int, cp: int = 1,
+                       gbs: int, mbs: int, vp: int = 1, datatype: str = "bfloat16",
+                       recompute: str = "none", sp: bool | None = None,
+                       tp_overlap: bool = False, dist_opt: bool = True,
+                       dp_overlap: bool = True, fp8: str = "none", flash: bool = True,
+                       cp_comm: str = "p2p", fused: bool = True, fsdp: bool = False,
+                       fp32_grads: bool | None = None) -> dict:
+    """A Megatron-style execution from a table's layout; options as named.
+    Gradients are accumulated and reduced in fp32 with bf16 (Megatron-LM
+    forces it for bf16; NeMo's and torchtitan's bf16 mixed precision reduce in
+    fp32) unless ``fp32_grads`` says otherwise."""
+    fp32_grads = datatype == "bfloat16" if fp32_grads is None else fp32_grads
+    sp = tp > 1 if sp is None else sp
+    ex = {"num_procs": n, "tensor_par": tp, "pipeline_par": pp, "data_par": dp,
+          "batch_size": gbs, "microbatch_size": mbs, "datatype": datatype,
+          "fused_activation": fused, "attention_type": "multihead",
+          "activation_recompute": recompute, "pipeline_interleaving": vp,
+          "optimizer_sharding": (dist_opt or fsdp) and dp * cp > 1,
+          "tensor_par_comm_type": "rs_ag" if sp and tp > 1 else "ar",
+          "tensor_par_overlap": "ring" if tp_overlap and tp > 1 else "none",
+          "seq_par_ag_redo": False, "data_par_overlap": dp_overlap and dp > 1,
+          "weight_offload": False, "activations_offload": False,
+          "optimizer_offload": False, "training": True,
+          "attention_impl": "flash_v2" if flash else "unfused", "fused_norm": fused,
+          "unsharded_grads": dist_opt and not fsdp and dp * cp > 1,
+          "context_par": cp, "context_par_comm": cp_comm,
+          "weight_sharding": fsdp and dp * cp > 1, "fp8_recipe": fp8,
+          "fp32_grads": fp32_grads,
+          # Megatron's overlap_param_gather goes with the overlapped grad reduce.
+          "param_gather_overlap": dist_opt and not fsdp and dp_overlap and dp * cp > 1}
+    ex.update(tiers(system_, tp, cp, dp, pp))
+    return ex
+
+
+def flops_per_token(m: ModelSpec, causal: bool = False) -> float:
+    """Model FLOPs of one token, forward and backward, no recompute (the
+    formula Megatron-Core and NeMo report TFLOP/s with): 12 L h^2 (1 +
+    kv/heads) for the attention projections, 12 L s h for the attention
+    core (half when ``causal``), 12 L h f (x 1.5 gated) for the MLP and
+    6 h V for the output layer."""
+    h, L, s, f = m.hidden, m.num_blocks, m.seq_size, m.feedforward
+    q = m.attn_heads * m.attn_size
+    kv = (m.kv_heads or m.attn_heads) * m.attn_size
+    gated = 1.5 if m.block == "llama" else 1.0
+    attn = 6 * L * (2 * h * q + 2 * h * kv)
+    core = 12 * L * s * q * (0.5 if causal else 1.0)
+    mlp = 12 * L * h * f * gated
+    return attn + core + mlp + 6 * h * m.vocab_size
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _int(v) -> int | None:
+    x = _num(v)
+    return None if x is None else int(x)
+
+
+# ----------------------------------------------------------------------------
+# Reading and predicting
+
+def read_table(table: Table) -> pd.DataFrame:
+    path = published_dir() / table.csv
+    try:
+        frame = pd.read_csv(path)
+    except FileNotFoundError:
+        raise SpecError(str(path), "(file)", "no such file (published tables live in "
+                        "../shared/reference/measured/published; set AUTOPAR_PUBLISHED)") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
+    if table.keep is not None:
+        frame = frame[table.keep(frame)]
+    return frame
+
+
+def cases(table: Table) -> list[tuple[int, "PublishedCase | Skip"]]:
+    """Every kept row of the table as (CSV row index, case or skip)."""
+    frame = read_table(table)
+    out = []
+    for idx, row in frame.iterrows():
+        try:
+            c = table.row(row)
+        except KeyError as e:
+            raise SpecError(str(published_dir() / table.csv), str(e.args[0]),
+                            "missing column") from None
+        if isinstance(c, PublishedCase):
+            # The execution goes through the same checks as a user's file.
+            ex = load_execution(c.execution, system=c.system, model=c.model,
+                                source=f"{table.csv} row {idx}")
+            c = dataclasses.replace(c, execution=ex)
+        out.append((int(idx), c))
+    return out
+
+
+def predict(table: Table, rank: bool = True, space=None) -> pd.DataFrame:
+    """One row per kept CSV row: label, status (predicted | skipped), reason,
+    measured and predicted tokens/s/GPU and peak memory, errors, feasibility,
+    and (with ``rank``) the published layout's rank among autopar's layouts."""
+    from autopar.model import evaluate_one
+
+    recs = []
+    for idx, c in cases(table):
+        if isinstance(c, Skip):
+            recs.append({"row": idx, "label": c.label, "status": "skipped",
+                         "reason": c.reason})
+            continue
+        ex = c.execution
+        s = evaluate_one(c.model, c.system, ex)
+        n = ex["num_procs"]
+        tok = c.measured["tokens_per_s_per_gpu"]
+        pred_tok = (s["sample_rate"] * c.model.seq_size / n) if s["feasible"] else np.nan
+        rec = {"row": idx, "label": c.label, "status": "predicted",
+               "reason": "" if s["feasible"] else _reason(s, c.system),
+               "feasible": bool(s["feasible"]),
+               "tokens_per_s_per_gpu": tok, "pred_tokens_per_s_per_gpu": pred_tok,
+               "tok_error": (pred_tok - tok) / tok,
+               "peak_mem_gib": c.measured.get("peak_mem_gib", np.nan),
+               "pred_mem_gib": s["proc_mem_tier1_cap_req"] / GIB}
+        rec["mem_error"] = (rec["pred_mem_gib"] - rec["peak_mem_gib"]) / rec["peak_mem_gib"]
+        if rank and s["feasible"]:
+            rec.update(_rank(table, c, s["sample_rate"], space))
+        recs.append(rec)
+    cols = ["row", "label", "status", "reason", "feasible", "tokens_per_s_per_gpu",
+            "pred_tokens_per_s_per_gpu", "tok_error", "peak_mem_gib", "pred_mem_gib",
+            "mem_error", "rank", "layouts", "best_over_published"]
+    return pd.DataFrame(recs).reindex(columns=cols)
+
+
+def _reason(s: dict, system_: SystemSpec) -> str:
+    from autopar.model.evaluate import reason_text
+    out = {k: np.array([v]) for k, v in s.items()}
+    return str(reason_text(out, system_)[0])
+
+
+# Parameters the ranking search varies around a published case (the rest are
+# held at the published layout's values).
+RANK_PARAMS = ("tensor_par", "pipeline_par", "context_par", "pipeline_interleaving",
+               "microbatch_size", "activation_recompute")
+RANK_LIMIT = 2_000_000
+
+
+def rank_space(table: Table, case: PublishedCase) -> dict:
+    """The search space a published layout is ranked in: the parallelism sizes,
+    interleaving, micro-batch and recompute searched (every value the rules
+    allow, micro-batches up to 16); the framework's other options fixed at the
+    published layout's; network tiers as the framework places them."""
+    ex = case.execution
+    params = {p: "derived" for p in RANK_PARAMS}
+    params["microbatch_size"] = {"max": 16}
+    params["pipeline_interleaving"] = {"max": 8}
+    params.update({"tensor_par_net": "derived", "pipeline_par_net": "derived",
+                   "data_par_net": "derived", "context_par_net": "derived"})
+    fixed = {}
+    from autopar.search.space import PARAMS
+    for p in PARAMS:
+        if p not in params:
+            fixed[p] = ex[p] if p in ex else _default(p)
+    params.update(table.search_space)
+    for p in table.search_space:
+        fixed.pop(p, None)
+    return {"name": f"published-{table.name}", "batch_policy": "fixed",
+            "params": params, "fixed": fixed}
+
+
+def _default(p):
+    from autopar.io.layouts import EXT_DEFAULTS
+    return EXT_DEFAULTS[p]
+
+
+def _rank(table: Table, case: PublishedCase, rate: float, space=None) -> dict:
+    """Rank of the published layout (1 = autopar finds nothing faster) among
+    the feasible layouts of the ranking space, by predicted throughput."""
+    from autopar.model import evaluate_columns
+    from autopar.search.space import Case, load_space
+
+    ex = case.execution
+    sp = load_space(space or rank_space(table, case), source=f"published:{table.name}")
+    dt = ex["datatype"]
+    c = Case(case.model, case.system, ex["num_procs"], ex["batch_size"], dt,
+             batch_policy="fixed")
+    total = sp.size(c)
+    if total > RANK_LIMIT:
+        return {"rank": np.nan, "layouts": total, "best_over_published": np.nan}
+    better, feasible, best = 0, 0, 0.0
+    for cols in sp.enumerate(c, chunk_size=1 << 16):
+        out = evaluate_columns(case.model, case.system, cols, stats=("sample_rate",))
+        r = out["sample_rate"][out["feasible"]]
+        feasible += len(r)
+        better += int((r > rate * (1 + 1e-9)).sum())
+        if len(r):
+            best = max(best, float(r.max()))
+    return {"rank": better + 1, "layouts": feasible,
+            "best_over_published": best / rate if rate > 0 else np.nan}
+
+
+def summarize(rows: pd.DataFrame) -> dict:
+    """One summary of a table's predictions."""
+    pred = rows[rows.status == "predicted"]
+    ok = pred[pred.feasible.astype(bool)] if len(pred) else pred
+    err = ok.tok_error.abs() if len(ok) else pd.Series(dtype=float)
+    mem = ok.mem_error.abs().dropna() if len(ok) else pd.Series(dtype=float)
+    ranks = ok["rank"].dropna() if len(ok) else pd.Series(dtype=float)
+    return {"rows": len(rows), "skipped": int((rows.status == "skipped").sum()),
+            "predicted": len(pred), "feasible": int(pred.feasible.astype(bool).sum()) if len(pred) else 0,
+            "median_abs_tok_error": float(err.median()) if len(err) else np.nan,
+            "worst_abs_tok_error": float(err.max()) if len(err) else np.nan,
+            "median_abs_mem_error": float(mem.median()) if len(mem) else np.nan,
+            "median_rank": float(ranks.median()) if len(ranks) else np.nan,
+            "rank1": int((ranks == 1).sum()) if len(ranks) else 0}
+
+
+def report(names=None, rank: bool = True) -> tuple[pd.DataFrame, dict]:
+    """Predictions of the named tables (all when None): the summary table and
+    the per-row tables by name."""
+    names = list(TABLES) if names is None else list(names)
+    unknown = [n for n in names if n not in TABLES]
+    if unknown:
+        raise SpecError("command line", "--table",
+                        f"unknown table {unknown[0]!r} (one of: {', '.join(TABLES)})")
+    rows, summ = {}, []
+    for n in names:
+        r = predict(TABLES[n], rank=rank)
+        rows[n] = r
+        summ.append({"table": n, **summarize(r)})
+    return pd.DataFrame(summ).set_index("table"), rows
+
+
+# ----------------------------------------------------------------------------
+# The tables.  Each row function states the framework defaults it assumes;
+# docs/validation.md lists them.
+
+# NeMo 24.07 (H100 performance summary) -------------------------------------
+
+NEMO_MODELS = {
+    "GPT3-5B": ("gpt3-5B", {}), "GPT3-20B": ("gpt3-20B", {}),
+    "GPT3-175B": ("gpt3-175B", {"vocab_size": 50304}),
+    "LLAMA2-7B": ("llama2-7B", {}), "LLAMA2-13B": ("llama2-13B", {}),
+    "LLAMA2-70B": ("llama2-70B", {}), "LLAMA3-8B": ("llama3-8B", {}),
+    "LLAMA3-70B": ("llama3-70B", {}), "Nemotron-8B": ("nemotron-8B", {}),
+    "Nemotron-22B": ("nemotron-22B", {}), "Nemotron-340B": ("nemotron4-340B", {}),
+}
+NEMO_SYSTEMS = {"DGX-H100": "h100_80g_nvl8", "DGX-B200": "b200_nvl8",
+                "DGX-GB200": "gb200_nvl72", "DGX-H200": "h200"}
+# NeMo / Megatron-Core recipes: FP8 is Transformer Engine's per-tensor
+# (delayed) scaling; MXFP8 its 1x32 block scaling.
+PRECISIONS = {"FP8": ("bfloat16", "tensorwise"), "BF16": ("bfloat16", "none"),
+              "FP8-MX": ("bfloat16", "mxfp8"), "MXFP8": ("bfloat16", "mxfp8"),
+              "FP8-CS": ("bfloat16", "tensorwise")}
+
+
+def _nemo_perf(row) -> PublishedCase | Skip:
+    label = f"{row.workload} {row.model} {int(row.n_gpus)} GPUs"
+    if row.workload == "lora":
+        return Skip("LoRA fine-tuning (frozen weights, adapters) is not modelled", label)
+    if row.model not in NEMO_MODELS:
+        return Skip(f"no model file for {row.model}", label)
+    name, changes = NEMO_MODELS[row.model]
+    seq = int(row.seq_len)
+    m = model(name, seq_size=seq, **changes)
+    sy = system(NEMO_SYSTEMS[row.system])
+    n, tp, pp = int(row.n_gpus), int(row.tp), int(row.pp)
+    cp = _int(row.cp) or 1
+    vp = _int(row.vp) or 1
+    dp = n // (tp * pp * cp)
+    datatype, fp8 = PRECISIONS[row.precision]
+    # NeMo's GPT/Llama training configurations of the time synchronise
+    # gradients in bf16 (distributed_fused_adam with grad_sync_dtype bf16):
+    # no fp32 gradient buffers.
+    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=int(row.gbs),
+                            mbs=int(row.mbs), vp=vp if pp > 1 else 1, datatype=datatype,
+                            fp8=fp8, tp_overlap=True, fp32_grads=False)
+    return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": float(row.tokens_per_sec_per_gpu)},
+                         label)
+
+
+register(Table(
+    "nemo_h100", "nemo_2407_h100_perf_summary.csv", _nemo_perf, "NeMo 24.07",
+    "NeMo 24.07 performance summary on DGX H100 (final version of the page): pre-training "
+    "and SFT in FP8; LoRA rows skipped",
+    keep=lambda f: f.doc_version == "final"))
+
+
+# NeMo long-sequence context-parallel runs ------------------------------------
+
+def _nemo_cp(row) -> PublishedCase | Skip:
+    label = f"{row.model} seq {int(row.seq_len)} on {int(row.n_gpus)} {row.system}"
+    name = {"LLAMA3-8B": "llama3-8B", "LLAMA2-7B": "llama2-7B"}.get(row.model)
+    if name is None:
+        return Skip(f"no model file for {row.model}", label)
+    seq = int(row.seq_len)
+    m = model(name, seq_size=seq)
+    sy = system(NEMO_SYSTEMS[row.system])
+    tp, pp, cp, dp = int(row.tp), int(row.pp), int(row.cp), int(row.dp)
+    # On the B200 rows the printed layout's TP*PP*DP*CP is not the GPU count
+    # (a page inconsistency); the layout is trusted (it divides the global
+    # batch) and the GPUs are its product.  Throughput per GPU is intensive.
+    n = tp * pp * dp * cp
+    gbs = int(row.global_batch)
+    if gbs % dp:
+        return Skip(f"global batch {gbs} not divisible by data_par {dp}", label)
+    datatype, fp8 = PRECISIONS[row.precision]
+    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=1,
+                            datatype=datatype, fp8=fp8, tp_overlap=True, fp32_grads=False)
+    # Reported TFLOP/s per GPU -> tokens/s/GPU with NeMo's (causal) FLOP count.
+    tok = float(row.tflops_per_gpu_with_cp) * 1e12 / flops_per_token(m, causal=True)
+    return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
+
+
+register(Table(
+    "nemo_long_cp", "nemo_long_sequence_cp.csv", _nemo_cp, "NeMo 24.03 / 25.04",
+    "NeMo long-sequence runs with context parallelism (Llama 2 7B on H100, Llama 3 8B on "
+    "B200), FP8; throughput from the reported TFLOP/s per GPU"))
+
+
+# Megatron-LM 2021 (SC21) A100 scaling ---------------------------------------
+
+def _megatron2021(row) -> PublishedCase | Skip:
+    label = f"{row.model} on {int(row.n_gpus)} A100"
+    h, L, H, s, V = (int(row.hidden), int(row.num_layers), int(row.attn_heads),
+                     int(row.seq_len), int(row.vocab))
+    m = gpt_model(row.model, h, L, H, s, V)
+    sy = system("a100_80g")
+    n, tp, pp, dp = int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp)
+    vp = _int(row.vp_derived) or 1
+    # Megatron-LM 2021: fp16, full recompute, no distributed optimizer, no
+    # sequence parallelism; torch DDP overlaps the gradient all-reduce with
+    # backward, Megatron's local DDP does not.
+    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, gbs=int(row.global_batch),
+                            mbs=int(row.micro_batch), vp=vp, datatype="float16",
+                            recompute="full", sp=False, dist_opt=False, flash=False,
+                            dp_overlap=str(row.ddp_impl).strip() == "torch")
+    ex["attention_impl"] = "fused_softmax"
+    # The paper's FLOP count (with recompute): 96 B s l h^2 (1 + s/6h + V/16lh).
+    per_token = 96 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    tok = float(row.achieved_tflops_per_gpu) * 1e12 / per_token
+    return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
+
+
+register(Table(
+    "megatron_2021", "megatron_lm_a100_2021_scaling.csv", _megatron2021, "Megatron-LM 2021",
+    "Megatron-LM's SC21 weak scaling (GPT 1.7B-1T on Selene A100), fp16, full recompute; "
+    "throughput from achieved TFLOP/s with the paper's FLOP count"))
+
+
+# Megatron-Core r0.8 H100 weak scaling ---------------------------------------
+
+def _mcore(row) -> PublishedCase | Skip:
+    label = f"{row.model} on {int(row.n_gpus)} H100"
+    h, L, H, s, V = (int(row.hidden), int(row.num_layers), int(row.attn_heads),
+                     int(row.seq_len), int(row.vocab))
+    m = gpt_model(row.model, h, L, H, s, V)
+    sy = system("h100_80g_nvl8")
+    n, tp, pp, dp = int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp)
+    cp = _int(row.cp) or 1
+    vp = _int(row.vp) or 1
+    gbs = int(row.global_batch)
+    # Megatron-Core r0.8 README runs: bf16 (the MFU implies the bf16 peak),
+    # micro-batch 1, no recompute, sequence parallelism with TP, the
+    # distributed optimizer with overlapped grad reduce / param gather, TP
+    # communication overlap.
+    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=1, vp=vp,
+                            tp_overlap=True)
+    tok = float(row.per_gpu_tflops) * 1e12 / flops_per_token(m)
+    return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
+
+
+register(Table(
+    "mcore_h100", "megatron_core_h100_weak_scaling.csv", _mcore, "Megatron-Core r0.8",
+    "Megatron-Core weak scaling on H100 (GPT 1.7B-462B), bf16; throughput from per-GPU "
+    "TFLOP/s with Megatron's FLOP count"))
+
+
+# torchtitan (FSDP2 + TP + PP + CP) on H100 / H200 ---------------------------
+
+TITAN_MODELS = {"Llama 3.1 8B": "llama3-8B", "Llama 3 8B": "llama3-8B",
+                "Llama 3.1 70B": "llama3-70B", "Llama 3 70B": "llama3-70B",
+                "Llama 3.1 405B": "llama3-405B"}
+
+
+def _titan(row) -> PublishedCase | Skip:
+    label = f"{row.table}: {row.model} {int(row.n_gpus)} GPUs"
+    seq = _int(row.seq_len)
+    if seq is None:
+        if str(row.table).startswith("Trainy"):
+            seq = 8192          # llama3_8b.toml's seq_len
+        else:
+            return Skip("sequence length not stated", label)
+    name = TITAN_MODELS.get(row.model)
+    if name is None:
+        return Skip(f"no model file for {row.model}", label)
+    m = model(name, seq_size=seq)
+    sy = system("h200" if "H200" in row.system else "h100_96g_nvl8")
+    n = int(row.n_gpus)
+    fsdp, tp, pp, cp = int(row.fsdp), int(row.tp), int(row.pp), int(row.cp)
+    dp = n // (tp * pp * cp)
+    local = int(row.local_batch)
+    gbs = local * dp
+    ckpt = str(row.activation_ckpt)
+    # torchtitan's selective checkpointing (per-op policy) keeps the
+    # attention's GEMM and SDPA outputs and recomputes the element-wise ops and
+    # every second matmul: modelled as Megatron's MLP-only recompute, which
+    # keeps the attention and recomputes the MLP's first GEMM and activation.
+    recompute = "full" if ckpt.startswith("full") else "mlp_only"
+    f8 = str(row.float8)
+    fp8 = ("rowwise" if "rowwise" in f8 else "tensorwise" if ("float8" in f8 or f8 == "True")
+           else "none")
+    async_tp = str(row.async_tp).strip() == "True"
+    # FSDP shards over the data-parallel and context-parallel ranks together.
+    # Pipeline: torchtitan's default schedule has as many micro-batches as stages.
+    mbs = max(local // pp, 1) if pp > 1 else local
+    vp = 2 if "Interleaved" in str(row.pp_schedule) else 1
+    # Norms and activations count as fused kernels with or without
+    # torch.compile: selective (per-op) checkpointing recomputes the
+    # element-wise ops instead of keeping their intermediates, and full
+    # checkpointing keeps none; compile's speed-up is not modelled.
+    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
+                            recompute=recompute, sp=tp > 1, tp_overlap=async_tp,
+                            dist_opt=False, fsdp=fsdp * cp > 1, dp_overlap=True, fp8=fp8,
+                            fused=True, cp_comm="p2p")
+    meas = {"tokens_per_s_per_gpu": float(row.tokens_per_sec_per_gpu)}
+    if _num(row.peak_mem_gib) is not None:
+        meas["peak_mem_gib"] = float(row.peak_mem_gib)
+    return PublishedCase(m, sy, ex, meas, label)
+
+
+register(Table(
+    "torchtitan", "torchtitan_benchmarks.csv", _titan, "torchtitan",
+    "torchtitan Llama 3 runs on H100 (FSDP2, TP, PP, CP, float8, async TP) and H200"))
+
+
+# SimuMax: B200 step time and peak memory per layout (Megatron-LM) -----------
+
+SIMUMAX_MODELS = {"llama3-70b": "llama3-70B", "llama3-405b": "llama3-405B"}
+
+
+def _simumax(row) -> PublishedCase | Skip:
+    label = str(row.case)
+    if _int(row.ep) and int(row.ep) > 1 or str(row.model).startswith("deepseek"):
+        from autopar.studies.published_moe import simumax_moe
+        return simumax_moe(row)
+    name = SIMUMAX_MODELS.get(row.model)
+    if name is None:
+        return Skip(f"no model file for {row.model}", label)
+    seq = int(row.seq_len)
+    m = model(name, seq_size=seq, num_blocks=int(row.layers_truncated_to))
+    # The B200 file calibrated on this table (systems/b200_nvl8_megatron.json).
+    sy = system("b200_nvl8_megatron")
+    n, tp, pp, dp, cp = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
+                         int(row.cp))
+    vp = _int(row.vp) or 1
+    mbs, mbc = int(row.micro_batch), int(row.microbatch_count)
+    gbs = mbs * mbc * dp
+    # What the run does not state: the distributed optimizer (the measured
+    # memory leaves no room for unsharded fp32 optimizer state: 70B-l12 with
+    # PP 2 on 66.5 GiB), no gradient-reduce overlap (Megatron-LM's default;
+    # the runs turn overlaps off); sequence parallelism with TP; TE
+    # attention; CP by all-to-all (stated).
+    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
+                            dist_opt=True, dp_overlap=False, cp_comm="a2a")
+    step = float(row.real_step_ms) / 1e3
+    tok = gbs * seq / step / n
+    return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok,
+                                     "peak_mem_gib": float(row.real_peak_alloc_gib)}, label)
+
+
+register(Table(
+    "simumax_b200", "simumax_b200_measured.csv", _simumax, "Megatron-LM (SimuMax runs)",
+    "Per-layout step time and peak allocated memory on 8 B200 (truncated-depth Llama 3 "
+    "70B/405B and DeepSeek-V2/V3 MoE with expert parallelism), bf16"))
+
+
+# Megatron-Bridge Qwen3 30B-A3B (MoE) ----------------------------------------
+
+def _bridge_moe(row) -> PublishedCase | Skip:
+    from autopar.studies.published_moe import bridge_qwen3
+    return bridge_qwen3(row)
+
+
+register(Table(
+    "bridge_qwen3_moe", "megatron_bridge_qwen3_30b_a3b.csv", _bridge_moe, "Megatron-Bridge",
+    "Qwen3 30B-A3B (MoE, expert parallelism) on GB300/GB200/B300/B200/H100, fp8"))

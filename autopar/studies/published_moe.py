@@ -1,0 +1,121 @@
+"""Row functions of the published tables' mixture-of-experts rows.
+
+``autopar.studies.published`` owns the registry; its SimuMax and
+Megatron-Bridge tables hand their MoE rows here:
+
+* ``simumax_moe(row)``: DeepSeek-V2 / V3 truncated to ``layers_truncated_to``
+  blocks (the first dense: "DeepSeekV3 formal rows use dense_layers=1", and
+  V2's own first block is dense) on 8 B200, bf16, Megatron-LM with expert
+  parallelism ``ep`` over the data-parallel ranks; measured step time and
+  peak allocated memory.
+* ``bridge_qwen3(row)``: Qwen3-30B-A3B rows of Megatron-Bridge's
+  performance summary (tokens/s/GPU with full layouts).
+
+What the tables do not state takes Megatron's defaults, as the dense rows of
+the same tables do (``published.megatron_execution``): the distributed
+optimizer, fp32 gradient buffers with bf16, flash attention, fused kernels,
+no recompute.  Megatron-Bridge's Qwen3-30B-A3B performance recipes
+(scripts/performance/configs/qwen) add: no recompute, gradients reduced in
+bf16, ``moe_router_force_load_balancing``, the ``flex`` dispatcher with the
+HybridEP backend (``deepep`` here), no ``moe_a2a_overlap``; the recipes of
+today are applied to every release's rows.  MoE specifics of the SimuMax
+runs: Megatron's ``alltoall`` dispatcher, not overlapped with compute
+(communication overlap is off in those runs);
+balanced routing (the Bridge page: "token distribution force-balanced across
+experts"; the SimuMax runs do not say), dropless (no capacity padding), no
+multi-token prediction in the truncated DeepSeek runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from autopar.studies import published as P
+
+SIMUMAX_MOE_MODELS = {"deepseekv2": "deepseek-v2", "deepseekv3": "deepseek-v3"}
+
+
+def _expert_fields(system_, *, tp: int, ep: int, etp: int = 1,
+                   dispatcher: str = "alltoall") -> dict:
+    """Execution fields of expert parallelism: EP ranks follow the tensor
+    ranks in Megatron's order, so the EP group spans tp * ep consecutive
+    ranks and sits on the first tier that holds them."""
+    sizes = [n.size for n in system_.networks]
+
+    def tier(group: int) -> int:
+        for i, s in enumerate(sizes):
+            if group <= s:
+                return i
+        return len(sizes) - 1
+
+    return {"expert_par": ep, "expert_tensor_par": etp,
+            "expert_par_net": tier(tp * etp * ep) if ep > 1 else 0,
+            "expert_tensor_par_net": tier(tp * etp) if etp > 1 else 0,
+            "moe_dispatcher": dispatcher if ep * etp > 1 else "alltoall",
+            "moe_overlap": False}
+
+
+def simumax_moe(row) -> "P.PublishedCase | P.Skip":
+    label = str(row.case)
+    name = SIMUMAX_MOE_MODELS.get(str(row.model))
+    if name is None:
+        return P.Skip(f"no model file for {row.model}", label)
+    base = P.model(name)
+    blocks = int(row.layers_truncated_to)
+    m = dataclasses.replace(base, seq_size=int(row.seq_len), num_blocks=blocks, mtp=0,
+                            moe=dataclasses.replace(base.moe, first_dense=1))
+    # The B200 file calibrated on this table's dense rows (as they use).
+    sy = P.system("b200_nvl8_megatron")
+    n, tp, pp, dp, cp, ep = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
+                             int(row.cp), int(row.ep))
+    vp = P._int(row.vp) or 1
+    mbs, mbc = int(row.micro_batch), int(row.microbatch_count)
+    gbs = mbs * mbc * dp
+    ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
+                              dist_opt=True, dp_overlap=False, cp_comm="a2a")
+    ex.update(_expert_fields(sy, tp=tp, ep=ep))
+    step = float(row.real_step_ms) / 1e3
+    tok = gbs * m.seq_size / step / n
+    return P.PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok,
+                                       "peak_mem_gib": float(row.real_peak_alloc_gib)}, label)
+
+
+# Megatron-Bridge's systems -> autopar's files (DGX-B300 / GB300 have none yet).
+BRIDGE_SYSTEMS = {"DGX-B200": "b200_nvl8", "DGX-GB200": "gb200_nvl72",
+                  "DGX-H100": "h100_80g_nvl8"}
+# Precision column -> fp8 recipe.  "FP8" on H100 and "FP8-CS" are current
+# (per-tensor) scaling; MXFP8 / FP8-MX are 1x32 block scales.  Rows that do
+# not state it (25.09) ran FP8 (the page's footnote compares two FP8
+# granularities): MXFP8 on Blackwell, per-tensor on H100.
+BRIDGE_FP8 = {"MXFP8": "mxfp8", "FP8-MX": "mxfp8", "FP8": "tensorwise",
+              "FP8-CS": "tensorwise"}
+
+
+def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
+    label = f"{row.release} {row.system} gbs{row.gbs} mbs{row.mbs} pp{row.pp} ep{P._int(row.ep)}" \
+            + (f" vp{P._int(row.vp)}" if P._int(row.vp) and P._int(row.vp) > 1 else "") \
+            + (f" {row.variant}" if isinstance(row.variant, str) and row.variant else "")
+    sys_name = BRIDGE_SYSTEMS.get(str(row.system))
+    if sys_name is None:
+        return P.Skip(f"no system file for {row.system}", label)
+    sy = P.system(sys_name)
+    precision = row.precision if isinstance(row.precision, str) else ""
+    blackwell = sys_name != "h100_80g_nvl8"
+    recipe = BRIDGE_FP8.get(precision) or ("mxfp8" if blackwell else "tensorwise")
+    m = P.model("qwen3-30B-A3B", seq_size=int(row.seq_len))
+    n, tp, pp, cp = int(row.n_gpus), int(row.tp), int(row.pp), int(row.cp)
+    ep = P._int(row.ep) or 1
+    dp = n // (tp * pp * cp)
+    vp = P._int(row.vp) or 1
+    if vp > 1 and pp == 1:
+        vp = 1
+    gbs, mbs = int(row.gbs), int(row.mbs)
+    if P._num(row.fsdp):
+        return P.Skip("FSDP with expert parallelism is not modelled", label)
+    # Bridge's Qwen3 performance recipes: no recompute, gradients reduced in
+    # the working precision (grad_reduce_in_fp32 off), load balancing forced.
+    ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
+                              dist_opt=True, dp_overlap=True, fp8=recipe, fp32_grads=False)
+    # The recipes' "flex" dispatcher with the HybridEP backend (DeepEP-style).
+    ex.update(_expert_fields(sy, tp=tp, ep=ep, dispatcher="deepep"))
+    tok = float(row.tokens_per_sec_per_gpu)
+    return P.PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
