@@ -115,7 +115,8 @@ def test_sampler_options_are_tunes_keyword_options():
     from autopar.search.tune import tune
     decided = {"model", "system", "num_procs", "max_batch_size", "datatype", "sampler",
                "trials", "space", "seed", "storage", "address", "progress", "study_name",
-               "batch_policy", "training"}        # the experiment decides these itself
+               "batch_policy", "training",
+               "return_study"}                    # the experiment decides these itself
     params = inspect.signature(tune).parameters
     assert set(SAMPLER_OPTIONS) == {n for n, p in params.items() if n not in decided and
                                     p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
