@@ -428,7 +428,10 @@ register(Table(
 # NeMo long-sequence context-parallel runs ------------------------------------
 
 def _nemo_cp(row) -> PublishedCase | Skip:
-    label = f"{row.model} seq {int(row.seq_len)} on {int(row.n_gpus)} {row.system}"
+    n_page = int(row.n_gpus)
+    n_layout = int(row.tp) * int(row.pp) * int(row.dp) * int(row.cp)
+    label = f"{row.model} seq {int(row.seq_len)} on {n_layout} {row.system}" + (
+        f" (page: {n_page} GPUs)" if n_page != n_layout else "")
     name = {"LLAMA3-8B": "llama3-8B", "LLAMA2-7B": "llama2-7B"}.get(row.model)
     if name is None:
         return Skip(f"no model file for {row.model}", label)
