@@ -45,7 +45,12 @@ import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import TrialState
 
-SAMPLERS: tuple[str, ...] = ("tpe", "cmaes", "random", "grid", "bohb")
+# Per-layout samplers, then skeleton samplers (``autopar.search.skeleton``:
+# a trial is a skeleton, completed by the array model).
+LAYOUT_SAMPLERS: tuple[str, ...] = ("tpe", "cmaes", "random", "grid", "bohb", "smac")
+SKELETON_SAMPLERS: tuple[str, ...] = ("skeleton-tpe", "skeleton-random", "skeleton-cmaes",
+                                      "skeleton-smac")
+SAMPLERS: tuple[str, ...] = LAYOUT_SAMPLERS + SKELETON_SAMPLERS
 METRIC = "sample_rate"
 
 

@@ -52,7 +52,11 @@ OPTIONAL = tuple(EXT_DEFAULTS)
 DERIVED = ("data_par", "batch_size")          # computed from the others
 FROM_CASE = ("num_procs", "datatype", "training")
 BATCH_POLICIES = ("max", "fixed")
-TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed")
+TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed", "skeleton")
+# The parameters a skeleton search proposes (``autopar.search.skeleton``) unless
+# the space file names others under ``skeleton:``; every other searched
+# parameter is completed by evaluating all its values at once.
+DEFAULT_SKELETON = ("tensor_par", "pipeline_par", "microbatch_size")
 NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net")
 
 _ROOT = Path(__file__).resolve().parent.parent.parent
@@ -450,8 +454,25 @@ def load_space(spec, source: str | None = None) -> "Space":
     missing = [p for p in PARAMS if p not in allowed and p not in fixed_vals]
     if missing:
         raise SpecError(src, "params", f"neither searched nor fixed: {', '.join(missing)}")
+    skeleton = _skeleton(src, data.get("skeleton"), allowed)
     return Space(name=name, description=desc, batch_policy=policy,
-                 allowed=allowed, fixed=fixed_vals, source=src)
+                 allowed=allowed, fixed=fixed_vals, source=src, skeleton=skeleton)
+
+
+def _skeleton(src: str, v, allowed: Mapping) -> tuple[str, ...] | None:
+    """The ``skeleton:`` list: searched parameters, in define-by-run order (None: default)."""
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v:
+        raise SpecError(src, "skeleton", f"expected a non-empty list of searched parameters, got {brief(v)}")
+    for i, n in enumerate(v):
+        if n not in PARAMS:
+            _param_error(src, f"skeleton[{i}]", str(n))
+        if n not in allowed:
+            raise SpecError(src, f"skeleton[{i}]", f"{n} is not searched (not under params)")
+    if len(set(v)) != len(v):
+        raise SpecError(src, "skeleton", "lists a parameter twice")
+    return tuple(p for p in PARAMS if p in v)
 
 
 # --------------------------------------------------------------------------
@@ -483,12 +504,16 @@ class Space:
 
     def __init__(self, name: str, description: str, batch_policy: str,
                  allowed: Mapping[str, _Allowed], fixed: Mapping[str, Any],
-                 source: str = "dict"):
+                 source: str = "dict", skeleton: tuple[str, ...] | None = None):
         self.name, self.description, self.source = name, description, source
+        self.skeleton_given = skeleton
         self.batch_policy = batch_policy
         self.allowed = dict(allowed)
         self.fixed = dict(fixed)
         self.searched: tuple[str, ...] = tuple(p for p in PARAMS if p in self.allowed)
+        # The skeleton: as the file says, else the default's searched parameters.
+        self.skeleton: tuple[str, ...] = skeleton if skeleton is not None else tuple(
+            p for p in DEFAULT_SKELETON if p in self.allowed)
         self._rules = _RULES
         self._index = {r.name: i for i, r in enumerate(_RULES)}
         # live[i]: names read by nodes after i (what a state must carry past i)
@@ -511,10 +536,71 @@ class Space:
 
     def to_dict(self) -> dict:
         """The space as the dict a YAML file would hold."""
-        return {"name": self.name, "description": self.description,
-                "batch_policy": self.batch_policy,
-                "params": {p: self.allowed[p].to_yaml() for p in self.searched},
-                "fixed": {p: self.fixed[p] for p in PARAMS if p in self.fixed}}
+        out = {"name": self.name, "description": self.description,
+               "batch_policy": self.batch_policy,
+               "params": {p: self.allowed[p].to_yaml() for p in self.searched},
+               "fixed": {p: self.fixed[p] for p in PARAMS if p in self.fixed}}
+        if self.skeleton_given is not None:
+            out["skeleton"] = list(self.skeleton_given)
+        return out
+
+    # -- skeletons ----------------------------------------------------------
+
+    def restrict(self, values: Mapping) -> "Space":
+        """This space with some searched parameters held at one value each
+        (the completions of a skeleton: ``restrict(skeleton).layouts(...)``)."""
+        allowed = dict(self.allowed)
+        for p, v in values.items():
+            if p not in self.allowed:
+                raise ValueError(f"{p!r} is not searched in space {self.name!r}")
+            if isinstance(v, np.generic):
+                v = v.item()
+            allowed[p] = _Allowed(values=(v,)) if self.allowed[p].ok(v) else _Allowed(values=())
+        return Space(name=self.name, description=self.description,
+                     batch_policy=self.batch_policy, allowed=allowed, fixed=self.fixed,
+                     source=self.source, skeleton=self.skeleton_given)
+
+    def skeletons(self, case: Case, names: tuple[str, ...] | None = None) -> list[tuple]:
+        """Every combination of the ``names`` parameters (default: the
+        skeleton) that at least one layout of the space has, in enumeration
+        order; each a tuple in ``names`` order (define-by-run order)."""
+        names = self.skeleton if names is None else tuple(names)
+        for p in names:
+            if p not in self.allowed:
+                raise ValueError(f"{p!r} is not searched in space {self.name!r}")
+        order = tuple(p for p in PARAMS if p in names)
+        ctx = _ctx(case, self)
+        key = ("skeletons", ctx, order)
+        got = self._cache.get(key)
+        if got is not None:
+            return list(got)
+        memo: dict = {}
+        n = len(self._rules)
+
+        def walk(i, live_key):
+            # -> tuple of distinct skeleton tails reachable below node i
+            if i == n:
+                return ((),)
+            hit = memo.get((i, live_key))
+            if hit is not None:
+                return hit
+            names_before = self._live[i - 1] if i else ()
+            state = dict(zip(names_before, live_key))
+            rule = self._rules[i]
+            out: dict = {}
+            for v in self._domain(ctx, rule, state):
+                state[rule.name] = v
+                for tail in walk(i + 1, tuple(state[m] for m in self._live[i])):
+                    out[((v,) + tail) if rule.name in order else tail] = None
+            res = memo[(i, live_key)] = tuple(out)
+            return res
+
+        sk = walk(0, ())
+        self._cache[key] = sk
+        if order != names:
+            pos = [order.index(p) for p in names]
+            sk = tuple(tuple(t[k] for k in pos) for t in sk)
+        return list(sk)
 
     # -- domains ----------------------------------------------------------
 
