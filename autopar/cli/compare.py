@@ -26,12 +26,19 @@ def register(subparsers) -> None:
     p.add_argument("--address", default=None,
                    help="Ray cluster address: run the sampler x seed runs as Ray tasks "
                         "there (default: as the experiment says, else in this process)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="trials per run (overrides the file; budgets above it are dropped)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds per sampler: 0..N-1 (overrides the file)")
+    p.add_argument("--samplers", default=None,
+                   help="comma-separated sampler names to run (overrides the file's list)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.set_defaults(func=run)
 
 
-def run_experiment(path, output_dir=None, address=None, progress=None, data=None) -> int:
+def run_experiment(path, output_dir=None, address=None, progress=None, data=None,
+                   overrides=None) -> int:
     """Run one comparison file and print its summary; the exit code.
 
     ``autopar run`` calls this for ``kind: compare`` files (``data``: the
@@ -42,7 +49,7 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     from autopar.studies.compare import compare, load_experiment, summary_text
     from autopar.studies.regret import BeatsOptimum
 
-    exp = load_experiment(data if data is not None else path,
+    exp = load_experiment(data if data is not None else path, overrides=overrides,
                           base_dir=Path(path).resolve().parent, source=str(path))
     out = Path(output_dir) if output_dir else (exp.output_dir or Path("results") / exp.name)
     try:
@@ -56,4 +63,15 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
 
 
 def run(args) -> int:
-    return run_experiment(args.experiment, args.output_dir, args.address, args.progress)
+    from autopar.cli import positive
+    overrides = {}
+    if getattr(args, "trials", None) is not None:
+        positive("--trials", args.trials)
+        overrides["trials"] = args.trials
+    if getattr(args, "seeds", None) is not None:
+        positive("--seeds", args.seeds)
+        overrides["seeds"] = args.seeds
+    if getattr(args, "samplers", None):
+        overrides["samplers"] = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    return run_experiment(args.experiment, args.output_dir, args.address, args.progress,
+                          overrides=overrides or None)

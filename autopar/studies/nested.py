@@ -25,7 +25,8 @@ import numpy as np
 
 from autopar.io.specs import SpecError
 
-INNER_SEARCHES = ("exhaustive", "tpe", "random", "cmaes", "bohb", "grid")
+INNER_SEARCHES = ("exhaustive", "tpe", "random", "cmaes", "bohb", "grid", "smac",
+                  "skeleton-tpe", "skeleton-random", "skeleton-cmaes", "skeleton-smac")
 PARALLEL = ("serial", "processes", "ray")
 # Reported with every point: Calculon's names.
 BREAKDOWN = ("total_time", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
