@@ -63,7 +63,7 @@ DEFAULT_ENCODINGS = {"tpe": "named", "cmaes": "index", "random": "index", "bohb"
 
 def default_encoding(sampler: str) -> str:
     if sampler.startswith("skeleton-"):     # a few ordered parameters: index for all
-        return "index"
+        return "flat" if sampler == "skeleton-smac" else "index"
     return DEFAULT_ENCODINGS.get(sampler, DEFAULT_ENCODING)
 
 # Samplers that need a static space (no define-by-run names).

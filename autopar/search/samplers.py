@@ -11,6 +11,8 @@ backend uses it directly and the ray backend through Ray's OptunaSearch
   (the centres of ``trials`` equal strata; all of them when the space is
   smaller), visited in a seeded order (Optuna's GridSampler over their index).
 * ``bohb``: hpbandster's BOHB model (below).
+* ``smac``: SMAC3's random forest and expected improvement, by ask/tell over
+  a ConfigSpace of valid combinations only (``autopar.search.smac_search``).
 * TPE and BOHB propose at random until the first feasible layout
   (``UntilFeasible``): with only pruned trials they have nothing to learn
   from and would otherwise keep proposing near infeasible ones.
@@ -81,6 +83,9 @@ def optuna_sampler(name: str, encoder, seed: int | None, concurrency: int = 1,
             return GridPoints(grid_points, seed=seed)
         if name == "bohb":
             return UntilFeasible(BohbSampler(encoder, seed=seed), seed=seed)
+        if name == "smac":
+            from autopar.search.smac_search import smac_sampler
+            return smac_sampler(encoder, seed)
     raise ValueError(f"unknown sampler {name!r}")
 
 

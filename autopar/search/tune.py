@@ -140,6 +140,9 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     encoding = _choice("encoding", encoding or default_encoding(sampler), ENCODINGS)
     if encoding == "named" and base in STATIC_ONLY:
         _bad("encoding", f"{base} needs a static space: use encoding index or flat")
+    if base == "smac" and encoding != "flat":
+        _bad("encoding", "smac searches the parameter values (its ConfigSpace has the space's "
+                         "conditions and forbidden combinations): use encoding flat")
     _needs(base)
     if backend == "optuna" and address:
         _bad("address", "a Ray address needs backend ray")

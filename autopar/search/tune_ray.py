@@ -212,6 +212,10 @@ def ray_search(name: str, encoder, seed: int | None, trials: int,
                                                     max_concurrent=concurrency or 0),
                 "scheduler": None, "num_samples": trials,
                 "param_space": encoder.ray_space()}
+    if name == "smac":
+        from autopar.search.smac_search import smac_searcher
+        alg = smac_searcher(encoder, seed, METRIC)
+        return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
     if name == "bohb":
         from ray.tune.schedulers import HyperBandForBOHB
         alg = TuneBOHBAll(encoder.configspace(seed), metric=METRIC, mode="max",
