@@ -92,7 +92,6 @@ def test_smac_on_ray_and_concurrency_is_honoured(monkeypatch, caplog):
     gaps2 = np.diff(np.sort(two["elapsed_s"].to_numpy()))
     assert gaps1.min() >= 0.45             # never two at once
     assert gaps2.min() < 0.45              # two at once
-    assert one["elapsed_s"].max() > two["elapsed_s"].max()
 
 
 def test_cmaes_gets_mostly_feasible_proposals_on_megatron_1t():
@@ -122,13 +121,20 @@ def test_every_samplers_best_trial_reevaluates_to_its_rate():
                                                          "bohb", "grid", "skeleton-tpe"],
            "case": {"model": "models/gpt3-13B.json", "system": SYSTEM, "num_procs": 64,
                     "max_batch_size": 512, "datatype": "float16", "space": "small"},
-           "seeds": [0], "trials": 15}
+           "seeds": [0], "trials": 20}
     res = compare(exp, None, progress=False)
     m, s = autopar.load_model("models/gpt3-13B.json"), autopar.load_system(SYSTEM)
+    found = 0
     for run in res.runs:
-        best = np.nanmax(run["sample_rate"])
+        rates = np.asarray(run["sample_rate"], dtype=float)
+        if np.isnan(rates).all():              # no feasible trial: nothing to export
+            assert run["best_execution"] is None
+            continue
+        found += 1
+        best = np.nanmax(rates)
         ev = autopar.evaluate(m, s, [run["best_execution"]])
         assert ev["sample_rate"][0] == pytest.approx(best, rel=1e-12), run["sampler"]
+    assert found >= 6
 
 
 def test_codesign_sampler_and_trials_override_a_compare_section(repo_root):
