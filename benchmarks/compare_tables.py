@@ -48,12 +48,15 @@ def table(folder: Path) -> list[str]:
             txt = f"{fmt(m)} [{fmt(r[f'regret_q1@{b}'])}-{fmt(r[f'regret_q3@{b}'])}]"
             cells.append(f"**{txt}**" if m == best[b] else txt)
         t1 = r["trials_to_1pct"]
-        t1 = t1 if isinstance(t1, str) else fmt(float(t1))
+        try:
+            t1 = fmt(float(t1))
+        except ValueError:
+            pass
         out.append(f"| {r['sampler']} | {int(r['runs'])} | " + " | ".join(cells)
                    + f" | {t1} ({int(r['reached_1pct'])}/{int(r['runs'])}) | "
                    f"{r['pruned_fraction']:.0%} | {fmt(r['seconds_per_run'])} |")
     out.append(f"| exhaustive | 1 | " + " | ".join("" for _ in budgets)
-               + f" | {int(ex['trials_to_1pct']) if ex['trials_to_1pct'] == ex['trials_to_1pct'] else ''} | "
+               + f" | {int(float(ex['trials_to_1pct'])):,} (all layouts) | "
                f"{ex['pruned_fraction']:.0%} | {fmt(ex['seconds_per_run'])} |")
     sk = s[s["sampler"] == "skeleton-tpe"]
     if len(sk):

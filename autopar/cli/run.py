@@ -21,7 +21,7 @@ EXTERNAL_KINDS = {"compare": "autopar.cli.compare", "codesign": "autopar.cli.cod
 KINDS = ("tune", "exhaustive", *EXTERNAL_KINDS)
 # key -> (type, default, is a path relative to the file)
 TUNE_KEYS: dict[str, tuple[Any, Any, bool]] = {
-    "sampler": (str, "tpe", False), "trials": (int, 100, False), "seed": (int, None, False),
+    "sampler": (str, "skeleton-tpe", False), "trials": (int, 100, False), "seed": (int, None, False),
     "backend": (str, "optuna", False), "encoding": (str, None, False),
     "concurrency": (int, None, False), "storage": (str, None, False),
     "study_name": (str, None, False), "address": (str, None, False),

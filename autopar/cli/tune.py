@@ -46,8 +46,8 @@ def register(subparsers) -> None:
                    help="global batch: the largest multiple of data_par up to this "
                         "(batch policy max) or exactly this (fixed)")
     p.add_argument("--datatype", choices=CHOICES["datatype"], help="required")
-    p.add_argument("--sampler", default="tpe", choices=SAMPLERS,
-                   help="default: tpe; skeleton-SAMPLER proposes skeletons (the space's "
+    p.add_argument("--sampler", default="skeleton-tpe", choices=SAMPLERS,
+                   help="default: skeleton-tpe (docs/compare.md); skeleton-SAMPLER proposes skeletons (the space's "
                         "skeleton: parameters) and evaluates every completion of each at once "
                         "(autopar.search.skeleton); --trials then counts distinct skeletons")
     p.add_argument("--trials", type=int, default=100, help="trials to run (default 100)")

@@ -47,6 +47,9 @@ from autopar.search.trainable import BREAKDOWN, METRIC
 
 BACKENDS: tuple[str, ...] = ("optuna", "ray")
 DEFAULT_SPACE = "calculon"      # the same default as exhaustive and compare
+# The default sampler: skeleton TPE had the lowest median regret at every
+# budget of every sampler comparison run (docs/compare.md).
+DEFAULT_SAMPLER = "skeleton-tpe"
 TRIAL_COLUMNS: tuple[str, ...] = (
     "trial", "state", "feasible", "reason", METRIC, *BREAKDOWN, *ALL_FIELDS,
     "node_id", "elapsed_s", "layouts",
@@ -108,7 +111,7 @@ def make_case(model, system, num_procs, max_batch_size, datatype, batch_policy=N
 # The search
 
 def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
-         sampler: str = "tpe", trials: int = 100, *, space=DEFAULT_SPACE,
+         sampler: str = DEFAULT_SAMPLER, trials: int = 100, *, space=DEFAULT_SPACE,
          backend: str = "optuna", seed: int | None = None, storage: str | None = None,
          address: str | None = None, concurrency: int | None = None,
          encoding: str | None = None, progress: bool | None = None,
