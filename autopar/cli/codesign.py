@@ -42,6 +42,11 @@ def register(subparsers) -> None:
                    help="each system's best layout must leave this much of tier 1 free "
                         "(overrides the file's inner.memory_headroom; default: each system's "
                         "memory_headroom, else 0); rows also give the rate without it")
+    p.add_argument("--inner", default=None,
+                   help="inner layout search: exhaustive or a sampler of autopar tune, e.g. "
+                        "skeleton-tpe (overrides the file)")
+    p.add_argument("--inner-trials", type=int, default=None,
+                   help="trials of an inner sampler (overrides the file)")
     _common(p)
     p.set_defaults(func=run)
 
@@ -77,13 +82,52 @@ def run(args) -> int:
     _check_counts(args)
     data = read(args.study)
     if data.get("kind") == "cliffs":
-        for opt in ("sampler", "trials", "seed"):
-            if getattr(args, opt) is not None:
+        for opt in ("sampler", "trials", "seed", "inner", "inner_trials"):
+            if getattr(args, opt, None) is not None:
                 from autopar.io.specs import SpecError
-                raise SpecError("command line", f"--{opt}", "not for a sweep (kind: cliffs)")
+                raise SpecError("command line", f"--{opt.replace('_', '-')}",
+                                "not for a sweep (kind: cliffs)")
         return _sweep(args.study, args)
-    search = {k: getattr(args, k) for k in ("sampler", "trials", "seed") if getattr(args, k) is not None}
-    return _study(args.study, args, {"search": search} if search else None)
+    return _study(args.study, args, study_overrides(data, args) or None)
+
+
+def study_overrides(data, args) -> dict:
+    """The command line's --sampler/--trials/--seed/--inner/--inner-trials as
+    overrides of a co-design file.  A study with a ``compare:`` section runs
+    its comparison, so there they replace the compared samplers (one), the
+    trials per run (budgets above it dropped) and the seeds (one)."""
+    from collections.abc import Mapping
+    out: dict = {}
+    search = {k: getattr(args, k) for k in ("sampler", "trials", "seed")
+              if getattr(args, k, None) is not None}
+    cmp = data.get("compare")
+    if search and isinstance(cmp, Mapping):
+        cmp = dict(cmp)
+        if "sampler" in search:
+            cmp["samplers"] = [search["sampler"]]
+        if "trials" in search:
+            cmp["trials"] = search["trials"]
+            if isinstance(cmp.get("budgets"), list):
+                fit = [b for b in cmp["budgets"] if not isinstance(b, int) or b <= search["trials"]]
+                cmp["budgets"] = fit or [search["trials"]]
+        if "seed" in search:
+            cmp["seeds"] = [search["seed"]]
+        out["compare"] = cmp
+    elif search:
+        out["search"] = search
+    inner = getattr(args, "inner", None)
+    inner_trials = getattr(args, "inner_trials", None)
+    if inner is not None or inner_trials is not None:
+        had = data.get("inner")
+        had = {"search": had} if isinstance(had, str) else dict(had or {})
+        if inner is not None:
+            had["search"] = inner
+            if inner == "exhaustive":
+                had.pop("trials", None)
+        if inner_trials is not None:
+            had["trials"] = inner_trials
+        out["inner"] = had
+    return out
 
 
 def _study(path, args, overrides) -> int:
@@ -149,7 +193,8 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     """``autopar run`` of a ``kind: codesign`` or ``kind: cliffs`` file."""
     ns = argparse.Namespace(study=str(path), output_dir=output_dir, address=address,
                             parallel=None, workers=None, progress=progress,
-                            sampler=None, trials=None, seed=None)
+                            sampler=None, trials=None, seed=None, inner=None,
+                            inner_trials=None)
     kind = (data or {}).get("kind")
     if kind == "cliffs":
         return _sweep(str(path), ns)

@@ -32,6 +32,12 @@ def register(subparsers) -> None:
     p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
                    help="layouts must leave this much of tier 1 free (default: the system's "
                         "memory_headroom, else 0); the fastest layout without it is named too")
+    p.add_argument("--trials", type=int, default=None,
+                   help="trials per run (overrides the file; budgets above it are dropped)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds per sampler: 0..N-1 (overrides the file)")
+    p.add_argument("--samplers", default=None,
+                   help="comma-separated sampler names to run (overrides the file's list)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT,
@@ -40,7 +46,8 @@ def register(subparsers) -> None:
 
 
 def run_experiment(path, output_dir=None, address=None, progress=None, data=None,
-                   fmt: str = DEFAULT_FORMAT, memory_headroom=None) -> int:
+                   fmt: str = DEFAULT_FORMAT, memory_headroom=None,
+                   overrides=None) -> int:
     """Run one comparison file and print its summary; the exit code.
 
     ``autopar run`` calls this for ``kind: compare`` files (``data``: the
@@ -51,7 +58,7 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     from autopar.studies.compare import compare, load_experiment, summary_text
     from autopar.studies.regret import BeatsOptimum
 
-    exp = load_experiment(data if data is not None else path,
+    exp = load_experiment(data if data is not None else path, overrides=overrides,
                           base_dir=Path(path).resolve().parent, source=str(path))
     from autopar.io.writers import NO_OUTPUT, output_dir_arg
     out = output_dir_arg(output_dir) or exp.output_dir or Path("results") / exp.name
@@ -72,5 +79,16 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
 
 
 def run(args) -> int:
+    from autopar.cli import positive
+    overrides = {}
+    if getattr(args, "trials", None) is not None:
+        positive("--trials", args.trials)
+        overrides["trials"] = args.trials
+    if getattr(args, "seeds", None) is not None:
+        positive("--seeds", args.seeds)
+        overrides["seeds"] = args.seeds
+    if getattr(args, "samplers", None):
+        overrides["samplers"] = [s.strip() for s in args.samplers.split(",") if s.strip()]
     return run_experiment(args.experiment, args.output_dir, args.address, args.progress,
-                          fmt=args.format, memory_headroom=args.memory_headroom)
+                          fmt=args.format, memory_headroom=args.memory_headroom,
+                          overrides=overrides or None)

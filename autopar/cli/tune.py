@@ -31,7 +31,9 @@ from autopar.io.layouts import CHOICES
 from autopar.cli import SOURCE, distinct_outputs, output_path, positive, seed_arg
 from autopar.io.specs import SpecError
 
-SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb")   # autopar.search.samplers.SAMPLERS (no optuna import here)
+# autopar.search.samplers.SAMPLERS (no optuna import here)
+SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb", "smac",
+            "skeleton-tpe", "skeleton-random", "skeleton-cmaes", "skeleton-smac")
 
 
 def register(subparsers) -> None:
@@ -47,8 +49,10 @@ def register(subparsers) -> None:
                    help="global batch: the largest multiple of data_par up to this "
                         "(batch policy max) or exactly this (fixed)")
     p.add_argument("--datatype", choices=CHOICES["datatype"], help="required")
-    p.add_argument("--sampler", default="tpe", choices=SAMPLERS,
-                   help="default: tpe")
+    p.add_argument("--sampler", default="skeleton-tpe", choices=SAMPLERS,
+                   help="default: skeleton-tpe (docs/compare.md); skeleton-SAMPLER proposes skeletons (the space's "
+                        "skeleton: parameters) and evaluates every completion of each at once "
+                        "(autopar.search.skeleton); --trials then counts distinct skeletons")
     p.add_argument("--trials", type=int, default=100, help="trials to run (default 100)")
     p.add_argument("--space", default=None,
                    help="search space YAML file or name under search_spaces/ (default: calculon)")

@@ -43,7 +43,11 @@ OPTIONAL = tuple(EXT_DEFAULTS)
 DERIVED = ("data_par", "batch_size")          # computed from the others
 FROM_CASE = ("num_procs", "datatype", "training")
 BATCH_POLICIES = ("max", "fixed")
-TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed")
+TOP_KEYS = ("name", "description", "batch_policy", "params", "fixed", "skeleton")
+# The parameters a skeleton search proposes (``autopar.search.skeleton``) unless
+# the space file names others under ``skeleton:``; every other searched
+# parameter is completed by evaluating all its values at once.
+DEFAULT_SKELETON = ("tensor_par", "pipeline_par", "microbatch_size")
 NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
               "expert_par_net", "expert_tensor_par_net")
 # Integer parameters whose smallest value is 0.
@@ -145,13 +149,17 @@ class SpaceSpec:
     allowed: Mapping[str, Allowed] = field(default_factory=dict)
     fixed: Mapping[str, Any] = field(default_factory=dict)
     source: str = "dict"
+    skeleton: tuple[str, ...] | None = None     # as the file says (None: the default)
 
     def to_dict(self) -> dict:
         """The space as the dict a YAML file would hold."""
-        return {"name": self.name, "description": self.description,
-                "batch_policy": self.batch_policy,
-                "params": {p: self.allowed[p].to_yaml() for p in PARAMS if p in self.allowed},
-                "fixed": {p: self.fixed[p] for p in PARAMS if p in self.fixed}}
+        out = {"name": self.name, "description": self.description,
+               "batch_policy": self.batch_policy,
+               "params": {p: self.allowed[p].to_yaml() for p in PARAMS if p in self.allowed},
+               "fixed": {p: self.fixed[p] for p in PARAMS if p in self.fixed}}
+        if self.skeleton is not None:
+            out["skeleton"] = list(self.skeleton)
+        return out
 
 
 def read_space(spec, source: str | None = None) -> SpaceSpec:
@@ -212,5 +220,22 @@ def read_space(spec, source: str | None = None) -> SpaceSpec:
     missing = [p for p in PARAMS if p not in allowed and p not in fixed_vals]
     if missing:
         raise SpecError(src, "params", f"neither searched nor fixed: {', '.join(missing)}")
+    skeleton = _skeleton(src, data.get("skeleton"), allowed)
     return SpaceSpec(name=name, description=desc, batch_policy=policy,
-                     allowed=allowed, fixed=fixed_vals, source=src)
+                     allowed=allowed, fixed=fixed_vals, source=src, skeleton=skeleton)
+
+
+def _skeleton(src: str, v, allowed: Mapping) -> tuple[str, ...] | None:
+    """The ``skeleton:`` list: searched parameters, in define-by-run order (None: default)."""
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v:
+        raise SpecError(src, "skeleton", f"expected a non-empty list of searched parameters, got {brief(v)}")
+    for i, n in enumerate(v):
+        if n not in PARAMS:
+            _param_error(src, f"skeleton[{i}]", str(n))
+        if n not in allowed:
+            raise SpecError(src, f"skeleton[{i}]", f"{n} is not searched (not under params)")
+    if len(set(v)) != len(v):
+        raise SpecError(src, "skeleton", "lists a parameter twice")
+    return tuple(p for p in PARAMS if p in v)

@@ -58,14 +58,16 @@ from autopar.io.experiment import ENCODINGS  # noqa: F401  (the names files may 
 DEFAULT_ENCODING = "index"
 # Per sampler, the encoding that found better layouts sooner (see the module docstring).
 DEFAULT_ENCODINGS = {"tpe": "named", "cmaes": "index", "random": "index", "bohb": "index",
-                     "grid": "index"}
+                     "grid": "index", "smac": "flat"}
 
 
 def default_encoding(sampler: str) -> str:
+    if sampler.startswith("skeleton-"):     # a few ordered parameters: index for all
+        return "flat" if sampler == "skeleton-smac" else "index"
     return DEFAULT_ENCODINGS.get(sampler, DEFAULT_ENCODING)
 
 # Samplers that need a static space (no define-by-run names).
-STATIC_ONLY = ("bohb",)
+STATIC_ONLY = ("bohb", "smac")
 
 
 class Invalid(Exception):

@@ -21,14 +21,15 @@ The file itself is read by ``autopar.io.spaces``; the rules are in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
-from autopar.io.spaces import (BATCH_POLICIES, DERIVED, NET_FIELDS, OPTIONAL,  # noqa: F401
-                               PARAMS, SpaceSpec, read_space, value_kind)
+from autopar.io.spaces import (BATCH_POLICIES, DEFAULT_SKELETON, DERIVED,  # noqa: F401
+                               NET_FIELDS, OPTIONAL, PARAMS, Allowed, SpaceSpec, read_space,
+                               value_kind)
 from autopar.io.specs import FP8_MATRIX, SpecError, brief
 from autopar.search.domains import RULES, Rule, divisors  # noqa: F401
 from autopar.search.enumeration import Plan, build_plan, materialize
@@ -129,7 +130,11 @@ class Space:
         self.batch_policy = spec.batch_policy
         self.allowed = dict(spec.allowed)
         self.fixed = dict(spec.fixed)
+        self.skeleton_given = spec.skeleton
         self.searched: tuple[str, ...] = tuple(p for p in PARAMS if p in self.allowed)
+        # The skeleton: as the file says, else the default's searched parameters.
+        self.skeleton: tuple[str, ...] = spec.skeleton if spec.skeleton is not None else tuple(
+            p for p in DEFAULT_SKELETON if p in self.allowed)
         self._rules = RULES
         self._index = {r.name: i for i, r in enumerate(RULES)}
         # live[i]: names read by nodes after i (what a state must carry past i)
@@ -153,6 +158,62 @@ class Space:
     def to_dict(self) -> dict:
         """The space as the dict a YAML file would hold."""
         return self.spec.to_dict()
+
+    # -- skeletons ----------------------------------------------------------
+
+    def restrict(self, values: Mapping) -> "Space":
+        """This space with some searched parameters held at one value each
+        (the completions of a skeleton: ``restrict(skeleton).layouts(...)``)."""
+        allowed = dict(self.allowed)
+        for p, v in values.items():
+            if p not in self.allowed:
+                raise ValueError(f"{p!r} is not searched in space {self.name!r}")
+            if isinstance(v, np.generic):
+                v = v.item()
+            allowed[p] = Allowed(values=(v,)) if self.allowed[p].ok(v) else Allowed(values=())
+        return Space(replace(self.spec, allowed=allowed))
+
+    def skeletons(self, case: Case, names: tuple[str, ...] | None = None) -> list[tuple]:
+        """Every combination of the ``names`` parameters (default: the
+        skeleton) that at least one layout of the space has, in enumeration
+        order; each a tuple in ``names`` order (define-by-run order)."""
+        names = self.skeleton if names is None else tuple(names)
+        for p in names:
+            if p not in self.allowed:
+                raise ValueError(f"{p!r} is not searched in space {self.name!r}")
+        order = tuple(p for p in PARAMS if p in names)
+        ctx = _ctx(case, self)
+        key = ("skeletons", ctx, order)
+        got = self._cache.get(key)
+        if got is not None:
+            return list(got)
+        memo: dict = {}
+        n = len(self._rules)
+
+        def walk(i, live_key):
+            # -> tuple of distinct skeleton tails reachable below node i
+            if i == n:
+                return ((),)
+            hit = memo.get((i, live_key))
+            if hit is not None:
+                return hit
+            names_before = self._live[i - 1] if i else ()
+            state = dict(zip(names_before, live_key))
+            rule = self._rules[i]
+            out: dict = {}
+            for v in self._domain(ctx, rule, state):
+                state[rule.name] = v
+                for tail in walk(i + 1, tuple(state[m] for m in self._live[i])):
+                    out[((v,) + tail) if rule.name in order else tail] = None
+            res = memo[(i, live_key)] = tuple(out)
+            return res
+
+        sk = walk(0, ())
+        self._cache[key] = sk
+        if order != names:
+            pos = [order.index(p) for p in names]
+            sk = tuple(tuple(t[k] for k in pos) for t in sk)
+        return list(sk)
 
     # -- domains ----------------------------------------------------------
 

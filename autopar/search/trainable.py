@@ -80,12 +80,20 @@ def problem_payload(case, space, encoding: str) -> dict:
 _PROBLEMS: dict[str, Problem] = {}
 
 
-def make_problem(case, space, encoding: str) -> Problem:
+def make_encoder(space, case, encoding: str):
+    """The encoder of a problem: per layout, or of skeletons (``skeleton-...``)."""
+    if encoding.startswith("skeleton-"):
+        from autopar.search.skeleton import SkeletonEncoder
+        return SkeletonEncoder(space, case, encoding)
     from autopar.search.encodings import Encoder
+    return Encoder(space, case, encoding)
+
+
+def make_problem(case, space, encoding: str) -> Problem:
     payload = problem_payload(case, space, encoding)
     prob = _PROBLEMS.get(payload["key"])
     if prob is None:
-        prob = Problem(payload["key"], case, space, Encoder(space, case, encoding))
+        prob = Problem(payload["key"], case, space, make_encoder(space, case, encoding))
         _PROBLEMS[payload["key"]] = prob
     return prob
 
@@ -94,11 +102,10 @@ def problem_from_payload(payload: Mapping) -> Problem:
     """Rebuild (once per process) the problem a trial's config carries."""
     prob = _PROBLEMS.get(payload["key"])
     if prob is None:
-        from autopar.search.encodings import Encoder
         from autopar.search.space import load_space
         case = case_from_json(payload["case"])
         space = load_space(dict(payload["space"]), source="space")
-        prob = Problem(payload["key"], case, space, Encoder(space, case, payload["encoding"]))
+        prob = Problem(payload["key"], case, space, make_encoder(space, case, payload["encoding"]))
         _PROBLEMS[payload["key"]] = prob
     return prob
 
@@ -116,7 +123,28 @@ def pruned_row(reason: str, execution: Mapping | None = None) -> dict:
     return row
 
 
+def is_skeleton_problem(prob: Problem) -> bool:
+    return str(prob.encoder.encoding).startswith("skeleton-")
+
+
 def evaluate_params(prob: Problem, params_list: list) -> list[dict]:
+    """What a sampler proposed (searched parameters, or ``encodings.Invalid``)
+    -> one result row each, with ``layouts``: how many layouts the model ran.
+
+    A layout problem evaluates each layout (``evaluate_layouts``); a skeleton
+    problem each skeleton's best completion
+    (``autopar.search.skeleton.evaluate_skeletons``).
+    """
+    if is_skeleton_problem(prob):
+        from autopar.search.skeleton import evaluate_skeletons
+        return evaluate_skeletons(prob, params_list)
+    rows = evaluate_layouts(prob, params_list)
+    for r in rows:
+        r["layouts"] = 0 if r["reason"].startswith("invalid") else 1
+    return rows
+
+
+def evaluate_layouts(prob: Problem, params_list: list) -> list[dict]:
     """Searched parameters (or ``encodings.Invalid``) -> one result row each.
 
     All valid layouts go through the model in one call.

@@ -35,19 +35,21 @@ memory per tier, efficiencies), the 23 execution fields of the layout,
 from __future__ import annotations
 
 import math
+import random
 import sys
 from typing import Mapping
 
-from autopar.search.encodings import ENCODINGS, Invalid, default_encoding
+from autopar.search.encodings import ENCODINGS, STATIC_ONLY, Invalid, default_encoding
 from autopar.io.layouts import ALL_FIELDS, execution_from_row
 from autopar.search.samplers import SAMPLERS
 from autopar.io.specs import SpecError
 from autopar.search.trainable import BREAKDOWN, METRIC
-from autopar.io.experiment import BACKENDS, DEFAULT_SPACE  # noqa: F401  (file vocabulary)
+from autopar.io.experiment import (BACKENDS, DEFAULT_SAMPLER,  # noqa: F401  (file vocabulary)
+                                   DEFAULT_SPACE)
 
 TRIAL_COLUMNS: tuple[str, ...] = (
     "trial", "state", "feasible", "reason", METRIC, *BREAKDOWN, *ALL_FIELDS,
-    "node_id", "elapsed_s",
+    "node_id", "elapsed_s", "layouts",
 )
 SOURCE = "arguments"     # SpecError source for bad arguments
 
@@ -74,7 +76,8 @@ def _choice(name: str, v, options) -> str:
 
 
 # Optional packages some samplers need: sampler -> (module, pip requirement)
-_OPTIONAL = {"bohb": ("hpbandster", "autopar[bohb]"), "cmaes": ("cmaes", "cmaes")}
+_OPTIONAL = {"bohb": ("hpbandster", "autopar[bohb]"), "cmaes": ("cmaes", "cmaes"),
+             "smac": ("smac", "autopar[smac]")}
 
 
 def _needs(sampler: str) -> None:
@@ -105,7 +108,7 @@ def make_case(model, system, num_procs, max_batch_size, datatype, batch_policy=N
 # The search
 
 def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
-         sampler: str = "tpe", trials: int = 100, *, space=DEFAULT_SPACE,
+         sampler: str = DEFAULT_SAMPLER, trials: int = 100, *, space=DEFAULT_SPACE,
          backend: str = "optuna", seed: int | None = None, storage: str | None = None,
          address: str | None = None, concurrency: int | None = None,
          encoding: str | None = None, progress: bool | None = None,
@@ -131,6 +134,7 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     from autopar.search.space import load_space
     from autopar.search.trainable import make_problem
 
+    from autopar.search.skeleton import DEFAULT_BATCH, base_sampler, is_skeleton
     sampler = _choice("sampler", sampler, SAMPLERS)
     backend = _choice("backend", backend, BACKENDS)
     trials = _int("trials", trials, 1)
@@ -138,10 +142,14 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     if seed is not None and seed > 2 ** 32 - 1:
         _bad("seed", f"must be between 0 and 2**32-1 (the samplers' seeds), got {seed}")
     concurrency = _int("concurrency", concurrency, 1, optional=True)
+    base = base_sampler(sampler)
     encoding = _choice("encoding", encoding or default_encoding(sampler), ENCODINGS)
-    if encoding == "named" and sampler == "bohb":
-        _bad("encoding", "bohb needs a static space: use encoding index or flat")
-    _needs(sampler)
+    if encoding == "named" and base in STATIC_ONLY:
+        _bad("encoding", f"{base} needs a static space: use encoding index or flat")
+    if base == "smac" and encoding != "flat":
+        _bad("encoding", "smac searches the parameter values (its ConfigSpace has the space's "
+                         "conditions and forbidden combinations): use encoding flat")
+    _needs(base)
     if backend == "optuna" and address:
         _bad("address", "a Ray address needs backend ray")
     if backend == "ray" and storage:
@@ -158,7 +166,16 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     if size == 0:
         raise SpecError(sp.source, "space", "has no layout for this case "
                         f"({case.num_procs} procs, batch {case.max_batch_size})")
-    prob = make_problem(case, sp, encoding)
+    if is_skeleton(sampler):
+        if not sp.skeleton:
+            raise SpecError(sp.source, "skeleton", "no searched parameter forms a skeleton; "
+                            "list some under skeleton:")
+        prob = make_problem(case, sp, "skeleton-" + encoding)
+        trials = min(trials, len(prob.encoder.all))     # distinct skeletons
+        if concurrency is None and backend == "optuna":
+            concurrency = DEFAULT_BATCH
+    else:
+        prob = make_problem(case, sp, encoding)
     grid = grid_params(sp, case, min(trials, size)) if sampler == "grid" else None
     if grid is not None:
         trials = len(grid)
@@ -202,6 +219,7 @@ def trials_table(rows: list[dict]):
     table["feasible"] = table["feasible"].astype(bool)
     for c in (METRIC, *BREAKDOWN, "elapsed_s"):
         table[c] = table[c].astype(float)
+    table["layouts"] = table["layouts"].fillna(1).astype("int64")
     return table
 
 
@@ -244,6 +262,21 @@ class _Progress:
 
 # --------------------------------------------------------------------------
 # The optuna backend
+
+def _add_trial(study, encoder, skeleton: tuple, row: dict) -> int:
+    """Record a skeleton evaluated in place of a repeated proposal as a
+    finished trial of the study; returns its number."""
+    import optuna
+    from optuna.trial import TrialState
+    params, dists = encoder.trial_params(skeleton)
+    ok = row["state"] == "COMPLETE"
+    trial = optuna.trial.create_trial(
+        params=params, distributions=dists, value=row[METRIC] if ok else None,
+        state=TrialState.COMPLETE if ok else TrialState.PRUNED,
+        user_attrs={"nearest_unseen": True, **({} if ok else {"reason": row["reason"]})})
+    study.add_trial(trial)
+    return study.get_trials(deepcopy=False)[-1].number
+
 
 def default_study_name(prob, sampler: str, seed: int | None) -> str:
     c = prob.case
@@ -351,8 +384,10 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
     import optuna
     from optuna.trial import TrialState
     from autopar.search.samplers import optuna_sampler, resumed_seed
-    from autopar.search.trainable import evaluate_params
+    from autopar.search.skeleton import base_sampler
+    from autopar.search.trainable import evaluate_params, is_skeleton_problem
 
+    skeleton = is_skeleton_problem(prob)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -370,7 +405,8 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                 study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         finished = (TrialState.COMPLETE, TrialState.PRUNED)
         old = study.get_trials(deepcopy=False, states=finished)
-        study.sampler = optuna_sampler(sampler, prob.encoder, resumed_seed(seed, len(old)),
+        study.sampler = optuna_sampler(base_sampler(sampler), prob.encoder,
+                                       resumed_seed(seed, len(old)),
                                        concurrency=concurrency,
                                        grid_points=len(grid) if grid else 0)
 
@@ -387,19 +423,37 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
             except Invalid as e:
                 return e
 
+        def tell(t, row):
+            if row["state"] == "COMPLETE":
+                study.tell(t, row[METRIC])
+            else:
+                t.set_user_attr("reason", row["reason"])
+                study.tell(t, state=TrialState.PRUNED)
+
+        # Skeleton search: a skeleton proposed again is answered from here
+        # (the trial is told the known result and marked ``repeat_of``) and
+        # is not a new row; ``trials`` counts distinct skeletons.
+        cache: dict = {}
         rows: dict[int, dict] = {}
         if old:          # resumed: the finished trials' rows, from their parameters
-            for t, row in zip(old, evaluate_params(prob, [decode(t.params) for t in old])):
+            distinct = [t for t in old if "repeat_of" not in t.user_attrs]
+            for t, row in zip(distinct, evaluate_params(prob, [decode(t.params)
+                                                                 for t in distinct])):
                 rows[t.number] = row
-        done = len(old)
+                if skeleton and not isinstance(p := decode(t.params), Invalid):
+                    cache[prob.encoder.key(p)] = t.number
+        done = start = len(rows)
         for row in rows.values():
             bar.update(row)
+        rng = random.Random(seed if seed is None else seed + len(old))
         while done < trials:
             if storage is not None:
                 # another run on the same study counts too: together they make
                 # the trials asked for (finished, or asked and not yet told)
                 live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-                others = len(study.get_trials(deepcopy=False, states=live)) - len(rows)
+                # (a skeleton proposed again is a trial of the study, not a new one)
+                others = sum(1 for t in study.get_trials(deepcopy=False, states=live)
+                             if "repeat_of" not in t.user_attrs) - len(rows)
                 if done + others >= trials:
                     break
                 want = min(concurrency, trials - done - others)
@@ -411,21 +465,43 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                     t.storage.set_trial_system_attr(t._trial_id, "autopar_owner", OWNER)
             try:
                 params = [suggest(t) for t in asked]
-                results = evaluate_params(prob, params)
-                for t, row in zip(asked, results):
-                    if row["state"] == "COMPLETE":
-                        study.tell(t, row[METRIC])
-                    else:
-                        t.set_user_attr("reason", row["reason"])
-                        study.tell(t, state=TrialState.PRUNED)
+                fresh, fresh_params, repeats, near = [], [], [], []
+                for t, p in zip(asked, params):
+                    k = prob.encoder.key(p) if skeleton and not isinstance(p, Invalid) else None
+                    if k is not None and k in cache:
+                        repeats.append((t, k))
+                        # in its place, the nearest skeleton not yet evaluated
+                        sk = prob.encoder.nearest_unseen(k, cache, rng)
+                        if sk is not None:
+                            cache[sk] = None
+                            near.append(sk)
+                        continue
+                    if k is not None:
+                        cache[k] = t.number
+                    fresh.append(t)
+                    fresh_params.append(p)
+                results = evaluate_params(
+                    prob, fresh_params + [dict(zip(prob.encoder.searched, sk)) for sk in near])
+                for t, row in zip(fresh, results):
+                    tell(t, row)
                     rows[t.number] = row
                     bar.update(row)
+                for sk, row in zip(near, results[len(fresh):]):
+                    number = _add_trial(study, prob.encoder, sk, row)
+                    cache[sk] = number
+                    rows[number] = row
+                    bar.update(row)
+                for t, k in repeats:
+                    t.set_user_attr("repeat_of", cache[k])
+                    tell(t, rows[cache[k]])
             except BaseException:
                 for t in asked:     # interrupted: leave no trial RUNNING
                     study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
                 raise
-            done += len(asked)
-        new = done - len(old)
+            done += len(fresh) + len(near)
+            if skeleton and not fresh and not near:
+                break                # every skeleton has been evaluated
+        new = done - start
         frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
     finally:
         optuna.logging.set_verbosity(verbosity)

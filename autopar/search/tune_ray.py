@@ -51,6 +51,7 @@ import ray
 from ray import tune
 from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import FIFOScheduler
+from ray.tune.search import Searcher
 from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.bohb import TuneBOHB
 
@@ -116,9 +117,127 @@ class KeepPlacement(FIFOScheduler):
         return "FIFO scheduling; trials keep their placement."
 
 
+class SkeletonCache(Searcher):
+    """A searcher of skeletons whose repeated proposals are not new trials.
+
+    A proposal of a skeleton already proposed is answered from the cache (the
+    wrapped searcher is told the known result, under an id of its own) and
+    Tune gets the nearest unseen skeleton instead
+    (``SkeletonEncoder.nearest_unseen``), which is also recorded in the
+    wrapped Optuna study when it finishes.  So every Tune trial is a distinct
+    skeleton, as on the optuna backend.
+    """
+
+    def __init__(self, searcher, encoder, seed: int | None = None):
+        super().__init__(metric=METRIC, mode="max")
+        self.searcher, self.encoder = searcher, encoder
+        self.owner: dict = {}       # skeleton -> the Tune trial id that evaluates it
+        self.result: dict = {}      # skeleton -> its finished result (metric only)
+        self.waiting: dict = {}     # skeleton -> inner ids told when it finishes
+        self.placed: dict = {}      # Tune trial id -> skeleton given in place of a repeat
+        self.inner_of: dict = {}    # Tune trial id -> the inner searcher's id for it
+        self.rng = __import__("random").Random(seed)
+
+    def set_search_properties(self, metric, mode, config, **spec):
+        return self.searcher.set_search_properties(metric, mode, config, **spec)
+
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        return self.searcher.set_max_concurrency(max_concurrent)
+
+    def _key(self, config):
+        from autopar.search.encodings import Invalid
+        raw = {**self.encoder.raw_defaults(),
+               **{k: v for k, v in config.items() if k in self.encoder.searched or "|" in k}}
+        try:
+            return self.encoder.key(self.encoder.decode(raw))
+        except (Invalid, KeyError):
+            return None
+
+    def suggest(self, trial_id):
+        inner_id = trial_id
+        config = self.searcher.suggest(inner_id)
+        if config is None or config == Searcher.FINISHED:
+            return config
+        key = self._key(config)
+        if key is None or key not in self.owner:
+            if key is not None:
+                self.owner[key] = trial_id
+            self.inner_of[trial_id] = inner_id
+            return config
+        # A repeat: the inner searcher hears the known result (now or when
+        # the skeleton finishes); Tune runs the nearest unseen skeleton.
+        if key in self.result:
+            self.searcher.on_trial_complete(inner_id, result=self.result[key])
+        else:
+            self.waiting.setdefault(key, []).append(inner_id)
+        sk = self.encoder.nearest_unseen(key, self.owner, self.rng)
+        if sk is None:
+            return Searcher.FINISHED
+        self.owner[sk] = trial_id
+        self.placed[trial_id] = sk
+        return self.encoder.raw_for(sk)
+
+    def on_trial_result(self, trial_id, result):
+        if trial_id in self.inner_of:
+            self.searcher.on_trial_result(self.inner_of[trial_id], result)
+
+    def on_trial_complete(self, trial_id, result=None, error=False):
+        metric = {METRIC: (result or {}).get(METRIC)}
+        sk = self.placed.pop(trial_id, None)
+        if trial_id in self.inner_of:
+            self.searcher.on_trial_complete(self.inner_of.pop(trial_id), result=result, error=error)
+        elif sk is not None and not error:
+            _add_to_study(self.searcher, self.encoder, sk, metric[METRIC])
+        for key, owner in self.owner.items():
+            if owner == trial_id:
+                if not error:
+                    self.result[key] = metric
+                for inner in self.waiting.pop(key, []):
+                    self.searcher.on_trial_complete(inner, result=metric)
+                break
+
+    # Saved as Ray's ConcurrencyLimiter is: this wrapper's state, then the
+    # wrapped searcher's own files.
+    def get_state(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("searcher", "encoder")}
+
+    def set_state(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def save(self, checkpoint_path: str):
+        self.searcher.save(checkpoint_path)
+
+    def restore(self, checkpoint_path: str):
+        self.searcher.restore(checkpoint_path)
+
+
+def _add_to_study(searcher, encoder, skeleton, value) -> None:
+    """Record a skeleton Tune ran in place of a repeat in an OptunaSearch's study."""
+    study = getattr(searcher, "_ot_study", None)
+    if study is None:
+        return
+    import optuna
+    from optuna.trial import TrialState
+    params, dists = encoder.trial_params(skeleton)
+    ok = isinstance(value, (int, float)) and math.isfinite(value)
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions=dists, value=value if ok else None,
+        state=TrialState.COMPLETE if ok else TrialState.PRUNED))
+
+
 def ray_search(name: str, encoder, seed: int | None, trials: int,
                concurrency: int | None, grid: list[dict] | None = None) -> dict:
     """Ray Tune pieces for a sampler: search_alg, scheduler, param_space, num_samples."""
+    from autopar.search.skeleton import base_sampler, is_skeleton
+    if is_skeleton(name):
+        pieces = ray_search(base_sampler(name), encoder, seed, trials, concurrency)
+        alg = pieces["search_alg"]
+        if isinstance(alg, BasicVariantGenerator):     # random: an Optuna random sampler
+            from ray.tune.search.optuna import OptunaSearch
+            alg = OptunaSearch(space=encoder.distributions(), metric=METRIC, mode="max",
+                               sampler=optuna_sampler("random", encoder, seed))
+            pieces = {**pieces, "param_space": {}}
+        return {**pieces, "search_alg": SkeletonCache(alg, encoder, seed)}
     if name == "grid":
         return {"search_alg": BasicVariantGenerator(max_concurrent=concurrency or 0),
                 "scheduler": None, "num_samples": 1,
@@ -128,6 +247,10 @@ def ray_search(name: str, encoder, seed: int | None, trials: int,
                                                     max_concurrent=concurrency or 0),
                 "scheduler": None, "num_samples": trials,
                 "param_space": encoder.ray_space()}
+    if name == "smac":
+        from autopar.search.smac_search import smac_searcher
+        alg = smac_searcher(encoder, seed, METRIC)
+        return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
     if name == "bohb":
         from ray.tune.schedulers import HyperBandForBOHB
         alg = TuneBOHBAll(encoder.configspace(seed), metric=METRIC, mode="max",
@@ -184,6 +307,7 @@ class _Collector(tune.Callback):
             row[f] = r.get(f)
         row["node_id"] = r.get("node_id", "")
         row["elapsed_s"] = _elapsed(r)
+        row["layouts"] = r.get("layouts", 1)
         self.rows[row["trial"]] = row
         if self._on_row is not None:
             self._on_row(row)
@@ -300,6 +424,7 @@ def result_rows(results) -> list[dict]:
             row[f] = r.get(f)
         row["node_id"] = r.get("node_id", "")
         row["elapsed_s"] = _elapsed({**r, "config": res.config})
+        row["layouts"] = r.get("layouts", 1)
         rows.append(row)
     return rows
 
@@ -350,14 +475,18 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                 trainable_p = trainable
             if keep is not None:
                 keep["search_alg"] = pieces["search_alg"]
+            alg = pieces["search_alg"]
+            # A SearchGenerator (random, grid) limits itself (its max_concurrent);
+            # Tune would only warn "max_concurrent_trials will be ignored".
+            limit = None if isinstance(alg, BasicVariantGenerator) else concurrency
             tuner = tune.Tuner(
-                trainable_p,
+                _with_concurrency(trainable_p, concurrency),
                 param_space=param_space,
                 tune_config=tune.TuneConfig(
                     metric=METRIC, mode="max", num_samples=pieces["num_samples"],
                     search_alg=pieces["search_alg"],
                     scheduler=pieces["scheduler"] or KeepPlacement(),
-                    max_concurrent_trials=concurrency, reuse_actors=True,
+                    max_concurrent_trials=limit, reuse_actors=True,
                     trial_dirname_creator=_short_name, trial_name_creator=_short_name),
                 run_config=tune.RunConfig(
                     name=name, storage_path=storage, verbose=0,
@@ -375,6 +504,15 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
     finally:
         if temp:
             shutil.rmtree(storage, ignore_errors=True)
+
+
+def _with_concurrency(trainable, concurrency: int | None):
+    """Ask less than a CPU per trial when more trials should run at once than
+    the cluster has CPUs (a trial is one model call: mostly waiting on Tune)."""
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    if not concurrency or concurrency <= cpus:
+        return trainable
+    return tune.with_resources(trainable, {"cpu": max(0.01, round(cpus / concurrency, 2))})
 
 
 def _join(storage: str, name: str) -> str:

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from autopar.io.experiment import PARALLEL, Inner
+from autopar.io.experiment import INNER_SEARCHES, PARALLEL, Inner  # noqa: F401
 from autopar.io.specs import SpecError
 
 # Reported with every point: Calculon's names.
@@ -108,7 +108,9 @@ def _best_by_sampler(case, space, inner: Inner) -> dict:
         if r in perf.REASONS:
             counts[perf.REASONS.index(r)] += 1
     feasible = int((table["state"] == "COMPLETE").sum())
-    out = _result(case.model, case.system, ex, len(table), feasible, counts, perf.REASONS)
+    # layouts the model ran (a skeleton trial runs all of its completions)
+    out = _result(case.model, case.system, ex, int(table["layouts"].sum()), feasible, counts,
+                  perf.REASONS)
     if ex is None and not counts[1:].any():
         out["reason"] = "no layout fits: no trial ran"
     return out

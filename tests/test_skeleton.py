@@ -1,0 +1,186 @@
+"""Skeleton search (``autopar.search.skeleton``): real Optuna studies on real
+storage, a real local Ray, every result checked against the model itself.
+
+The case is GPT-3 13B on 64 A100, batch 512, space ``small`` (6,240 layouts,
+48 skeletons), so every skeleton's completions can be enumerated here and
+compared with what the search reports.
+"""
+from __future__ import annotations
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import autopar
+from autopar.io.layouts import FIELDS, to_records
+from autopar.io.specs import SpecError
+from autopar.search.space import load_space
+from autopar.search.tune import TRIAL_COLUMNS, best_execution, make_case, tune
+
+MODEL = "models/gpt3-13B.json"
+SYSTEM = "systems/a100_80g.json"
+CASE = dict(num_procs=64, max_batch_size=512, datatype="float16")
+SKELETON = ("tensor_par", "pipeline_par", "microbatch_size")
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(repo_root, monkeypatch):
+    monkeypatch.chdir(repo_root)
+
+
+@pytest.fixture(scope="module")
+def truth(repo_root):
+    """Every layout of the space with its sample rate, and the best per skeleton."""
+    import os
+    cwd = os.getcwd()
+    os.chdir(repo_root)
+    try:
+        case = make_case(MODEL, SYSTEM, **CASE)
+        sp = load_space("small")
+        cols = sp.layouts(case, 0, sp.size(case))
+        ev = autopar.evaluate(case.model, case.system, to_records(cols))
+    finally:
+        os.chdir(cwd)
+    rate = np.where(ev["feasible"], ev["sample_rate"], -np.inf)
+    best: dict = {}
+    for i in range(len(rate)):
+        k = tuple(int(cols[p][i]) for p in SKELETON)
+        best[k] = max(best.get(k, -np.inf), rate[i])
+    return {"case": case, "space": sp, "best": best, "optimum": float(rate.max())}
+
+
+def _check(table, truth, trials):
+    assert list(table.columns) == list(TRIAL_COLUMNS)
+    assert len(table) == trials
+    keys = list(zip(*(table[p].astype(int) for p in SKELETON)))
+    assert len(set(keys)) == len(keys), "a skeleton was counted twice"
+    for k, (_, row) in zip(keys, table.iterrows()):
+        want = truth["best"][k]
+        if np.isfinite(want):
+            assert row["state"] == "COMPLETE"
+            assert row["sample_rate"] == pytest.approx(want, rel=1e-12)
+            assert row["layouts"] > 1
+        else:
+            assert row["state"] == "PRUNED" and row["reason"].startswith("infeasible: ")
+    # every COMPLETE row's execution re-evaluates to its reported figures
+    done = table[table["state"] == "COMPLETE"]
+    execs = [best_execution(done.loc[[i]]) for i in done.index]
+    ev = autopar.evaluate(truth["case"].model, truth["case"].system, execs)
+    assert ev["feasible"].all()
+    np.testing.assert_allclose(ev["sample_rate"], done["sample_rate"], rtol=1e-12)
+    np.testing.assert_allclose(ev["total_time"], done["total_time"], rtol=1e-12)
+
+
+def test_skeletons_partition_the_space(truth):
+    sp, case = truth["space"], truth["case"]
+    sk = sp.skeletons(case)
+    assert sp.skeleton == SKELETON
+    assert len(sk) == len(set(sk)) == len(truth["best"]) == 48
+    sizes = [sp.restrict(dict(zip(SKELETON, s))).size(case) for s in sk]
+    assert sum(sizes) == sp.size(case)
+    assert min(sizes) > 0
+
+
+def test_space_file_declares_the_skeleton(truth):
+    d = truth["space"].to_dict()
+    d["skeleton"] = ["microbatch_size", "tensor_par"]
+    sp = load_space(d)
+    assert sp.skeleton == ("tensor_par", "microbatch_size")      # define-by-run order
+    assert load_space(sp.to_dict()).skeleton == sp.skeleton
+    sk = sp.skeletons(truth["case"])
+    assert len(sk) == len({(a, c) for a, _, c in truth["best"]})
+
+
+@pytest.mark.parametrize("value, field", [
+    (["tensor_par", "nonsense"], "skeleton[1]"),
+    (["tensor_par", "fused_activation"], "skeleton[1]"),     # fixed in small, not searched
+    ("tensor_par", "skeleton"),
+    (["tensor_par", "tensor_par"], "skeleton"),
+    (["data_par"], "skeleton[0]"),
+])
+def test_bad_skeleton_is_a_spec_error_naming_the_field(truth, value, field):
+    d = truth["space"].to_dict()
+    d["skeleton"] = value
+    with pytest.raises(SpecError) as e:
+        load_space(d, source="x.yaml")
+    assert e.value.field == field and e.value.source == "x.yaml"
+
+
+@pytest.mark.parametrize("sampler", ["skeleton-tpe", "skeleton-random", "skeleton-cmaes"])
+def test_skeleton_trials_are_the_best_completions(truth, sampler):
+    table = tune(MODEL, SYSTEM, **CASE, space="small", sampler=sampler, trials=20, seed=1)
+    _check(table, truth, 20)
+
+
+def test_trials_cap_at_the_skeletons_and_find_the_optimum(truth):
+    table = tune(MODEL, SYSTEM, **CASE, space="small", sampler="skeleton-tpe", trials=500, seed=0)
+    _check(table, truth, 48)            # every skeleton once, however often proposed
+    assert table["sample_rate"].max() == pytest.approx(truth["optimum"], rel=1e-12)
+    assert table["layouts"].sum() == truth["space"].size(truth["case"])
+
+
+def test_storage_keeps_repeats_out_of_the_count_and_resumes(truth, tmp_path):
+    url = f"sqlite:///{tmp_path / 'sk.db'}"
+    table = tune(MODEL, SYSTEM, **CASE, space="small", sampler="skeleton-tpe", trials=40,
+                 seed=3, storage=url, study_name="sk", concurrency=4)
+    _check(table, truth, 40)
+    study = optuna.load_study(study_name="sk", storage=url)
+    trials = study.get_trials(deepcopy=False)
+    repeats = [t for t in trials if "repeat_of" in t.user_attrs]
+    assert len(trials) == 40 + len(repeats)
+    assert repeats, "40 of 48 skeletons with TPE: some proposals repeat"
+    by_number = {t.number: t for t in trials}
+    for t in repeats:               # told the known result of the first proposal
+        first = by_number[t.user_attrs["repeat_of"]]
+        assert t.state == first.state and t.value == first.value
+    again = tune(MODEL, SYSTEM, **CASE, space="small", sampler="skeleton-tpe", trials=40,
+                 seed=3, storage=url, study_name="sk", concurrency=4)
+    assert len(optuna.load_study(study_name="sk", storage=url).trials) == len(trials)
+    assert list(again["sample_rate"].fillna(-1)) == list(table["sample_rate"].fillna(-1))
+
+
+def test_infeasible_skeletons_are_pruned_with_the_commonest_reason():
+    # GPT-3 175B on 64 A100: most skeletons cannot hold the model
+    table = tune("models/gpt3-175B.json", SYSTEM, num_procs=64, max_batch_size=512,
+                 datatype="float16", space="small", sampler="skeleton-random", trials=15, seed=0)
+    pruned = table[table["state"] == "PRUNED"]
+    assert len(pruned) > 0
+    assert pruned["reason"].str.match(r"^infeasible: .* \(all \d+ completions").all()
+    assert pruned["sample_rate"].isna().all()
+
+
+def test_skeleton_on_ray_runs_distinct_skeletons(truth):
+    ray = pytest.importorskip("ray")
+    from autopar.search import tune_ray
+    assert not ray.is_initialized()
+    tune_ray.start_local_ray(num_cpus=2)
+    try:
+        keep: dict = {}
+        from autopar.search.trainable import make_problem
+        prob = make_problem(truth["case"], truth["space"], "skeleton-index")
+        rows = tune_ray.run(prob, "skeleton-tpe", 24, 0, None, 2, None, keep=keep)
+    finally:
+        ray.shutdown()
+    from autopar.search.tune import trials_table
+    table = trials_table(rows)
+    _check(table, truth, 24)
+    alg = keep["search_alg"]
+    study = alg.searcher._ot_study
+    assert len(study.trials) >= 24     # every Tune trial, plus proposals answered from the cache
+
+
+def test_cli_tune_skeleton_writes_the_best_execution(cli, tmp_path, truth):
+    out, csv = tmp_path / "best.json", tmp_path / "t.csv"
+    r = cli("tune", MODEL, SYSTEM, "--num-procs", "64", "--max-batch-size", "512",
+            "--datatype", "float16", "--space", "small", "--sampler", "skeleton-tpe",
+            "--trials", "10", "--seed", "0", "--output", str(out), "--trials-out", str(csv))
+    assert r.returncode == 0, r.stderr
+    import json
+    ex = json.loads(out.read_text())
+    ev = autopar.evaluate(truth["case"].model, truth["case"].system, [ex])
+    import pandas as pd
+    t = pd.read_csv(csv)
+    assert len(t) == 10
+    assert ev["sample_rate"][0] == pytest.approx(t["sample_rate"].max(), rel=1e-12)
+    assert set(FIELDS) <= set(ex)
