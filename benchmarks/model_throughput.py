@@ -27,7 +27,7 @@ import pandas as pd
 
 import autopar
 from autopar import model as M
-from autopar.io.layouts import ALL_FIELDS, CHOICES, FIELDS
+from autopar.io.layouts import ALL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,7 +139,16 @@ def random_modern_layouts(model, num_procs: int, batch: int, n: int, seed: int =
         weight_sharding=ws, sharding_group=group, recompute_layers=rl,
         fp8_recipe=rng.integers(0, 3, n).astype(np.int8), fp32_grads=coin())
     cols["param_gather_overlap"] = sharded & ~ws & coin()
-    return {f: cols[f] for f in ALL_FIELDS}
+    # the other extension fields (mixture of experts) at their defaults
+    return {f: cols[f] if f in cols else _default_column(f, n) for f in ALL_FIELDS}
+
+
+def _default_column(field: str, n: int) -> np.ndarray:
+    """A column of ``field``'s default (an extension field this draw leaves alone)."""
+    v = EXT_DEFAULTS[field]
+    if field in CHOICES:
+        return np.full(n, CHOICES[field].index(v), np.int8)
+    return np.full(n, v, bool if isinstance(v, bool) else np.int64)
 
 
 def main() -> None:
