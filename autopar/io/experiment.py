@@ -149,6 +149,20 @@ def open_file(path, source: str | None = None) -> tuple[dict, str, Path, str]:
     return read(path), source or str(path), Path(path).resolve().parent, stem
 
 
+def open_spec(spec, source: str | None, base_dir, kind: str,
+              stem: str) -> tuple[dict, str, Path, str]:
+    """A file path or a mapping of kind ``kind`` -> (its mapping, the name
+    errors give it, the folder its relative paths start from, the default
+    name).  A mapping's paths start from ``base_dir`` (default: the current
+    folder) and its default name is ``stem``."""
+    if isinstance(spec, (str, os.PathLike)):
+        return open_file(spec, source)
+    if isinstance(spec, Mapping):
+        return dict(spec), source or kind, Path(base_dir or os.getcwd()), stem
+    raise SpecError(source or kind, "(root)",
+                    f"expected a file path or a mapping, got {type(spec).__name__}")
+
+
 def integer(src: str, fld: str, v, minimum: int) -> int:
     """An integer field of an experiment file, at least ``minimum``."""
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
@@ -447,15 +461,9 @@ def load_experiment(spec, overrides: Mapping | None = None,
     """
     if isinstance(spec, Experiment) and not overrides:
         return spec
-    if isinstance(spec, (str, os.PathLike)):
-        data, src, base, stem = open_file(spec, source)
-    elif isinstance(spec, Mapping):
-        data, src = dict(spec), source or "experiment"
-        base = Path(base_dir or os.getcwd())
-        stem = Path(source).name.removesuffix(".yaml").removesuffix(".yml") if source else "compare"
-    else:
-        raise SpecError(source or "experiment", "(root)",
-                        f"expected a file path or a mapping, got {type(spec).__name__}")
+    data, src, base, stem = open_spec(
+        spec, source, base_dir, "experiment",
+        Path(source).name.removesuffix(".yaml").removesuffix(".yml") if source else "compare")
     overrides = dict(overrides or {})
     if "trials" in overrides and "budgets" not in overrides and isinstance(data.get("budgets"), list):
         t = overrides["trials"]     # fewer trials: keep the budgets that still fit
@@ -617,15 +625,7 @@ def load_study(spec, overrides: Mapping | None = None, base_dir=None,
     top-level keys (``search`` is merged key by key)."""
     if isinstance(spec, Study) and not overrides:
         return spec
-    if isinstance(spec, (str, os.PathLike)):
-        data, src, base, stem = open_file(spec, source)
-    elif isinstance(spec, Mapping):
-        data, src = dict(spec), source or "codesign"
-        base = Path(base_dir or os.getcwd())
-        stem = "codesign"
-    else:
-        raise SpecError(source or "codesign", "(root)",
-                        f"expected a file path or a mapping, got {type(spec).__name__}")
+    data, src, base, stem = open_spec(spec, source, base_dir, "codesign", "codesign")
     for k, v in (overrides or {}).items():
         if v is None:
             continue
@@ -796,14 +796,7 @@ def load_sweep(spec, overrides: Mapping | None = None, base_dir=None,
                source: str | None = None) -> Sweep:
     if isinstance(spec, Sweep) and not overrides:
         return spec
-    if isinstance(spec, (str, os.PathLike)):
-        data, src, base, stem = open_file(spec, source)
-    elif isinstance(spec, Mapping):
-        data, src = dict(spec), source or "cliffs"
-        base, stem = Path(base_dir or os.getcwd()), "cliffs"
-    else:
-        raise SpecError(source or "cliffs", "(root)",
-                        f"expected a file path or a mapping, got {type(spec).__name__}")
+    data, src, base, stem = open_spec(spec, source, base_dir, "cliffs", "cliffs")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     name, desc = header(data, src, stem, "cliffs", CLIFFS_KEYS)
     case = parse_case(src, base, data.get("case"), need_procs=False)
