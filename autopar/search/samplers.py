@@ -85,7 +85,24 @@ def optuna_sampler(name: str, encoder, seed: int | None, concurrency: int = 1,
     raise ValueError(f"unknown sampler {name!r}")
 
 
-class UntilFeasible(optuna.samplers.BaseSampler):
+class _PerTrial(optuna.samplers.BaseSampler):
+    """A sampler that hands each trial to one of its inner samplers
+    (``_for(trial)``, chosen in ``before_trial``)."""
+
+    def _for(self, trial) -> optuna.samplers.BaseSampler:
+        raise NotImplementedError
+
+    def infer_relative_search_space(self, study, trial):
+        return self._for(trial).infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return self._for(trial).sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
+
+
+class UntilFeasible(_PerTrial):
     """Random proposals until the study has a feasible (COMPLETE) trial, then ``sampler``.
 
     TPE and BOHB learn from the split of trials into good and bad.  While every
@@ -110,15 +127,6 @@ class UntilFeasible(optuna.samplers.BaseSampler):
         self._use[trial.number] = self._sampler if self._found else self._random
         self._sampler.before_trial(study, trial)
 
-    def infer_relative_search_space(self, study, trial):
-        return self._for(trial).infer_relative_search_space(study, trial)
-
-    def sample_relative(self, study, trial, search_space):
-        return self._for(trial).sample_relative(study, trial, search_space)
-
-    def sample_independent(self, study, trial, param_name, param_distribution):
-        return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
-
     def after_trial(self, study, trial, state, values) -> None:
         self._use.pop(trial.number, None)
         self._sampler.after_trial(study, trial, state, values)
@@ -128,7 +136,7 @@ class UntilFeasible(optuna.samplers.BaseSampler):
         self._random.reseed_rng()
 
 
-class CmaFromFeasible(optuna.samplers.BaseSampler):
+class CmaFromFeasible(_PerTrial):
     """CMA-ES started at the best feasible layout found by random proposals.
 
     Optuna's CMA-ES learns only from COMPLETE trials and starts from the
@@ -191,15 +199,6 @@ class CmaFromFeasible(optuna.samplers.BaseSampler):
 
     def _for(self, trial):
         return self._use.get(trial.number, self._random)
-
-    def infer_relative_search_space(self, study, trial):
-        return self._for(trial).infer_relative_search_space(study, trial)
-
-    def sample_relative(self, study, trial, search_space):
-        return self._for(trial).sample_relative(study, trial, search_space)
-
-    def sample_independent(self, study, trial, param_name, param_distribution):
-        return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
 
     def after_trial(self, study, trial, state, values) -> None:
         use = self._use.pop(trial.number, self._random)
