@@ -25,7 +25,6 @@ from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext, shard_counts
-from autopar.model.hardware import MAX_TIERS
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
                                   fp8_gemm, gelu, layer, layer_norm, linear, residual, rms_norm,
@@ -214,21 +213,60 @@ OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")
 
 
-def _pack(parts) -> np.ndarray:
-    """One int64 key per row from (column, radix) pairs (mixed radix)."""
-    key = np.zeros(len(parts[0][0]), dtype=np.int64)
-    for col, radix in parts:
-        key = key * radix + col
-    return key
+def _compact(col: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """Codes 0..k-1 for the k distinct values of an integer column (ordered
+    as the values), and k; (None, 1) for a column of one value."""
+    if not len(col):
+        return None, 1
+    lo, hi = int(col.min()), int(col.max())
+    if lo == hi:
+        return None, 1
+    span = hi - lo + 1
+    if span > 1 << 16:
+        _, inv = np.unique(col, return_inverse=True)
+        return inv, int(inv.max()) + 1
+    shifted = col.astype(np.int64) - lo
+    seen = np.zeros(span, dtype=bool)
+    seen[shifted] = True
+    k = int(np.count_nonzero(seen))
+    if k == span:
+        return shifted, k
+    rank = np.cumsum(seen) - 1
+    return rank[shifted], k
 
 
-def _compact(col: np.ndarray) -> tuple[np.ndarray, int]:
-    """Small non-negative codes for an integer column, and their radix."""
-    hi = int(col.max()) + 1 if len(col) else 1
-    if hi <= 1 << 20:
-        return col, hi
-    _, inv = np.unique(col, return_inverse=True)
-    return inv, int(inv.max()) + 1
+def _pack(columns) -> tuple[np.ndarray, int]:
+    """One int64 key per row from integer columns (mixed radix over each
+    column's distinct values), and the number of keys possible."""
+    key, size = None, 1
+    for col in columns:
+        code, k = _compact(col)
+        if code is None:
+            continue
+        if size > (1 << 62) // k:       # too many combinations: renumber the key
+            key, size = _compact(key)
+            key = np.zeros(len(col), dtype=np.int64) if key is None else key
+        key = code if key is None else key * k + code
+        size *= k
+    n = len(columns[0])
+    return (np.zeros(n, dtype=np.int64) if key is None else key), size
+
+
+def _distinct(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """What ``np.unique(key, return_index=True, return_inverse=True)`` gives
+    after the values: the first row of each distinct key and each row's
+    distinct key; by a table over the ``size`` possible keys when that is
+    small, without sorting."""
+    n = len(key)
+    if size > max(4 * n, 1 << 16):
+        _, idx, inv = np.unique(key, return_index=True, return_inverse=True)
+        return idx, inv
+    seen = np.zeros(size, dtype=bool)
+    seen[key] = True
+    inv = (np.cumsum(seen) - 1)[key]
+    idx = np.full(int(np.count_nonzero(seen)), n, dtype=np.int64)
+    np.minimum.at(idx, inv, np.arange(n))
+    return idx, inv
 
 
 _FEW = 64
@@ -257,8 +295,12 @@ class BlockCache:
 
     def __init__(self, model, system, cols: dict, datatypes, kind: str = "dense"):
         n = len(cols["tensor_par"])
+        head = kind == "dense" and model.vocab_size > 0
         if n <= _FEW:        # a handful of layouts: no deduplication to win
-            sums = block(LayoutContext(model, system, cols, datatypes), cols, kind)
+            ctx = LayoutContext(model, system, cols, datatypes)
+            sums = block(ctx, cols, kind)
+            self._head = (head_microbatch_time(ctx, activation_sizes(ctx, cols)["B"])
+                          if head else None)
             self._n1 = [name for name in sums if name not in OPTIM_SUMS]
             self._t1 = np.stack([np.broadcast_to(sums[name], (n,)) for name in self._n1])
             self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
@@ -270,38 +312,20 @@ class BlockCache:
             return
         t = cols["tensor_par"]
         tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
-        tp_code, tp_rad = _compact(t)
-        mbs_code, mbs_rad = _compact(cols["microbatch_size"])
         moe_key = []
         if kind == "moe":
             ep, etp = cols["expert_par"], cols["expert_tensor_par"]
-            ep_code, ep_rad = _compact(ep)
-            etp_code, etp_rad = _compact(etp)
-            moe_key = [(ep_code, ep_rad), (etp_code, etp_rad),
-                       (np.where(ep > 1, cols["expert_par_net"], 0), MAX_TIERS),
-                       (np.where(etp > 1, cols["expert_tensor_par_net"], 0), MAX_TIERS),
-                       (cols["moe_dispatcher"].astype(np.int64), 3),
-                       (cols["moe_overlap"].astype(np.int64), 2)]
-        key1 = _pack([(cols["datatype"].astype(np.int64), 5), (tp_code, tp_rad),
-                      (mbs_code, mbs_rad), (cols["activation_recompute"].astype(np.int64), 4),
-                      (cols["tensor_par_comm_type"].astype(np.int64), 3),
-                      (cols["tensor_par_overlap"].astype(np.int64), 3),
-                      (cols["seq_par_ag_redo"].astype(np.int64), 2),
-                      (cols["fused_activation"].astype(np.int64), 2),
-                      (cols["attention_type"].astype(np.int64), 2),
-                      (cols["training"].astype(np.int64), 2), (tpnet, MAX_TIERS),
-                      (cols["attention_impl"].astype(np.int64), 4),
-                      (cols["fused_norm"].astype(np.int64), 2)])
+            moe_key = [ep, etp, np.where(ep > 1, cols["expert_par_net"], 0),
+                       np.where(etp > 1, cols["expert_tensor_par_net"], 0),
+                       cols["moe_dispatcher"], cols["moe_overlap"]]
         cp = cols["context_par"]
-        if (cp > 1).any() or (cols["fp8_recipe"] != 0).any():
-            cp_code, cp_rad = _compact(cp)
-            key1 = _pack([(key1, int(key1.max()) + 1), (cp_code, cp_rad),
-                          (np.where(cp > 1, cols["context_par_net"], 0), MAX_TIERS),
-                          (np.where(cp > 1, cols["context_par_comm"], 0).astype(np.int64), 2),
-                          (cols["fp8_recipe"].astype(np.int64), 4)])
-        if moe_key:
-            key1 = _pack([(key1, int(key1.max()) + 1)] + moe_key)
-        _, idx1, inv1 = np.unique(key1, return_index=True, return_inverse=True)
+        key1 = [cols["datatype"], t, cols["microbatch_size"], cols["activation_recompute"],
+                cols["tensor_par_comm_type"], cols["tensor_par_overlap"],
+                cols["seq_par_ag_redo"], cols["fused_activation"], cols["attention_type"],
+                cols["training"], tpnet, cols["attention_impl"], cols["fused_norm"],
+                cp, np.where(cp > 1, cols["context_par_net"], 0),
+                np.where(cp > 1, cols["context_par_comm"], 0), cols["fp8_recipe"]] + moe_key
+        idx1, inv1 = _distinct(*_pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]
         sub["context_par_net"] = np.where(sub["context_par"] > 1, sub["context_par_net"], 0)
@@ -310,23 +334,22 @@ class BlockCache:
         sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
         sub["sharding_group"] = np.zeros(len(idx1), dtype=np.int64)
         sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
-        sums1 = block(LayoutContext(model, system, sub, datatypes), sub, kind)
+        ctx1 = LayoutContext(model, system, sub, datatypes)
+        sums1 = block(ctx1, sub, kind)
+        self._head = (head_microbatch_time(ctx1, activation_sizes(ctx1, sub)["B"])[inv1]
+                      if head else None)
 
         shard, grad_shard, weight_shard = shard_counts(cols)
         shard = shard.astype(np.int64)
-        sh_code, sh_rad = _compact(shard)
-        key2 = _pack([(cols["datatype"].astype(np.int64), 5), (tp_code, tp_rad),
-                      (cols["attention_type"].astype(np.int64), 2),
-                      ((cols["tensor_par_overlap"] != 0).astype(np.int64), 2),
-                      (cols["training"].astype(np.int64), 2), (sh_code, sh_rad)])
+        key2 = [cols["datatype"], t, cols["attention_type"], cols["tensor_par_overlap"] != 0,
+                cols["training"], shard]
         x_shard = shard
         if kind == "moe":
             edp = np.maximum(cols["data_par"] * t * cols["context_par"]
                              // (cols["expert_par"] * cols["expert_tensor_par"]), 1)
             x_shard = np.where(cols["optimizer_sharding"], edp, 1)
-            xs_code, xs_rad = _compact(x_shard)
-            key2 = _pack([(key2, int(key2.max()) + 1), (xs_code, xs_rad)] + moe_key)
-        _, idx2, inv2 = np.unique(key2, return_index=True, return_inverse=True)
+            key2 += [x_shard] + moe_key
+        idx2, inv2 = _distinct(*_pack(key2))
         sub2 = {f: cols[f][idx2] for f in _BLOCK_FIELDS}
         sums2 = block(LayoutContext(model, system, sub2, datatypes), sub2, kind)
         # Sums stacked as (sum, distinct block) tables, gathered per chunk.
@@ -340,6 +363,10 @@ class BlockCache:
         self.grad_scale = _grad_scale(cols)
         self.x_shard = x_shard
         self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
+
+    def head(self, sl: slice):
+        """``head_microbatch_time`` of the rows ``sl`` (None: no vocabulary)."""
+        return None if self._head is None else self._head[sl]
 
     def rows(self, sl: slice) -> dict:
         """Per-block sums for the rows ``sl`` (one gather per key table)."""
@@ -477,26 +504,15 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
 # Batch level: pipeline schedule, bubbles, DP communication, offload, memory.
 
 
-def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages,
-                system: SystemSpec):
-    """Time and memory of the embedding and the output layer with its loss.
-
-    Only for models that give ``vocab_size`` (Calculon models none).  The
-    output layer and the cross-entropy (in fp32) run on the last pipeline
-    stage for every micro-batch; that stage paces the pipeline, so the extra
-    time is paid in each of the ``microbatches + stages - 1`` schedule slots.  The first
-    stage holds the embedding, the last the output matrix and one
-    micro-batch's logits (with the fp32 copies the system's
-    ``memory_overhead`` says the loss keeps); with one stage, both.
-    """
+def head_microbatch_time(ctx: LayoutContext, B) -> np.ndarray:
+    """Seconds of the output layer and its loss (and the multi-token-prediction
+    modules) for one micro-batch of ``B`` tokens; a model with a vocabulary.
+    It depends on the block's columns only, so ``BlockCache`` computes it once
+    per distinct block."""
     V = float(ctx.model.vocab_size)
-    if V <= 0:
-        return 0.0, {"first": 0.0, "last": 0.0,
-                     "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
-    tp, training, b = ctx.tp, ctx.training, ctx.elem_bytes
-    B = acts["B"]
-    out = finish(ctx, linear(ctx, B, float(ctx.model.hidden), V / tp))
-    logits = B * V / tp
+    training = ctx.training
+    out = finish(ctx, linear(ctx, B, float(ctx.model.hidden), V / ctx.tp))
+    logits = B * V / ctx.tp
     loss = finish(ctx, layer(ctx, fw=5 * logits, agrad=3 * logits, inputs=logits,
                              outputs=logits))
     per_mb = out["time_fw"] + loss["time_fw"] + np.where(
@@ -508,7 +524,32 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
         proj = finish(ctx, linear(ctx, B, 2.0 * ctx.model.hidden, ctx.model.hidden))
         per_mb = per_mb * (1 + mtp) + mtp * (proj["time_fw"] + np.where(
             training, proj["time_agrad"] + proj["time_wgrad"], 0.0))
+    return per_mb
+
+
+def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages,
+                system: SystemSpec, per_mb=None):
+    """Time and memory of the embedding and the output layer with its loss.
+
+    Only for models that give ``vocab_size`` (Calculon models none).  The
+    output layer and the cross-entropy (in fp32) run on the last pipeline
+    stage for every micro-batch; that stage paces the pipeline, so the extra
+    time is paid in each of the ``microbatches + stages - 1`` schedule slots.  The first
+    stage holds the embedding, the last the output matrix and one
+    micro-batch's logits (with the fp32 copies the system's
+    ``memory_overhead`` says the loss keeps); with one stage, both.
+    ``per_mb``: ``head_microbatch_time`` where already known (``BlockCache.head``).
+    """
+    V = float(ctx.model.vocab_size)
+    if V <= 0:
+        return 0.0, {"first": 0.0, "last": 0.0,
+                     "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
+    tp, training, b = ctx.tp, ctx.training, ctx.elem_bytes
+    B = acts["B"]
+    if per_mb is None:
+        per_mb = head_microbatch_time(ctx, B)
     time = (microbatches + stages - 1) * per_mb
+    mtp = ctx.model.mtp
     params = V * ctx.model.hidden / tp
     grad_b = b
     if "fp32_grads" in cols and np.any(cols["fp32_grads"]):

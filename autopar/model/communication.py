@@ -329,13 +329,14 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     expert_bytes = sums["x_weight_space"] if "x_weight_space" in sums else 0.0
     block_bytes = np.where(active, sums.get("weight_space_full", sums["weight_space"])
                            - expert_bytes, 0.0)
-    block_time = np.where(active, np.where(
-        sharded, net.time("reduce_scatter", block_bytes, peers)
-        + net.time("all_gather", block_bytes, peers),
-        net.time("all_reduce", block_bytes, peers)), 0.0)
     wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
                           net.scale("all_reduce"))
-    if extended:
+    if not extended:
+        block_time = np.where(active, np.where(
+            sharded, net.time("reduce_scatter", block_bytes, peers)
+            + net.time("all_gather", block_bytes, peers),
+            net.time("all_reduce", block_bytes, peers)), 0.0)
+    else:
         # Hybrid sharding: reduce-scatter / all-gather inside a group of
         # sharding_group x context_par ranks, then all-reduce the shard
         # across the data_par / sharding_group replicas.  ZeRO-3 / FSDP

@@ -109,7 +109,7 @@ _BLOCK_STATS["tp_bw_overlap_req"] = "tp_bw_req"
 
 
 def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
-          stage_sums: tuple | None = None) -> dict:
+          stage_sums: tuple | None = None, head_per_mb=None) -> dict:
     """Every statistic of one batch per row, from the per-block sums ``sums``
     (of the stage that paces the pipeline) and, for a model whose blocks
     differ, ``stage_sums``: those of the first and of the last stage (memory)."""
@@ -146,7 +146,8 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     S["dp_bw_overlap_req_chunk"] = dp["req_chunk"]
     S["dp_bw_overlap_req_tail"] = dp["req_tail"]
 
-    head_time, head_memory = output_head(ctx, cols, acts, micro, stages, system)
+    head_time, head_memory = output_head(ctx, cols, acts, micro, stages, system,
+                                           per_mb=head_per_mb)
     first, last = stage_sums if stage_sums is not None else (sums, None)
     S.update(footprints(ctx, cols, first, sched, checkpoint, recompute_full, head_memory,
                         system.memory_overhead, sums_last=last))
@@ -221,6 +222,7 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
 
 
 CHUNK = 1 << 14
+CHECK_CHUNK = 1 << 16
 _MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
 
 
@@ -241,13 +243,13 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         raise ValueError(f"unknown statistics: {', '.join(unknown)}")
     cols = normalize(cols)
     n = len(cols["tensor_par"])
-    code, _ = check(model, system, cols)
+    code = check_chunked(model, system, cols)
     # One (statistic, layout) table; each statistic is a contiguous row of it.
-    table = np.full((len(names), n), np.nan)
-    out = dict(zip(names, table))
     rows = np.flatnonzero(code == 0)
+    every = len(rows) == n
+    table = np.empty((len(names), n)) if every else np.full((len(names), n), np.nan)
+    out = dict(zip(names, table))
     if len(rows):
-        every = len(rows) == n
         valid = _typed_columns(cols if every else {f: v[rows] for f, v in cols.items()})
         datatypes = sorted(set(np.unique(valid["datatype"]).tolist()))
         m = len(rows)
@@ -262,24 +264,37 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 ctx = LayoutContext(model, system, part, datatypes)
                 sums, stage_sums = _stage_sums(model, part, blocks.rows(sl),
                                                moe_blocks.rows(sl) if moe_blocks else None)
-                S = batch(ctx, part, sums, activation_sizes(ctx, part), system, stage_sums)
-                cc = np.zeros(sl.stop - sl.start, dtype=code.dtype)
-                cc[S["proc_mem_tier1_cap_req"] > ctx.mem1.capacity] = \
-                    REASON_CODE["infeasible: mem tier1 capacity exceeded"]
-                cc[(cc == 0) & (S["proc_mem_tier2_cap_req"] > ctx.mem2.capacity)] = \
-                    REASON_CODE["infeasible: mem tier2 capacity exceeded"]
-                code[at] = cc
-                # A layout that fails only on memory keeps its requirements,
-                # so that the reason can say how much it needs.
-                bad = cc != 0
+                S = batch(ctx, part, sums, activation_sizes(ctx, part), system, stage_sums,
+                          blocks.head(sl))
+                code[at] = np.where(
+                    S["proc_mem_tier1_cap_req"] > ctx.mem1.capacity,
+                    REASON_CODE["infeasible: mem tier1 capacity exceeded"],
+                    np.where(S["proc_mem_tier2_cap_req"] > ctx.mem2.capacity,
+                             REASON_CODE["infeasible: mem tier2 capacity exceeded"], 0))
                 for name in names:
-                    v = np.array(np.broadcast_to(S[name], cc.shape), dtype=float)
-                    if name not in _MEM_REQ and name not in MEMORY_PARTS:
-                        np.putmask(v, bad, np.nan)
-                    out[name][at] = v
+                    out[name][at] = S[name]
+        # A layout that fails only on memory keeps its requirements (and the
+        # memory parts), so that the reason can say how much it needs.
+        failed = code != 0
+        if every and failed.any() or not every and (code[rows] != 0).any():
+            for name in names:
+                if name not in _MEM_REQ and name not in MEMORY_PARTS:
+                    np.copyto(out[name], np.nan, where=failed)
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
+
+
+def check_chunked(model: ModelSpec, system: SystemSpec, cols: dict) -> np.ndarray:
+    """``rules.check``'s codes, over slices of rows that stay in cache."""
+    n = len(cols["tensor_par"])
+    if n <= CHECK_CHUNK:
+        return check(model, system, cols)[0]
+    code = np.empty(n, dtype=np.int16)
+    for i in range(0, n, CHECK_CHUNK):
+        sl = slice(i, min(i + CHECK_CHUNK, n))
+        code[sl] = check(model, system, {f: v[sl] for f, v in cols.items()})[0]
+    return code
 
 
 def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None):
