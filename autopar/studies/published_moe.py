@@ -12,7 +12,7 @@ Megatron-Bridge tables hand their MoE rows here:
   performance summary (tokens/s/GPU with full layouts) on the datasheet
   system files (GB300, GB200, B300, B200, H100) with one fitted constant,
   the host time each MoE block exposes per micro-batch
-  (``BRIDGE_MOE_HOST_S``; ``fit_bridge_host_time``).  Every release's rows
+  (``MOE_HOST_S``; ``fit_bridge_host_time``).  Every release's rows
   are predicted by the same model: the table repeats layouts over releases
   whose throughput moves up to 1.9x, and docs/validation.md reports the
   error by release.
@@ -39,6 +39,47 @@ from autopar.io.specs import TimeOverhead
 from autopar.studies import published as P
 
 SIMUMAX_MOE_MODELS = {"deepseekv2": "deepseek-v2", "deepseekv3": "deepseek-v3"}
+
+# Host time exposed per MoE block and micro-batch by Megatron's dropless MoE
+# layers (``time_overhead.moe_block_s``; autopar.model.moe.host_sync).  One
+# constant, fitted by ``fit_bridge_host_time`` on the two ``BRIDGE_FIT_ROWS``
+# of the Bridge table (26.04.01 GB200 and B200, the systems that had files
+# before) and held out on its other 34 rows and on SimuMax's 12 DeepSeek rows
+# (Megatron-LM's all-to-all dispatcher syncs the same counts);
+# docs/validation.md says how far it can move.
+MOE_HOST_S = 0.00325
+BRIDGE_FIT_ROWS = r"^26\.04\.01 DGX-(GB200|B200) "
+BRIDGE_HOST_GRID = tuple(round(0.00025 * i, 5) for i in range(25))   # 0 to 6 ms
+
+
+def fit_bridge_host_time(grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
+    """The grid value of the exposed host time per MoE block that minimises
+    the mean |tokens/s error| on the fit rows, and that mean for every grid
+    value (the ties go to the smaller value)."""
+    import re
+
+    from autopar.model import evaluate_one
+    rows = [c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
+            if isinstance(c, P.PublishedCase) and re.match(BRIDGE_FIT_ROWS, c.label)]
+    scores = {}
+    for h in grid:
+        errs = []
+        for c in rows:
+            s = evaluate_one(c.model, with_moe_host_time(c.system, h), c.execution)
+            tok = s["sample_rate"] * c.model.seq_size / c.execution["num_procs"]
+            errs.append(abs(tok / c.measured["tokens_per_s_per_gpu"] - 1))
+        scores[h] = sum(errs) / len(errs)
+    best = min(scores, key=lambda h: (round(scores[h], 6), h))
+    return best, scores
+
+
+def with_moe_host_time(system_, seconds: float | None = None):
+    """``system_`` with the exposed host time of Megatron's MoE blocks
+    (``MOE_HOST_S`` unless given); nothing else changed (dense blocks have
+    none, so dense predictions on it stay as they were)."""
+    t = system_.time_overhead or TimeOverhead()
+    s = MOE_HOST_S if seconds is None else seconds
+    return dataclasses.replace(system_, time_overhead=dataclasses.replace(t, moe_block_s=s))
 
 
 def _expert_fields(system_, *, tp: int, ep: int, etp: int = 1,
@@ -70,8 +111,9 @@ def simumax_moe(row) -> "P.PublishedCase | P.Skip":
     blocks = int(row.layers_truncated_to)
     m = dataclasses.replace(base, seq_size=int(row.seq_len), num_blocks=blocks, mtp=0,
                             moe=dataclasses.replace(base.moe, first_dense=1))
-    # The B200 file calibrated on this table's dense rows (as they use).
-    sy = P.system("b200_nvl8_megatron")
+    # The B200 file calibrated on this table's dense rows (as they use), with
+    # the MoE blocks' exposed host time (fitted on the Bridge rows).
+    sy = with_moe_host_time(P.system("b200_nvl8_megatron"))
     n, tp, pp, dp, cp, ep = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                              int(row.cp), int(row.ep))
     vp = P._int(row.vp) or 1
@@ -90,49 +132,6 @@ def simumax_moe(row) -> "P.PublishedCase | P.Skip":
 BRIDGE_SYSTEMS = {"DGX-B200": "b200_nvl8", "DGX-GB200": "gb200_nvl72",
                   "DGX-H100": "h100_80g_nvl8", "DGX-GB300": "gb300_nvl72",
                   "DGX-B300": "b300_nvl8"}
-# Host time exposed per MoE block and micro-batch in Megatron-Bridge's
-# dropless MoE runs (``time_overhead.moe_block_s``; autopar.model.moe.host_sync).
-# The one constant fitted on the Bridge table: ``fit_bridge_host_time`` on
-# the two ``BRIDGE_FIT_ROWS`` (26.04.01 GB200 and B200, the systems that had
-# files before), held out on the other 34 rows; docs/validation.md says how
-# far it can move.
-BRIDGE_MOE_HOST_S = 0.00325
-BRIDGE_FIT_ROWS = r"^26\.04\.01 DGX-(GB200|B200) "
-BRIDGE_HOST_GRID = tuple(round(0.00025 * i, 5) for i in range(25))   # 0 to 6 ms
-
-
-def fit_bridge_host_time(grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
-    """The grid value of the exposed host time per MoE block that minimises
-    the mean |tokens/s error| on the fit rows, and that mean for every grid
-    value (the ties go to the smaller value)."""
-    import re
-
-    from autopar.model import evaluate_one
-    rows = [c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
-            if isinstance(c, P.PublishedCase) and re.match(BRIDGE_FIT_ROWS, c.label)]
-    scores = {}
-    for h in grid:
-        errs = []
-        for c in rows:
-            t = dataclasses.replace(c.system.time_overhead or TimeOverhead(), moe_block_s=h)
-            s = evaluate_one(c.model, dataclasses.replace(c.system, time_overhead=t),
-                             c.execution)
-            tok = s["sample_rate"] * c.model.seq_size / c.execution["num_procs"]
-            errs.append(abs(tok / c.measured["tokens_per_s_per_gpu"] - 1))
-        scores[h] = sum(errs) / len(errs)
-    best = min(scores, key=lambda h: (round(scores[h], 6), h))
-    return best, scores
-
-
-def bridge_system(name: str):
-    """A Megatron-Bridge system: the datasheet file with the exposed host time
-    of the MoE blocks (``BRIDGE_MOE_HOST_S``); no other constant changed."""
-    sy = P.system(name)
-    t = sy.time_overhead or TimeOverhead()
-    return dataclasses.replace(sy, time_overhead=dataclasses.replace(
-        t, moe_block_s=BRIDGE_MOE_HOST_S), name=f"{name}+bridge")
-
-
 # Precision column -> fp8 recipe.  "FP8" on H100 and "FP8-CS" are current
 # (per-tensor) scaling; MXFP8 / FP8-MX are 1x32 block scales.  Rows that do
 # not state it (25.09) ran FP8 (the page's footnote compares two FP8
@@ -148,7 +147,7 @@ def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
     sys_name = BRIDGE_SYSTEMS.get(str(row.system))
     if sys_name is None:
         return P.Skip(f"no system file for {row.system}", label)
-    sy = bridge_system(sys_name)
+    sy = with_moe_host_time(P.system(sys_name))
     precision = row.precision if isinstance(row.precision, str) else ""
     blackwell = sys_name != "h100_80g_nvl8"
     recipe = BRIDGE_FP8.get(precision) or ("mxfp8" if blackwell else "tensorwise")
