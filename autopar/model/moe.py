@@ -20,7 +20,10 @@ part of an MoE block's feed-forward (the shared experts are a dense MLP of
   relative to balanced routing: the imbalance factor, or the capacity factor
   when experts are padded to capacity), each expert's GEMM at the matrix
   engine's efficiency for its own size (``m / groups`` tokens);
-* the weighted sum of the experts' outputs.
+* the weighted sum of the experts' outputs;
+* where the system states it (``time_overhead.moe_block_s``), the host time
+  the block exposes per micro-batch (``host_sync``: dropless routing copies
+  the per-expert counts to the host, and the launches after it wait).
 
 Expert weights are counted with ``expert=True``: their gradients and
 optimizer state are sharded over the expert-data-parallel group (see
