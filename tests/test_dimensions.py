@@ -256,18 +256,18 @@ def test_published_registry_reads_every_table(reference):
                 assert c.reason
             else:
                 assert c.measured["tokens_per_s_per_gpu"] > 0
-    # MoE rows are predicted (issue 14) where autopar has the system's file.
+    # Every MoE row is predicted (issue 14): GB300 and B300 have files too.
     moe = [c for _, c in cases(TABLES["bridge_qwen3_moe"])]
-    skipped = [c for c in moe if isinstance(c, Skip)]
-    assert all("no system file for DGX-" in c.reason for c in skipped)
-    assert sum(isinstance(c, PublishedCase) for c in moe) == 23
+    assert not [c for c in moe if isinstance(c, Skip)]
+    assert sum(isinstance(c, PublishedCase) for c in moe) == 36
 
 
 def test_validate_published_cli(reference, cli):
     r = cli("validate", "published", "--table", "megatron_2021", "--table", "bridge_qwen3_moe",
             "--no-rank")
     assert r.returncode == 0, r.stderr
-    assert "megatron_2021" in r.stdout and "8 x no system file for DGX-GB300" in r.stdout
+    assert "megatron_2021" in r.stdout and "bridge_qwen3_moe" in r.stdout
+    assert "no system file for DGX-" not in r.stdout
     r = cli("validate", "published", "--table", "nope")
     assert r.returncode == 2 and "unknown table" in r.stderr and "Traceback" not in r.stderr
 

@@ -150,8 +150,13 @@ class TimeOverhead:
     """Time a training framework spends beyond the model's own work:
     with pipeline_par > 1 a step takes ``pipeline_fraction`` longer, as the
     stages wait for each other at every synchronising point-to-point
-    exchange."""
+    exchange.  ``moe_block_s``: host time exposed per mixture-of-experts
+    block and micro-batch (forward and backward together; a third in the
+    forward): dropless routing copies the per-expert token counts to the host
+    in every MoE block, which drains the GPU's queue of launched kernels, so
+    the block's launches after it are not hidden behind earlier work."""
     pipeline_fraction: float = 0.0
+    moe_block_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -641,11 +646,14 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     time_overhead = None
     if "time_overhead" in data:
         o = data["time_overhead"]
-        c.keys(o, "time_overhead", (), ("pipeline_fraction",))
+        c.keys(o, "time_overhead", (), ("pipeline_fraction", "moe_block_s"))
         frac = c.number(o.get("pipeline_fraction", 0.0), "time_overhead.pipeline_fraction")
         if not 0 <= frac < 1:
             c.fail("time_overhead.pipeline_fraction", f"must be in [0, 1), got {frac}")
-        time_overhead = TimeOverhead(frac)
+        moe_s = c.number(o.get("moe_block_s", 0.0), "time_overhead.moe_block_s")
+        if not 0 <= moe_s < 1:
+            c.fail("time_overhead.moe_block_s", f"must be in [0, 1) seconds, got {moe_s}")
+        time_overhead = TimeOverhead(frac, moe_s)
     headroom = None
     if "memory_headroom" in data:
         o = data["memory_headroom"]
@@ -710,6 +718,8 @@ def system_to_json(system: SystemSpec) -> dict:
             out["memory_overhead"]["checkpoint_split"] = True
     if system.time_overhead is not None:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
+        if system.time_overhead.moe_block_s:
+            out["time_overhead"]["moe_block_s"] = _num(system.time_overhead.moe_block_s)
     if system.memory_headroom is not None:
         out["memory_headroom"] = {"GiB": _num(system.memory_headroom.GiB),
                                   "band_GiB": _num(system.memory_headroom.band_GiB)}

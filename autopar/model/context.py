@@ -66,6 +66,8 @@ class LayoutContext:
         self.mem1 = MemoryTier(system.mem1)
         self.mem2 = MemoryTier(system.mem2)
         self.roofline = system.processing_mode == "roofline"
+        # Host time exposed per MoE block and micro-batch (autopar.model.moe).
+        self.moe_host_s = system.time_overhead.moe_block_s if system.time_overhead else 0.0
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par.

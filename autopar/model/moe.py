@@ -20,7 +20,10 @@ part of an MoE block's feed-forward (the shared experts are a dense MLP of
   relative to balanced routing: the imbalance factor, or the capacity factor
   when experts are padded to capacity), each expert's GEMM at the matrix
   engine's efficiency for its own size (``m / groups`` tokens);
-* the weighted sum of the experts' outputs.
+* the weighted sum of the experts' outputs;
+* where the system states it (``time_overhead.moe_block_s``), the host time
+  the block exposes per micro-batch (``host_sync``: dropless routing copies
+  the per-expert counts to the host, and the launches after it wait).
 
 Expert weights are counted with ``expert=True``: their gradients and
 optimizer state are sharded over the expert-data-parallel group (see
@@ -143,6 +146,37 @@ def _finish_ep_comm(ctx: LayoutContext, L: dict):
     L["ep_exposed_total"] = L["time_fw"] + L["time_agrad"]
 
 
+# The forward's share of an MoE block's exposed host time (the backward
+# launches about twice the forward's kernels).
+_HOST_FW_SHARE = 1.0 / 3.0
+
+
+def host_sync(ctx: LayoutContext, recompute) -> dict:
+    """The host time an MoE block exposes per micro-batch
+    (``time_overhead.moe_block_s`` of the system; 0 unless stated): dropless
+    routing copies the per-expert token counts to the host, which empties the
+    GPU's queue, so the kernels launched after it wait for the host.  A
+    third in the forward, two thirds in the backward."""
+    L = layer(ctx, recompute=recompute, stored=False)
+    L["kind"] = "hostsync"
+    L["finish"] = _finish_host_sync
+    return L
+
+
+def _finish_host_sync(ctx: LayoutContext, L: dict):
+    z = ctx.zeros
+    for s in STAGES:
+        L["time_" + s] = z
+    for s in ("fw", "agrad", "wgrad"):
+        for e in ("base", "edge"):
+            L[f"comm_bytes_{s}_{e}"] = z
+            L[f"comm_time_{s}_{e}"] = z
+            L[f"exposed_{s}_{e}"] = z
+    L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
+    L["time_fw"] = z + ctx.moe_host_s * _HOST_FW_SHARE
+    L["time_agrad"] = z + ctx.moe_host_s * (1.0 - _HOST_FW_SHARE)
+
+
 def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=None) -> list:
     """The routed part of an MoE block's feed-forward, as (layer, present)
     pairs; ``g`` marks the experts' GEMMs fp8 where the layout's recipe says so."""
@@ -180,8 +214,11 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=No
     own = T * h * b
     dispatch = _ep_comm(ctx, sent, own, half, full["recompute"], combine=False)
     back = _ep_comm(ctx, sent, own, half, full["recompute"], combine=True)
-    return [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
-            (act_fn, True), (fc2, True), (back, True), (combine, True)]
+    seq = [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
+           (act_fn, True), (fc2, True), (back, True), (combine, True)]
+    if ctx.moe_host_s > 0:
+        seq.insert(2, (host_sync(ctx, full["recompute"]), True))
+    return seq
 
 
 def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, sq, norm, full, attn,

@@ -109,7 +109,8 @@ def apply(system: SystemSpec, k: Constants, name=None, description=None) -> Syst
         system, matrix=matrix, networks=nets,
         memory_overhead=MemoryOverhead(k.reserved_GiB, k.fraction, k.logits_fp32_copies,
                                        gathered),
-        time_overhead=TimeOverhead(k.pipeline_fraction),
+        time_overhead=TimeOverhead(k.pipeline_fraction, system.time_overhead.moe_block_s
+                                   if system.time_overhead else 0.0),
         memory_headroom=MemoryHeadroom(k.headroom_GiB, round(k.band_GiB, 2)),
         name=system.name if name is None else name,
         description=system.description if description is None else description)
