@@ -66,6 +66,9 @@ class LayoutContext:
         self.mem1 = MemoryTier(system.mem1)
         self.mem2 = MemoryTier(system.mem2)
         self.roofline = system.processing_mode == "roofline"
+        # Bytes of the optimizer's master copy per weight (narrow datatypes).
+        over = system.memory_overhead
+        self.master_bytes = over.master_weight_bytes if over is not None else 4.0
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par.
