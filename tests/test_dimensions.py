@@ -280,6 +280,8 @@ def test_master_weight_bytes_keeps_remainders(gpt, h100):
     f32 = dict(datatype="float32")
     assert evaluate_one(gpt, rem, exe(**f32))["optimizer_space"] == \
         evaluate_one(gpt, h100, exe(**f32))["optimizer_space"]
+    from autopar.io.specs import system_to_json
+    assert load_system(system_to_json(rem)).memory_overhead == rem.memory_overhead
     data = json.loads((REPO_ROOT / "systems" / "h100_80g_nvl8.json").read_text())
     data["memory_overhead"] = {"master_weight_bytes": 5}
     with pytest.raises(SpecError, match="memory_overhead.master_weight_bytes"):

@@ -720,6 +720,8 @@ def system_to_json(system: SystemSpec) -> dict:
                                   "logits_gathered": o.logits_gathered}
         if o.checkpoint_split:
             out["memory_overhead"]["checkpoint_split"] = True
+        if o.master_weight_bytes != 4.0:
+            out["memory_overhead"]["master_weight_bytes"] = _num(o.master_weight_bytes)
     if system.time_overhead is not None:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
     if system.memory_headroom is not None:
