@@ -143,6 +143,14 @@ class MemoryOverhead:
     # parallelism splits the block's input (Megatron, torchtitan); Calculon
     # keeps them whole.
     checkpoint_split: bool = False
+    # Bytes per parameter of the optimizer's master copy of the weights when
+    # the working datatype is narrower than fp32: 4, a whole fp32 copy
+    # (Calculon, Megatron's distributed optimizer); 2, bf16 weights with the
+    # low 16 bits of their fp32 values kept apart (Apex / Transformer
+    # Engine ``store_param_remainders``, which NeMo 1.x's distributed Adam
+    # turns on for bf16 models): the fp32 master is the bf16 weight and its
+    # remainder.
+    master_weight_bytes: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -630,7 +638,8 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     if "memory_overhead" in data:
         o = data["memory_overhead"]
         c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction", "logits_fp32_copies",
-                                           "logits_gathered", "checkpoint_split"))
+                                           "logits_gathered", "checkpoint_split",
+                                           "master_weight_bytes"))
         reserved = c.number(o.get("reserved_GiB", 0.0), "memory_overhead.reserved_GiB")
         fraction = c.number(o.get("fraction", 0.0), "memory_overhead.fraction")
         if reserved < 0:
@@ -642,7 +651,10 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
             c.fail("memory_overhead.logits_fp32_copies", f"must be >= 0, got {copies}")
         gathered = c.bool(o.get("logits_gathered", False), "memory_overhead.logits_gathered")
         split = c.bool(o.get("checkpoint_split", False), "memory_overhead.checkpoint_split")
-        overhead = MemoryOverhead(reserved, fraction, copies, gathered, split)
+        master = c.number(o.get("master_weight_bytes", 4.0), "memory_overhead.master_weight_bytes")
+        if not 0 <= master <= 4:
+            c.fail("memory_overhead.master_weight_bytes", f"must be in [0, 4], got {master}")
+        overhead = MemoryOverhead(reserved, fraction, copies, gathered, split, master)
     time_overhead = None
     if "time_overhead" in data:
         o = data["time_overhead"]
@@ -716,6 +728,8 @@ def system_to_json(system: SystemSpec) -> dict:
                                   "logits_gathered": o.logits_gathered}
         if o.checkpoint_split:
             out["memory_overhead"]["checkpoint_split"] = True
+        if o.master_weight_bytes != 4.0:
+            out["memory_overhead"]["master_weight_bytes"] = _num(o.master_weight_bytes)
     if system.time_overhead is not None:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
         if system.time_overhead.moe_block_s:

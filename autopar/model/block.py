@@ -555,7 +555,8 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
     if "fp32_grads" in cols and np.any(cols["fp32_grads"]):
         grad_b = np.where(cols["fp32_grads"], 4.0, b)    # Megatron's fp32 main_grad
     grads = np.where(cols["unsharded_grads"], grad_b, grad_b / ctx.optim_shards)
-    per_param = b + np.where(training, grads + np.where(b < 4, 12.0, 8.0) / ctx.optim_shards, 0.0)
+    optim_b = np.where(b < 4, 8.0 + ctx.master_bytes, 8.0)     # moments + master copy
+    per_param = b + np.where(training, grads + optim_b / ctx.optim_shards, 0.0)
     matrix = params * per_param
     over = system.memory_overhead or MemoryOverhead()
     whole = B * V / (1.0 if over.logits_gathered else tp)

@@ -68,6 +68,9 @@ class LayoutContext:
         self.roofline = system.processing_mode == "roofline"
         # Host time exposed per MoE block and micro-batch (autopar.model.moe).
         self.moe_host_s = system.time_overhead.moe_block_s if system.time_overhead else 0.0
+        # Bytes of the optimizer's master copy per weight (narrow datatypes).
+        over = system.memory_overhead
+        self.master_bytes = over.master_weight_bytes if over is not None else 4.0
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par.

@@ -60,7 +60,7 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
     L["mem_agrad"] = (L["weight"] + L["act"] + L["act_grads"]) * b
     L["mem_wgrad"] = np.where(L["weight"] == 0, 0.0,
                               (L["weight_grads"] + L["act"] + L["act_grads"]) * b)
-    master = np.where(b < 4, L["weight"] * 4, 0.0)
+    master = np.where(b < 4, L["weight"] * ctx.master_bytes, 0.0)
     L["optimizer"] = (master + L["optim"] * 4) / optim_shards
     L["mem_optim"] = L["optimizer"]
     L["weight_b"] = L["weight"] * b

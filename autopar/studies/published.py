@@ -23,6 +23,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from autopar.io.errors import SpecError
-from autopar.io.specs import ModelSpec, SystemSpec, load_execution, load_model, load_system
+from autopar.io.specs import (MemoryOverhead, ModelSpec, SystemSpec, load_execution,
+                              load_model, load_system)
 
 GIB = 1024 ** 3
 _ROOT = Path(__file__).resolve().parent.parent.parent
@@ -109,6 +111,20 @@ def system(name: str) -> SystemSpec:
     if name not in _system_cache:
         _system_cache[name] = load_system(SYSTEMS / f"{name}.json")
     return _system_cache[name]
+
+
+def with_framework(system_: SystemSpec, **overhead) -> SystemSpec:
+    """The system with some of its framework memory traits
+    (``memory_overhead`` fields) set, the others kept."""
+    over = system_.memory_overhead or MemoryOverhead()
+    return dataclasses.replace(system_, memory_overhead=dataclasses.replace(over, **overhead))
+
+
+# NeMo 1.x (containers up to 24.07) trains bf16 models with Apex's distributed
+# Adam, whose setup (MegatronBaseModel.setup_optimization) keeps the fp32
+# master weights as the bf16 weights plus 16-bit remainders
+# (store_param_remainders): 2 bytes of master copy per parameter, not 4.
+NEMO1_MASTER_BYTES = 2.0
 
 
 def gpt_model(name: str, hidden: int, blocks: int, heads: int, seq: int, vocab: int,
@@ -402,7 +418,7 @@ def _nemo_perf(row) -> PublishedCase | Skip:
     name, changes = NEMO_MODELS[row.model]
     seq = int(row.seq_len)
     m = model(name, seq_size=seq, **changes)
-    sy = system(NEMO_SYSTEMS[row.system])
+    sy = with_framework(system(NEMO_SYSTEMS[row.system]), master_weight_bytes=NEMO1_MASTER_BYTES)
     n, tp, pp = int(row.n_gpus), int(row.tp), int(row.pp)
     cp = _int(row.cp) or 1
     vp = _int(row.vp) or 1
@@ -438,6 +454,10 @@ def _nemo_cp(row) -> PublishedCase | Skip:
     seq = int(row.seq_len)
     m = model(name, seq_size=seq)
     sy = system(NEMO_SYSTEMS[row.system])
+    if str(row.container).startswith("NeMo24."):
+        # NeMo 1.x (24.03): Apex's distributed Adam with param remainders;
+        # NeMo 2.x (25.04): Megatron-Core's distributed optimizer, fp32 masters.
+        sy = with_framework(sy, master_weight_bytes=NEMO1_MASTER_BYTES)
     tp, pp, cp, dp = int(row.tp), int(row.pp), int(row.cp), int(row.dp)
     # On the B200 rows the printed layout's TP*PP*DP*CP is not the GPU count
     # (a page inconsistency); the layout is trusted (it divides the global
@@ -460,60 +480,73 @@ register(Table(
     "B200), FP8; throughput from the reported TFLOP/s per GPU"))
 
 
-# Megatron-LM 2021 (SC21) A100 scaling ---------------------------------------
+# Megatron GPT weak scaling: Megatron-LM 2021 (A100), Megatron-Core r0.8 (H100)
 
-def _megatron2021(row) -> PublishedCase | Skip:
-    label = f"{row.model} on {int(row.n_gpus)} A100"
+def _megatron_gpt(row, *, gpu: str, system_name: str, vp_column: str, tflops_column: str, options,
+                  per_token: Callable[[ModelSpec], float], overrides: dict | None = None,
+                  mbs: int = 1) -> PublishedCase | Skip:
+    """A row of a Megatron GPT scaling table: the model shape and layout as
+    printed (micro-batch ``mbs`` and no context parallelism where the table
+    leaves them blank), the framework options of the table (``options(row)``:
+    keyword arguments of ``megatron_execution``), tokens/s/GPU from the
+    printed TFLOP/s per GPU with the table's FLOP count per token."""
+    label = f"{row.model} on {int(row.n_gpus)} {gpu}"
     h, L, H, s, V = (int(row.hidden), int(row.num_layers), int(row.attn_heads),
                      int(row.seq_len), int(row.vocab))
     m = gpt_model(row.model, h, L, H, s, V)
-    sy = system("a100_80g")
+    sy = system(system_name)
     n, tp, pp, dp = int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp)
-    vp = _int(row.vp_derived) or 1
-    # Megatron-LM 2021: fp16, full recompute, no distributed optimizer, no
-    # sequence parallelism; torch DDP overlaps the gradient all-reduce with
-    # backward, Megatron's local DDP does not.
-    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, gbs=int(row.global_batch),
-                            mbs=int(row.micro_batch), vp=vp, datatype="float16",
-                            recompute="full", sp=False, dist_opt=False, flash=False,
-                            dp_overlap=str(row.ddp_impl).strip() == "torch")
-    ex["attention_impl"] = "fused_softmax"
-    # The paper's FLOP count (with recompute): 96 B s l h^2 (1 + s/6h + V/16lh).
-    per_token = 96 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-    tok = float(row.achieved_tflops_per_gpu) * 1e12 / per_token
+    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=_int(row.get("cp")) or 1,
+                            gbs=int(row.global_batch), mbs=_int(row.get("micro_batch")) or mbs,
+                            vp=_int(row[vp_column]) or 1, **options(row))
+    ex.update(overrides or {})
+    tok = float(row[tflops_column]) * 1e12 / per_token(m)
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
 
 
+def _paper_flops_2021(m: ModelSpec) -> float:
+    """The SC21 paper's FLOP count per token (it includes the recompute):
+    96 s l h^2 (1 + s/6h + V/16lh) per sequence."""
+    h, L, s, V = m.hidden, m.num_blocks, m.seq_size, m.vocab_size
+    return 96 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+# Megatron-LM 2021: fp16, full recompute, no distributed optimizer, no
+# sequence parallelism, a fused scale-mask-softmax (no FlashAttention in
+# 2021); torch DDP overlaps the gradient all-reduce with backward, Megatron's
+# local DDP does not.
 register(Table(
-    "megatron_2021", "megatron_lm_a100_2021_scaling.csv", _megatron2021, "Megatron-LM 2021",
+    "megatron_2021", "megatron_lm_a100_2021_scaling.csv",
+    partial(_megatron_gpt, gpu="A100", system_name="a100_80g", vp_column="vp_derived",
+            tflops_column="achieved_tflops_per_gpu",
+            options=lambda row: dict(datatype="float16", recompute="full", sp=False,
+                                     dist_opt=False, flash=False,
+                                     dp_overlap=str(row.ddp_impl).strip() == "torch"),
+            per_token=_paper_flops_2021, overrides={"attention_impl": "fused_softmax"}),
+    "Megatron-LM 2021",
     "Megatron-LM's SC21 weak scaling (GPT 1.7B-1T on Selene A100), fp16, full recompute; "
     "throughput from achieved TFLOP/s with the paper's FLOP count"))
 
 
-# Megatron-Core r0.8 H100 weak scaling ---------------------------------------
-
-def _mcore(row) -> PublishedCase | Skip:
-    label = f"{row.model} on {int(row.n_gpus)} H100"
-    h, L, H, s, V = (int(row.hidden), int(row.num_layers), int(row.attn_heads),
-                     int(row.seq_len), int(row.vocab))
-    m = gpt_model(row.model, h, L, H, s, V)
-    sy = system("h100_80g_nvl8")
-    n, tp, pp, dp = int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp)
-    cp = _int(row.cp) or 1
-    vp = _int(row.vp) or 1
-    gbs = int(row.global_batch)
-    # Megatron-Core r0.8 README runs: bf16 (the MFU implies the bf16 peak),
-    # micro-batch 1, no recompute, sequence parallelism with TP, the
-    # distributed optimizer with overlapped grad reduce / param gather, TP
-    # communication overlap.
-    ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=1, vp=vp,
-                            tp_overlap=True)
-    tok = float(row.per_gpu_tflops) * 1e12 / flops_per_token(m)
-    return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
-
-
+# Megatron-Core r0.8 README runs: bf16 (the MFU implies the bf16 peak), no
+# recompute, sequence parallelism with TP, the distributed optimizer with
+# overlapped grad reduce / param gather, TP communication overlap; Megatron's
+# (non-causal) FLOP count.  The micro-batch is not stated (Megatron has no
+# default): 2, read off the table itself.  The number of micro-batches sets
+# both the window the gradient reduce-scatter hides in (the last
+# micro-batch's backward: the PP 1 rows) and the pipeline bubble
+# ((PP - 1) / micro-batches: the PP > 1 rows); with micro-batch 1 the PP 1
+# rows come out 12-18% slow and the PP rows 2-12% fast, with 2 all but the
+# smallest model within 5%, with 4 the 177B-462B layouts do not fit
+# (docs/validation.md).
+MCORE_MICRO_BATCH = 2
 register(Table(
-    "mcore_h100", "megatron_core_h100_weak_scaling.csv", _mcore, "Megatron-Core r0.8",
+    "mcore_h100", "megatron_core_h100_weak_scaling.csv",
+    partial(_megatron_gpt, gpu="H100", system_name="h100_80g_nvl8", vp_column="vp",
+            tflops_column="per_gpu_tflops",
+            options=lambda row: dict(tp_overlap=True), per_token=flops_per_token,
+            mbs=MCORE_MICRO_BATCH),
+    "Megatron-Core r0.8",
     "Megatron-Core weak scaling on H100 (GPT 1.7B-462B), bf16; throughput from per-GPU "
     "TFLOP/s with Megatron's FLOP count"))
 
