@@ -247,9 +247,12 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     # One (statistic, layout) table; each statistic is a contiguous row of it.
     rows = np.flatnonzero(code == 0)
     every = len(rows) == n
-    table = np.empty((len(names), n)) if every else np.full((len(names), n), np.nan)
+    table = np.empty((len(names), n))
     out = dict(zip(names, table))
-    if len(rows):
+    if not len(rows):
+        table.fill(np.nan)
+    else:
+        dead = None if every else code != 0          # broke a rule: never computed
         valid = _typed_columns(cols if every else {f: v[rows] for f, v in cols.items()})
         datatypes = sorted(set(np.unique(valid["datatype"]).tolist()))
         m = len(rows)
@@ -276,10 +279,13 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         # A layout that fails only on memory keeps its requirements (and the
         # memory parts), so that the reason can say how much it needs.
         failed = code != 0
-        if every and failed.any() or not every and (code[rows] != 0).any():
-            for name in names:
-                if name not in _MEM_REQ and name not in MEMORY_PARTS:
+        some_failed = bool(failed.any())
+        for name in names:
+            if name not in _MEM_REQ and name not in MEMORY_PARTS:
+                if some_failed:
                     np.copyto(out[name], np.nan, where=failed)
+            elif dead is not None:
+                np.copyto(out[name], np.nan, where=dead)
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
