@@ -304,6 +304,7 @@ class BlockCache:
             self._n1 = [name for name in sums if name not in OPTIM_SUMS]
             self._t1 = np.stack([np.broadcast_to(sums[name], (n,)) for name in self._n1])
             self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
+            self._experts = self._has_experts()
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
             self.weight_shard = _ones_to_none(shard_counts(cols)[2])
@@ -356,6 +357,7 @@ class BlockCache:
         self._n1 = [name for name in sums1 if name not in OPTIM_SUMS]
         self._t1 = np.stack([np.broadcast_to(sums1[name], (len(idx1),)) for name in self._n1])
         self._t2 = np.stack([np.broadcast_to(sums2[name], (len(idx2),)) for name in OPTIM_SUMS])
+        self._experts = self._has_experts()
         self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
         self.grad_shard = grad_shard
@@ -363,6 +365,11 @@ class BlockCache:
         self.grad_scale = _grad_scale(cols)
         self.x_shard = x_shard
         self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
+
+    def _has_experts(self) -> bool:
+        """Whether any block has routed experts' footprints."""
+        return any(np.any(self._t1[self._n1.index(name)])
+                   for name in ("x_wgrad_space", "x_optimizer_space"))
 
     def head(self, sl: slice):
         """``head_microbatch_time`` of the rows ``sl`` (None: no vocabulary)."""
@@ -375,13 +382,17 @@ class BlockCache:
         sums = dict(zip(self._n1, a))
         sums.update(zip(OPTIM_SUMS, b))
         # Expert footprints shard over expert-data-parallel, the rest over data_par.
-        xw, xo = sums["x_wgrad_space"], sums["x_optimizer_space"]
-        sums["x_wgrad_space"] = xw / self.x_grad_shard[sl]
-        sums["x_optimizer_space"] = xo / self.x_shard[sl]
-        sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[sl] \
-            + sums["x_wgrad_space"]
-        sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[sl] \
-            + sums["x_optimizer_space"]
+        if self._experts:
+            xw, xo = sums["x_wgrad_space"], sums["x_optimizer_space"]
+            sums["x_wgrad_space"] = xw / self.x_grad_shard[sl]
+            sums["x_optimizer_space"] = xo / self.x_shard[sl]
+            sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[sl] \
+                + sums["x_wgrad_space"]
+            sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[sl] \
+                + sums["x_optimizer_space"]
+        else:            # no expert footprints (all zero): the same, shorter
+            sums["wgrad_space"] = sums["wgrad_space"] / self.grad_shard[sl]
+            sums["optimizer_space"] = sums["optimizer_space"] / self.shard[sl]
         if self.grad_scale is not None:
             sums["wgrad_space"] = sums["wgrad_space"] * self.grad_scale[sl]
         # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is

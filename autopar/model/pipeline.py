@@ -29,6 +29,7 @@ class Schedule:
     blocks_per_chunk: np.ndarray
     chunks: np.ndarray            # chunks per stage
     base_blocks: np.ndarray       # blocks of a chunk but its edge block (float)
+    chunk_passes: np.ndarray      # microbatches * chunks: chunk passes per stage
 
 
 def schedule(cols: dict, num_blocks: int) -> Schedule:
@@ -36,18 +37,19 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
     blocks_per_stage = -(-num_blocks // stages)
     missing = np.where(num_blocks % stages != 0, stages - num_blocks % stages, 0)
     blocks_per_chunk = np.maximum(blocks_per_stage // interleaving, 1)
+    microbatches = cols["batch_size"] // cols["data_par"] // cols["microbatch_size"]
+    chunks = blocks_per_stage // blocks_per_chunk
     return Schedule(
-        stages=stages, interleaving=interleaving,
-        microbatches=cols["batch_size"] // cols["data_par"] // cols["microbatch_size"],
+        stages=stages, interleaving=interleaving, microbatches=microbatches,
         blocks_per_stage=blocks_per_stage, missing_blocks=missing,
-        blocks_per_chunk=blocks_per_chunk, chunks=blocks_per_stage // blocks_per_chunk,
-        base_blocks=(blocks_per_chunk - 1).astype(float))
+        blocks_per_chunk=blocks_per_chunk, chunks=chunks,
+        base_blocks=(blocks_per_chunk - 1).astype(float), chunk_passes=microbatches * chunks)
 
 
 def per_batch(sched: Schedule, base_value, edge_value):
     """A per-block quantity over the batch: every micro-batch runs every chunk,
     each with ``base_blocks`` base blocks and one edge block."""
-    return sched.microbatches * sched.chunks * (sched.base_blocks * base_value + 1.0 * edge_value)
+    return sched.chunk_passes * (sched.base_blocks * base_value + edge_value)
 
 
 def chunk_times(sums: dict, sched: Schedule, p2p_fw_time, p2p_bw_time,
