@@ -9,6 +9,8 @@ memory; ``no_overlap`` adds them).
 """
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS
@@ -102,32 +104,69 @@ class LayoutContext:
         self.tp_p2p = is_choice(comm, "tensor_par_comm_type", "p2p_rs_ag")
         self.tp_pipe_overlap = is_choice(cols["tensor_par_overlap"], "tensor_par_overlap",
                                          "pipe")
-        # Mixture of experts: expert weights are spread over expert_par x
-        # expert_tensor_par processors; their gradients are synchronised, and
-        # their optimizer state sharded, over the expert-data-parallel group
-        # (tensor_par * data_par * context_par / (EP * ETP), as Megatron lays
-        # EP over TP x DP x CP).  Experts are not weight-sharded (ZeRO-3).
-        one = np.ones(self.n, dtype=np.int64)
-        self.ep = np.broadcast_to(cols.get("expert_par", one), (self.n,)).astype(float)
-        self.etp = np.broadcast_to(cols.get("expert_tensor_par", one), (self.n,)).astype(float)
-        self.edp = np.maximum(cols["data_par"] * self.tp * self.cp / (self.ep * self.etp), 1.0)
-        self.expert_optim_shards = np.where(cols["optimizer_sharding"], self.edp, 1.0)
-        self.expert_grad_shards = np.where(cols.get("unsharded_grads", False), 1.0,
-                                           self.expert_optim_shards)
-        self.ep_net = NetworkTier(system.networks, np.broadcast_to(
-            cols.get("expert_par_net", one * 0), (self.n,)))
-        self.etp_net = NetworkTier(system.networks, np.broadcast_to(
-            cols.get("expert_tensor_par_net", one * 0), (self.n,)))
-        dispatcher = np.broadcast_to(cols.get("moe_dispatcher", one * 0), (self.n,))
-        self.moe_allgather = is_choice(dispatcher, "moe_dispatcher", "allgather")
-        self.moe_deepep = is_choice(dispatcher, "moe_dispatcher", "deepep")
-        # An EP group on a tier above the first spans several first-tier
-        # domains (nodes): ep_local of its ranks share the first tier.
-        size0 = system.networks[0].size
-        self.ep_local = np.where(self.ep_net.tier > 0, np.minimum(size0, self.ep), self.ep)
-        self.net0 = NetworkTier(system.networks, np.zeros(self.n, dtype=np.int64))
-        self.moe_overlap = np.broadcast_to(cols.get("moe_overlap", False), (self.n,))
+        self._cols = cols
+        self._networks = system.networks
         self.zeros = np.zeros(self.n)
+
+    # Mixture of experts (computed on first use: dense layouts never ask).
+    # Expert weights are spread over expert_par x expert_tensor_par
+    # processors; their gradients are synchronised, and their optimizer state
+    # sharded, over the expert-data-parallel group (tensor_par * data_par *
+    # context_par / (EP * ETP), as Megatron lays EP over TP x DP x CP).
+    # Experts are not weight-sharded (ZeRO-3).
+    def _ext(self, field, default):
+        return np.broadcast_to(self._cols.get(field, default), (self.n,))
+
+    @cached_property
+    def ep(self):
+        return self._ext("expert_par", 1).astype(float)
+
+    @cached_property
+    def etp(self):
+        return self._ext("expert_tensor_par", 1).astype(float)
+
+    @cached_property
+    def edp(self):
+        return np.maximum(self._cols["data_par"] * self.tp * self.cp / (self.ep * self.etp), 1.0)
+
+    @cached_property
+    def expert_optim_shards(self):
+        return np.where(self._cols["optimizer_sharding"], self.edp, 1.0)
+
+    @cached_property
+    def expert_grad_shards(self):
+        return np.where(self._cols.get("unsharded_grads", False), 1.0, self.expert_optim_shards)
+
+    @cached_property
+    def ep_net(self):
+        return NetworkTier(self._networks, self._ext("expert_par_net", 0))
+
+    @cached_property
+    def etp_net(self):
+        return NetworkTier(self._networks, self._ext("expert_tensor_par_net", 0))
+
+    @cached_property
+    def moe_allgather(self):
+        return is_choice(self._ext("moe_dispatcher", 0), "moe_dispatcher", "allgather")
+
+    @cached_property
+    def moe_deepep(self):
+        return is_choice(self._ext("moe_dispatcher", 0), "moe_dispatcher", "deepep")
+
+    @cached_property
+    def ep_local(self):
+        """Ranks of an EP group that share the first tier: a group on a tier
+        above the first spans several first-tier domains (nodes)."""
+        size0 = self._networks[0].size
+        return np.where(self.ep_net.tier > 0, np.minimum(size0, self.ep), self.ep)
+
+    @cached_property
+    def net0(self):
+        return NetworkTier(self._networks, np.zeros(self.n, dtype=np.int64))
+
+    @cached_property
+    def moe_overlap(self):
+        return self._ext("moe_overlap", False)
 
     def processing_time(self, flops_time, mem_time):
         """Time of work that computes ``flops_time`` and moves ``mem_time``."""
