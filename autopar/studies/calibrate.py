@@ -8,9 +8,15 @@ a datasheet figure and stays as it is):
   from 0.5x to the factor that puts the curve's best point at 100%.
 - ``net{i}_efficiency``: the efficiency of each network tier, 0.2 to 1.
 - ``pipeline_fraction`` (time_overhead): 0 to 0.2.
-- memory_overhead ``fraction`` (0 to 0.5), ``logits_fp32_copies`` (0 to 16)
-  and ``reserved_GiB`` (0 to 16); ``logits_gathered`` is a property of the
-  framework and is kept from the base.
+- memory_overhead ``logits_fp32_copies`` (0 to 32 in steps of 0.5): the
+  loss's buffers on the last stage, in fp32 copies of one micro-batch's
+  logits.  ``reserved_GiB`` (CUDA context, NCCL buffers, workspaces) and
+  ``fraction`` (the caching allocator's fragmentation of transient tensors)
+  are counted, not fitted: they are kept from the base system, as is
+  ``logits_gathered`` (a property of the framework).  Fitted together with
+  the loss buffers they trade off against them on a sweep whose micro-batches
+  hold few tokens (a 65B sweep fits them at their bounds and predicts a 13B
+  sweep badly), see docs/validation.md.
 
 Memory and time are fitted apart, as they are apart in the model: the need
 on tier 1 does not depend on a time constant, and a time does not depend on
@@ -46,9 +52,7 @@ from autopar.model.memory import MEMORY_PARTS, tier1_need
 from autopar.studies.validate import GIB, read_sweep, sweep_groups, sweep_report, unbounded
 
 MATRIX_TYPES = ("float16", "bfloat16")
-FRACTIONS = np.round(np.arange(0.0, 0.5001, 0.05), 4)
-COPIES = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0])
-RESERVED = np.round(np.arange(0.0, 16.0001, 0.5), 4)
+COPIES = np.round(np.arange(0.0, 32.0001, 0.5), 4)
 PIPELINE_BOUNDS = (0.0, 0.2)
 NET_BOUNDS = (0.2, 1.0)
 # The chance of running out that the default headroom leaves at the margin.
@@ -210,26 +214,18 @@ def _logistic_slopes(x: np.ndarray, y: np.ndarray, iters=15):
 
 
 def fit_memory(sweep: Sweep, mask: np.ndarray, base: Constants) -> Constants:
-    """Memory constants that make the measured out-of-memory labels of the
-    rows in ``mask`` most likely; the band is where the fitted chance lies
-    between HEADROOM_RISK and 1 - HEADROOM_RISK."""
+    """The loss's buffers (``logits_fp32_copies``) that make the measured
+    out-of-memory labels of the rows in ``mask`` most likely, with the counted
+    reserve and fragmentation of ``base``; the band is where the fitted chance
+    lies between HEADROOM_RISK and 1 - HEADROOM_RISK."""
     use = mask & sweep.labelled & sweep.structural
     y = (~sweep.ran[use]).astype(float)
-    best = None
-    for f in FRACTIONS:
-        for c in COPIES:
-            k = dataclasses.replace(base, reserved_GiB=0.0, fraction=float(f),
-                                    logits_fp32_copies=float(c))
-            x = sweep.need_gib(k)[use] - sweep.capacity
-            X = x[None, :] + RESERVED[:, None]
-            a, nll = _logistic_slopes(X, y)
-            i = int(np.argmin(nll))
-            if best is None or nll[i] < best[0] - 1e-9:
-                best = (nll[i], float(f), float(c), float(RESERVED[i]), float(a[i]))
-    _, f, c, r, a = best
-    band = math.log((1 - HEADROOM_RISK) / HEADROOM_RISK) / a
-    return dataclasses.replace(base, reserved_GiB=r, fraction=f, logits_fp32_copies=c,
-                               band_GiB=band)
+    X = np.stack([sweep.need_gib(dataclasses.replace(base, logits_fp32_copies=float(c)))[use]
+                  for c in COPIES]) - sweep.capacity
+    a, nll = _logistic_slopes(X, y)
+    i = int(np.argmin(nll))
+    band = math.log((1 - HEADROOM_RISK) / HEADROOM_RISK) / a[i]
+    return dataclasses.replace(base, logits_fp32_copies=float(COPIES[i]), band_GiB=band)
 
 
 def fit_time(sweep: Sweep, mask: np.ndarray, k: Constants) -> Constants:
@@ -358,7 +354,7 @@ def describe(k: Constants, base_system: SystemSpec, source_name: str) -> str:
     return (f"{base_system.description} Calibrated by `autopar calibrate` on {source_name}: "
             f"16-bit matrix efficiency curve x{k.matrix_scale:.3f}; network efficiency "
             f"{nets}; time_overhead.pipeline_fraction {k.pipeline_fraction:.2f}; "
-            f"memory_overhead reserved {k.reserved_GiB:g} GiB, fragmentation "
-            f"{k.fraction:.2f} of transient tensors, {k.logits_fp32_copies:g} fp32 copies of "
-            f"the logits; out-of-memory band +-{k.band_GiB:.2f} GiB of the predicted peak "
+            f"memory_overhead (counted, kept from the base) reserved {k.reserved_GiB:g} GiB, "
+            f"fragmentation {k.fraction:.2f} of transient tensors; (fitted) loss buffers "
+            f"{k.logits_fp32_copies:g} fp32 copies of the logits; out-of-memory band +-{k.band_GiB:.2f} GiB of the predicted peak "
             f"(25%-75% chance of running out), default memory headroom {k.headroom_GiB:g} GiB.")
