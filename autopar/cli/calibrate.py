@@ -64,8 +64,8 @@ def run(args) -> int:
     print(f"  matrix efficiency x{k.matrix_scale:.3f}; network efficiency "
           + ", ".join(f"{e:.3f}" for e in k.net_efficiency)
           + f"; pipeline_fraction {k.pipeline_fraction:.3f}")
-    print(f"  memory_overhead: reserved {k.reserved_GiB:g} GiB, fraction {k.fraction:.2f}, "
-          f"logits_fp32_copies {k.logits_fp32_copies:g}; peak band +-{k.band_GiB:.2f} GiB; "
+    print(f"  memory_overhead: reserved {k.reserved_GiB:g} GiB, fraction {k.fraction:.2f} "
+          f"(counted, from the base); logits_fp32_copies {k.logits_fp32_copies:g}; peak band +-{k.band_GiB:.2f} GiB; "
           f"default headroom {k.headroom_GiB:g} GiB")
     print("in sample:")
     print(_line("base", cal.base_in_sample))
