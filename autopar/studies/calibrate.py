@@ -20,7 +20,7 @@ a datasheet figure and stays as it is):
 
 Memory and time are fitted apart, as they are apart in the model: the need
 on tier 1 does not depend on a time constant, and a time does not depend on
-a memory constant.  The memory constants maximise the likelihood of the
+a memory constant.  The loss buffers maximise the likelihood of the
 measured out-of-memory labels under a logistic model of the chance to run
 out given the predicted need (the fitted slope gives the uncertainty band of
 a predicted peak, and from it the default headroom).  The time constants
