@@ -47,21 +47,6 @@ def fmt(res) -> str:
     return "  ".join(f"{a:.3f} ({c:g})" for a, c in res)
 
 
-def fit_all(sweep, mask, k):
-    """The previous calibration: reserve, fragmentation and copies fitted together."""
-    best = None
-    for frac in np.arange(0.0, 0.5001, 0.05):
-        for res in np.arange(0.0, 16.0001, 1.0):
-            kk = dataclasses.replace(k, reserved_GiB=float(res), fraction=float(frac))
-            f = C.fit_memory(sweep, mask, kk)
-            use = mask & sweep.labelled & sweep.structural
-            x = sweep.need_gib(f)[use] - sweep.capacity
-            _, nll = C._logistic_slopes(x[None, :], (~sweep.ran[use]).astype(float))
-            if best is None or nll[0] < best[0] - 1e-9:
-                best = (nll[0], f)
-    return best[1]
-
-
 def main() -> int:
     csv = ROOT.parent / "shared/reference/measured/llama-sweeps/llama_13B_65B_a100.csv"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,7 +69,7 @@ def main() -> int:
     model = sweep.frame["model"].to_numpy()
     print("reserve, fragmentation and copies all fitted (the previous calibration):")
     for train, test in (("llama-65B", "llama-13B"), ("llama-13B", "llama-65B")):
-        f = fit_all(sweep, model == train, k0)
+        f = C.fit_memory(sweep, model == train, k0, overheads=True)
         print(f"  fitted on {train}: reserved {f.reserved_GiB:g}, fraction {f.fraction:.2f}, "
               f"copies {f.logits_fp32_copies:g}; on {test}: "
               f"{agreement(sweep, f, model == test):.3f}")

@@ -102,6 +102,35 @@ def test_leave_one_model_out_meets_the_bars(reference, base_system, repo_root):
         assert np.isfinite(k.band_GiB) and k.band_GiB > 0
 
 
+def test_memory_overheads_counted_unless_fitted(sweeps, base_system, repo_root, tmp_path, cli):
+    # By default the reserve and the fragmentation are the base's (counted)
+    # and only the loss buffers are fitted; --fit-overheads fits all three,
+    # which makes the labels at least as likely (the counted point is on its
+    # grid).
+    import numpy as np
+
+    from autopar.studies.calibrate import Sweep, _logistic_slopes, base_constants, fit_memory
+    csv = tmp_path / "two.csv"
+    sweeps[sweeps.sweep.isin(SUBSET)].to_csv(csv, index=False)
+    system = load_system(base_system)
+    sweep = Sweep(csv, system, repo_root / "models")
+    every = np.ones(len(sweep.frame), dtype=bool)
+    base = base_constants(system)
+    held = fit_memory(sweep, every, base)
+    free = fit_memory(sweep, every, base, overheads=True)
+    assert (held.reserved_GiB, held.fraction) == (base.reserved_GiB, base.fraction) == (3, 0.15)
+    assert held.logits_fp32_copies != base.logits_fp32_copies
+
+    def nll(k):
+        use = sweep.labelled & sweep.structural
+        x = sweep.need_gib(k)[use] - sweep.capacity
+        return _logistic_slopes(x[None, :], (~sweep.ran[use]).astype(float))[1][0]
+
+    assert nll(free) <= nll(held) + 1e-6
+    r = cli("calibrate", "--help")
+    assert r.returncode == 0 and "--fit-overheads" in r.stdout
+
+
 def test_calibrate_refuses_constants_that_cross_validate_worse(sweeps, repo_root, tmp_path,
                                                                cli):
     # Two sweeps of the same layouts, one with every step twice as fast: the

@@ -12,8 +12,9 @@ a datasheet figure and stays as it is):
   loss's buffers on the last stage, in fp32 copies of one micro-batch's
   logits.  ``reserved_GiB`` (CUDA context, NCCL buffers, workspaces) and
   ``fraction`` (the caching allocator's fragmentation of transient tensors)
-  are counted, not fitted: they are kept from the base system, as is
-  ``logits_gathered`` (a property of the framework).  Fitted together with
+  are counted, not fitted: they are kept from the base system (unless
+  ``overheads``, ``--fit-overheads``: fragmentation 0 to 0.5, reserve 0 to
+  16 GiB), as is ``logits_gathered`` (a property of the framework).  Fitted together with
   the loss buffers they trade off against them on a sweep whose micro-batches
   hold few tokens (a 65B sweep fits them at their bounds and predicts a 13B
   sweep badly), see docs/validation.md.
@@ -53,6 +54,9 @@ from autopar.studies.validate import GIB, read_sweep, sweep_groups, sweep_report
 
 MATRIX_TYPES = ("float16", "bfloat16")
 COPIES = np.round(np.arange(0.0, 32.0001, 0.5), 4)
+# Grids of the reserve and fragmentation when they are fitted (--fit-overheads).
+OVERHEAD_FRACTIONS = np.round(np.arange(0.0, 0.5001, 0.05), 4)
+OVERHEAD_RESERVED = np.round(np.arange(0.0, 16.0001, 1.0), 4)
 PIPELINE_BOUNDS = (0.0, 0.2)
 NET_BOUNDS = (0.2, 1.0)
 # The chance of running out that the default headroom leaves at the margin.
@@ -213,19 +217,30 @@ def _logistic_slopes(x: np.ndarray, y: np.ndarray, iters=15):
     return a, nll
 
 
-def fit_memory(sweep: Sweep, mask: np.ndarray, base: Constants) -> Constants:
+def fit_memory(sweep: Sweep, mask: np.ndarray, base: Constants,
+               overheads: bool = False) -> Constants:
     """The loss's buffers (``logits_fp32_copies``) that make the measured
     out-of-memory labels of the rows in ``mask`` most likely, with the counted
-    reserve and fragmentation of ``base``; the band is where the fitted chance
-    lies between HEADROOM_RISK and 1 - HEADROOM_RISK."""
+    reserve and fragmentation of ``base`` (with ``overheads``, those fitted
+    too: fragmentation 0 to 0.5, reserve 0 to 16 GiB); the band is where the
+    fitted chance lies between HEADROOM_RISK and 1 - HEADROOM_RISK."""
     use = mask & sweep.labelled & sweep.structural
     y = (~sweep.ran[use]).astype(float)
-    X = np.stack([sweep.need_gib(dataclasses.replace(base, logits_fp32_copies=float(c)))[use]
-                  for c in COPIES]) - sweep.capacity
-    a, nll = _logistic_slopes(X, y)
-    i = int(np.argmin(nll))
-    band = math.log((1 - HEADROOM_RISK) / HEADROOM_RISK) / a[i]
-    return dataclasses.replace(base, logits_fp32_copies=float(COPIES[i]), band_GiB=band)
+    grid = [(base.reserved_GiB, base.fraction)]
+    if overheads:
+        grid = [(float(r), float(f)) for f in OVERHEAD_FRACTIONS for r in OVERHEAD_RESERVED]
+    best = None
+    for reserved, fraction in grid:
+        k = dataclasses.replace(base, reserved_GiB=reserved, fraction=fraction)
+        X = np.stack([sweep.need_gib(dataclasses.replace(k, logits_fp32_copies=float(c)))[use]
+                      for c in COPIES]) - sweep.capacity
+        a, nll = _logistic_slopes(X, y)
+        i = int(np.argmin(nll))
+        if best is None or nll[i] < best[0] - 1e-9:
+            best = (nll[i], k, float(COPIES[i]), float(a[i]))
+    _, k, copies, slope = best
+    band = math.log((1 - HEADROOM_RISK) / HEADROOM_RISK) / slope
+    return dataclasses.replace(k, logits_fp32_copies=copies, band_GiB=band)
 
 
 def fit_time(sweep: Sweep, mask: np.ndarray, k: Constants) -> Constants:
@@ -274,8 +289,8 @@ def fit_time(sweep: Sweep, mask: np.ndarray, k: Constants) -> Constants:
     return cur
 
 
-def fit(sweep: Sweep, mask: np.ndarray, base: Constants) -> Constants:
-    k = fit_memory(sweep, mask, base)
+def fit(sweep: Sweep, mask: np.ndarray, base: Constants, overheads: bool = False) -> Constants:
+    k = fit_memory(sweep, mask, base, overheads)
     return fit_time(sweep, mask, k)
 
 
@@ -310,7 +325,8 @@ def folds_of(frame: pd.DataFrame) -> dict:
     return out
 
 
-def calibrate(path, system: SystemSpec, models_dir="models", progress=True) -> Calibration:
+def calibrate(path, system: SystemSpec, models_dir="models", progress=True,
+              overheads: bool = False) -> Calibration:
     from tqdm import tqdm
 
     sweep = Sweep(path, system, models_dir)
@@ -333,7 +349,7 @@ def calibrate(path, system: SystemSpec, models_dir="models", progress=True) -> C
             parts, folds[kind], fold_reports[kind] = [], {}, {}
             for left in frame[col].unique():
                 out = (frame[col] == left).to_numpy()
-                k = fit(sweep, ~out, base)
+                k = fit(sweep, ~out, base, overheads)
                 folds[kind][left] = k
                 parts.append(sweep.predict(k)[out])
                 fold_reports[kind][left] = sweep_report(parts[-1])
@@ -341,7 +357,7 @@ def calibrate(path, system: SystemSpec, models_dir="models", progress=True) -> C
                 bar.update(1)
             result_cv[kind] = sweep_report(pd.concat(parts).loc[frame.index])
             base_cv[kind] = sweep_report(base_rows)
-        k = fit(sweep, every, base)
+        k = fit(sweep, every, base, overheads)
         bar.update(1)
     finally:
         bar.close()
