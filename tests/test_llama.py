@@ -128,7 +128,8 @@ def test_interleaved_last_stage_holds_megatron_warmup(system):
     from autopar.model.memory import last_stage_in_flight
     from autopar.model.pipeline import schedule
     import numpy as np
-    cols = {"pipeline_par": np.array([2, 2, 4, 4]), "pipeline_interleaving": np.array([1, 2, 2, 2]),
+    cols = {"pipeline_par": np.array([2, 2, 4, 4]),
+            "pipeline_interleaving": np.array([1, 2, 2, 2]),
             "batch_size": np.array([8, 8, 8, 1]), "data_par": np.array([1, 1, 1, 1]),
             "microbatch_size": np.array([1, 1, 1, 1])}
     # p=4, v=2, m=8: (1 * 4 + 1) / 2; m=1: capped at the m * v = 2 chunks there are.

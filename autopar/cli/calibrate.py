@@ -68,9 +68,10 @@ def run(args) -> int:
     print(f"  matrix efficiency x{k.matrix_scale:.3f}; network efficiency "
           + ", ".join(f"{e:.3f}" for e in k.net_efficiency)
           + f"; pipeline_fraction {k.pipeline_fraction:.3f}")
+    how = "fitted" if args.fit_overheads else "counted, from the base"
     print(f"  memory_overhead: reserved {k.reserved_GiB:g} GiB, fraction {k.fraction:.2f} "
-          f"({'fitted' if args.fit_overheads else 'counted, from the base'}); logits_fp32_copies {k.logits_fp32_copies:g}; peak band +-{k.band_GiB:.2f} GiB; "
-          f"default headroom {k.headroom_GiB:g} GiB")
+          f"({how}); logits_fp32_copies {k.logits_fp32_copies:g}; "
+          f"peak band +-{k.band_GiB:.2f} GiB; default headroom {k.headroom_GiB:g} GiB")
     print("in sample:")
     print(_line("base", cal.base_in_sample))
     print(_line("calibrated", cal.in_sample))
@@ -92,7 +93,8 @@ def run(args) -> int:
               f"calibrated constants worse than the base system", file=sys.stderr)
         return 1
     name = args.name or out.stem
-    system = apply(base, k, name=name, description=describe(k, base, Path(args.sweep).name))
+    system = apply(base, k, name=name, description=describe(k, base, Path(args.sweep).name,
+                                                       args.fit_overheads))
     write_json(system_to_json(system), out)
     print(f"wrote {out}")
     return 0

@@ -365,12 +365,15 @@ def calibrate(path, system: SystemSpec, models_dir="models", progress=True,
                        result_cv, base_cv, folds, fold_reports, sweep.evaluations)
 
 
-def describe(k: Constants, base_system: SystemSpec, source_name: str) -> str:
+def describe(k: Constants, base_system: SystemSpec, source_name: str,
+             overheads: bool = False) -> str:
+    how = "fitted" if overheads else "counted, kept from the base"
     nets = ", ".join(f"tier {i} {e:.3f}" for i, e in enumerate(k.net_efficiency))
     return (f"{base_system.description} Calibrated by `autopar calibrate` on {source_name}: "
             f"16-bit matrix efficiency curve x{k.matrix_scale:.3f}; network efficiency "
             f"{nets}; time_overhead.pipeline_fraction {k.pipeline_fraction:.2f}; "
-            f"memory_overhead (counted, kept from the base) reserved {k.reserved_GiB:g} GiB, "
+            f"memory_overhead ({how}) reserved {k.reserved_GiB:g} GiB, "
             f"fragmentation {k.fraction:.2f} of transient tensors; (fitted) loss buffers "
-            f"{k.logits_fp32_copies:g} fp32 copies of the logits; out-of-memory band +-{k.band_GiB:.2f} GiB of the predicted peak "
+            f"{k.logits_fp32_copies:g} fp32 copies of the logits; out-of-memory band "
+            f"+-{k.band_GiB:.2f} GiB of the predicted peak "
             f"(25%-75% chance of running out), default memory headroom {k.headroom_GiB:g} GiB.")
