@@ -71,6 +71,66 @@ def test_calibrate_two_sweeps_fits_and_cross_validates(sweeps, base_system, tmp_
     assert rep.top1_regret == pytest.approx(insample["top1_regret"], abs=1e-3)
 
 
+def test_leave_one_model_out_meets_the_bars(reference, base_system, repo_root):
+    # Constants fitted on one LLaMA model's sweeps (the calibrate code path)
+    # predict the other model's: the issue's bars both ways (OOM agreement
+    # >= 0.95, Spearman >= 0.90, median |error| <= 10%, top-1 regret <= 3%)
+    # and no sweep's favourite ran out of memory.  The reserve and the
+    # fragmentation are counted in the base; fitted with the loss buffers on
+    # 65B alone they gave 0.908 on 13B.
+    import numpy as np
+
+    from autopar.studies.calibrate import Sweep, base_constants, fit
+    from autopar.studies.validate import sweep_report
+    csv = reference / "measured" / "llama-sweeps" / "llama_13B_65B_a100.csv"
+    system = load_system(base_system)
+    sweep = Sweep(csv, system, repo_root / "models")
+    model = sweep.frame["model"].to_numpy()
+    for train, test in (("llama-65B", "llama-13B"), ("llama-13B", "llama-65B")):
+        k = fit(sweep, model == train, base_constants(system))
+        assert k.reserved_GiB == 3 and k.fraction == 0.15      # counted, kept
+        assert 10 <= k.logits_fp32_copies <= 24                # fitted, inside its range
+        rows = sweep.predict(k)[model == test]
+        rep = sweep_report(rows).loc["overall"]
+        assert rep.oom_agreement >= 0.95, (train, rep)
+        assert rep.spearman >= 0.90, (train, rep)
+        assert rep.median_abs_error <= 0.10, (train, rep)
+        assert rep.top1_regret <= 0.03, (train, rep)
+        for name, g in rows.groupby("sweep"):
+            fav = g[g.pred_fits_headroom].sort_values("pred_step_time_s").iloc[0]
+            assert fav.status == "ok", (train, name)
+        assert np.isfinite(k.band_GiB) and k.band_GiB > 0
+
+
+def test_memory_overheads_counted_unless_fitted(sweeps, base_system, repo_root, tmp_path, cli):
+    # By default the reserve and the fragmentation are the base's (counted)
+    # and only the loss buffers are fitted; --fit-overheads fits all three,
+    # which makes the labels at least as likely (the counted point is on its
+    # grid).
+    import numpy as np
+
+    from autopar.studies.calibrate import Sweep, _logistic_slopes, base_constants, fit_memory
+    csv = tmp_path / "two.csv"
+    sweeps[sweeps.sweep.isin(SUBSET)].to_csv(csv, index=False)
+    system = load_system(base_system)
+    sweep = Sweep(csv, system, repo_root / "models")
+    every = np.ones(len(sweep.frame), dtype=bool)
+    base = base_constants(system)
+    held = fit_memory(sweep, every, base)
+    free = fit_memory(sweep, every, base, overheads=True)
+    assert (held.reserved_GiB, held.fraction) == (base.reserved_GiB, base.fraction) == (3, 0.15)
+    assert held.logits_fp32_copies != base.logits_fp32_copies
+
+    def nll(k):
+        use = sweep.labelled & sweep.structural
+        x = sweep.need_gib(k)[use] - sweep.capacity
+        return _logistic_slopes(x[None, :], (~sweep.ran[use]).astype(float))[1][0]
+
+    assert nll(free) <= nll(held) + 1e-6
+    r = cli("calibrate", "--help")
+    assert r.returncode == 0 and "--fit-overheads" in r.stdout
+
+
 def test_calibrate_refuses_constants_that_cross_validate_worse(sweeps, repo_root, tmp_path,
                                                                cli):
     # Two sweeps of the same layouts, one with every step twice as fast: the
@@ -125,7 +185,7 @@ CASE = ("models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json", "--num-proc
 
 
 def test_exhaustive_headroom_changes_the_recommendation(cli, tmp_path):
-    # LLaMA 13B on 8 GPUs: the fastest layout needs 77.6 GiB of 80; with
+    # LLaMA 13B on 8 GPUs: the fastest layout needs 79.7 GiB of 80; with
     # 5 GiB of headroom the recommendation is another layout that needs less.
     s0, s5 = tmp_path / "s0.json", tmp_path / "s5.json"
     r0 = cli("exhaustive", *CASE, "--memory-headroom", 0, "--summary", s0)
@@ -205,7 +265,7 @@ def test_codesign_inner_search_keeps_the_headroom(cli, tmp_path, repo_root):
     assert (rows.memory_headroom_GiB == 5).all()
     assert (rows.proc_mem_tier1_cap_req <= (rows.index - 5) * GIB).all()
     assert (rows.sample_rate <= rows.sample_rate_without_headroom).all()
-    # On 80 GiB the fastest layout (77.6 GiB) does not fit with the headroom.
+    # On 80 GiB the fastest layout (79.7 GiB) does not fit with the headroom.
     at80 = rows[rows.index == 80]
     assert len(at80) and (at80.proc_mem_tier1_cap_req <= 75 * GIB).all()
     assert (at80.sample_rate_without_headroom >= at80.sample_rate).all()

@@ -31,6 +31,9 @@ def register(subparsers) -> None:
                         "models/)")
     p.add_argument("--name", default=None,
                    help="name of the calibrated system (default: the output file's stem)")
+    p.add_argument("--fit-overheads", action="store_true",
+                   help="fit memory_overhead reserved_GiB and fraction too (default: kept "
+                        "from the base system as counted, only the loss buffers fitted)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -57,16 +60,18 @@ def run(args) -> int:
     base = load_system(args.system)
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
     t0 = time.time()
-    cal = calibrate(args.sweep, base, models_dir=models_dir, progress=not args.no_progress)
+    cal = calibrate(args.sweep, base, models_dir=models_dir, progress=not args.no_progress,
+                    overheads=args.fit_overheads)
     k = cal.constants
     print(f"calibrated on {Path(args.sweep).name} in {time.time() - t0:.0f} s "
           f"({cal.evaluations} model evaluations of the sweep)")
     print(f"  matrix efficiency x{k.matrix_scale:.3f}; network efficiency "
           + ", ".join(f"{e:.3f}" for e in k.net_efficiency)
           + f"; pipeline_fraction {k.pipeline_fraction:.3f}")
-    print(f"  memory_overhead: reserved {k.reserved_GiB:g} GiB, fraction {k.fraction:.2f}, "
-          f"logits_fp32_copies {k.logits_fp32_copies:g}; peak band +-{k.band_GiB:.2f} GiB; "
-          f"default headroom {k.headroom_GiB:g} GiB")
+    how = "fitted" if args.fit_overheads else "counted, from the base"
+    print(f"  memory_overhead: reserved {k.reserved_GiB:g} GiB, fraction {k.fraction:.2f} "
+          f"({how}); logits_fp32_copies {k.logits_fp32_copies:g}; "
+          f"peak band +-{k.band_GiB:.2f} GiB; default headroom {k.headroom_GiB:g} GiB")
     print("in sample:")
     print(_line("base", cal.base_in_sample))
     print(_line("calibrated", cal.in_sample))
@@ -88,7 +93,8 @@ def run(args) -> int:
               f"calibrated constants worse than the base system", file=sys.stderr)
         return 1
     name = args.name or out.stem
-    system = apply(base, k, name=name, description=describe(k, base, Path(args.sweep).name))
+    system = apply(base, k, name=name, description=describe(k, base, Path(args.sweep).name,
+                                                       args.fit_overheads))
     write_json(system_to_json(system), out)
     print(f"wrote {out}")
     return 0

@@ -67,6 +67,25 @@ def recompute_share(cols: dict, recompute_full, blocks):
     return np.where(recompute_full & (k > 0), np.minimum(k, blocks) / blocks, 1.0)
 
 
+def last_stage_in_flight(sched: Schedule):
+    """Micro-batches whose activations the last stage holds at its peak, in
+    units of a whole stage's blocks.
+
+    Megatron's 1F1B schedule: the last stage runs each micro-batch's backward
+    right after its forward, so it holds one.  With ``v`` > 1 model chunks per
+    stage (interleaving) rank ``r`` of ``p`` warms up with ``(p - r - 1) * 2
+    + (v - 1) * p`` chunk forwards (at most the ``m * v`` there are) and holds
+    one more in the steady state; for the last rank that is ``(v - 1) * p +
+    1`` chunks of ``1 / v`` of the stage's blocks.  The first stage's count,
+    ``p + (p - 1) / v`` of them, is Calculon's.  The last stage matters only
+    for a model with a vocabulary (it holds the output layer and the logits);
+    without one the first stage is always at least as full."""
+    p = sched.stages.astype(float)
+    v = sched.interleaving.astype(float)
+    m = sched.microbatches.astype(float)
+    return np.minimum((v - 1) * p + 1, np.maximum(m, 1.0) * v) / v
+
+
 def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
                recompute_full, head: dict, overhead, sums_last: dict | None = None) -> dict:
     """Every memory statistic (Calculon's names) and the need on each tier.
@@ -132,8 +151,7 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
         return act, ckpt
 
     act_first, ckpt_first = stage_activations(in_flight_first)
-    # The last stage has one micro-batch in flight where the first has in_flight.
-    act_last, ckpt_last = stage_activations(in_flight_first / np.maximum(in_flight, 1.0))
+    act_last, ckpt_last = stage_activations(last_stage_in_flight(sched))
     act_grad = np.where(training, sums["act_grad_space"], 0.0)
     wgrad_space = np.where(training, sums["wgrad_space_full"]
                            + sums["wgrad_space"] * (blocks - 1), 0.0)

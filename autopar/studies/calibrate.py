@@ -8,13 +8,20 @@ a datasheet figure and stays as it is):
   from 0.5x to the factor that puts the curve's best point at 100%.
 - ``net{i}_efficiency``: the efficiency of each network tier, 0.2 to 1.
 - ``pipeline_fraction`` (time_overhead): 0 to 0.2.
-- memory_overhead ``fraction`` (0 to 0.5), ``logits_fp32_copies`` (0 to 16)
-  and ``reserved_GiB`` (0 to 16); ``logits_gathered`` is a property of the
-  framework and is kept from the base.
+- memory_overhead ``logits_fp32_copies`` (0 to 32 in steps of 0.5): the
+  loss's buffers on the last stage, in fp32 copies of one micro-batch's
+  logits.  ``reserved_GiB`` (CUDA context, NCCL buffers, workspaces) and
+  ``fraction`` (the caching allocator's fragmentation of transient tensors)
+  are counted, not fitted: they are kept from the base system (unless
+  ``overheads``, ``--fit-overheads``: fragmentation 0 to 0.5, reserve 0 to
+  16 GiB), as is ``logits_gathered`` (a property of the framework).  Fitted together with
+  the loss buffers they trade off against them on a sweep whose micro-batches
+  hold few tokens (a 65B sweep fits them at their bounds and predicts a 13B
+  sweep badly), see docs/validation.md.
 
 Memory and time are fitted apart, as they are apart in the model: the need
 on tier 1 does not depend on a time constant, and a time does not depend on
-a memory constant.  The memory constants maximise the likelihood of the
+a memory constant.  The loss buffers maximise the likelihood of the
 measured out-of-memory labels under a logistic model of the chance to run
 out given the predicted need (the fitted slope gives the uncertainty band of
 a predicted peak, and from it the default headroom).  The time constants
@@ -46,9 +53,10 @@ from autopar.model.memory import MEMORY_PARTS, tier1_need
 from autopar.studies.validate import GIB, read_sweep, sweep_groups, sweep_report, unbounded
 
 MATRIX_TYPES = ("float16", "bfloat16")
-FRACTIONS = np.round(np.arange(0.0, 0.5001, 0.05), 4)
-COPIES = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0])
-RESERVED = np.round(np.arange(0.0, 16.0001, 0.5), 4)
+COPIES = np.round(np.arange(0.0, 32.0001, 0.5), 4)
+# Grids of the reserve and fragmentation when they are fitted (--fit-overheads).
+OVERHEAD_FRACTIONS = np.round(np.arange(0.0, 0.5001, 0.05), 4)
+OVERHEAD_RESERVED = np.round(np.arange(0.0, 16.0001, 1.0), 4)
 PIPELINE_BOUNDS = (0.0, 0.2)
 NET_BOUNDS = (0.2, 1.0)
 # The chance of running out that the default headroom leaves at the margin.
@@ -210,27 +218,30 @@ def _logistic_slopes(x: np.ndarray, y: np.ndarray, iters=15):
     return a, nll
 
 
-def fit_memory(sweep: Sweep, mask: np.ndarray, base: Constants) -> Constants:
-    """Memory constants that make the measured out-of-memory labels of the
-    rows in ``mask`` most likely; the band is where the fitted chance lies
-    between HEADROOM_RISK and 1 - HEADROOM_RISK."""
+def fit_memory(sweep: Sweep, mask: np.ndarray, base: Constants,
+               overheads: bool = False) -> Constants:
+    """The loss's buffers (``logits_fp32_copies``) that make the measured
+    out-of-memory labels of the rows in ``mask`` most likely, with the counted
+    reserve and fragmentation of ``base`` (with ``overheads``, those fitted
+    too: fragmentation 0 to 0.5, reserve 0 to 16 GiB); the band is where the
+    fitted chance lies between HEADROOM_RISK and 1 - HEADROOM_RISK."""
     use = mask & sweep.labelled & sweep.structural
     y = (~sweep.ran[use]).astype(float)
+    grid = [(base.reserved_GiB, base.fraction)]
+    if overheads:
+        grid = [(float(r), float(f)) for f in OVERHEAD_FRACTIONS for r in OVERHEAD_RESERVED]
     best = None
-    for f in FRACTIONS:
-        for c in COPIES:
-            k = dataclasses.replace(base, reserved_GiB=0.0, fraction=float(f),
-                                    logits_fp32_copies=float(c))
-            x = sweep.need_gib(k)[use] - sweep.capacity
-            X = x[None, :] + RESERVED[:, None]
-            a, nll = _logistic_slopes(X, y)
-            i = int(np.argmin(nll))
-            if best is None or nll[i] < best[0] - 1e-9:
-                best = (nll[i], float(f), float(c), float(RESERVED[i]), float(a[i]))
-    _, f, c, r, a = best
-    band = math.log((1 - HEADROOM_RISK) / HEADROOM_RISK) / a
-    return dataclasses.replace(base, reserved_GiB=r, fraction=f, logits_fp32_copies=c,
-                               band_GiB=band)
+    for reserved, fraction in grid:
+        k = dataclasses.replace(base, reserved_GiB=reserved, fraction=fraction)
+        X = np.stack([sweep.need_gib(dataclasses.replace(k, logits_fp32_copies=float(c)))[use]
+                      for c in COPIES]) - sweep.capacity
+        a, nll = _logistic_slopes(X, y)
+        i = int(np.argmin(nll))
+        if best is None or nll[i] < best[0] - 1e-9:
+            best = (nll[i], k, float(COPIES[i]), float(a[i]))
+    _, k, copies, slope = best
+    band = math.log((1 - HEADROOM_RISK) / HEADROOM_RISK) / slope
+    return dataclasses.replace(k, logits_fp32_copies=copies, band_GiB=band)
 
 
 def fit_time(sweep: Sweep, mask: np.ndarray, k: Constants) -> Constants:
@@ -279,8 +290,8 @@ def fit_time(sweep: Sweep, mask: np.ndarray, k: Constants) -> Constants:
     return cur
 
 
-def fit(sweep: Sweep, mask: np.ndarray, base: Constants) -> Constants:
-    k = fit_memory(sweep, mask, base)
+def fit(sweep: Sweep, mask: np.ndarray, base: Constants, overheads: bool = False) -> Constants:
+    k = fit_memory(sweep, mask, base, overheads)
     return fit_time(sweep, mask, k)
 
 
@@ -315,7 +326,8 @@ def folds_of(frame: pd.DataFrame) -> dict:
     return out
 
 
-def calibrate(path, system: SystemSpec, models_dir="models", progress=True) -> Calibration:
+def calibrate(path, system: SystemSpec, models_dir="models", progress=True,
+              overheads: bool = False) -> Calibration:
     from tqdm import tqdm
 
     sweep = Sweep(path, system, models_dir)
@@ -338,7 +350,7 @@ def calibrate(path, system: SystemSpec, models_dir="models", progress=True) -> C
             parts, folds[kind], fold_reports[kind] = [], {}, {}
             for left in frame[col].unique():
                 out = (frame[col] == left).to_numpy()
-                k = fit(sweep, ~out, base)
+                k = fit(sweep, ~out, base, overheads)
                 folds[kind][left] = k
                 parts.append(sweep.predict(k)[out])
                 fold_reports[kind][left] = sweep_report(parts[-1])
@@ -346,7 +358,7 @@ def calibrate(path, system: SystemSpec, models_dir="models", progress=True) -> C
                 bar.update(1)
             result_cv[kind] = sweep_report(pd.concat(parts).loc[frame.index])
             base_cv[kind] = sweep_report(base_rows)
-        k = fit(sweep, every, base)
+        k = fit(sweep, every, base, overheads)
         bar.update(1)
     finally:
         bar.close()
@@ -354,12 +366,15 @@ def calibrate(path, system: SystemSpec, models_dir="models", progress=True) -> C
                        result_cv, base_cv, folds, fold_reports, sweep.evaluations)
 
 
-def describe(k: Constants, base_system: SystemSpec, source_name: str) -> str:
+def describe(k: Constants, base_system: SystemSpec, source_name: str,
+             overheads: bool = False) -> str:
+    how = "fitted" if overheads else "counted, kept from the base"
     nets = ", ".join(f"tier {i} {e:.3f}" for i, e in enumerate(k.net_efficiency))
     return (f"{base_system.description} Calibrated by `autopar calibrate` on {source_name}: "
             f"16-bit matrix efficiency curve x{k.matrix_scale:.3f}; network efficiency "
             f"{nets}; time_overhead.pipeline_fraction {k.pipeline_fraction:.2f}; "
-            f"memory_overhead reserved {k.reserved_GiB:g} GiB, fragmentation "
-            f"{k.fraction:.2f} of transient tensors, {k.logits_fp32_copies:g} fp32 copies of "
-            f"the logits; out-of-memory band +-{k.band_GiB:.2f} GiB of the predicted peak "
+            f"memory_overhead ({how}) reserved {k.reserved_GiB:g} GiB, "
+            f"fragmentation {k.fraction:.2f} of transient tensors; (fitted) loss buffers "
+            f"{k.logits_fp32_copies:g} fp32 copies of the logits; out-of-memory band "
+            f"+-{k.band_GiB:.2f} GiB of the predicted peak "
             f"(25%-75% chance of running out), default memory headroom {k.headroom_GiB:g} GiB.")
