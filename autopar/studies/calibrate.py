@@ -112,13 +112,14 @@ def apply(system: SystemSpec, k: Constants, name=None, description=None) -> Syst
             matrix[dt] = dataclasses.replace(p, gflops_efficiency=curve)
     nets = tuple(dataclasses.replace(n, efficiency=round(e, 4))
                  for n, e in zip(system.networks, k.net_efficiency))
-    gathered = system.memory_overhead.logits_gathered if system.memory_overhead else False
+    # The fitted constants replace theirs; the system's other overhead fields stay.
+    memory = dataclasses.replace(system.memory_overhead or MemoryOverhead(),
+                                 reserved_GiB=k.reserved_GiB, fraction=k.fraction,
+                                 logits_fp32_copies=k.logits_fp32_copies)
+    time = dataclasses.replace(system.time_overhead or TimeOverhead(),
+                               pipeline_fraction=k.pipeline_fraction)
     return dataclasses.replace(
-        system, matrix=matrix, networks=nets,
-        memory_overhead=MemoryOverhead(k.reserved_GiB, k.fraction, k.logits_fp32_copies,
-                                       gathered),
-        time_overhead=TimeOverhead(k.pipeline_fraction, system.time_overhead.moe_block_s
-                                   if system.time_overhead else 0.0),
+        system, matrix=matrix, networks=nets, memory_overhead=memory, time_overhead=time,
         memory_headroom=MemoryHeadroom(k.headroom_GiB, round(k.band_GiB, 2)),
         name=system.name if name is None else name,
         description=system.description if description is None else description)
