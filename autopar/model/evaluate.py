@@ -247,8 +247,15 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     # One (statistic, layout) table; each statistic is a contiguous row of it.
     rows = np.flatnonzero(code == 0)
     every = len(rows) == n
+    # Statistics that a layout failing on memory keeps (its requirements and
+    # the memory parts) sit last in the table, so that NaN goes to the others
+    # in one two-dimensional write.
+    kept = [name for name in names if name in _MEM_REQ or name in MEMORY_PARTS]
+    order = [name for name in names if name not in kept] + kept
+    lost = len(order) - len(kept)
     table = np.empty((len(names), n))
-    out = dict(zip(names, table))
+    at_row = {name: table[i] for i, name in enumerate(order)}
+    out = {name: at_row[name] for name in names}
     if not len(rows):
         table.fill(np.nan)
     else:
@@ -276,16 +283,11 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                              REASON_CODE["infeasible: mem tier2 capacity exceeded"], 0))
                 for name in names:
                     out[name][at] = S[name]
-        # A layout that fails only on memory keeps its requirements (and the
-        # memory parts), so that the reason can say how much it needs.
         failed = code != 0
-        some_failed = bool(failed.any())
-        for name in names:
-            if name not in _MEM_REQ and name not in MEMORY_PARTS:
-                if some_failed:
-                    np.copyto(out[name], np.nan, where=failed)
-            elif dead is not None:
-                np.copyto(out[name], np.nan, where=dead)
+        if failed.any():
+            table[:lost, failed] = np.nan
+        if dead is not None:
+            table[lost:, dead] = np.nan
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
