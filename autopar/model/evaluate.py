@@ -247,15 +247,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     # One (statistic, layout) table; each statistic is a contiguous row of it.
     rows = np.flatnonzero(code == 0)
     every = len(rows) == n
-    # Statistics that a layout failing on memory keeps (its requirements and
-    # the memory parts) sit last in the table, so that NaN goes to the others
-    # in one two-dimensional write.
-    kept = [name for name in names if name in _MEM_REQ or name in MEMORY_PARTS]
-    order = [name for name in names if name not in kept] + kept
-    lost = len(order) - len(kept)
     table = np.empty((len(names), n))
-    at_row = {name: table[i] for i, name in enumerate(order)}
-    out = {name: at_row[name] for name in names}
+    out = dict(zip(names, table))
     if not len(rows):
         table.fill(np.nan)
     else:
@@ -283,14 +276,28 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                              REASON_CODE["infeasible: mem tier2 capacity exceeded"], 0))
                 for name in names:
                     out[name][at] = S[name]
+        # A layout that fails only on memory keeps its requirements and the
+        # memory parts, so that the reason can say how much it needs; NaN
+        # goes to the other statistics, a run of table rows at a time.
         failed = code != 0
-        if failed.any():
-            table[:lost, failed] = np.nan
-        if dead is not None:
-            table[lost:, dead] = np.nan
+        for lo, hi, kept in _runs([name in _MEM_REQ or name in MEMORY_PARTS
+                                   for name in names]):
+            mask = dead if kept else failed
+            if mask is not None and mask.any():
+                table[lo:hi, mask] = np.nan
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
+
+
+def _runs(flags: list) -> list:
+    """(start, stop, flag) of each run of equal ``flags``."""
+    runs, start = [], 0
+    for i in range(1, len(flags) + 1):
+        if i == len(flags) or flags[i] != flags[start]:
+            runs.append((start, i, flags[start]))
+            start = i
+    return runs
 
 
 def check_chunked(model: ModelSpec, system: SystemSpec, cols: dict) -> np.ndarray:
