@@ -73,6 +73,18 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
     return L
 
 
+def no_tp_comm(ctx: LayoutContext, L: dict) -> None:
+    """Mark layer ``L`` as one without tensor-parallel communication: its
+    collective sizes, times, exposed times and bandwidth needs are zero."""
+    z = ctx.zeros
+    for s in ("fw", "agrad", "wgrad"):
+        for e in ("base", "edge"):
+            L[f"comm_bytes_{s}_{e}"] = z
+            L[f"comm_time_{s}_{e}"] = z
+            L[f"exposed_{s}_{e}"] = z
+    L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
+
+
 def finish(ctx: LayoutContext, L: dict) -> dict:
     """Compute times of a layer once its flops/mem columns are final."""
     flops = {"fw": L["fw"], "agrad": L["agrad"], "wgrad": L["wgrad"],
@@ -102,13 +114,7 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
     if L["kind"] == "plain":
         for s in STAGES:
             L["time_" + s] = ctx.processing_time(L["flops_time_" + s], L["mem_time_" + s])
-        z = ctx.zeros
-        for s in ("fw", "agrad", "wgrad"):
-            for e in ("base", "edge"):
-                L[f"comm_bytes_{s}_{e}"] = z
-                L[f"comm_time_{s}_{e}"] = z
-                L[f"exposed_{s}_{e}"] = z
-        L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
+        no_tp_comm(ctx, L)
     else:                       # a communication layer finishes itself
         L["finish"](ctx, L)
     return L

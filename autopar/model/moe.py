@@ -45,8 +45,8 @@ import numpy as np
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
-                                  gelu, grouped_linear, layer, linear, rms_norm, rotary,
-                                  softmax, swiglu)
+                                  gelu, grouped_linear, layer, linear, no_tp_comm, rms_norm,
+                                  rotary, softmax, swiglu)
 
 # Vector FLOPs per score of the router: the score function (softmax: exp,
 # sum, divide; sigmoid: exp, add, divide, plus normalising the chosen ones)
@@ -131,12 +131,7 @@ def _finish_ep_comm(ctx: LayoutContext, L: dict):
     z = ctx.zeros
     for s in STAGES:
         L["time_" + s] = z
-    for s in ("fw", "agrad", "wgrad"):
-        for e in ("base", "edge"):
-            L[f"comm_bytes_{s}_{e}"] = z
-            L[f"comm_time_{s}_{e}"] = z
-            L[f"exposed_{s}_{e}"] = z
-    L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
+    no_tp_comm(ctx, L)
     link = L["ep_link"]
     for s in ("fw", "agrad"):
         hide = np.where(ctx.moe_overlap, L["ep_hide"][s], 0.0)
@@ -167,12 +162,7 @@ def _finish_host_sync(ctx: LayoutContext, L: dict):
     z = ctx.zeros
     for s in STAGES:
         L["time_" + s] = z
-    for s in ("fw", "agrad", "wgrad"):
-        for e in ("base", "edge"):
-            L[f"comm_bytes_{s}_{e}"] = z
-            L[f"comm_time_{s}_{e}"] = z
-            L[f"exposed_{s}_{e}"] = z
-    L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
+    no_tp_comm(ctx, L)
     L["time_fw"] = z + ctx.moe_host_s * _HOST_FW_SHARE
     L["time_agrad"] = z + ctx.moe_host_s * (1.0 - _HOST_FW_SHARE)
 
