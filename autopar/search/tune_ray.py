@@ -242,7 +242,7 @@ def ray_search(name: str, encoder, seed: int | None, trials: int,
         return {"search_alg": BasicVariantGenerator(max_concurrent=concurrency or 0),
                 "scheduler": None, "num_samples": 1,
                 "param_space": {"params": tune.grid_search(grid or [])}}
-    if name == "random" and encoder.encoding != "named":
+    if name == "random" and encoder.kind != "named":
         return {"search_alg": BasicVariantGenerator(random_state=seed,
                                                     max_concurrent=concurrency or 0),
                 "scheduler": None, "num_samples": trials,
@@ -260,7 +260,7 @@ def ray_search(name: str, encoder, seed: int | None, trials: int,
     from ray.tune.search.optuna import OptunaSearch
     sampler = optuna_sampler(name, encoder, seed, concurrency=concurrency or 2)
     # A static space lets the workers decode; only "named" must run on the driver.
-    space = DefineByRun(encoder) if encoder.encoding == "named" else encoder.distributions()
+    space = DefineByRun(encoder) if encoder.kind == "named" else encoder.distributions()
     alg = OptunaSearch(space=space, metric=METRIC, mode="max", sampler=sampler)
     return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
 
