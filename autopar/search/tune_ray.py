@@ -373,6 +373,14 @@ def _tune_settings():
            # Ctrl-C is an interrupt (exit 130, the experiment kept resumable),
            # not Tune's graceful stop that returns the trials so far as a result
            "TUNE_DISABLE_SIGINT_HANDLER": "1"}
+    if "TUNE_MAX_PENDING_TRIALS_PG" not in os.environ and ray.is_initialized():
+        # Tune lets a searcher other than random/grid have one pending trial
+        # at a time: a trial waiting for its actor on a second node then
+        # blocks every other start, and the first node's reused actor takes
+        # them all.  As many pending trials as the cluster has CPUs lets each
+        # node's slots fill (benchmarks/skeleton_search.py).
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        env["TUNE_MAX_PENDING_TRIALS_PG"] = str(max(1, cpus))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     quiet = _Quiet()
