@@ -184,3 +184,50 @@ def test_cli_tune_skeleton_writes_the_best_execution(cli, tmp_path, truth):
     assert len(t) == 10
     assert ev["sample_rate"][0] == pytest.approx(t["sample_rate"].max(), rel=1e-12)
     assert set(FIELDS) <= set(ex)
+
+
+def test_completions_enumerated_once_are_each_skeletons_completions(truth):
+    """The one-off enumeration of a small space, split by skeleton, gives each
+    skeleton exactly the table its restricted space enumerates, in order."""
+    from autopar.io.layouts import ALL_FIELDS
+    from autopar.search.skeleton import Completions, completions
+    sp, case = truth["space"], truth["case"]
+    got = Completions(sp, case, sp.skeleton)
+    assert got.small
+    total = 0
+    for sk in sp.skeletons(case):
+        params = dict(zip(sp.skeleton, sk))
+        a, b = got(params), completions(sp, case, params)
+        for f in ALL_FIELDS:
+            assert np.array_equal(np.asarray(a[f]), np.asarray(b[f])), (sk, f)
+        total += len(a["tensor_par"])
+    assert total == sp.size(case)
+    assert len(got({"tensor_par": 3, "pipeline_par": 1, "microbatch_size": 1})["tensor_par"]) == 0
+
+
+def test_a_run_that_covers_every_skeleton_stops_and_says_so(truth):
+    table = tune(MODEL, SYSTEM, **CASE, space="small", sampler="skeleton-random",
+                 trials=100, seed=3, progress=False)
+    assert len(table) == len(truth["best"]) == 48
+    assert table.attrs["skeletons"] == 48 and table.attrs["skeleton_space_covered"] is True
+    assert table["sample_rate"].max() == pytest.approx(truth["optimum"], rel=1e-12)
+    short = tune(MODEL, SYSTEM, **CASE, space="small", sampler="skeleton-random",
+                 trials=10, seed=3, progress=False)
+    assert len(short) == 10 and short.attrs["skeleton_space_covered"] is False
+
+
+def test_compare_rechecks_each_runs_best_trial(truth):
+    """``regret.recheck_best`` evaluates a run's best execution again: the
+    rate it reported passes, any other rate stops the comparison."""
+    from autopar.studies.regret import BestMismatch, recheck_best
+    table = tune(MODEL, SYSTEM, **CASE, space="small", sampler="skeleton-tpe",
+                 trials=12, seed=0, progress=False)
+    run = {"sampler": "skeleton-tpe", "seed": 0, "best_execution": best_execution(table),
+           "sample_rate": table["sample_rate"].tolist()}
+    case = truth["case"]
+    assert recheck_best([run], case.model, case.system) == {"runs": 1,
+                                                            "max_relative_difference": 0.0}
+    wrong = dict(run, sample_rate=[r * 1.001 for r in run["sample_rate"]])
+    with pytest.raises(BestMismatch, match="evaluated again gives"):
+        recheck_best([wrong], case.model, case.system)
+    assert recheck_best([dict(run, best_execution=None)], case.model, case.system)["runs"] == 0

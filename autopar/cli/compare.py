@@ -56,7 +56,7 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     from pathlib import Path
 
     from autopar.studies.compare import compare, load_experiment, summary_text
-    from autopar.studies.regret import BeatsOptimum
+    from autopar.studies.regret import BeatsOptimum, BestMismatch
 
     exp = load_experiment(data if data is not None else path, overrides=overrides,
                           base_dir=Path(path).resolve().parent, source=str(path))
@@ -69,7 +69,7 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     try:
         result = compare(exp, out, address=address, progress=progress, execution_format=fmt,
                          memory_headroom=memory_headroom)
-    except BeatsOptimum as err:        # a bug, not bad input: say it on one line
+    except (BeatsOptimum, BestMismatch) as err:        # a bug, not bad input: say it on one line
         print(f"autopar: error: {err}", file=sys.stderr)
         return 1
     print(summary_text(result))

@@ -283,6 +283,9 @@ def run(args) -> int:
         if table.attrs.get("new_trials") == 0:
             print(f"nothing to do: the study already has {len(table)} finished trials "
                   f"(asked for {args.trials})")
+    if table.attrs.get("skeleton_space_covered") and args.trials > len(table):
+        print(f"all {table.attrs['skeletons']:,} skeletons of the space evaluated "
+              f"(asked for {args.trials} trials): no new trial is possible")
     for line in summary_lines(table, f"tune {args.sampler} ({args.backend})", system, headroom):
         print(line)
     if best is None:

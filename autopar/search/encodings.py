@@ -102,6 +102,9 @@ class Encoder:
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown encoding {encoding!r}; expected one of {', '.join(ENCODINGS)}")
         self.space, self.case, self.encoding = space, case, encoding
+        # how the searched parameters are encoded (``encoding`` names the
+        # encoder; a subclass may search other parameters the same way)
+        self.kind = encoding
         self.searched: tuple[str, ...] = tuple(space.searched)
         self.flat: dict[str, list] = {p: list(v) for p, v in space.flat_domains(case).items()}
         for p in self.searched:
@@ -119,14 +122,14 @@ class Encoder:
         ``index`` and ``named`` give valid layouts only; ``flat`` passes the
         values through (``space.check`` says later whether they are valid).
         """
-        if self.encoding == "flat":    # checked against the space when evaluated
+        if self.kind == "flat":    # checked against the space when evaluated
             return {p: _plain(raw[p]) for p in self.searched}
         params: dict = {}
         for p in self.searched:
             ch = self.choices(p, params)
             if not ch:     # cannot happen for a consistent space; kept as a guard
                 raise Invalid(f"invalid: no valid value of {p} after {params}")
-            if self.encoding == "index":
+            if self.kind == "index":
                 params[p] = ch[_pick(float(raw[p]), len(ch))]
             else:
                 name = p if ch == self.flat[p] else _name_of(p, ch)
@@ -139,10 +142,10 @@ class Encoder:
 
     def suggest(self, trial) -> dict:
         """Suggest on an Optuna trial; returns the searched parameters."""
-        if self.encoding == "index":
+        if self.kind == "index":
             raw = {p: trial.suggest_float(p, 0.0, 1.0) for p in self.searched}
             return self.decode(raw)
-        if self.encoding == "flat":
+        if self.kind == "flat":
             raw = {p: trial.suggest_categorical(p, self.flat[p]) for p in self.searched}
             return self.decode(raw)
         params: dict = {}
@@ -158,9 +161,9 @@ class Encoder:
     def distributions(self) -> dict:
         """The static Optuna space (index and flat encodings)."""
         from optuna.distributions import CategoricalDistribution, FloatDistribution
-        if self.encoding == "index":
+        if self.kind == "index":
             return {p: FloatDistribution(0.0, 1.0) for p in self.searched}
-        if self.encoding == "flat":
+        if self.kind == "flat":
             return {p: CategoricalDistribution(self.flat[p]) for p in self.searched}
         raise ValueError("the named encoding has no static space")
 
@@ -169,9 +172,9 @@ class Encoder:
     def ray_space(self) -> dict:
         """Ray Tune's param_space entries for the searched parameters."""
         from ray import tune
-        if self.encoding == "index":
+        if self.kind == "index":
             return {p: tune.uniform(0.0, 1.0) for p in self.searched}
-        if self.encoding == "flat":
+        if self.kind == "flat":
             return {p: tune.choice(self.flat[p]) for p in self.searched}
         raise ValueError("the named encoding has no static space; use an Optuna sampler")
 
@@ -185,9 +188,9 @@ class Encoder:
         import ConfigSpace as CS
         cs = CS.ConfigurationSpace(seed=seed)
         for p in self.searched:
-            if self.encoding == "index":
+            if self.kind == "index":
                 cs.add(CS.UniformFloatHyperparameter(p, lower=0.0, upper=1.0))
-            elif self.encoding == "flat":
+            elif self.kind == "flat":
                 if len(self.flat[p]) > 1:
                     cs.add(CS.CategoricalHyperparameter(p, choices=list(self.flat[p])))
             else:
@@ -196,7 +199,7 @@ class Encoder:
 
     def raw_defaults(self) -> dict:
         """Values of dimensions a ConfigSpace leaves out (single-valued ones)."""
-        if self.encoding == "flat":
+        if self.kind == "flat":
             return {p: v[0] for p, v in self.flat.items() if len(v) == 1}
         return {}
 

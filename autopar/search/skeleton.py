@@ -6,9 +6,9 @@ may name others under ``skeleton:`` (``autopar.search.space``).  A skeleton
 trial fixes those and evaluates *every* completion of the skeleton (all
 values of the remaining searched parameters the space allows) at once through
 the array model (``autopar.model.evaluate_columns``); its result is the best
-completion, reported with its full execution and breakdown (the winner is
-evaluated again on its own, so the reported figures are exactly what
-``autopar estimate`` says of that execution).  A skeleton none of whose
+completion, reported with its full execution and breakdown (the figures are
+those ``autopar estimate`` gives for that execution alone: ``autopar
+compare`` evaluates every run's best again and stops on a difference).  A skeleton none of whose
 completions runs is a pruned trial; its reason is the commonest one among its
 completions.
 
@@ -28,6 +28,14 @@ added to the study as a trial of its own: the sampler asked for that region,
 and asking it again would mostly return known skeletons (TPE on 100
 skeletons of GPT-3 175B on 1,024 A100 proposed 517 times for 100 distinct).
 
+The completions of a space of up to ``WHOLE_SPACE_MAX`` layouts are
+enumerated once per run and split by skeleton (``Completions``: GPT-3 13B on
+64 A100, the small space's 48 skeletons, 6 ms against 150 ms skeleton by
+skeleton); larger spaces enumerate each skeleton when it is asked.  A run
+whose budget is at least the space's skeletons stops when every skeleton has
+been evaluated: no new trial is possible (``tune``'s table says so in
+``attrs["skeleton_space_covered"]``, ``autopar tune`` in a line).
+
 Several skeletons proposed together (``concurrency``) share one model call:
 the model's fixed cost per call (the distinct transformer blocks of the
 batch) is paid once, which more than doubles throughput at 8 per call
@@ -39,6 +47,8 @@ import math
 from typing import Any, Mapping
 
 import numpy as np
+
+from autopar.search.encodings import ENCODINGS, Encoder, Invalid, _name_of, _plain
 
 PREFIX = "skeleton-"
 # Skeletons proposed together by default (one model call): see the module docstring.
@@ -54,32 +64,23 @@ def base_sampler(sampler: str) -> str:
     return sampler[len(PREFIX):] if is_skeleton(sampler) else sampler
 
 
-def _plain(v):
-    return v.item() if hasattr(v, "item") else v
-
-
-def _pick(u: float, n: int) -> int:
-    if not math.isfinite(u):
-        return 0
-    return min(max(int(u * n), 0), n - 1)
-
-
-class SkeletonEncoder:
+class SkeletonEncoder(Encoder):
     """The skeleton parameters of one space and case, as samplers see them.
 
-    The same interface as ``autopar.search.encodings.Encoder`` (``searched``,
-    ``encoding``, ``suggest``, ``decode``, ``distributions``, ``ray_space``,
-    ``configspace``, ``raw_defaults``), so every sampler and backend drives
-    it unchanged; ``encoding`` is ``skeleton-index`` etc.
+    An ``autopar.search.encodings.Encoder`` (its ``decode``, ``suggest``,
+    ``distributions``, ``ray_space``, ``configspace`` and ``raw_defaults``)
+    over the skeleton parameters instead of every searched one: the valid
+    values (``choices``, ``flat``) come from the space's skeletons, and a flat
+    proposal that is no skeleton of the space is ``Invalid``.  ``encoding`` is
+    ``skeleton-index`` etc.; ``kind`` the encoding proper.
     """
 
     def __init__(self, space, case, encoding: str = "index"):
-        from autopar.search.encodings import ENCODINGS
         enc = encoding[len(PREFIX):] if encoding.startswith(PREFIX) else encoding
         if enc not in ENCODINGS:
             raise ValueError(f"unknown encoding {encoding!r}")
         self.space, self.case = space, case
-        self.base_encoding = enc
+        self.kind = enc
         self.encoding = PREFIX + enc
         self.searched: tuple[str, ...] = tuple(space.skeleton)
         if not self.searched:
@@ -91,6 +92,11 @@ class SkeletonEncoder:
             vals = {t[k] for t in self.all}
             self.flat[p] = sorted(vals, key=_order_key)
         self._choices: dict = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the enumerated completions (a new run pays for them again)."""
+        self.completions = Completions(self.space, self.case, self.searched)
 
     # -- the valid values ---------------------------------------------------
 
@@ -111,35 +117,21 @@ class SkeletonEncoder:
         return tuple(_plain(params[p]) for p in self.searched)
 
     def decode(self, raw: Mapping[str, Any]) -> dict:
-        from autopar.search.encodings import Invalid, _name_of
-        if self.base_encoding == "flat":
-            params = {p: _plain(raw[p]) for p in self.searched}
-            if self.key(params) not in self.known:
-                raise Invalid("invalid: no layout of the space has skeleton "
-                              + ", ".join(f"{p} {v}" for p, v in params.items()))
-            return params
-        params: dict = {}
-        for p in self.searched:
-            ch = self.choices(p, params)
-            if self.base_encoding == "index":
-                params[p] = ch[_pick(float(raw[p]), len(ch))]
-            else:
-                name = p if ch == self.flat[p] else _name_of(p, ch)
-                params[p] = _plain(raw[name]) if len(ch) > 1 else ch[0]
-                if params[p] not in ch:
-                    raise Invalid(f"invalid: {p} {params[p]!r} is not one of {ch}")
+        params = super().decode(raw)
+        if self.kind == "flat" and self.key(params) not in self.known:
+            raise Invalid("invalid: no layout of the space has skeleton "
+                          + ", ".join(f"{p} {v}" for p, v in params.items()))
         return params
 
     def raw_for(self, skeleton: tuple) -> dict:
         """What a sampler would propose for ``skeleton`` (to enqueue it)."""
-        from autopar.search.encodings import _name_of
         params = dict(zip(self.searched, skeleton))
-        if self.base_encoding == "flat":
+        if self.kind == "flat":
             return params
         raw, partial = {}, {}
         for p in self.searched:
             ch = self.choices(p, partial)
-            if self.base_encoding == "index":
+            if self.kind == "index":
                 raw[p] = (ch.index(params[p]) + 0.5) / len(ch)
             elif len(ch) > 1:
                 raw[p if ch == self.flat[p] else _name_of(p, ch)] = params[p]
@@ -166,10 +158,9 @@ class SkeletonEncoder:
     def trial_params(self, skeleton: tuple) -> tuple[dict, dict]:
         """(params, distributions) of an Optuna trial that proposes ``skeleton``
         (``optuna.trial.create_trial``)."""
-        from optuna.distributions import CategoricalDistribution, FloatDistribution
-        from autopar.search.encodings import _name_of
+        from optuna.distributions import CategoricalDistribution
         raw = self.raw_for(skeleton)
-        if self.base_encoding != "named":
+        if self.kind != "named":
             dists = self.distributions()
             return {k: raw[k] for k in dists if k in raw}, {k: dists[k] for k in dists if k in raw}
         dists, partial = {}, {}
@@ -180,57 +171,6 @@ class SkeletonEncoder:
             partial[p] = v
         return raw, dists
 
-    # -- what samplers see ------------------------------------------------
-
-    def suggest(self, trial) -> dict:
-        from autopar.search.encodings import _name_of
-        if self.base_encoding == "index":
-            return self.decode({p: trial.suggest_float(p, 0.0, 1.0) for p in self.searched})
-        if self.base_encoding == "flat":
-            return self.decode({p: trial.suggest_categorical(p, self.flat[p]) for p in self.searched})
-        params: dict = {}
-        for p in self.searched:
-            ch = self.choices(p, params)
-            if len(ch) == 1:
-                params[p] = ch[0]
-                continue
-            params[p] = trial.suggest_categorical(p if ch == self.flat[p] else _name_of(p, ch), ch)
-        return params
-
-    def distributions(self) -> dict:
-        from optuna.distributions import CategoricalDistribution, FloatDistribution
-        if self.base_encoding == "index":
-            return {p: FloatDistribution(0.0, 1.0) for p in self.searched}
-        if self.base_encoding == "flat":
-            return {p: CategoricalDistribution(self.flat[p]) for p in self.searched}
-        raise ValueError("the named encoding has no static space")
-
-    def ray_space(self) -> dict:
-        from ray import tune
-        if self.base_encoding == "index":
-            return {p: tune.uniform(0.0, 1.0) for p in self.searched}
-        if self.base_encoding == "flat":
-            return {p: tune.choice(self.flat[p]) for p in self.searched}
-        raise ValueError("the named encoding has no static space; use an Optuna sampler")
-
-    def configspace(self, seed: int | None = None):
-        import ConfigSpace as CS
-        cs = CS.ConfigurationSpace(seed=seed)
-        for p in self.searched:
-            if self.base_encoding == "index":
-                cs.add(CS.UniformFloatHyperparameter(p, lower=0.0, upper=1.0))
-            elif self.base_encoding == "flat":
-                if len(self.flat[p]) > 1:
-                    cs.add(CS.CategoricalHyperparameter(p, choices=list(self.flat[p])))
-            else:
-                raise ValueError("the named encoding has no static space")
-        return cs
-
-    def raw_defaults(self) -> dict:
-        if self.base_encoding == "flat":
-            return {p: v[0] for p, v in self.flat.items() if len(v) == 1}
-        return {}
-
 
 def _order_key(v):
     return (str(type(v)), v)
@@ -239,10 +179,60 @@ def _order_key(v):
 # --------------------------------------------------------------------------
 # Evaluating skeletons
 
+# Spaces up to this many layouts are enumerated once and split by skeleton
+# (``Completions``); larger ones enumerate each skeleton's completions when
+# it is asked (a restricted space's enumeration costs a few milliseconds, an
+# enumeration of the whole space of this size about as much as five of them).
+WHOLE_SPACE_MAX = 1 << 18
+
+
 def completions(space, case, skeleton: Mapping) -> dict:
     """Every layout of ``space`` with the skeleton's values, as a layout table."""
     sub = space.restrict(skeleton)
     return sub.layouts(case, 0, sub.size(case))
+
+
+class Completions:
+    """The completions of every skeleton of one space and case, enumerated once.
+
+    A small space (``WHOLE_SPACE_MAX`` layouts or fewer) is enumerated whole
+    on the first request and each skeleton's rows are picked from it (in
+    enumeration order, so they are the rows ``completions`` gives, in the same
+    order); a larger one is enumerated skeleton by skeleton, each once.
+    """
+
+    def __init__(self, space, case, names: tuple[str, ...]):
+        self.space, self.case, self.names = space, case, tuple(names)
+        self._whole = None            # (table, {skeleton: row indices})
+        self._each: dict = {}
+        self.small = space.size(case) <= WHOLE_SPACE_MAX
+
+    def _split(self):
+        from autopar.io.layouts import ALL_FIELDS
+        table = self.space.layouts(self.case, 0, self.space.size(self.case))
+        if any(p not in table for p in self.names):
+            self.small = False        # a skeleton parameter that is no column
+            return None
+        keys = zip(*(np.asarray(table[p]).tolist() for p in self.names))
+        rows: dict = {}
+        for i, k in enumerate(keys):
+            rows.setdefault(k, []).append(i)
+        self._whole = ({f: table[f] for f in ALL_FIELDS},
+                       {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()})
+        return self._whole
+
+    def __call__(self, skeleton: Mapping) -> dict:
+        key = tuple(_plain(skeleton[p]) for p in self.names)
+        if self.small:
+            whole = self._whole or self._split()
+            if whole is not None:
+                table, rows = whole
+                at = rows.get(key, np.zeros(0, dtype=np.int64))
+                return {f: v[at] for f, v in table.items()}
+        got = self._each.get(key)
+        if got is None:
+            got = self._each[key] = completions(self.space, self.case, skeleton)
+        return got
 
 
 def evaluate_skeletons(prob, params_list: list) -> list[dict]:
@@ -256,7 +246,6 @@ def evaluate_skeletons(prob, params_list: list) -> list[dict]:
     """
     from autopar import model as perf
     from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, record
-    from autopar.search.encodings import Invalid
     from autopar.search.trainable import BREAKDOWN, pruned_row
 
     space, case = prob.space, prob.case
@@ -266,7 +255,7 @@ def evaluate_skeletons(prob, params_list: list) -> list[dict]:
         if isinstance(params, Invalid):
             rows[i] = {**pruned_row(params.reason), "layouts": 0}
             continue
-        cols = completions(space, case, params)
+        cols = prob.encoder.completions(params)
         n = len(cols["tensor_par"])
         if n == 0:
             rows[i] = {**pruned_row("invalid: no layout of the space has this skeleton", params),

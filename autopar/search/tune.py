@@ -171,7 +171,10 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
             raise SpecError(sp.source, "skeleton", "no searched parameter forms a skeleton; "
                             "list some under skeleton:")
         prob = make_problem(case, sp, "skeleton-" + encoding)
-        trials = min(trials, len(prob.encoder.all))     # distinct skeletons
+        prob.encoder.reset()          # each run enumerates the completions it needs
+        # distinct skeletons: no more trials than the space has skeletons
+        skeletons = len(prob.encoder.all)
+        trials = min(trials, skeletons)
         if concurrency is None and backend == "optuna":
             concurrency = DEFAULT_BATCH
     else:
@@ -195,6 +198,11 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     finally:
         bar.close()
     table = trials_table(rows)
+    if is_skeleton(sampler):
+        # every skeleton of the space evaluated: the cache covers the skeleton
+        # space and no new trial is possible, whatever the budget asked
+        table.attrs.update(skeletons=skeletons,
+                           skeleton_space_covered=bool(len(table) >= skeletons))
     if study is not None:
         table.attrs.update(study_name=study.study_name, new_trials=new)
     return (table, study) if return_study else table

@@ -242,7 +242,7 @@ def ray_search(name: str, encoder, seed: int | None, trials: int,
         return {"search_alg": BasicVariantGenerator(max_concurrent=concurrency or 0),
                 "scheduler": None, "num_samples": 1,
                 "param_space": {"params": tune.grid_search(grid or [])}}
-    if name == "random" and encoder.encoding != "named":
+    if name == "random" and encoder.kind != "named":
         return {"search_alg": BasicVariantGenerator(random_state=seed,
                                                     max_concurrent=concurrency or 0),
                 "scheduler": None, "num_samples": trials,
@@ -260,7 +260,7 @@ def ray_search(name: str, encoder, seed: int | None, trials: int,
     from ray.tune.search.optuna import OptunaSearch
     sampler = optuna_sampler(name, encoder, seed, concurrency=concurrency or 2)
     # A static space lets the workers decode; only "named" must run on the driver.
-    space = DefineByRun(encoder) if encoder.encoding == "named" else encoder.distributions()
+    space = DefineByRun(encoder) if encoder.kind == "named" else encoder.distributions()
     alg = OptunaSearch(space=space, metric=METRIC, mode="max", sampler=sampler)
     return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
 
@@ -373,6 +373,14 @@ def _tune_settings():
            # Ctrl-C is an interrupt (exit 130, the experiment kept resumable),
            # not Tune's graceful stop that returns the trials so far as a result
            "TUNE_DISABLE_SIGINT_HANDLER": "1"}
+    if "TUNE_MAX_PENDING_TRIALS_PG" not in os.environ and ray.is_initialized():
+        # Tune lets a searcher other than random/grid have one pending trial
+        # at a time: a trial waiting for its actor on a second node then
+        # blocks every other start, and the first node's reused actor takes
+        # them all.  As many pending trials as the cluster has CPUs lets each
+        # node's slots fill (benchmarks/skeleton_search.py).
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        env["TUNE_MAX_PENDING_TRIALS_PG"] = str(max(1, cpus))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     quiet = _Quiet()

@@ -307,6 +307,8 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     runs.sort(key=lambda r: order[(r["sampler"], r["seed"])])
     labels = [e.label for e in exp.samplers]
     curves = regret.curves(runs, opt)
+    # every run's best trial, evaluated again on its own, scores what it reported
+    optimum["best_rechecked"] = regret.recheck_best(runs, case.model, case.system)
     summary = regret.summarize(curves, runs, labels, exp.budgets,
                                exhaustive={"layouts": summ["layouts"], "feasible": summ["feasible"],
                                            "seconds": summ["seconds"]})

@@ -28,6 +28,42 @@ class BeatsOptimum(RuntimeError):
     searched outside the space, or the two searches saw different cases)."""
 
 
+class BestMismatch(RuntimeError):
+    """A run's best trial, evaluated again on its own, does not score the rate
+    the run reported for it (a bug: the sampler's result and the layout it
+    reports disagree)."""
+
+
+def recheck_best(runs: Sequence[Mapping], model, system) -> dict:
+    """Evaluate each run's best execution (``best_execution``) again with
+    ``autopar.model.evaluate_one`` and compare with the run's best rate.
+
+    Returns ``{"runs": checked, "max_relative_difference": d}``; raises
+    ``BestMismatch`` when one differs by more than ``TOLERANCE`` (relative) or
+    no longer runs.
+    """
+    from autopar import model as perf
+    checked, worst = 0, 0.0
+    for run in runs:
+        ex = run.get("best_execution")
+        rate = np.asarray(run["sample_rate"], dtype=np.float64)
+        if ex is None or not np.isfinite(rate).any():
+            continue
+        told = float(np.nanmax(rate))
+        res = perf.evaluate_one(model, system, ex)
+        got = float(res["sample_rate"]) if bool(res["feasible"]) else math.nan
+        diff = abs(got - told) / told if math.isfinite(got) else math.inf
+        if not diff <= TOLERANCE:
+            why = (f"{got:.9g} samples/s" if math.isfinite(got)
+                   else f"infeasible ({perf.REASONS[int(res['reason_code'])]})")
+            raise BestMismatch(
+                f"sampler {run['sampler']} seed {run['seed']}: best trial reported "
+                f"{told:.9g} samples/s, its execution evaluated again gives {why}")
+        checked += 1
+        worst = max(worst, diff)
+    return {"runs": checked, "max_relative_difference": worst}
+
+
 def run_curve(sample_rate: np.ndarray, optimum: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-trial sample rates (NaN where pruned) -> (best_so_far, regret)."""
     rate = np.asarray(sample_rate, dtype=np.float64)
