@@ -335,11 +335,6 @@ class BlockCache:
         sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
         sub["sharding_group"] = np.zeros(len(idx1), dtype=np.int64)
         sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
-        ctx1 = LayoutContext(model, system, sub, datatypes)
-        sums1 = block(ctx1, sub, kind)
-        self._head = (head_microbatch_time(ctx1, activation_sizes(ctx1, sub)["B"])[inv1]
-                      if head else None)
-
         shard, grad_shard, weight_shard = shard_counts(cols)
         shard = shard.astype(np.int64)
         key2 = [cols["datatype"], t, cols["attention_type"], cols["tensor_par_overlap"] != 0,
@@ -351,12 +346,18 @@ class BlockCache:
             x_shard = np.where(cols["optimizer_sharding"], edp, 1)
             key2 += [x_shard] + moe_key
         idx2, inv2 = _distinct(*_pack(key2))
-        sub2 = {f: cols[f][idx2] for f in _BLOCK_FIELDS}
-        sums2 = block(LayoutContext(model, system, sub2, datatypes), sub2, kind)
+        # Both tables' blocks in one evaluation (the block is row by row):
+        # the first len(idx1) rows give the sums, the others the optimizer step.
+        k1, k = len(idx1), len(idx1) + len(idx2)
+        both = {f: np.concatenate([sub[f], cols[f][idx2]]) for f in _BLOCK_FIELDS}
+        ctx = LayoutContext(model, system, both, datatypes)
+        sums = {name: np.broadcast_to(v, (k,)) for name, v in block(ctx, both, kind).items()}
+        self._head = (head_microbatch_time(ctx, activation_sizes(ctx, both)["B"])[:k1][inv1]
+                      if head else None)
         # Sums stacked as (sum, distinct block) tables, gathered per chunk.
-        self._n1 = [name for name in sums1 if name not in OPTIM_SUMS]
-        self._t1 = np.stack([np.broadcast_to(sums1[name], (len(idx1),)) for name in self._n1])
-        self._t2 = np.stack([np.broadcast_to(sums2[name], (len(idx2),)) for name in OPTIM_SUMS])
+        self._n1 = [name for name in sums if name not in OPTIM_SUMS]
+        self._t1 = np.stack([sums[name][:k1] for name in self._n1])
+        self._t2 = np.stack([sums[name][k1:] for name in OPTIM_SUMS])
         self._experts = self._has_experts()
         self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
@@ -424,6 +425,14 @@ SUMS = (
 )
 
 
+def _rows_of(mask):
+    """True where ``mask`` holds for every row, False for none, else the mask."""
+    mask = np.asarray(mask)
+    if mask.all():
+        return True
+    return mask if mask.any() else False
+
+
 def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
     """Per-block sums over the layer sequence, for one micro-batch."""
     z = ctx.zeros
@@ -437,11 +446,19 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
         finish(ctx, L)
         pt = p & tr
 
+        rows = {}
+
         def add(key, val, mask=p):
-            if mask is True or mask.all():
+            # Each mask is classified once: every row, none, or some.
+            # (the mask is kept in ``rows`` so that its id stays its own)
+            entry = rows.get(id(mask))
+            if entry is None:
+                entry = rows[id(mask)] = (mask, _rows_of(mask))
+            which = entry[1]
+            if which is True:
                 acc[key] += val
-            elif mask.any():
-                acc[key] += np.where(mask, val, 0.0)
+            elif which is not False:
+                acc[key] += np.where(which, val, 0.0)
 
         add("fw_flops", L["fw"])
         add("fw_flops_time", L["flops_time_fw"])
