@@ -108,6 +108,22 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt       # SIGTERM ends a run as an interrupt does: nothing half-written
 
 
+def entry() -> int:
+    """The ``autopar`` command (and ``python -m autopar.cli``): ``main`` in a
+    process whose string hashing is fixed (``PYTHONHASHSEED=0`` unless the
+    environment sets it), so that a seeded search repeats exactly from one
+    run to the next: SMAC keeps its configurations in hash-ordered sets, and
+    a configuration's hash is that of its text."""
+    import os
+    if os.name == "posix" and "PYTHONHASHSEED" not in os.environ:
+        env = dict(os.environ, PYTHONHASHSEED="0")
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "autopar.cli", *sys.argv[1:]], env)
+        except OSError:         # cannot start again: run as we are
+            pass
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
     parser = build_parser()

@@ -1,6 +1,6 @@
 """``python -m autopar.cli ...`` runs the ``autopar`` command."""
 import sys
 
-from autopar.cli import main
+from autopar.cli import entry
 
-sys.exit(main())
+sys.exit(entry())
