@@ -118,7 +118,8 @@ def entry() -> int:
     if os.name == "posix" and "PYTHONHASHSEED" not in os.environ:
         env = dict(os.environ, PYTHONHASHSEED="0")
         try:
-            os.execve(sys.executable, [sys.executable, "-m", "autopar.cli", *sys.argv[1:]], env)
+            # the same command line, interpreter options (-W, -X) included
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
         except OSError:         # cannot start again: run as we are
             pass
     return main()

@@ -227,7 +227,12 @@ class _Smac:
 
     def ask(self):
         """-> (TrialInfo, the encoder's raw values)."""
-        with self._threads():
+        import warnings
+        # SMAC's local search averages an empty neighbourhood where every
+        # neighbour is forbidden (numpy's "Mean of empty slice"); harmless, and
+        # not the user's to see.
+        with self._threads(), warnings.catch_warnings(), np.errstate(invalid="ignore"):
+            warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
             info = self.smac.ask()
         return info, complete_config(self.encoder, self.forced, info.config)
 
