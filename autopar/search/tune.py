@@ -369,6 +369,13 @@ def _same_search(study, storage, search: dict) -> None:
 OWNER = f"{__import__('socket').gethostname()}:{__import__('os').getpid()}"
 
 
+def _just_asked(trial, seconds: float = 60.0) -> bool:
+    """Whether ``trial`` started less than ``seconds`` ago."""
+    import datetime
+    start = trial.datetime_start
+    return start is not None and (datetime.datetime.now() - start).total_seconds() < seconds
+
+
 def _owner_alive(owner) -> bool:
     """Whether the run that asked a trial (``host:pid``) is still going here."""
     import os
@@ -408,8 +415,13 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         # not part of the table; their layouts are sampled again).  Those of a
         # run still going on this machine (another `autopar tune` on the same
         # study) are left to it.
+        # A trial asked a moment ago may not carry its owner yet (asking and
+        # naming the owner are two writes): those are left alone too.
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if not _owner_alive(t.system_attrs.get("autopar_owner")):
+            owner = t.system_attrs.get("autopar_owner")
+            if owner is None and _just_asked(t):
+                continue
+            if not _owner_alive(owner):
                 study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         finished = (TrialState.COMPLETE, TrialState.PRUNED)
         old = study.get_trials(deepcopy=False, states=finished)
