@@ -127,11 +127,16 @@ def remote_domains_hit(ctx: LayoutContext):
     return out
 
 
-def _finish_ep_comm(ctx: LayoutContext, L: dict):
-    z = ctx.zeros
+def _idle(ctx: LayoutContext, L: dict) -> None:
+    """A layer that computes nothing and has no tensor-parallel traffic (its
+    own time is set by its finisher)."""
     for s in STAGES:
-        L["time_" + s] = z
+        L["time_" + s] = ctx.zeros
     no_tp_comm(ctx, L)
+
+
+def _finish_ep_comm(ctx: LayoutContext, L: dict):
+    _idle(ctx, L)
     link = L["ep_link"]
     for s in ("fw", "agrad"):
         hide = np.where(ctx.moe_overlap, L["ep_hide"][s], 0.0)
@@ -159,10 +164,8 @@ def host_sync(ctx: LayoutContext, recompute) -> dict:
 
 
 def _finish_host_sync(ctx: LayoutContext, L: dict):
+    _idle(ctx, L)
     z = ctx.zeros
-    for s in STAGES:
-        L["time_" + s] = z
-    no_tp_comm(ctx, L)
     L["time_fw"] = z + ctx.moe_host_s * _HOST_FW_SHARE
     L["time_agrad"] = z + ctx.moe_host_s * (1.0 - _HOST_FW_SHARE)
 
