@@ -203,6 +203,14 @@ class SystemSpec:
         return tuple(d for d in CHOICES["datatype"]
                      if d in self.matrix and d in self.vector)
 
+    def tier_holding(self, group: int) -> int:
+        """The first network tier that holds ``group`` processors (the last
+        tier when none does)."""
+        for i, net in enumerate(self.networks):
+            if group <= net.size:
+                return i
+        return len(self.networks) - 1
+
 
 MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
               "num_blocks")

@@ -140,13 +140,7 @@ def tiers(system_: SystemSpec, tp: int, cp: int, dp: int, pp: int) -> dict:
     """Megatron's rank order (tensor fastest, then context, data, pipeline):
     each parallelism goes on the first network tier that holds it with the
     ones inside it."""
-    sizes = [n.size for n in system_.networks]
-
-    def tier(group: int) -> int:
-        for i, s in enumerate(sizes):
-            if group <= s:
-                return i
-        return len(sizes) - 1
+    tier = system_.tier_holding
 
     return {"tensor_par_net": tier(tp) if tp > 1 else 0,
             "context_par_net": tier(tp * cp) if cp > 1 else 0,

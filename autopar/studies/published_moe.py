@@ -87,13 +87,7 @@ def _expert_fields(system_, *, tp: int, ep: int, etp: int = 1,
     """Execution fields of expert parallelism: EP ranks follow the tensor
     ranks in Megatron's order, so the EP group spans tp * ep consecutive
     ranks and sits on the first tier that holds them."""
-    sizes = [n.size for n in system_.networks]
-
-    def tier(group: int) -> int:
-        for i, s in enumerate(sizes):
-            if group <= s:
-                return i
-        return len(sizes) - 1
+    tier = system_.tier_holding
 
     return {"expert_par": ep, "expert_tensor_par": etp,
             "expert_par_net": tier(tp * etp * ep) if ep > 1 else 0,

@@ -103,13 +103,7 @@ def sweep_execution(row, system: SystemSpec) -> dict:
     world = int(row.world_size)
     dp = world // (tp * pp)
     impl, fused_norm = KERNELS[row.kernel]
-    sizes = [n.size for n in system.networks]
-
-    def tier(group: int) -> int:
-        for i, s in enumerate(sizes):
-            if group <= s:
-                return i
-        return len(sizes) - 1
+    tier = system.tier_holding
 
     return {
         "num_procs": world, "tensor_par": tp, "pipeline_par": pp, "data_par": dp,
