@@ -251,25 +251,18 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
-class BohbSampler(optuna.samplers.BaseSampler):
-    """hpbandster's BOHB model as an Optuna sampler (one budget level).
+class TellAskSampler(optuna.samplers.BaseSampler):
+    """An Optuna sampler around an optimiser driven by tell and ask (BOHB,
+    SMAC): before each proposal it tells the optimiser every finished trial
+    of the study it has not been told (so a study resumed from storage
+    rebuilds its history), then asks it for values of the encoder's static
+    space; parameters outside that space are drawn at random.  Subclasses
+    give ``_propose(trial) -> dict`` and ``_learn(finished_trial)``."""
 
-    Before each proposal it feeds every finished trial of the study it has not
-    seen yet (so a study resumed from storage rebuilds the model), then asks
-    BOHB for a configuration of the encoder's static space.
-    """
-
-    def __init__(self, encoder, seed: int | None = None, bohb_config: dict | None = None):
-        from hpbandster.optimizers.config_generators.bohb import BOHB
-
+    def __init__(self, encoder, seed: int | None):
         self._encoder = encoder
         self._dists = encoder.distributions()
-        self._cs = encoder.configspace(seed)
-        self._names = [hp.name for hp in self._cs.values()]
-        self._rng = np.random.RandomState(seed)
-        with _numpy_state(self._rng):
-            self._bohb = BOHB(self._cs, **(bohb_config or {}))
-        self._fed: set[int] = set()
+        self._told: set[int] = set()
         self._independent = optuna.samplers.RandomSampler(seed=seed)
 
     def infer_relative_search_space(self, study, trial):
@@ -278,12 +271,11 @@ class BohbSampler(optuna.samplers.BaseSampler):
     def sample_relative(self, study, trial, search_space):
         if not search_space:
             return {}
-        self._feed(study)
-        with _numpy_state(self._rng):
-            config, _ = self._bohb.get_config(1.0)
-        out = {k: _plain(v) for k, v in dict(config).items()}
-        out.update(self._encoder.raw_defaults())
-        return {k: v for k, v in out.items() if k in search_space}
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if t.number not in self._told:
+                self._told.add(t.number)
+                self._learn(t)
+        return {k: v for k, v in self._propose(trial).items() if k in search_space}
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         return self._independent.sample_independent(study, trial, param_name, param_distribution)
@@ -291,14 +283,37 @@ class BohbSampler(optuna.samplers.BaseSampler):
     def reseed_rng(self) -> None:
         self._independent.reseed_rng()
 
-    def _feed(self, study) -> None:
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if t.number in self._fed:
-                continue
-            self._fed.add(t.number)
-            if not all(n in t.params for n in self._names):
-                continue
-            config = {n: t.params[n] for n in self._names}
-            ok = t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
-            with _numpy_state(self._rng):
-                self._bohb.new_result(BohbJob(-t.value if ok else math.inf, config))
+    def _propose(self, trial) -> dict:
+        raise NotImplementedError
+
+    def _learn(self, t) -> None:
+        raise NotImplementedError
+
+
+class BohbSampler(TellAskSampler):
+    """hpbandster's BOHB model as an Optuna sampler (one budget level)."""
+
+    def __init__(self, encoder, seed: int | None = None, bohb_config: dict | None = None):
+        from hpbandster.optimizers.config_generators.bohb import BOHB
+
+        super().__init__(encoder, seed)
+        self._cs = encoder.configspace(seed)
+        self._names = [hp.name for hp in self._cs.values()]
+        self._rng = np.random.RandomState(seed)
+        with _numpy_state(self._rng):
+            self._bohb = BOHB(self._cs, **(bohb_config or {}))
+
+    def _propose(self, trial) -> dict:
+        with _numpy_state(self._rng):
+            config, _ = self._bohb.get_config(1.0)
+        out = {k: _plain(v) for k, v in dict(config).items()}
+        out.update(self._encoder.raw_defaults())
+        return out
+
+    def _learn(self, t) -> None:
+        if not all(n in t.params for n in self._names):
+            return
+        config = {n: t.params[n] for n in self._names}
+        ok = t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
+        with _numpy_state(self._rng):
+            self._bohb.new_result(BohbJob(-t.value if ok else math.inf, config))

@@ -273,54 +273,31 @@ def _never_called(config, seed: int = 0) -> float:     # ask/tell only
 # Optuna
 
 def smac_sampler(encoder, seed: int | None):
-    import optuna
     from optuna.trial import TrialState
 
-    class SmacSampler(optuna.samplers.BaseSampler):
-        """SMAC3 by ask/tell as an Optuna sampler (the encoder's flat space).
+    from autopar.search.samplers import TellAskSampler
 
-        Before each proposal it tells SMAC every finished trial of the study
-        it has not been told (a resumed study rebuilds SMAC's run history).
-        """
+    class SmacSampler(TellAskSampler):
+        """SMAC3 by ask/tell as an Optuna sampler (the encoder's flat space)."""
 
         def __init__(self):
+            super().__init__(encoder, seed)
             self._smac = _Smac(encoder, seed)
-            self._dists = encoder.distributions()
             self._asked: dict[int, object] = {}
-            self._told: set[int] = set()
-            self._independent = optuna.samplers.RandomSampler(seed=seed)
 
-        def infer_relative_search_space(self, study, trial):
-            return dict(self._dists)
-
-        def sample_relative(self, study, trial, search_space):
-            if not search_space:
-                return {}
-            self._feed(study)
+        def _propose(self, trial) -> dict:
             info, raw = self._smac.ask()
             self._asked[trial.number] = info
-            return {k: v for k, v in raw.items() if k in search_space}
+            return raw
 
-        def sample_independent(self, study, trial, param_name, param_distribution):
-            return self._independent.sample_independent(study, trial, param_name,
-                                                        param_distribution)
-
-        def reseed_rng(self) -> None:
-            self._independent.reseed_rng()
-
-        def _feed(self, study) -> None:
-            for t in study.get_trials(deepcopy=False,
-                                      states=(TrialState.COMPLETE, TrialState.PRUNED)):
-                if t.number in self._told:
-                    continue
-                self._told.add(t.number)
-                info = self._asked.pop(t.number, None)
-                if info is None:
-                    if not all(p in t.params for p in self._dists):
-                        continue
-                    info = self._smac.info_for(t.params)
-                ok = t.state == TrialState.COMPLETE and t.value is not None
-                self._smac.tell(info, t.value if ok else None)
+        def _learn(self, t) -> None:
+            info = self._asked.pop(t.number, None)
+            if info is None:
+                if not all(p in t.params for p in self._dists):
+                    return
+                info = self._smac.info_for(t.params)
+            ok = t.state == TrialState.COMPLETE and t.value is not None
+            self._smac.tell(info, t.value if ok else None)
 
     return SmacSampler()
 
