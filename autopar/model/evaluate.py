@@ -222,7 +222,6 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
 
 
 CHUNK = 1 << 14
-CHECK_CHUNK = 1 << 16
 _MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
 
 
@@ -243,10 +242,10 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         raise ValueError(f"unknown statistics: {', '.join(unknown)}")
     cols = normalize(cols)
     n = len(cols["tensor_par"])
-    code = check_chunked(model, system, cols)
-    # One (statistic, layout) table; each statistic is a contiguous row of it.
+    code, _ = check(model, system, cols)
     rows = np.flatnonzero(code == 0)
     every = len(rows) == n
+    # One (statistic, layout) table; each statistic is a contiguous row of it.
     table = np.empty((len(names), n))
     out = dict(zip(names, table))
     if not len(rows):
@@ -298,18 +297,6 @@ def _runs(flags: list) -> list:
             runs.append((start, i, flags[start]))
             start = i
     return runs
-
-
-def check_chunked(model: ModelSpec, system: SystemSpec, cols: dict) -> np.ndarray:
-    """``rules.check``'s codes, over slices of rows that stay in cache."""
-    n = len(cols["tensor_par"])
-    if n <= CHECK_CHUNK:
-        return check(model, system, cols)[0]
-    code = np.empty(n, dtype=np.int16)
-    for i in range(0, n, CHECK_CHUNK):
-        sl = slice(i, min(i + CHECK_CHUNK, n))
-        code[sl] = check(model, system, {f: v[sl] for f, v in cols.items()})[0]
-    return code
 
 
 def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None):

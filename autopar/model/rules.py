@@ -72,10 +72,25 @@ _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
 
 
+# Rows checked at a time: slices whose columns stay in cache.
+CHUNK = 1 << 16
+
+
 def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray, list[int]]:
     """The first rule each layout breaks (an index in ``REASONS``; 0: none), and
     the datatype codes the system supports.  Memory capacity is checked
     after the model has run (``autopar.model.evaluate``)."""
+    n = len(cols["tensor_par"])
+    if n <= CHUNK:
+        return _check(model, system, cols)
+    code = np.empty(n, dtype=np.int16)
+    for i in range(0, n, CHUNK):
+        sl = slice(i, min(i + CHUNK, n))
+        code[sl], dts = _check(model, system, {f: v[sl] for f, v in cols.items()})
+    return code, dts
+
+
+def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray, list[int]]:
     n = len(cols["tensor_par"])
     code = np.zeros(n, dtype=np.int16)
 
