@@ -304,7 +304,6 @@ class BlockCache:
             self._n1 = [name for name in sums if name not in OPTIM_SUMS]
             self._t1 = np.stack([np.broadcast_to(sums[name], (n,)) for name in self._n1])
             self._t2 = np.stack([np.broadcast_to(sums[name], (n,)) for name in OPTIM_SUMS])
-            self._experts = self._has_experts()
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
             self.weight_shard = _ones_to_none(shard_counts(cols)[2])
@@ -358,7 +357,6 @@ class BlockCache:
         self._n1 = [name for name in sums if name not in OPTIM_SUMS]
         self._t1 = np.stack([sums[name][:k1] for name in self._n1])
         self._t2 = np.stack([sums[name][k1:] for name in OPTIM_SUMS])
-        self._experts = self._has_experts()
         self.inv1, self.inv2 = inv1, inv2
         self.shard = shard
         self.grad_shard = grad_shard
@@ -366,11 +364,6 @@ class BlockCache:
         self.grad_scale = _grad_scale(cols)
         self.x_shard = x_shard
         self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
-
-    def _has_experts(self) -> bool:
-        """Whether any block has routed experts' footprints."""
-        return any(np.any(self._t1[self._n1.index(name)])
-                   for name in ("x_wgrad_space", "x_optimizer_space"))
 
     def head(self, sl: slice):
         """``head_microbatch_time`` of the rows ``sl`` (None: no vocabulary)."""
@@ -383,17 +376,13 @@ class BlockCache:
         sums = dict(zip(self._n1, a))
         sums.update(zip(OPTIM_SUMS, b))
         # Expert footprints shard over expert-data-parallel, the rest over data_par.
-        if self._experts:
-            xw, xo = sums["x_wgrad_space"], sums["x_optimizer_space"]
-            sums["x_wgrad_space"] = xw / self.x_grad_shard[sl]
-            sums["x_optimizer_space"] = xo / self.x_shard[sl]
-            sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[sl] \
-                + sums["x_wgrad_space"]
-            sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[sl] \
-                + sums["x_optimizer_space"]
-        else:            # no expert footprints (all zero): the same, shorter
-            sums["wgrad_space"] = sums["wgrad_space"] / self.grad_shard[sl]
-            sums["optimizer_space"] = sums["optimizer_space"] / self.shard[sl]
+        xw, xo = sums["x_wgrad_space"], sums["x_optimizer_space"]
+        sums["x_wgrad_space"] = xw / self.x_grad_shard[sl]
+        sums["x_optimizer_space"] = xo / self.x_shard[sl]
+        sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[sl] \
+            + sums["x_wgrad_space"]
+        sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[sl] \
+            + sums["x_optimizer_space"]
         if self.grad_scale is not None:
             sums["wgrad_space"] = sums["wgrad_space"] * self.grad_scale[sl]
         # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
@@ -426,7 +415,7 @@ SUMS = (
 
 
 def _rows_of(mask):
-    """True where ``mask`` holds for every row, False for none, else the mask."""
+    """True if ``mask`` holds for every row, False for none, else the mask."""
     mask = np.asarray(mask)
     if mask.all():
         return True
@@ -446,15 +435,10 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
         finish(ctx, L)
         pt = p & tr
 
-        rows = {}
+        # Each mask classified once per layer: every row, none, or some.
+        on, on_t = _rows_of(p), _rows_of(pt)
 
-        def add(key, val, mask=p):
-            # Each mask is classified once: every row, none, or some.
-            # (the mask is kept in ``rows`` so that its id stays its own)
-            entry = rows.get(id(mask))
-            if entry is None:
-                entry = rows[id(mask)] = (mask, _rows_of(mask))
-            which = entry[1]
+        def add(key, val, which=on):
             if which is True:
                 acc[key] += val
             elif which is not False:
@@ -473,53 +457,53 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
         acc["tp_bw_req"] = np.maximum(acc["tp_bw_req"], np.where(p, L["tp_bw_req_fw"], 0.0))
         # Calculon adds the running forward totals (not the layer's own) to the
         # recompute sums; its recompute time is the layer's own.
-        r = pt & L["recompute"]
+        r = _rows_of(pt & L["recompute"])
         add("re_flops", acc["fw_flops"], r)
         add("re_flops_time", acc["fw_flops_time"], r)
         add("re_mem", acc["fw_mem"], r)
         add("re_mem_time", acc["fw_mem_time"], r)
         add("re_time", L["time_fw"], r)
-        rc = pt & L["recomm"]
+        rc = _rows_of(pt & L["recomm"])
         for e in ("base", "edge"):
             add(f"{e}_recomm_size", L[f"comm_bytes_wgrad_{e}"], rc)
             add(f"{e}_recomm_time", L[f"comm_time_wgrad_{e}"], rc)
             add(f"{e}_recomm_exp", L[f"exposed_wgrad_{e}"], rc)
-            add(f"{e}_agrad_tp_size", L[f"comm_bytes_agrad_{e}"], pt)
-            add(f"{e}_agrad_tp_time", L[f"comm_time_agrad_{e}"], pt)
-            add(f"{e}_agrad_tp_exp", L[f"exposed_agrad_{e}"], pt)
-        add("agrad_flops", L["agrad"], pt)
-        add("agrad_flops_time", L["flops_time_agrad"], pt)
-        add("agrad_mem", L["mem_agrad"], pt)
-        add("agrad_mem_time", L["mem_time_agrad"], pt)
-        add("agrad_time", L["time_agrad"], pt)
-        add("wgrad_flops", L["wgrad"], pt)
-        add("wgrad_flops_time", L["flops_time_wgrad"], pt)
-        add("wgrad_mem", L["mem_wgrad"], pt)
-        add("wgrad_mem_time", L["mem_time_wgrad"], pt)
-        add("wgrad_time", L["time_wgrad"], pt)
-        add("optim_flops", L["optim_flops"], pt)
-        add("optim_flops_time", L["flops_time_optim"], pt)
-        add("optim_mem", L["mem_optim"], pt)
-        add("optim_mem_time", L["mem_time_optim"], pt)
-        add("optim_time", L["time_optim"], pt)
-        add("useful_bw", L["agrad"] + L["wgrad"], pt)
+            add(f"{e}_agrad_tp_size", L[f"comm_bytes_agrad_{e}"], on_t)
+            add(f"{e}_agrad_tp_time", L[f"comm_time_agrad_{e}"], on_t)
+            add(f"{e}_agrad_tp_exp", L[f"exposed_agrad_{e}"], on_t)
+        add("agrad_flops", L["agrad"], on_t)
+        add("agrad_flops_time", L["flops_time_agrad"], on_t)
+        add("agrad_mem", L["mem_agrad"], on_t)
+        add("agrad_mem_time", L["mem_time_agrad"], on_t)
+        add("agrad_time", L["time_agrad"], on_t)
+        add("wgrad_flops", L["wgrad"], on_t)
+        add("wgrad_flops_time", L["flops_time_wgrad"], on_t)
+        add("wgrad_mem", L["mem_wgrad"], on_t)
+        add("wgrad_mem_time", L["mem_time_wgrad"], on_t)
+        add("wgrad_time", L["time_wgrad"], on_t)
+        add("optim_flops", L["optim_flops"], on_t)
+        add("optim_flops_time", L["flops_time_optim"], on_t)
+        add("optim_mem", L["mem_optim"], on_t)
+        add("optim_mem_time", L["mem_time_optim"], on_t)
+        add("optim_time", L["time_optim"], on_t)
+        add("useful_bw", L["agrad"] + L["wgrad"], on_t)
         acc["tp_bw_req"] = np.maximum(acc["tp_bw_req"], np.where(pt, L["tp_bw_req_agrad"], 0.0))
         add("weight_space", L["weight_b"])
-        add("act_working", L["act_b"], p & ~L["reused"])
+        add("act_working", L["act_b"], _rows_of(p & ~L["reused"]))
         add("act_storage", L["act_b"])
-        add("act_storage", -L["out_b"], pt & ~L["out_stored"])
-        add("act_storage", -L["act_b"], pt & ~L["stored"])
+        add("act_storage", -L["out_b"], _rows_of(pt & ~L["out_stored"]))
+        add("act_storage", -L["act_b"], _rows_of(pt & ~L["stored"]))
         if "keep_b" in L:       # intermediates a kernel keeps beyond Calculon's count
             add("act_storage", L["keep_b"])
             add("act_working", L["keep_b"])
-        add("wgrad_space", L["wgrad_sh"], pt)
-        add("wgrad_space_full", L["wgrad_full"], pt)
-        add("act_grad_space", L["agrad_b"], pt)
-        add("optimizer_space", L["optimizer"], pt)
+        add("wgrad_space", L["wgrad_sh"], on_t)
+        add("wgrad_space_full", L["wgrad_full"], on_t)
+        add("act_grad_space", L["agrad_b"], on_t)
+        add("optimizer_space", L["optimizer"], on_t)
         if L["expert"]:
             add("x_weight_space", L["weight_b"])
-            add("x_wgrad_space", L["wgrad_sh"], pt)
-            add("x_optimizer_space", L["optimizer"], pt)
+            add("x_wgrad_space", L["wgrad_sh"], on_t)
+            add("x_optimizer_space", L["optimizer"], on_t)
         if "ep_link_total" in L:
             add("ep_link", np.where(tr, L["ep_link_total"], L["ep_link_total"] / 2))
             add("ep_exposed", np.where(tr, L["ep_exposed_total"], L["time_fw"]))
