@@ -540,7 +540,7 @@ def head_microbatch_time(ctx: LayoutContext, B) -> np.ndarray:
 
 
 def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages,
-                system: SystemSpec, per_mb=None):
+                system: SystemSpec, per_mb):
     """Time and memory of the embedding and the output layer with its loss.
 
     Only for models that give ``vocab_size`` (Calculon models none).  The
@@ -550,7 +550,7 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
     stage holds the embedding, the last the output matrix and one
     micro-batch's logits (with the fp32 copies the system's
     ``memory_overhead`` says the loss keeps); with one stage, both.
-    ``per_mb``: ``head_microbatch_time`` where already known (``BlockCache.head``).
+    ``per_mb``: ``head_microbatch_time`` of the rows (``BlockCache.head``).
     """
     V = float(ctx.model.vocab_size)
     if V <= 0:
@@ -558,8 +558,6 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
                      "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
     tp, training, b = ctx.tp, ctx.training, ctx.elem_bytes
     B = acts["B"]
-    if per_mb is None:
-        per_mb = head_microbatch_time(ctx, B)
     time = (microbatches + stages - 1) * per_mb
     mtp = ctx.model.mtp
     params = V * ctx.model.hidden / tp

@@ -109,10 +109,12 @@ _BLOCK_STATS["tp_bw_overlap_req"] = "tp_bw_req"
 
 
 def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
-          stage_sums: tuple | None = None, head_per_mb=None) -> dict:
+          stage_sums: tuple | None, head_per_mb) -> dict:
     """Every statistic of one batch per row, from the per-block sums ``sums``
     (of the stage that paces the pipeline) and, for a model whose blocks
-    differ, ``stage_sums``: those of the first and of the last stage (memory)."""
+    differ, ``stage_sums``: those of the first and of the last stage (memory);
+    ``head_per_mb``: the output head's time per micro-batch (None without a
+    vocabulary)."""
     training = ctx.training
     sched = schedule(cols, ctx.model.num_blocks)
     stages, micro = sched.stages, sched.microbatches
