@@ -369,11 +369,24 @@ def _same_search(study, storage, search: dict) -> None:
 OWNER = f"{__import__('socket').gethostname()}:{__import__('os').getpid()}"
 
 
-def _just_asked(trial, seconds: float = 60.0) -> bool:
-    """Whether ``trial`` started less than ``seconds`` ago."""
-    import datetime
-    start = trial.datetime_start
-    return start is not None and (datetime.datetime.now() - start).total_seconds() < seconds
+def _orphaned_trials(study) -> list:
+    """RUNNING trials whose run is gone: their owner (``host:pid``) is not
+    alive here.  A live run asks a trial and names itself its owner in two
+    writes, so a trial seen without an owner is looked at again a moment
+    later: still without one, its run died in between."""
+    import time
+    from optuna.trial import TrialState
+
+    def running():
+        return {t.number: t.system_attrs.get("autopar_owner")
+                for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+
+    owners = running()
+    if any(o is None for o in owners.values()):
+        time.sleep(1.0)
+        later = running()
+        owners = {n: later[n] if o is None else o for n, o in owners.items() if n in later}
+    return [n for n, o in owners.items() if not _owner_alive(o)]
 
 
 def _owner_alive(owner) -> bool:
@@ -415,14 +428,8 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         # not part of the table; their layouts are sampled again).  Those of a
         # run still going on this machine (another `autopar tune` on the same
         # study) are left to it.
-        # A trial asked a moment ago may not carry its owner yet (asking and
-        # naming the owner are two writes): those are left alone too.
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            owner = t.system_attrs.get("autopar_owner")
-            if owner is None and _just_asked(t):
-                continue
-            if not _owner_alive(owner):
-                study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        for number in _orphaned_trials(study):
+            study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
         finished = (TrialState.COMPLETE, TrialState.PRUNED)
         old = study.get_trials(deepcopy=False, states=finished)
         study.sampler = optuna_sampler(base_sampler(sampler), prob.encoder,
