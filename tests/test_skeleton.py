@@ -216,6 +216,47 @@ def test_a_run_that_covers_every_skeleton_stops_and_says_so(truth):
     assert len(short) == 10 and short.attrs["skeleton_space_covered"] is False
 
 
+def test_a_budget_covering_the_skeletons_evaluates_them_at_once_in_order(truth, tmp_path):
+    """The sampler proposes while it has a choice; a budget that covers the
+    rest of the skeletons evaluates them together, each once, in the space's
+    enumeration order, recorded in the study (and resumed from it)."""
+    url = f"sqlite:///{tmp_path / 'whole.db'}"
+    first = tune(MODEL, SYSTEM, **CASE, space="small", sampler="skeleton-tpe", trials=12,
+                 seed=5, storage=url, study_name="w", concurrency=4, progress=False)
+    _check(first, truth, 12)
+    study = optuna.load_study(study_name="w", storage=url)
+    assert not any("whole_space" in t.user_attrs for t in study.trials)
+    table = tune(MODEL, SYSTEM, **CASE, space="small", sampler="skeleton-tpe", trials=60,
+                 seed=5, storage=url, study_name="w", concurrency=4, progress=False)
+    _check(table, truth, 48)
+    assert table["sample_rate"].max() == pytest.approx(truth["optimum"], rel=1e-12)
+    trials = optuna.load_study(study_name="w", storage=url).get_trials(deepcopy=False)
+    whole = [t for t in trials if "whole_space" in t.user_attrs]
+    assert len(whole) == 48 - 12 and len(trials) == 48 + sum(
+        "repeat_of" in t.user_attrs for t in trials)
+    done = {k for k in zip(*(first[p].astype(int) for p in SKELETON))}
+    order = [k for k in sorted(truth["best"], key=_enumeration_rank(truth)) if k not in done]
+    got = [tuple(int(v) for v in k) for k in
+           zip(*(table[p].to_numpy()[12:] for p in SKELETON))]
+    assert got == order
+    for t in whole:            # each trial holds its skeleton's best completion
+        k = tuple(int(table.loc[table.trial == t.number, p].iloc[0]) for p in SKELETON)
+        want = truth["best"][k]
+        assert (t.state == TrialState.PRUNED) == (not np.isfinite(want))
+        if np.isfinite(want):
+            assert t.value == pytest.approx(want, rel=1e-12)
+
+
+def _enumeration_rank(truth):
+    """Skeleton -> where its first completion comes in the space's enumeration."""
+    sp, case = truth["space"], truth["case"]
+    cols = sp.layouts(case, 0, sp.size(case))
+    first: dict = {}
+    for i, k in enumerate(zip(*(np.asarray(cols[p]).tolist() for p in SKELETON))):
+        first.setdefault(k, i)
+    return first.__getitem__
+
+
 def test_compare_rechecks_each_runs_best_trial(truth):
     """``regret.recheck_best`` evaluates a run's best execution again: the
     rate it reported passes, any other rate stops the comparison."""

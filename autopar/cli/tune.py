@@ -285,7 +285,8 @@ def run(args) -> int:
                   f"(asked for {args.trials})")
     if table.attrs.get("skeleton_space_covered") and args.trials > len(table):
         print(f"all {table.attrs['skeletons']:,} skeletons of the space evaluated "
-              f"(asked for {args.trials} trials): no new trial is possible")
+              f"(asked for {args.trials} trials, which covers them all: "
+              f"no sampler needed, no new trial possible)")
     for line in summary_lines(table, f"tune {args.sampler} ({args.backend})", system, headroom):
         print(line)
     if best is None:

@@ -31,10 +31,18 @@ skeletons of GPT-3 175B on 1,024 A100 proposed 517 times for 100 distinct).
 The completions of a space of up to ``WHOLE_SPACE_MAX`` layouts are
 enumerated once per run and split by skeleton (``Completions``: GPT-3 13B on
 64 A100, the small space's 48 skeletons, 6 ms against 150 ms skeleton by
-skeleton); larger spaces enumerate each skeleton when it is asked.  A run
-whose budget is at least the space's skeletons stops when every skeleton has
-been evaluated: no new trial is possible (``tune``'s table says so in
-``attrs["skeleton_space_covered"]``, ``autopar tune`` in a line).
+skeleton); larger spaces enumerate each skeleton when it is asked.
+
+A budget that covers every skeleton not yet evaluated leaves the sampler
+nothing to choose: the optuna backend then evaluates them all at once (a
+model call per ``WHOLE_SPACE_MAX`` layouts, in the space's enumeration order,
+each recorded as a trial with the user attribute ``whole_space``), which
+gives the exact optimum of the space for about the exhaustive search's cost
+(compare-quick: 48 skeletons, 0.07 s against the exhaustive search's
+0.08-0.1 s; proposing them eight at a time with TPE took 0.31 s).  No new
+trial is possible after that (``tune``'s table says so in
+``attrs["skeleton_space_covered"]``, ``autopar tune`` in a line).  The Ray
+backend proposes skeletons one trial at a time whatever the budget.
 
 Several skeletons proposed together (``concurrency``) share one model call:
 the model's fixed cost per call (the distinct transformer blocks of the
@@ -213,13 +221,33 @@ class Completions:
         if any(p not in table for p in self.names):
             self.small = False        # a skeleton parameter that is no column
             return None
-        keys = zip(*(np.asarray(table[p]).tolist() for p in self.names))
-        rows: dict = {}
-        for i, k in enumerate(keys):
-            rows.setdefault(k, []).append(i)
-        self._whole = ({f: table[f] for f in ALL_FIELDS},
-                       {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()})
+        # rows grouped by skeleton (one integer key per row), each group in
+        # enumeration order
+        cols = [np.asarray(table[p]) for p in self.names]
+        key = np.zeros(len(cols[0]), dtype=np.int64)
+        for c in cols:
+            values, inv = np.unique(c, return_inverse=True)
+            key = key * len(values) + inv.ravel()
+        order = np.argsort(key, kind="stable")
+        first = np.flatnonzero(np.diff(key[order], prepend=-1))
+        bounds = np.append(first, len(order))
+        names = zip(*(c[order[first]].tolist() for c in cols))
+        rows = {k: order[a:b] for k, a, b in zip(names, bounds[:-1], bounds[1:])}
+        self._whole = ({f: table[f] for f in ALL_FIELDS}, rows)
         return self._whole
+
+    def grouped(self, skeletons: list):
+        """A small space's layouts of ``skeletons`` (value tuples), grouped
+        by skeleton in that order, each group in enumeration order, and the
+        groups' sizes; None for a large space."""
+        whole = (self._whole or self._split()) if self.small else None
+        if whole is None:
+            return None
+        table, rows = whole
+        empty = np.zeros(0, dtype=np.int64)
+        parts = [rows.get(tuple(_plain(v) for v in sk), empty) for sk in skeletons]
+        at = np.concatenate(parts) if parts else empty
+        return {f: v[at] for f, v in table.items()}, [len(p) for p in parts]
 
     def __call__(self, skeleton: Mapping) -> dict:
         key = tuple(_plain(skeleton[p]) for p in self.names)
@@ -244,36 +272,58 @@ def evaluate_skeletons(prob, params_list: list) -> list[dict]:
     the reported breakdown only.  Each row also says how many completions
     were evaluated (``layouts``).
     """
-    from autopar import model as perf
-    from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, record
-    from autopar.search.trainable import BREAKDOWN, pruned_row
+    from autopar.io.layouts import ALL_FIELDS
+    from autopar.search.trainable import pruned_row
 
-    space, case = prob.space, prob.case
     rows: list = [None] * len(params_list)
-    tables, where, sizes = [], [], []
+    tables, where = [], []
     for i, params in enumerate(params_list):
         if isinstance(params, Invalid):
             rows[i] = {**pruned_row(params.reason), "layouts": 0}
             continue
-        cols = prob.encoder.completions(params)
-        n = len(cols["tensor_par"])
-        if n == 0:
-            rows[i] = {**pruned_row("invalid: no layout of the space has this skeleton", params),
-                       "layouts": 0}
-            continue
-        tables.append(cols)
+        tables.append(prob.encoder.completions(params))
         where.append(i)
-        sizes.append(n)
-    if not tables:
-        return rows
-    cols = {f: np.concatenate([t[f] for t in tables]) for f in ALL_FIELDS}
+    if tables:
+        cols = {f: np.concatenate([t[f] for t in tables]) for f in ALL_FIELDS}
+        got = _best_completions(prob, cols, [len(t["tensor_par"]) for t in tables],
+                                [params_list[i] for i in where])
+        for i, row in zip(where, got):
+            rows[i] = row
+    return rows
+
+
+def evaluate_all_skeletons(prob, skeletons: list) -> list[dict] | None:
+    """``evaluate_skeletons`` for ``skeletons`` (tuples of the skeleton
+    parameters' values) of a small space, taken from its whole enumeration
+    in one gather; None for a space too large to enumerate whole."""
+    got = prob.encoder.completions.grouped(skeletons)
+    if got is None:
+        return None
+    cols, sizes = got
+    return _best_completions(prob, cols, sizes,
+                             [dict(zip(prob.encoder.searched, sk)) for sk in skeletons])
+
+
+def _best_completions(prob, cols: dict, sizes: list, params_list: list) -> list[dict]:
+    """One model call over ``cols`` (consecutive groups of ``sizes`` rows,
+    one group per skeleton of ``params_list``) -> a row per skeleton."""
+    from autopar import model as perf
+    from autopar.io.layouts import EXT_DEFAULTS, record
+    from autopar.search.trainable import BREAKDOWN, pruned_row
+
+    case = prob.case
     res = perf.evaluate_columns(case.model, case.system, cols, stats=(METRIC, *BREAKDOWN))
     ok = np.asarray(res["feasible"], dtype=bool)
     rate = np.where(ok, np.asarray(res[METRIC], dtype=np.float64), -np.inf)
     code = np.asarray(res["reason_code"])
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    for k, i in enumerate(where):
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    rows = []
+    for k, params in enumerate(params_list):
         a, b = int(starts[k]), int(starts[k + 1])
+        if a == b:
+            rows.append({**pruned_row("invalid: no layout of the space has this skeleton",
+                                      params), "layouts": 0})
+            continue
         seg = rate[a:b]
         j = int(np.argmax(seg))               # the first of equals: enumeration order
         if not np.isfinite(seg[j]):
@@ -281,14 +331,14 @@ def evaluate_skeletons(prob, params_list: list) -> list[dict]:
             counts[0] = 0
             r = int(np.argmax(counts))
             reason = f"{perf.REASONS[r]} (all {b - a} completions; this one: {int(counts[r])})"
-            rows[i] = {**pruned_row(reason, dict(params_list[i])), "layouts": b - a}
+            rows.append({**pruned_row(reason, dict(params)), "layouts": b - a})
             continue
         at = a + j
         row = {"state": "COMPLETE", "feasible": True, "reason": "", METRIC: float(rate[at])}
         row.update({s: float(res[s][at]) for s in BREAKDOWN})
         row.update({**EXT_DEFAULTS, **record(cols, at)})
         row["layouts"] = b - a
-        rows[i] = row
+        rows.append(row)
     return rows
 
 

@@ -271,19 +271,25 @@ class _Progress:
 # --------------------------------------------------------------------------
 # The optuna backend
 
-def _add_trial(study, encoder, skeleton: tuple, row: dict) -> int:
-    """Record a skeleton evaluated in place of a repeated proposal as a
-    finished trial of the study; returns its number."""
+def _add_trials(study, encoder, skeletons: list, rows: list,
+                why: str = "nearest_unseen") -> list[int]:
+    """Record skeletons the sampler did not propose (``why``: each evaluated
+    in place of a repeated proposal, or with the whole space) as finished
+    trials of the study, with their result ``rows``; returns their numbers."""
     import optuna
     from optuna.trial import TrialState
-    params, dists = encoder.trial_params(skeleton)
-    ok = row["state"] == "COMPLETE"
-    trial = optuna.trial.create_trial(
-        params=params, distributions=dists, value=row[METRIC] if ok else None,
-        state=TrialState.COMPLETE if ok else TrialState.PRUNED,
-        user_attrs={"nearest_unseen": True, **({} if ok else {"reason": row["reason"]})})
-    study.add_trial(trial)
-    return study.get_trials(deepcopy=False)[-1].number
+    made = []
+    for skeleton, row in zip(skeletons, rows):
+        params, dists = encoder.trial_params(skeleton)
+        ok = row["state"] == "COMPLETE"
+        made.append(optuna.trial.create_trial(
+            params=params, distributions=dists, value=row[METRIC] if ok else None,
+            state=TrialState.COMPLETE if ok else TrialState.PRUNED,
+            user_attrs={why: True, **({} if ok else {"reason": row["reason"]})}))
+    if not made:
+        return []
+    study.add_trials(made)
+    return [t.number for t in study.get_trials(deepcopy=False)[-len(made):]]
 
 
 def default_study_name(prob, sampler: str, seed: int | None) -> str:
@@ -472,6 +478,8 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         done = start = len(rows)
         for row in rows.values():
             bar.update(row)
+        if skeleton and grid is None:
+            done += _whole_skeleton_space(study, prob, trials - done, storage, rows, cache, bar)
         rng = random.Random(seed if seed is None else seed + len(old))
         while done < trials:
             if storage is not None:
@@ -513,8 +521,8 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                     tell(t, row)
                     rows[t.number] = row
                     bar.update(row)
-                for sk, row in zip(near, results[len(fresh):]):
-                    number = _add_trial(study, prob.encoder, sk, row)
+                for sk, row, number in zip(near, results[len(fresh):], _add_trials(
+                        study, prob.encoder, near, results[len(fresh):])):
                     cache[sk] = number
                     rows[number] = row
                     bar.update(row)
@@ -540,6 +548,40 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                "elapsed_s": (end - t0).total_seconds() if end and t0 else math.nan}
         out.append(row)
     return out, study, max(new, 0)
+
+
+def _whole_skeleton_space(study, prob, budget: int, storage, rows: dict, cache: dict,
+                          bar) -> int:
+    """When the budget covers every skeleton not yet evaluated, there is
+    nothing left for the sampler to choose: evaluate them all, a model call
+    per ``WHOLE_SPACE_MAX`` layouts, in the space's enumeration order, and
+    record them as trials of the study (``whole_space``).  Returns how many
+    (0, and nothing done, when the budget is smaller or another run shares
+    the study)."""
+    from optuna.trial import TrialState
+    from autopar.search.skeleton import WHOLE_SPACE_MAX, evaluate_all_skeletons
+    from autopar.search.trainable import evaluate_params
+    enc = prob.encoder
+    unseen = [sk for sk in enc.all if sk not in cache]
+    if not unseen or len(unseen) > budget:
+        return 0
+    if storage is not None:
+        live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        if sum(1 for t in study.get_trials(deepcopy=False, states=live)
+               if "repeat_of" not in t.user_attrs) > len(rows):
+            return 0
+    got = evaluate_all_skeletons(prob, unseen)      # a small space: one gather, one call
+    if got is None:
+        per_call = max(1, WHOLE_SPACE_MAX * len(enc.all) // max(1, prob.space.size(prob.case)))
+        got = []
+        for a in range(0, len(unseen), per_call):
+            got += evaluate_params(prob, [dict(zip(enc.searched, sk))
+                                          for sk in unseen[a:a + per_call]])
+    for sk, row, number in zip(unseen, got, _add_trials(study, enc, unseen, got, "whole_space")):
+        cache[sk] = number
+        rows[number] = row
+        bar.update(row)
+    return len(unseen)
 
 
 # --------------------------------------------------------------------------
