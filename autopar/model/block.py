@@ -371,8 +371,10 @@ class BlockCache:
 
     def rows(self, sl: slice) -> dict:
         """Per-block sums for the rows ``sl`` (one gather per key table)."""
-        a = self._t1[:, self.inv1[sl]]
-        b = self._t2[:, self.inv2[sl]]
+        # np.take keeps each sum a contiguous row (``t[:, idx]`` would give
+        # a column-major result, every sum strided across the others).
+        a = np.take(self._t1, self.inv1[sl], axis=1)
+        b = np.take(self._t2, self.inv2[sl], axis=1)
         sums = dict(zip(self._n1, a))
         sums.update(zip(OPTIM_SUMS, b))
         # Expert footprints shard over expert-data-parallel, the rest over data_par.

@@ -253,52 +253,79 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     if not len(rows):
         table.fill(np.nan)
     else:
-        dead = None if every else code != 0          # broke a rule: never computed
+        # A layout that fails only on memory keeps its requirements and the
+        # memory parts, so that the reason can say how much it needs; the
+        # other statistics are NaN where the layout cannot run.
+        kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
         valid = _typed_columns(cols if every else {f: v[rows] for f, v in cols.items()})
         datatypes = sorted(set(np.unique(valid["datatype"]).tolist()))
         m = len(rows)
+        ext = np.empty(min(CHUNK, m) + 1)          # a chunk's values, then NaN
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             blocks = BlockCache(model, system, valid, datatypes)
             moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
                           if model.moe is not None else None)
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
-                at = sl if every else rows[sl]
                 part = {f: v[sl] for f, v in valid.items()}
                 ctx = LayoutContext(model, system, part, datatypes)
                 sums, stage_sums = _stage_sums(model, part, blocks.rows(sl),
                                                moe_blocks.rows(sl) if moe_blocks else None)
                 S = batch(ctx, part, sums, activation_sizes(ctx, part), system, stage_sums,
                           blocks.head(sl))
-                code[at] = np.where(
+                memory = np.where(
                     S["proc_mem_tier1_cap_req"] > ctx.mem1.capacity,
                     REASON_CODE["infeasible: mem tier1 capacity exceeded"],
                     np.where(S["proc_mem_tier2_cap_req"] > ctx.mem2.capacity,
                              REASON_CODE["infeasible: mem tier2 capacity exceeded"], 0))
-                for name in names:
-                    out[name][at] = S[name]
-        # A layout that fails only on memory keeps its requirements and the
-        # memory parts, so that the reason can say how much it needs; NaN
-        # goes to the other statistics, a run of table rows at a time.
-        failed = code != 0
-        for lo, hi, kept in _runs([name in _MEM_REQ or name in MEMORY_PARTS
-                                   for name in names]):
-            mask = dead if kept else failed
-            if mask is not None and mask.any():
-                table[lo:hi, mask] = np.nan
+                code[sl if every else rows[sl]] = memory
+                _write(table, kept, S, names, ext, _spans(rows, sl, n, every, memory != 0))
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
 
 
-def _runs(flags: list) -> list:
-    """(start, stop, flag) of each run of equal ``flags``."""
-    runs, start = [], 0
-    for i in range(1, len(flags) + 1):
-        if i == len(flags) or flags[i] != flags[start]:
-            runs.append((start, i, flags[start]))
-            start = i
-    return runs
+def _spans(rows, sl: slice, n: int, every: bool, memory_failed):
+    """Where a chunk of computed rows (``rows[sl]``) goes in the table: the
+    columns ``lo:hi`` (the chunk's rows and the uncomputed ones before the
+    next chunk's), the chunk's length ``L``, and for the statistics kept on a
+    memory failure (``where``) and for the others (``failed``), each
+    column's position in the chunk (``L``: NaN), or None where the columns
+    are the chunk in order."""
+    L = sl.stop - sl.start
+    if every:
+        lo, hi = sl.start, sl.stop
+        if not memory_failed.any():
+            return lo, hi, L, None, None
+        failed = np.arange(L)
+        failed[memory_failed] = L
+        return lo, hi, L, None, failed
+    lo = 0 if sl.start == 0 else int(rows[sl.start])
+    hi = n if sl.stop == len(rows) else int(rows[sl.stop])
+    at = rows[sl] - lo
+    where = np.full(hi - lo, L, dtype=np.intp)
+    where[at] = np.arange(L)
+    failed = where
+    if memory_failed.any():
+        failed = where.copy()
+        failed[at[memory_failed]] = L
+    return lo, hi, L, where, failed
+
+
+def _write(table, kept, S, names, ext, span) -> None:
+    """A chunk's statistics into their table rows, each row's columns written
+    once: a contiguous copy, or a gather through the span's positions from
+    the chunk's values followed by a NaN (``ext``, a buffer)."""
+    lo, hi, L, where, failed = span
+    buf = ext[:L + 1]
+    buf[L] = np.nan
+    for j, name in enumerate(names):
+        index = where if kept[j] else failed
+        if index is None:
+            table[j, lo:hi] = S[name]
+        else:
+            buf[:L] = S[name]
+            np.take(buf, index, out=table[j, lo:hi], mode="clip")
 
 
 def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None):
