@@ -373,7 +373,7 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     window_compute = stages_f * chunk_compute
     chunk_time = sched.blocks_per_chunk * block_time
     same_pp = cols["data_par_net"] == cols["pipeline_par_net"]
-    leftover = sched.microbatches % stages
+    leftover = sched.leftover
     with np.errstate(divide="ignore", invalid="ignore"):
         # On the pipeline's tier the sync also waits for backward p2p transfers.
         p2p_waits = np.where(same_pp, np.minimum(np.floor_divide(chunk_time, chunk["bw"]),
