@@ -235,18 +235,31 @@ def _compact(col: np.ndarray) -> tuple[np.ndarray | None, int]:
     return rank[shifted], k
 
 
+# A column whose values span at most this many integers is coded as its
+# value minus the smallest (no renumbering pass); a wider one is renumbered
+# to its distinct values.  The key keeps the order of the columns' values
+# either way, so the distinct keys come out in the same order.
+_RAW_SPAN = 16
+
+
 def _pack(columns) -> tuple[np.ndarray, int]:
     """One int64 key per row from integer columns (mixed radix over each
-    column's distinct values), and the number of keys possible."""
+    column's values), and the number of keys possible."""
     key, size = None, 1
     for col in columns:
-        code, k = _compact(col)
-        if code is None:
+        if not len(col):
+            break
+        lo, hi = int(col.min()), int(col.max())
+        if lo == hi:
             continue
+        if hi - lo < _RAW_SPAN:
+            code, k = (col - lo if lo else col), hi - lo + 1
+        else:
+            code, k = _compact(col)
         if size > (1 << 62) // k:       # too many combinations: renumber the key
             key, size = _compact(key)
             key = np.zeros(len(col), dtype=np.int64) if key is None else key
-        key = code if key is None else key * k + code
+        key = code.astype(np.int64) if key is None else key * k + code
         size *= k
     n = len(columns[0])
     return (np.zeros(n, dtype=np.int64) if key is None else key), size
