@@ -322,6 +322,7 @@ class BlockCache:
             self.weight_shard = _ones_to_none(shard_counts(cols)[2])
             self.grad_scale = _grad_scale(cols)
             self.x_shard = self.x_grad_shard = self.shard
+            self.shard_counts = None
             return
         t = cols["tensor_par"]
         tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
@@ -347,7 +348,8 @@ class BlockCache:
         sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
         sub["sharding_group"] = np.zeros(len(idx1), dtype=np.int64)
         sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
-        shard, grad_shard, weight_shard = shard_counts(cols)
+        self.shard_counts = shard_counts(cols)
+        shard, grad_shard, weight_shard = self.shard_counts
         shard = shard.astype(np.int64)
         key2 = [cols["datatype"], t, cols["attention_type"], cols["tensor_par_overlap"] != 0,
                 cols["training"], shard]
@@ -377,6 +379,10 @@ class BlockCache:
         self.grad_scale = _grad_scale(cols)
         self.x_shard = x_shard
         self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
+
+    def shards(self, sl: slice):
+        """``shard_counts`` of the rows ``sl`` (None: compute them)."""
+        return None if self.shard_counts is None else tuple(c[sl] for c in self.shard_counts)
 
     def head(self, sl: slice):
         """``head_microbatch_time`` of the rows ``sl`` (None: no vocabulary)."""

@@ -354,7 +354,8 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
         block_time = np.where(active, np.where(
             sharded, net.time("reduce_scatter", grad_bytes, inner) + gather + cross,
             net.time("all_reduce", grad_bytes, peers)), 0.0)
-    x_active = (ctx.edp > 1) & training & (expert_bytes > 0)
+    x_bytes = np.asarray(expert_bytes) > 0
+    x_active = (ctx.edp > 1) & training & x_bytes if x_bytes.any() else False
     if np.any(x_active):
         x_peers = np.maximum(ctx.edp, 2)
         x_grads = expert_bytes * (np.where(cols["fp32_grads"], 4.0 / ctx.elem_bytes, 1.0)

@@ -57,7 +57,8 @@ def shard_counts(cols: dict):
 class LayoutContext:
     """Per-row quantities shared by all layers of a block."""
 
-    def __init__(self, model: ModelSpec, system: SystemSpec, cols: dict, datatypes):
+    def __init__(self, model: ModelSpec, system: SystemSpec, cols: dict, datatypes,
+                 shards=None):
         self.model = model
         self.n = len(cols["tensor_par"])
         self.training = cols["training"]
@@ -75,8 +76,10 @@ class LayoutContext:
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
-        # gradients are kept whole, the weight gradients) over data_par.
-        self.optim_shards, self.grad_shards, self.weight_shards = shard_counts(cols)
+        # gradients are kept whole, the weight gradients) over data_par
+        # (``shards``: ``shard_counts(cols)`` when the caller has them).
+        self.optim_shards, self.grad_shards, self.weight_shards = (
+            shard_counts(cols) if shards is None else shards)
         # Context parallelism: each processor holds 1/context_par of the sequence.
         self.cp = np.broadcast_to(_col(cols, "context_par"), (self.n,)).astype(float)
         # FP8 recipes: the block's GEMMs run at the fp8 (or mxfp8) matrix rate.
@@ -91,8 +94,16 @@ class LayoutContext:
             fallback = dts.index(have[0])
             code = np.where(mx, dts.index("mxfp8"), dts.index("float8"))
             code = np.where(self.fp8, code, fallback)
-            used = sorted({int(c) for c in np.unique(code)} & {dts.index(d) for d in have})
-            code = np.where(np.isin(code, used), code, fallback).astype(np.int8)
+            # The codes present, from the masks (no pass over code).
+            present = {fallback} if not self.fp8.all() else set()
+            if (self.fp8 & mx).any():
+                present.add(dts.index("mxfp8"))
+            if (self.fp8 & ~mx).any():
+                present.add(dts.index("float8"))
+            used = sorted(present & {dts.index(d) for d in have})
+            if len(used) < len(present):
+                code = np.where(np.isin(code, used), code, fallback)
+            code = code.astype(np.int8)
             self.matrix_fp8 = ComputeEngine(system.matrix, code, used)
         self.tp_net = NetworkTier(system.networks, cols["tensor_par_net"])
         self.cp_net = NetworkTier(system.networks,

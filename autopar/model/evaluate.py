@@ -268,7 +268,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 part = {f: v[sl] for f, v in valid.items()}
-                ctx = LayoutContext(model, system, part, datatypes)
+                ctx = LayoutContext(model, system, part, datatypes, blocks.shards(sl))
                 sums, stage_sums = _stage_sums(model, part, blocks.rows(sl),
                                                moe_blocks.rows(sl) if moe_blocks else None)
                 S = batch(ctx, part, sums, activation_sizes(ctx, part), system, stage_sums,

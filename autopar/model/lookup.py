@@ -19,8 +19,7 @@ LIMIT = 1 << 14
 
 def by_value(f, *cols):
     """``f(*cols)`` for integer columns (numpy arrays of one length), through
-    a table over the columns' value ranges when it is small.  ``f`` returns
-    an array or a tuple of arrays (gathered with one index)."""
+    a table over the columns' value ranges when it is small."""
     cols = [np.asarray(c) for c in cols]
     if not len(cols[0]) or any(c.dtype.kind != "i" for c in cols):
         return f(*cols)
@@ -43,7 +42,4 @@ def by_value(f, *cols):
     for c, lo, k in zip(cols, los, spans):
         at = c - lo if lo else c
         flat = at if flat is None else flat * k + at
-    shape = tuple(spans)
-    if isinstance(tables, tuple):
-        return tuple(np.broadcast_to(t, shape).reshape(-1).take(flat) for t in tables)
-    return np.broadcast_to(tables, shape).reshape(-1).take(flat)
+    return np.broadcast_to(tables, tuple(spans)).reshape(-1).take(flat)

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.model.lookup import by_value
-
 
 @dataclass(frozen=True)
 class Schedule:
@@ -37,15 +35,10 @@ class Schedule:
 
 def schedule(cols: dict, num_blocks: int) -> Schedule:
     stages, interleaving = cols["pipeline_par"], cols["pipeline_interleaving"]
-
-    def layout(stages, interleaving):
-        blocks_per_stage = -(-num_blocks // stages)
-        missing = np.where(num_blocks % stages != 0, stages - num_blocks % stages, 0)
-        blocks_per_chunk = np.maximum(blocks_per_stage // interleaving, 1)
-        return blocks_per_stage, missing, blocks_per_chunk, blocks_per_stage // blocks_per_chunk
-
-    # A few distinct (stages, interleaving): computed once each.
-    blocks_per_stage, missing, blocks_per_chunk, chunks = by_value(layout, stages, interleaving)
+    blocks_per_stage = -(-num_blocks // stages)
+    missing = np.where(num_blocks % stages != 0, stages - num_blocks % stages, 0)
+    blocks_per_chunk = np.maximum(blocks_per_stage // interleaving, 1)
+    chunks = blocks_per_stage // blocks_per_chunk
     microbatches = cols["batch_size"] // cols["data_par"] // cols["microbatch_size"]
     return Schedule(
         stages=stages, interleaving=interleaving, microbatches=microbatches,
