@@ -33,7 +33,7 @@ from autopar.model.context import LayoutContext
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
                                   recompute_share)
 from autopar.model.moe import mix, stage_counts
-from autopar.model.pipeline import bubble, chunk_times, per_batch, schedule
+from autopar.model.pipeline import Schedule, bubble, chunk_times, per_batch, schedule
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
 
 # Statistics reported, by Calculon's names, in Calculon's order.
@@ -109,14 +109,13 @@ _BLOCK_STATS["tp_bw_overlap_req"] = "tp_bw_req"
 
 
 def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
-          stage_sums: tuple | None, head_per_mb) -> dict:
+          stage_sums: tuple | None, head_per_mb, sched: Schedule) -> dict:
     """Every statistic of one batch per row, from the per-block sums ``sums``
     (of the stage that paces the pipeline) and, for a model whose blocks
     differ, ``stage_sums``: those of the first and of the last stage (memory);
     ``head_per_mb``: the output head's time per micro-batch (None without a
-    vocabulary)."""
+    vocabulary); ``sched``: the rows' ``schedule``."""
     training = ctx.training
-    sched = schedule(cols, ctx.model.num_blocks)
     stages, micro = sched.stages, sched.microbatches
     recompute_full = acts["recompute_full"]
     S = {name: sums[key] for name, key in _BLOCK_STATS.items()}
@@ -223,7 +222,7 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     return S
 
 
-CHUNK = 1 << 14
+CHUNK = 1 << 15
 _MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
 
 
@@ -265,6 +264,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
             blocks = BlockCache(model, system, valid, datatypes)
             moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
                           if model.moe is not None else None)
+            sched = schedule(valid, model.num_blocks)
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 part = {f: v[sl] for f, v in valid.items()}
@@ -272,7 +272,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 sums, stage_sums = _stage_sums(model, part, blocks.rows(sl),
                                                moe_blocks.rows(sl) if moe_blocks else None)
                 S = batch(ctx, part, sums, activation_sizes(ctx, part), system, stage_sums,
-                          blocks.head(sl))
+                          blocks.head(sl), sched.rows(sl))
                 memory = np.where(
                     S["proc_mem_tier1_cap_req"] > ctx.mem1.capacity,
                     REASON_CODE["infeasible: mem tier1 capacity exceeded"],
