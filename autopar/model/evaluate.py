@@ -409,6 +409,7 @@ def reason_text(out: Mapping, system: SystemSpec):
         gib = np.round(need[rows] / 1024 ** 3, 2)
         values, inverse = np.unique(gib, return_inverse=True)
         codes[rows] = len(cats) + inverse
-        cats += [f"infeasible: mem tier{tier} needs {v:.2f} GiB but has {mem.GiB:g} GiB"
-                 for v in values]
+        # (Python floats format as numpy's do, at a third of the time)
+        head, tail = f"infeasible: mem tier{tier} needs ", f" GiB but has {mem.GiB:g} GiB"
+        cats += [f"{head}{v:.2f}{tail}" for v in values.tolist()]
     return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
