@@ -260,8 +260,10 @@ def test_system_without_second_memory_tier(repo_root):
 def test_large_table_equals_small_calls(tiny_system):
     """90,000 layouts in one call (a table large enough to be mapped with its
     pages populated, computed rows spread among rows that break a rule or
-    fail on memory) give exactly what calls of 7,000 rows give, and the
+    fail on memory) give exactly what calls of 7,000 rows give, also when the
+    table reuses the mapping of an earlier one with other values; the
     statistics are rows of one (statistic, layout) table (frame.py wraps it)."""
+    from autopar.model import evaluate as E
     m = load_model(dict(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32,
                         attn_size=128, num_blocks=8))
     n = 90_000
@@ -270,7 +272,13 @@ def test_large_table_equals_small_calls(tiny_system):
     cols["microbatch_size"] = rng.choice([1, 2, 4, 8, 16, 3], n)     # 3: invalid
     cols["activation_recompute"] = rng.integers(0, 3, n).astype(np.int8)
     cols["tensor_par"] = np.where(rng.random(n) < 0.2, 2, 1)        # 2: invalid
+    E._SPARE.clear()
+    other = M.evaluate_columns(m, tiny_system, dict(cols, microbatch_size=np.ones(n, int)))
+    assert not E._SPARE and not np.isnan(other["total_time"]).all()
+    del other                   # its mapping is kept and reused by the next
+    assert len(E._SPARE) == 1
     whole = M.evaluate_columns(m, tiny_system, cols)
+    assert not E._SPARE
     assert whole[M.STATS[0]].base.shape == (len(M.STATS), n)
     code = whole["reason_code"]
     assert (code == 0).any() and (code == M.REASON_CODE[

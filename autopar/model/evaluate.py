@@ -22,6 +22,7 @@ a ``reason_code`` (index into ``REASONS``) and NaN statistics.
 from __future__ import annotations
 
 import mmap
+import weakref
 from typing import Mapping
 
 import numpy as np
@@ -286,27 +287,46 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     return out
 
 
-# Tables of at least this many bytes are mapped with their pages in place.
+# Tables of at least this many bytes are mapped with their pages in place,
+# and the mapping of one that is no longer used is kept for the next.
 _POPULATE_BYTES = 1 << 26
+_SPARE: list = []
 
 
 def _table(k: int, n: int) -> np.ndarray:
-    """An uninitialised (k, n) float64 table.  A large one is an anonymous
-    mapping whose pages the kernel provides at once (MAP_POPULATE, Linux):
-    faulting them in one by one as the table is first written cost 0.3 s for
-    104 x 1M, or over 1 s where numpy's transparent-huge-page advice made the
-    kernel compact memory first; populated, 0.26 s every time."""
+    """An uninitialised (k, n) float64 table (every entry is written after).
+
+    A large one is an anonymous mapping whose pages the kernel provides at
+    once (MAP_POPULATE, Linux): faulting them in one by one as the table is
+    first written cost 0.3 s for 104 x 1M, or over 1 s where numpy's
+    transparent-huge-page advice made the kernel compact memory first;
+    populated, 0.26 s.  When the table is freed its mapping is kept (one
+    at most) and the next large table that fits in it reuses it, its pages
+    already in place: evaluating chunk after chunk pays for them once."""
     nbytes = k * n * 8
     populate = getattr(mmap, "MAP_POPULATE", None)
     if nbytes < _POPULATE_BYTES or populate is None:
         return np.empty((k, n))
     try:
-        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-    except (OSError, ValueError):
-        return np.empty((k, n))
+        buf = _SPARE.pop()
+    except IndexError:
+        buf = None
+    if buf is None or not nbytes <= len(buf) <= 2 * nbytes:
+        try:
+            buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+        except (OSError, ValueError):
+            return np.empty((k, n))
     # (rows of it have the table as their base, as with np.empty: frame.py
     # wraps the table itself)
-    return np.ndarray((k, n), dtype=np.float64, buffer=buf)
+    table = np.ndarray((k, n), dtype=np.float64, buffer=buf)
+    weakref.finalize(table, _keep, buf).atexit = False
+    return table
+
+
+def _keep(buf) -> None:
+    """A freed table's mapping, kept for the next table (one at most)."""
+    if not _SPARE:
+        _SPARE.append(buf)
 
 
 def _spans(rows, sl: slice, n: int, every: bool, memory_failed):
