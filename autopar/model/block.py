@@ -577,7 +577,7 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
     if V <= 0:
         return 0.0, {"first": 0.0, "last": 0.0,
                      "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
-    tp, training, b = ctx.tp, ctx.training, ctx.elem_bytes
+    tp, b = ctx.tp, ctx.elem_bytes
     B = acts["B"]
     time = (microbatches + stages - 1) * per_mb
     mtp = ctx.model.mtp
@@ -587,11 +587,11 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
         grad_b = np.where(cols["fp32_grads"], 4.0, b)    # Megatron's fp32 main_grad
     grads = np.where(cols["unsharded_grads"], grad_b, grad_b / ctx.optim_shards)
     optim_b = np.where(b < 4, 8.0 + ctx.master_bytes, 8.0)     # moments + master copy
-    per_param = b + np.where(training, grads + optim_b / ctx.optim_shards, 0.0)
+    per_param = b + ctx.if_training(grads + optim_b / ctx.optim_shards)
     matrix = params * per_param
     over = system.memory_overhead or MemoryOverhead()
     whole = B * V / (1.0 if over.logits_gathered else tp)
-    copy = np.where(training, whole * 4.0, 0.0)
+    copy = ctx.if_training(whole * 4.0)
     copies = over.logits_fp32_copies * copy
     last = np.where(stages == 1, 2 * matrix, matrix)
     if mtp:

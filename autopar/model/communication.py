@@ -244,7 +244,7 @@ def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: dict, networks):
     sequence_split = ctx.tp_rs_ag | ctx.tp_p2p
     fw_bytes = np.where(stages > 1, np.where(sequence_split, acts["A_split"], acts["A"])
                         * ctx.elem_bytes, 0.0)
-    bw_bytes = np.where(ctx.training, fw_bytes, 0.0)
+    bw_bytes = ctx.if_training(fw_bytes)
     net = NetworkTier(networks, cols["pipeline_par_net"])
     return fw_bytes, bw_bytes, net.time("p2p", fw_bytes, 2), net.time("p2p", bw_bytes, 2)
 

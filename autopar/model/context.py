@@ -62,6 +62,7 @@ class LayoutContext:
         self.model = model
         self.n = len(cols["tensor_par"])
         self.training = cols["training"]
+        self.all_training = bool(np.all(self.training))
         self.elem_bytes = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]],
                                    dtype=float)[cols["datatype"]]
         self.matrix = ComputeEngine(system.matrix, cols["datatype"], datatypes)
@@ -178,6 +179,14 @@ class LayoutContext:
     @cached_property
     def moe_overlap(self):
         return self._ext("moe_overlap", False)
+
+    def if_training(self, x, other=0.0):
+        """``np.where(training, x, other)``: ``x`` itself (a float column)
+        when every row trains."""
+        if self.all_training and isinstance(x, np.ndarray) and x.dtype == np.float64 \
+                and x.shape == (self.n,):
+            return x
+        return np.where(self.training, x, other)
 
     def processing_time(self, flops_time, mem_time):
         """Time of work that computes ``flops_time`` and moves ``mem_time``."""

@@ -161,12 +161,12 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     bw_time = passes * (sums["agrad_time"] + sums["wgrad_time"])
     optim_time = sched.blocks_per_stage * sums["optim_time"]
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
-    bw_offload = np.where(training, per_batch(sched, chunk["bw_base_offload"],
-                                              chunk["bw_edge_offload"]), 0.0)
+    bw_offload = ctx.if_training(per_batch(sched, chunk["bw_base_offload"],
+                                           chunk["bw_edge_offload"]))
     # Full recompute of only recompute_layers blocks of each stage.
     share = recompute_share(cols, recompute_full, sched.blocks_per_stage)
     recompute_time = passes * sums["re_time"] * share
-    recomm_exposed = np.where(training, recomm_exposed * share, 0.0)
+    recomm_exposed = ctx.if_training(recomm_exposed * share)
     # Context parallelism's K/V exchange; ZeRO-3 / FSDP weight gathers.
     if (cols["context_par"] > 1).any():
         S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
@@ -183,7 +183,7 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     S["bw_time"] = bw_time
     S["optim_step_time"] = optim_time
     S["recompute_time"] = recompute_time
-    S["recomm_link_time"] = np.where(training, recomm, 0.0)
+    S["recomm_link_time"] = ctx.if_training(recomm)
     S["recomm_exposed_time"] = recomm_exposed
     S["bubble_time"] = bubble_time
     S["tp_comm_link_time"] = tp_fw + tp_bw

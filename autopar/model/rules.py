@@ -74,7 +74,7 @@ _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
 
 
 # Rows checked at a time: slices whose columns stay in cache.
-CHUNK = 1 << 16
+CHUNK = 1 << 17
 
 
 def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray, list[int]]:
