@@ -258,7 +258,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         # memory parts, so that the reason can say how much it needs; the
         # other statistics are NaN where the layout cannot run.
         kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
-        valid = _typed_columns(cols if every else {f: v[rows] for f, v in cols.items()})
+        valid = _typed_columns(cols if every else _take_rows(cols, rows))
         datatypes = sorted(set(np.unique(valid["datatype"]).tolist()))
         m = len(rows)
         ext = np.empty(min(CHUNK, m) + 1)          # a chunk's values, then NaN
@@ -327,6 +327,19 @@ def _keep(buf) -> None:
     """A freed table's mapping, kept for the next table (one at most)."""
     if not _SPARE:
         _SPARE.append(buf)
+
+
+def _take_rows(cols: dict, rows: np.ndarray) -> dict:
+    """The columns at ``rows``; a column of one value (a default, or a field
+    the table fixes) stays a read-only view of that value instead of a copy."""
+    m = len(rows)
+    out = {}
+    for f, v in cols.items():
+        if v.strides == (0,) or (v[0] == v[-1] and (v == v[0]).all()):
+            out[f] = np.broadcast_to(v[:1], (m,))
+        else:
+            out[f] = v.take(rows)
+    return out
 
 
 def _spans(rows, sl: slice, n: int, every: bool, memory_failed):
