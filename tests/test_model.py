@@ -300,3 +300,23 @@ def test_large_table_equals_small_calls(tiny_system):
     assert not np.isnan(whole["total_time"][code == 0]).any()
     assert np.isnan(whole["proc_mem_tier1_cap_req"][broken]).all()
     assert not np.isnan(whole["proc_mem_tier1_cap_req"][memory]).any()
+
+
+@pytest.mark.parametrize("values", [(1, 2, 4, 8), (-3, -1, 0, 1, 2, 5, 7), (1, 3, 1 << 20)])
+def test_by_value_equals_the_direct_computation(values):
+    """Integer functions by value table give what the operations give
+    directly, also with zeros and negative values, and where the ranges
+    are too wide for a table (computed directly)."""
+    from autopar.model.lookup import by_value
+    rng = np.random.default_rng(len(values))
+    a, b = (rng.choice(values, 50_000) for _ in range(2))
+    c = rng.integers(1, 9, 50_000)
+
+    def f(x, y, z):
+        return (x * (96 // np.maximum(y, 1))) % z != 0
+
+    def g(x):
+        return -(-80 // np.maximum(x, 1))
+    assert np.array_equal(by_value(f, a, b, c), f(a, b, c))
+    assert np.array_equal(by_value(g, a), g(a))
+    assert by_value(g, a).dtype == g(a).dtype
