@@ -255,3 +255,68 @@ def test_system_without_second_memory_tier(repo_root):
     assert rows.feasible.tolist() == [True, False]
     assert "mem tier2" in rows.reason[1]
     assert rows.fw_offload_exposed_time[0] == 0
+
+
+def test_large_table_equals_small_calls(tiny_system):
+    """90,000 layouts in one call (a table large enough to be mapped with its
+    pages populated, computed rows spread among rows that break a rule or
+    fail on memory) give exactly what calls of 7,000 rows give, also when the
+    table reuses the mapping of an earlier one with other values; the
+    statistics are rows of one (statistic, layout) table (frame.py wraps it)."""
+    from autopar.model import evaluate as E
+    m = load_model(dict(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32,
+                        attn_size=128, num_blocks=8))
+    n = 90_000
+    rng = np.random.default_rng(5)
+    cols = {f: np.repeat(v, n) for f, v in to_columns([_exe(batch_size=16)]).items()}
+    cols["microbatch_size"] = rng.choice([1, 2, 4, 8, 16, 3], n)     # 3: invalid
+    cols["activation_recompute"] = rng.integers(0, 3, n).astype(np.int8)
+    cols["tensor_par"] = np.where(rng.random(n) < 0.2, 2, 1)        # 2: invalid
+    E._SPARE.clear()
+    other = M.evaluate_columns(m, tiny_system, dict(cols, microbatch_size=np.ones(n, int)))
+    assert not E._SPARE and not np.isnan(other["total_time"]).all()
+    del other                   # its mapping is kept and reused by the next
+    assert len(E._SPARE) == 1
+    whole = M.evaluate_columns(m, tiny_system, cols)
+    assert not E._SPARE
+    assert whole[M.STATS[0]].base.shape == (len(M.STATS), n)
+    code = whole["reason_code"]
+    assert (code == 0).any() and (code == M.REASON_CODE[
+        "infeasible: mem tier1 capacity exceeded"]).any() and (code == 2).any()
+    parts = [M.evaluate_columns(m, tiny_system, {f: v[i:i + 7000] for f, v in cols.items()})
+             for i in range(0, n, 7000)]
+    # The rows that pass the rules alone (every row computed: written in order).
+    ran = np.flatnonzero((code == 0) | (code == M.REASON_CODE[
+        "infeasible: mem tier1 capacity exceeded"]))
+    alone = M.evaluate_columns(m, tiny_system, {f: v[ran] for f, v in cols.items()})
+    for name in list(M.STATS) + ["feasible", "reason_code"]:
+        joined = np.concatenate([p[name] for p in parts])
+        assert np.array_equal(whole[name], joined, equal_nan=name in M.STATS), name
+        assert np.array_equal(whole[name][ran], alone[name], equal_nan=name in M.STATS), name
+    # NaN where a rule is broken; on a memory failure, but for the requirements.
+    memory = code == M.REASON_CODE["infeasible: mem tier1 capacity exceeded"]
+    broken = (code != 0) & ~memory
+    assert np.isnan(whole["total_time"][code != 0]).all()
+    assert not np.isnan(whole["total_time"][code == 0]).any()
+    assert np.isnan(whole["proc_mem_tier1_cap_req"][broken]).all()
+    assert not np.isnan(whole["proc_mem_tier1_cap_req"][memory]).any()
+
+
+@pytest.mark.parametrize("values", [(1, 2, 4, 8), (-3, -1, 0, 1, 2, 5, 7), (1, 3, 1 << 20)])
+def test_by_value_equals_the_direct_computation(values):
+    """Integer functions by value table give what the operations give
+    directly, also with zeros and negative values, and where the ranges
+    are too wide for a table (computed directly)."""
+    from autopar.model.lookup import by_value
+    rng = np.random.default_rng(len(values))
+    a, b = (rng.choice(values, 50_000) for _ in range(2))
+    c = rng.integers(1, 9, 50_000)
+
+    def f(x, y, z):
+        return (x * (96 // np.maximum(y, 1))) % z != 0
+
+    def g(x):
+        return -(-80 // np.maximum(x, 1))
+    assert np.array_equal(by_value(f, a, b, c), f(a, b, c))
+    assert np.array_equal(by_value(g, a), g(a))
+    assert by_value(g, a).dtype == g(a).dtype

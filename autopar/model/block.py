@@ -235,18 +235,31 @@ def _compact(col: np.ndarray) -> tuple[np.ndarray | None, int]:
     return rank[shifted], k
 
 
+# A column whose values span at most this many integers is coded as its
+# value minus the smallest (no renumbering pass); a wider one is renumbered
+# to its distinct values.  The key keeps the order of the columns' values
+# either way, so the distinct keys come out in the same order.
+_RAW_SPAN = 16
+
+
 def _pack(columns) -> tuple[np.ndarray, int]:
     """One int64 key per row from integer columns (mixed radix over each
-    column's distinct values), and the number of keys possible."""
+    column's values), and the number of keys possible."""
     key, size = None, 1
     for col in columns:
-        code, k = _compact(col)
-        if code is None:
+        if not len(col):
+            break
+        lo, hi = int(col.min()), int(col.max())
+        if lo == hi:
             continue
+        if hi - lo < _RAW_SPAN:
+            code, k = (col - lo if lo else col), hi - lo + 1
+        else:
+            code, k = _compact(col)
         if size > (1 << 62) // k:       # too many combinations: renumber the key
             key, size = _compact(key)
             key = np.zeros(len(col), dtype=np.int64) if key is None else key
-        key = code if key is None else key * k + code
+        key = code.astype(np.int64) if key is None else key * k + code
         size *= k
     n = len(columns[0])
     return (np.zeros(n, dtype=np.int64) if key is None else key), size
@@ -309,6 +322,7 @@ class BlockCache:
             self.weight_shard = _ones_to_none(shard_counts(cols)[2])
             self.grad_scale = _grad_scale(cols)
             self.x_shard = self.x_grad_shard = self.shard
+            self.shard_counts = None
             return
         t = cols["tensor_par"]
         tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
@@ -334,7 +348,8 @@ class BlockCache:
         sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
         sub["sharding_group"] = np.zeros(len(idx1), dtype=np.int64)
         sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
-        shard, grad_shard, weight_shard = shard_counts(cols)
+        self.shard_counts = shard_counts(cols)
+        shard, grad_shard, weight_shard = self.shard_counts
         shard = shard.astype(np.int64)
         key2 = [cols["datatype"], t, cols["attention_type"], cols["tensor_par_overlap"] != 0,
                 cols["training"], shard]
@@ -365,14 +380,20 @@ class BlockCache:
         self.x_shard = x_shard
         self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
 
+    def shards(self, sl: slice):
+        """``shard_counts`` of the rows ``sl`` (None: compute them)."""
+        return None if self.shard_counts is None else tuple(c[sl] for c in self.shard_counts)
+
     def head(self, sl: slice):
         """``head_microbatch_time`` of the rows ``sl`` (None: no vocabulary)."""
         return None if self._head is None else self._head[sl]
 
     def rows(self, sl: slice) -> dict:
         """Per-block sums for the rows ``sl`` (one gather per key table)."""
-        a = self._t1[:, self.inv1[sl]]
-        b = self._t2[:, self.inv2[sl]]
+        # np.take keeps each sum a contiguous row (``t[:, idx]`` would give
+        # a column-major result, every sum strided across the others).
+        a = np.take(self._t1, self.inv1[sl], axis=1)
+        b = np.take(self._t2, self.inv2[sl], axis=1)
         sums = dict(zip(self._n1, a))
         sums.update(zip(OPTIM_SUMS, b))
         # Expert footprints shard over expert-data-parallel, the rest over data_par.
@@ -556,7 +577,7 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
     if V <= 0:
         return 0.0, {"first": 0.0, "last": 0.0,
                      "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
-    tp, training, b = ctx.tp, ctx.training, ctx.elem_bytes
+    tp, b = ctx.tp, ctx.elem_bytes
     B = acts["B"]
     time = (microbatches + stages - 1) * per_mb
     mtp = ctx.model.mtp
@@ -566,11 +587,11 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
         grad_b = np.where(cols["fp32_grads"], 4.0, b)    # Megatron's fp32 main_grad
     grads = np.where(cols["unsharded_grads"], grad_b, grad_b / ctx.optim_shards)
     optim_b = np.where(b < 4, 8.0 + ctx.master_bytes, 8.0)     # moments + master copy
-    per_param = b + np.where(training, grads + optim_b / ctx.optim_shards, 0.0)
+    per_param = b + ctx.if_training(grads + optim_b / ctx.optim_shards)
     matrix = params * per_param
     over = system.memory_overhead or MemoryOverhead()
     whole = B * V / (1.0 if over.logits_gathered else tp)
-    copy = np.where(training, whole * 4.0, 0.0)
+    copy = ctx.if_training(whole * 4.0)
     copies = over.logits_fp32_copies * copy
     last = np.where(stages == 1, 2 * matrix, matrix)
     if mtp:

@@ -244,7 +244,7 @@ def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: dict, networks):
     sequence_split = ctx.tp_rs_ag | ctx.tp_p2p
     fw_bytes = np.where(stages > 1, np.where(sequence_split, acts["A_split"], acts["A"])
                         * ctx.elem_bytes, 0.0)
-    bw_bytes = np.where(ctx.training, fw_bytes, 0.0)
+    bw_bytes = ctx.if_training(fw_bytes)
     net = NetworkTier(networks, cols["pipeline_par_net"])
     return fw_bytes, bw_bytes, net.time("p2p", fw_bytes, 2), net.time("p2p", bw_bytes, 2)
 
@@ -354,7 +354,8 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
         block_time = np.where(active, np.where(
             sharded, net.time("reduce_scatter", grad_bytes, inner) + gather + cross,
             net.time("all_reduce", grad_bytes, peers)), 0.0)
-    x_active = (ctx.edp > 1) & training & (expert_bytes > 0)
+    x_bytes = np.asarray(expert_bytes) > 0
+    x_active = (ctx.edp > 1) & training & x_bytes if x_bytes.any() else False
     if np.any(x_active):
         x_peers = np.maximum(ctx.edp, 2)
         x_grads = expert_bytes * (np.where(cols["fp32_grads"], 4.0 / ctx.elem_bytes, 1.0)
@@ -373,7 +374,7 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     window_compute = stages_f * chunk_compute
     chunk_time = sched.blocks_per_chunk * block_time
     same_pp = cols["data_par_net"] == cols["pipeline_par_net"]
-    leftover = sched.microbatches % stages
+    leftover = sched.leftover
     with np.errstate(divide="ignore", invalid="ignore"):
         # On the pipeline's tier the sync also waits for backward p2p transfers.
         p2p_waits = np.where(same_pp, np.minimum(np.floor_divide(chunk_time, chunk["bw"]),

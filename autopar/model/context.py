@@ -57,10 +57,12 @@ def shard_counts(cols: dict):
 class LayoutContext:
     """Per-row quantities shared by all layers of a block."""
 
-    def __init__(self, model: ModelSpec, system: SystemSpec, cols: dict, datatypes):
+    def __init__(self, model: ModelSpec, system: SystemSpec, cols: dict, datatypes,
+                 shards=None):
         self.model = model
         self.n = len(cols["tensor_par"])
         self.training = cols["training"]
+        self.all_training = bool(np.all(self.training))
         self.elem_bytes = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]],
                                    dtype=float)[cols["datatype"]]
         self.matrix = ComputeEngine(system.matrix, cols["datatype"], datatypes)
@@ -75,8 +77,10 @@ class LayoutContext:
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
-        # gradients are kept whole, the weight gradients) over data_par.
-        self.optim_shards, self.grad_shards, self.weight_shards = shard_counts(cols)
+        # gradients are kept whole, the weight gradients) over data_par
+        # (``shards``: ``shard_counts(cols)`` when the caller has them).
+        self.optim_shards, self.grad_shards, self.weight_shards = (
+            shard_counts(cols) if shards is None else shards)
         # Context parallelism: each processor holds 1/context_par of the sequence.
         self.cp = np.broadcast_to(_col(cols, "context_par"), (self.n,)).astype(float)
         # FP8 recipes: the block's GEMMs run at the fp8 (or mxfp8) matrix rate.
@@ -91,8 +95,16 @@ class LayoutContext:
             fallback = dts.index(have[0])
             code = np.where(mx, dts.index("mxfp8"), dts.index("float8"))
             code = np.where(self.fp8, code, fallback)
-            used = sorted({int(c) for c in np.unique(code)} & {dts.index(d) for d in have})
-            code = np.where(np.isin(code, used), code, fallback).astype(np.int8)
+            # The codes present, from the masks (no pass over code).
+            present = {fallback} if not self.fp8.all() else set()
+            if (self.fp8 & mx).any():
+                present.add(dts.index("mxfp8"))
+            if (self.fp8 & ~mx).any():
+                present.add(dts.index("float8"))
+            used = sorted(present & {dts.index(d) for d in have})
+            if len(used) < len(present):
+                code = np.where(np.isin(code, used), code, fallback)
+            code = code.astype(np.int8)
             self.matrix_fp8 = ComputeEngine(system.matrix, code, used)
         self.tp_net = NetworkTier(system.networks, cols["tensor_par_net"])
         self.cp_net = NetworkTier(system.networks,
@@ -167,6 +179,14 @@ class LayoutContext:
     @cached_property
     def moe_overlap(self):
         return self._ext("moe_overlap", False)
+
+    def if_training(self, x, other=0.0):
+        """``np.where(training, x, other)``: ``x`` itself (a float column)
+        when every row trains."""
+        if self.all_training and isinstance(x, np.ndarray) and x.dtype == np.float64 \
+                and x.shape == (self.n,):
+            return x
+        return np.where(self.training, x, other)
 
     def processing_time(self, flops_time, mem_time):
         """Time of work that computes ``flops_time`` and moves ``mem_time``."""

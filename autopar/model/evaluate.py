@@ -21,6 +21,8 @@ a ``reason_code`` (index into ``REASONS``) and NaN statistics.
 """
 from __future__ import annotations
 
+import mmap
+import weakref
 from typing import Mapping
 
 import numpy as np
@@ -33,7 +35,7 @@ from autopar.model.context import LayoutContext
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
                                   recompute_share)
 from autopar.model.moe import mix, stage_counts
-from autopar.model.pipeline import bubble, chunk_times, per_batch, schedule
+from autopar.model.pipeline import Schedule, bubble, chunk_times, per_batch, schedule
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
 
 # Statistics reported, by Calculon's names, in Calculon's order.
@@ -109,14 +111,13 @@ _BLOCK_STATS["tp_bw_overlap_req"] = "tp_bw_req"
 
 
 def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
-          stage_sums: tuple | None, head_per_mb) -> dict:
+          stage_sums: tuple | None, head_per_mb, sched: Schedule) -> dict:
     """Every statistic of one batch per row, from the per-block sums ``sums``
     (of the stage that paces the pipeline) and, for a model whose blocks
     differ, ``stage_sums``: those of the first and of the last stage (memory);
     ``head_per_mb``: the output head's time per micro-batch (None without a
-    vocabulary)."""
+    vocabulary); ``sched``: the rows' ``schedule``."""
     training = ctx.training
-    sched = schedule(cols, ctx.model.num_blocks)
     stages, micro = sched.stages, sched.microbatches
     recompute_full = acts["recompute_full"]
     S = {name: sums[key] for name, key in _BLOCK_STATS.items()}
@@ -160,12 +161,12 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     bw_time = passes * (sums["agrad_time"] + sums["wgrad_time"])
     optim_time = sched.blocks_per_stage * sums["optim_time"]
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
-    bw_offload = np.where(training, per_batch(sched, chunk["bw_base_offload"],
-                                              chunk["bw_edge_offload"]), 0.0)
+    bw_offload = ctx.if_training(per_batch(sched, chunk["bw_base_offload"],
+                                           chunk["bw_edge_offload"]))
     # Full recompute of only recompute_layers blocks of each stage.
     share = recompute_share(cols, recompute_full, sched.blocks_per_stage)
     recompute_time = passes * sums["re_time"] * share
-    recomm_exposed = np.where(training, recomm_exposed * share, 0.0)
+    recomm_exposed = ctx.if_training(recomm_exposed * share)
     # Context parallelism's K/V exchange; ZeRO-3 / FSDP weight gathers.
     if (cols["context_par"] > 1).any():
         S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
@@ -182,7 +183,7 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     S["bw_time"] = bw_time
     S["optim_step_time"] = optim_time
     S["recompute_time"] = recompute_time
-    S["recomm_link_time"] = np.where(training, recomm, 0.0)
+    S["recomm_link_time"] = ctx.if_training(recomm)
     S["recomm_exposed_time"] = recomm_exposed
     S["bubble_time"] = bubble_time
     S["tp_comm_link_time"] = tp_fw + tp_bw
@@ -223,7 +224,7 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     return S
 
 
-CHUNK = 1 << 14
+CHUNK = 1 << 15
 _MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
 
 
@@ -248,57 +249,140 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     rows = np.flatnonzero(code == 0)
     every = len(rows) == n
     # One (statistic, layout) table; each statistic is a contiguous row of it.
-    table = np.empty((len(names), n))
+    table = _table(len(names), n)
     out = dict(zip(names, table))
     if not len(rows):
         table.fill(np.nan)
     else:
-        dead = None if every else code != 0          # broke a rule: never computed
-        valid = _typed_columns(cols if every else {f: v[rows] for f, v in cols.items()})
+        # A layout that fails only on memory keeps its requirements and the
+        # memory parts, so that the reason can say how much it needs; the
+        # other statistics are NaN where the layout cannot run.
+        kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
+        valid = _typed_columns(cols if every else _take_rows(cols, rows))
         datatypes = sorted(set(np.unique(valid["datatype"]).tolist()))
         m = len(rows)
+        ext = np.empty(min(CHUNK, m) + 1)          # a chunk's values, then NaN
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             blocks = BlockCache(model, system, valid, datatypes)
             moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
                           if model.moe is not None else None)
+            sched = schedule(valid, model.num_blocks)
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
-                at = sl if every else rows[sl]
                 part = {f: v[sl] for f, v in valid.items()}
-                ctx = LayoutContext(model, system, part, datatypes)
+                ctx = LayoutContext(model, system, part, datatypes, blocks.shards(sl))
                 sums, stage_sums = _stage_sums(model, part, blocks.rows(sl),
                                                moe_blocks.rows(sl) if moe_blocks else None)
                 S = batch(ctx, part, sums, activation_sizes(ctx, part), system, stage_sums,
-                          blocks.head(sl))
-                code[at] = np.where(
+                          blocks.head(sl), sched.rows(sl))
+                memory = np.where(
                     S["proc_mem_tier1_cap_req"] > ctx.mem1.capacity,
                     REASON_CODE["infeasible: mem tier1 capacity exceeded"],
                     np.where(S["proc_mem_tier2_cap_req"] > ctx.mem2.capacity,
                              REASON_CODE["infeasible: mem tier2 capacity exceeded"], 0))
-                for name in names:
-                    out[name][at] = S[name]
-        # A layout that fails only on memory keeps its requirements and the
-        # memory parts, so that the reason can say how much it needs; NaN
-        # goes to the other statistics, a run of table rows at a time.
-        failed = code != 0
-        for lo, hi, kept in _runs([name in _MEM_REQ or name in MEMORY_PARTS
-                                   for name in names]):
-            mask = dead if kept else failed
-            if mask is not None and mask.any():
-                table[lo:hi, mask] = np.nan
+                code[sl if every else rows[sl]] = memory
+                _write(table, kept, S, names, ext, _spans(rows, sl, n, every, memory != 0))
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
 
 
-def _runs(flags: list) -> list:
-    """(start, stop, flag) of each run of equal ``flags``."""
-    runs, start = [], 0
-    for i in range(1, len(flags) + 1):
-        if i == len(flags) or flags[i] != flags[start]:
-            runs.append((start, i, flags[start]))
-            start = i
-    return runs
+# Tables of at least this many bytes are mapped with their pages in place,
+# and the mapping of one that is no longer used is kept for the next.
+_POPULATE_BYTES = 1 << 26
+_SPARE: list = []
+
+
+def _table(k: int, n: int) -> np.ndarray:
+    """An uninitialised (k, n) float64 table (every entry is written after).
+
+    A large one is an anonymous mapping whose pages the kernel provides at
+    once (MAP_POPULATE, Linux): faulting them in one by one as the table is
+    first written cost 0.3 s for 104 x 1M, or over 1 s where numpy's
+    transparent-huge-page advice made the kernel compact memory first;
+    populated, 0.26 s.  When the table is freed its mapping is kept (one
+    at most) and the next large table that fits in it reuses it, its pages
+    already in place: evaluating chunk after chunk pays for them once."""
+    nbytes = k * n * 8
+    populate = getattr(mmap, "MAP_POPULATE", None)
+    if nbytes < _POPULATE_BYTES or populate is None:
+        return np.empty((k, n))
+    try:
+        buf = _SPARE.pop()
+    except IndexError:
+        buf = None
+    if buf is None or not nbytes <= len(buf) <= 2 * nbytes:
+        try:
+            buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+        except (OSError, ValueError):
+            return np.empty((k, n))
+    # (rows of it have the table as their base, as with np.empty: frame.py
+    # wraps the table itself)
+    table = np.ndarray((k, n), dtype=np.float64, buffer=buf)
+    weakref.finalize(table, _keep, buf).atexit = False
+    return table
+
+
+def _keep(buf) -> None:
+    """A freed table's mapping, kept for the next table (one at most)."""
+    if not _SPARE:
+        _SPARE.append(buf)
+
+
+def _take_rows(cols: dict, rows: np.ndarray) -> dict:
+    """The columns at ``rows``; a column of one value (a default, or a field
+    the table fixes) stays a read-only view of that value instead of a copy."""
+    m = len(rows)
+    out = {}
+    for f, v in cols.items():
+        if v.strides == (0,) or (v[0] == v[-1] and (v == v[0]).all()):
+            out[f] = np.broadcast_to(v[:1], (m,))
+        else:
+            out[f] = v.take(rows)
+    return out
+
+
+def _spans(rows, sl: slice, n: int, every: bool, memory_failed):
+    """Where a chunk of computed rows (``rows[sl]``) goes in the table: the
+    columns ``lo:hi`` (the chunk's rows and the uncomputed ones before the
+    next chunk's), the chunk's length ``L``, and for the statistics kept on a
+    memory failure (``where``) and for the others (``failed``), each
+    column's position in the chunk (``L``: NaN), or None where the columns
+    are the chunk in order."""
+    L = sl.stop - sl.start
+    if every:
+        lo, hi = sl.start, sl.stop
+        if not memory_failed.any():
+            return lo, hi, L, None, None
+        failed = np.arange(L)
+        failed[memory_failed] = L
+        return lo, hi, L, None, failed
+    lo = 0 if sl.start == 0 else int(rows[sl.start])
+    hi = n if sl.stop == len(rows) else int(rows[sl.stop])
+    at = rows[sl] - lo
+    where = np.full(hi - lo, L, dtype=np.intp)
+    where[at] = np.arange(L)
+    failed = where
+    if memory_failed.any():
+        failed = where.copy()
+        failed[at[memory_failed]] = L
+    return lo, hi, L, where, failed
+
+
+def _write(table, kept, S, names, ext, span) -> None:
+    """A chunk's statistics into their table rows, each row's columns written
+    once: a contiguous copy, or a gather through the span's positions from
+    the chunk's values followed by a NaN (``ext``, a buffer)."""
+    lo, hi, L, where, failed = span
+    buf = ext[:L + 1]
+    buf[L] = np.nan
+    for j, name in enumerate(names):
+        index = where if kept[j] else failed
+        if index is None:
+            table[j, lo:hi] = S[name]
+        else:
+            buf[:L] = S[name]
+            np.take(buf, index, out=table[j, lo:hi], mode="clip")
 
 
 def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None):
@@ -358,6 +442,7 @@ def reason_text(out: Mapping, system: SystemSpec):
         gib = np.round(need[rows] / 1024 ** 3, 2)
         values, inverse = np.unique(gib, return_inverse=True)
         codes[rows] = len(cats) + inverse
-        cats += [f"infeasible: mem tier{tier} needs {v:.2f} GiB but has {mem.GiB:g} GiB"
-                 for v in values]
+        # (Python floats format as numpy's do, at a third of the time)
+        head, tail = f"infeasible: mem tier{tier} needs ", f" GiB but has {mem.GiB:g} GiB"
+        cats += [f"{head}{v:.2f}{tail}" for v in values.tolist()]
     return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))

@@ -25,18 +25,17 @@ from autopar.model.pipeline import Schedule
 def offload_traffic(ctx: LayoutContext, cols: dict, sums: dict, checkpoint,
                     recompute_full) -> dict:
     """Bytes a block moves to or from tier 2 in forward and backward, and the time."""
-    training = ctx.training
     weights, acts, optim = (cols["weight_offload"], cols["activations_offload"],
                             cols["optimizer_offload"])
     act_bytes = np.where(recompute_full, checkpoint, sums["act_storage"])
     fw_bytes = np.maximum(np.where(weights, sums["weight_space"], 0.0),
                           np.where(acts, act_bytes, 0.0))
-    bw_bytes = np.where(training, np.where(weights, sums["weight_space"], 0.0)
-                        + np.where(acts, act_bytes, 0.0)
-                        + np.where(optim, sums["optimizer_space"], 0.0), 0.0)
+    bw_bytes = ctx.if_training(np.where(weights, sums["weight_space"], 0.0)
+                               + np.where(acts, act_bytes, 0.0)
+                               + np.where(optim, sums["optimizer_space"], 0.0))
     return {"act_bytes": act_bytes, "fw_bytes": fw_bytes, "bw_bytes": bw_bytes,
             "fw_time": ctx.mem2.time(fw_bytes),
-            "bw_time": np.where(training, ctx.mem2.time(bw_bytes), 0.0)}
+            "bw_time": ctx.if_training(ctx.mem2.time(bw_bytes))}
 
 
 def offload_bandwidth(ctx: LayoutContext, sums: dict, chunk: dict, offload: dict) -> dict:
@@ -152,17 +151,16 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
 
     act_first, ckpt_first = stage_activations(in_flight_first)
     act_last, ckpt_last = stage_activations(last_stage_in_flight(sched))
-    act_grad = np.where(training, sums["act_grad_space"], 0.0)
-    wgrad_space = np.where(training, sums["wgrad_space_full"]
-                           + sums["wgrad_space"] * (blocks - 1), 0.0)
-    optimizer_space = np.where(training, sums["optimizer_space"] * blocks, 0.0)
+    act_grad = ctx.if_training(sums["act_grad_space"])
+    wgrad_space = ctx.if_training(sums["wgrad_space_full"] + sums["wgrad_space"] * (blocks - 1))
+    optimizer_space = ctx.if_training(sums["optimizer_space"] * blocks)
     # With offloading, tier 1 keeps two blocks' worth (double buffering).
     weight_min = sums["weight_space"] * 2
     act_min = np.where(recompute_full, sums["act_working"],
                        sums["act_working"] + sums["act_storage"])
-    ckpt_min = np.where(training, np.where(recompute_full, checkpoint * 2, 0.0), np.nan)
-    wgrad_min = np.where(training, sums["wgrad_space_full"] + sums["wgrad_space"], 0.0)
-    optim_min = np.where(training, sums["optimizer_space"] * 2, 0.0)
+    ckpt_min = ctx.if_training(np.where(recompute_full, checkpoint * 2, 0.0), np.nan)
+    wgrad_min = ctx.if_training(sums["wgrad_space_full"] + sums["wgrad_space"])
+    optim_min = ctx.if_training(sums["optimizer_space"] * 2)
     S.update({
         "weight_space_with_offload": weight_min, "act_space_with_offload": act_min,
         "act_checkpoint_size_with_offload": ckpt_min, "act_grad_space_with_offload": act_grad,

@@ -13,9 +13,11 @@ meets micro-batches that do not fill the pipeline.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
+
+from autopar.model.lookup import by_value
 
 
 @dataclass(frozen=True)
@@ -30,20 +32,33 @@ class Schedule:
     chunks: np.ndarray            # chunks per stage
     base_blocks: np.ndarray       # blocks of a chunk but its edge block (float)
     chunk_passes: np.ndarray      # microbatches * chunks: chunk passes per stage
+    leftover: np.ndarray          # microbatches % stages
+
+    def rows(self, sl: slice) -> "Schedule":
+        """The schedule of the rows ``sl``."""
+        return Schedule(**{f.name: getattr(self, f.name)[sl] for f in fields(self)})
 
 
 def schedule(cols: dict, num_blocks: int) -> Schedule:
     stages, interleaving = cols["pipeline_par"], cols["pipeline_interleaving"]
-    blocks_per_stage = -(-num_blocks // stages)
-    missing = np.where(num_blocks % stages != 0, stages - num_blocks % stages, 0)
-    blocks_per_chunk = np.maximum(blocks_per_stage // interleaving, 1)
+
+    def per_stage(p):
+        return -(-num_blocks // p)
+
+    # Functions of (stages, interleaving), which take few values: once per value.
+    blocks_per_stage = by_value(per_stage, stages)
+    missing = by_value(lambda p: np.where(num_blocks % p != 0, p - num_blocks % p, 0), stages)
+    blocks_per_chunk = by_value(lambda p, v: np.maximum(per_stage(p) // v, 1),
+                                stages, interleaving)
+    chunks = by_value(lambda p, v: per_stage(p) // np.maximum(per_stage(p) // v, 1),
+                      stages, interleaving)
     microbatches = cols["batch_size"] // cols["data_par"] // cols["microbatch_size"]
-    chunks = blocks_per_stage // blocks_per_chunk
     return Schedule(
         stages=stages, interleaving=interleaving, microbatches=microbatches,
         blocks_per_stage=blocks_per_stage, missing_blocks=missing,
         blocks_per_chunk=blocks_per_chunk, chunks=chunks,
-        base_blocks=(blocks_per_chunk - 1).astype(float), chunk_passes=microbatches * chunks)
+        base_blocks=(blocks_per_chunk - 1).astype(float), chunk_passes=microbatches * chunks,
+        leftover=microbatches % stages)
 
 
 def per_batch(sched: Schedule, base_value, edge_value):
@@ -93,6 +108,6 @@ def bubble(sched: Schedule, chunk: dict):
                                              + chunk["bw_base"] + chunk["bw_edge"]) / 2,
                      sched.missing_blocks * (chunk["fw_edge"] + chunk["bw_edge"]))
     # Interleaving with micro-batches that do not fill the pipeline idles more.
-    leftover = sched.microbatches % stages
+    leftover = sched.leftover
     extra = np.where(leftover != 0, (sched.interleaving - 1) * (stages - leftover), 0)
     return (stages - 1) * chunk_time + (extra * chunk_time - saved)

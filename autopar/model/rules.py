@@ -16,6 +16,7 @@ import numpy as np
 from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
+from autopar.model.lookup import by_value
 
 # Why a layout cannot run.  "invalid": the layout breaks a rule of its own;
 # "infeasible": well formed, but the system cannot run it.
@@ -73,7 +74,7 @@ _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
 
 
 # Rows checked at a time: slices whose columns stay in cache.
-CHUNK = 1 << 16
+CHUNK = 1 << 17
 
 
 def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray, list[int]]:
@@ -155,32 +156,35 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
             size = np.where(on, size * par, size)
         flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
         if nets[tier].must_be_filled:
-            flag(used & (nets[tier].size % np.maximum(size, 1) != 0), REASONS[_NET_FILL + tier])
+            flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0, size),
+                 REASONS[_NET_FILL + tier])
     dts = [CHOICES["datatype"].index(d) for d in CHOICES["datatype"]
            if d in system.matrix and d in system.vector]
     flag(~np.isin(cols["datatype"], dts), "invalid: datatype not supported by the system")
     nb = model.num_blocks
-    blocks_per_stage = -(-nb // pp1)
+    blocks_per_stage = by_value(lambda p: -(-nb // p), pp1)
     interleaving = np.maximum(cols["pipeline_interleaving"], 1)
     flag(interleaving > blocks_per_stage,
          "infeasible: pipeline_interleaving exceeds the blocks per processor")
-    flag(blocks_per_stage % interleaving != 0,
+    flag(by_value(lambda p, v: -(-nb // p) % v != 0, pp1, interleaving),
          "infeasible: pipeline_interleaving must divide the blocks per processor")
     flag((cols["weight_offload"] | cols["activations_offload"] | cols["optimizer_offload"])
          & (blocks_per_stage <= 2),
          "infeasible: offloading requires each processor to handle at least 3 blocks")
     p2p = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("p2p_rs_ag")
-    flag((rs | p2p) & ((cols["microbatch_size"] * (model.seq_size // np.maximum(cp, 1))) % tp1
-                       != 0),
+    flag((rs | p2p) & by_value(lambda u, c, x: (u * (model.seq_size // c)) % x != 0,
+                               cols["microbatch_size"], np.maximum(cp, 1), tp1),
          "invalid: microbatch_size * seq_size must be divisible by tensor_par")
-    flag((model.hidden % tp1 != 0) | (model.feedforward % tp1 != 0) | (model.attn_heads % tp1 != 0),
+    flag(by_value(lambda x: (model.hidden % x != 0) | (model.feedforward % x != 0)
+                  | (model.attn_heads % x != 0), tp1),
          "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par")
     # autopar's extension fields (checked only where some row sets them).
     if extended:
         cp1 = np.maximum(cp, 1)
-        flag((cp > 1) & (model.seq_size % (2 * cp1) != 0),
+        flag((cp > 1) & by_value(lambda c: model.seq_size % (2 * c) != 0, cp1),
              "invalid: seq_size must be divisible by 2 * context_par")
-        flag((cp > 1) & (cols["context_par_comm"] == 1) & (model.attn_heads % (tp1 * cp1) != 0),
+        flag((cp > 1) & (cols["context_par_comm"] == 1)
+             & by_value(lambda x, c: model.attn_heads % (x * c) != 0, tp1, cp1),
              "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par")
     ws = cols["weight_sharding"]
     if ws.any():
@@ -188,7 +192,8 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
              "invalid: weight_sharding needs optimizer_sharding without unsharded_grads")
     g = cols["sharding_group"]
     if g.any():
-        flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"] | (dp % np.maximum(g, 1) != 0))),
+        flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"]
+                                   | by_value(lambda d, x: d % np.maximum(x, 1) != 0, dp, g))),
              "invalid: sharding_group must divide data_par and needs optimizer_sharding")
     pgo = cols["param_gather_overlap"]
     if pgo.any():
