@@ -302,6 +302,28 @@ def test_large_table_equals_small_calls(tiny_system):
     assert not np.isnan(whole["proc_mem_tier1_cap_req"][memory]).any()
 
 
+def test_a_large_freed_table_is_not_kept(tiny_system, monkeypatch):
+    """A freed table's mapping is kept for the next call only up to
+    _SPARE_BYTES: a larger one is not held between calls."""
+    import mmap
+    from autopar.model import evaluate as E
+    m = load_model(dict(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32,
+                        attn_size=128, num_blocks=8))
+    n = 90_000
+    cols = {f: np.repeat(v, n) for f, v in to_columns([_exe(batch_size=16)]).items()}
+    E._SPARE.clear()
+    monkeypatch.setattr(E, "_SPARE_BYTES", len(M.STATS) * n * 8 - 1)
+    out = M.evaluate_columns(m, tiny_system, cols)
+    assert isinstance(out["total_time"].base.base, mmap.mmap)
+    del out
+    assert not E._SPARE
+    monkeypatch.setattr(E, "_SPARE_BYTES", len(M.STATS) * n * 8)
+    out = M.evaluate_columns(m, tiny_system, cols)
+    del out
+    assert len(E._SPARE) == 1
+    E._SPARE.clear()
+
+
 @pytest.mark.parametrize("values", [(1, 2, 4, 8), (-3, -1, 0, 1, 2, 5, 7), (1, 3, 1 << 20)])
 def test_by_value_equals_the_direct_computation(values):
     """Integer functions by value table give what the operations give

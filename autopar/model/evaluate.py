@@ -22,6 +22,7 @@ a ``reason_code`` (index into ``REASONS``) and NaN statistics.
 from __future__ import annotations
 
 import mmap
+import os
 import weakref
 from typing import Mapping
 
@@ -288,9 +289,21 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
 
 
 # Tables of at least this many bytes are mapped with their pages in place,
-# and the mapping of one that is no longer used is kept for the next.
+# and the mapping of one that is no longer used, up to _SPARE_BYTES (a
+# sixteenth of the machine's memory), is kept for the next; a larger one goes
+# back to the system when it is freed.
 _POPULATE_BYTES = 1 << 26
 _SPARE: list = []
+
+
+def _physical_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return 1 << 32
+
+
+_SPARE_BYTES = _physical_bytes() // 16
 
 
 def _table(k: int, n: int) -> np.ndarray:
@@ -300,9 +313,11 @@ def _table(k: int, n: int) -> np.ndarray:
     once (MAP_POPULATE, Linux): faulting them in one by one as the table is
     first written cost 0.3 s for 104 x 1M, or over 1 s where numpy's
     transparent-huge-page advice made the kernel compact memory first;
-    populated, 0.26 s.  When the table is freed its mapping is kept (one
-    at most) and the next large table that fits in it reuses it, its pages
-    already in place: evaluating chunk after chunk pays for them once."""
+    populated, 0.26 s.  When a table of up to ``_SPARE_BYTES`` is freed its
+    mapping is kept (one at most) and the next large table that fits in it
+    reuses it, its pages already in place: evaluating chunk after chunk pays
+    for them once, and at most a sixteenth of the memory stays held between
+    calls (1.5 GiB on the 24 GiB development machine)."""
     nbytes = k * n * 8
     populate = getattr(mmap, "MAP_POPULATE", None)
     if nbytes < _POPULATE_BYTES or populate is None:
@@ -324,8 +339,9 @@ def _table(k: int, n: int) -> np.ndarray:
 
 
 def _keep(buf) -> None:
-    """A freed table's mapping, kept for the next table (one at most)."""
-    if not _SPARE:
+    """A freed table's mapping, kept for the next table (one at most, of up
+    to ``_SPARE_BYTES``)."""
+    if not _SPARE and len(buf) <= _SPARE_BYTES:
         _SPARE.append(buf)
 
 
