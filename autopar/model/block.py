@@ -9,8 +9,8 @@ sums over it equal the sums over each row's own layers.  ``accumulate``
 sums the layers into the per-block quantities (``SUMS``) with Calculon's
 recompute rules.  ``BlockCache`` computes them once per distinct block (a
 block depends on a handful of columns) and gathers them back per row.
-``output_head`` is the embedding and the output layer with its loss, for
-models that give a vocabulary.
+``head_time`` and ``head_memory`` are the embedding and the output layer
+with its loss, for models that give a vocabulary.
 
 Notation (elements of one micro-batch on one processor): ``B`` tokens,
 ``A`` = B x hidden, ``A_split`` the same split over tensor_par (sequence
@@ -560,26 +560,31 @@ def head_microbatch_time(ctx: LayoutContext, B) -> np.ndarray:
     return per_mb
 
 
-def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages,
-                system: SystemSpec, per_mb):
-    """Time and memory of the embedding and the output layer with its loss.
+def head_time(ctx: LayoutContext, microbatches, stages, per_mb):
+    """Time of the output layer with its loss over one batch (0 without a
+    vocabulary): it runs on the last pipeline stage for every micro-batch;
+    that stage paces the pipeline, so the extra time is paid in each of the
+    ``microbatches + stages - 1`` schedule slots.  ``per_mb``:
+    ``head_microbatch_time`` of the rows (``BlockCache.head``)."""
+    if float(ctx.model.vocab_size) <= 0:
+        return 0.0
+    return (microbatches + stages - 1) * per_mb
+
+
+def head_memory(ctx: LayoutContext, cols: dict, acts: dict, stages, system: SystemSpec):
+    """Memory of the embedding and the output layer with its loss.
 
     Only for models that give ``vocab_size`` (Calculon models none).  The
-    output layer and the cross-entropy (in fp32) run on the last pipeline
-    stage for every micro-batch; that stage paces the pipeline, so the extra
-    time is paid in each of the ``microbatches + stages - 1`` schedule slots.  The first
-    stage holds the embedding, the last the output matrix and one
+    first stage holds the embedding, the last the output matrix and one
     micro-batch's logits (with the fp32 copies the system's
     ``memory_overhead`` says the loss keeps); with one stage, both.
-    ``per_mb``: ``head_microbatch_time`` of the rows (``BlockCache.head``).
     """
     V = float(ctx.model.vocab_size)
     if V <= 0:
-        return 0.0, {"first": 0.0, "last": 0.0,
-                     "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
+        return {"first": 0.0, "last": 0.0,
+                "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
     tp, b = ctx.tp, ctx.elem_bytes
     B = acts["B"]
-    time = (microbatches + stages - 1) * per_mb
     mtp = ctx.model.mtp
     params = V * ctx.model.hidden / tp
     grad_b = b
@@ -596,6 +601,6 @@ def output_head(ctx: LayoutContext, cols: dict, acts: dict, microbatches, stages
     last = np.where(stages == 1, 2 * matrix, matrix)
     if mtp:
         last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * mtp * per_param
-    return time, {"first": matrix, "last": last,
-                  "logits": {"total": whole * b + copies, "fp32_copies": copies,
-                             "fp32_copy": copy}}
+    return {"first": matrix, "last": last,
+            "logits": {"total": whole * b + copies, "fp32_copies": copies,
+                       "fp32_copy": copy}}

@@ -30,7 +30,7 @@ import numpy as np
 
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
-from autopar.model.block import BlockCache, activation_sizes, output_head
+from autopar.model.block import BlockCache, activation_sizes, head_memory, head_time
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
@@ -111,13 +111,35 @@ for _edge in ("base", "edge"):
 _BLOCK_STATS["tp_bw_overlap_req"] = "tp_bw_req"
 
 
-def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
-          stage_sums: tuple | None, head_per_mb, sched: Schedule) -> dict:
-    """Every statistic of one batch per row, from the per-block sums ``sums``
-    (of the stage that paces the pipeline) and, for a model whose blocks
-    differ, ``stage_sums``: those of the first and of the last stage (memory);
+def batch_memory(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
+                 stage_sums: tuple | None, sched: Schedule) -> tuple[dict, np.ndarray]:
+    """The memory statistics of one batch per row (``footprints``: the
+    per-block and per-stage footprints, ``MEMORY_PARTS`` and the need on each
+    tier) and the per-block activation checkpoint, from the per-block sums
+    ``sums`` (of the stage that paces the pipeline) and, for a model whose
+    blocks differ, ``stage_sums``: those of the first and of the last stage;
+    ``sched``: the rows' ``schedule``.  Computed for every row that passes
+    the rules, before ``batch_time`` (only for the rows that fit)."""
+    recompute_full = acts["recompute_full"]
+    kept = acts["A"]
+    if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
+        kept = np.where(ctx.tp_rs_ag, acts["A_split"], kept)
+    checkpoint = np.where(ctx.training & recompute_full, kept * ctx.elem_bytes, 0.0)
+    first, last = stage_sums if stage_sums is not None else (sums, None)
+    S = footprints(ctx, cols, first, sched, checkpoint, recompute_full,
+                   head_memory(ctx, cols, acts, sched.stages, system),
+                   system.memory_overhead, sums_last=last)
+    return S, checkpoint
+
+
+def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
+               head_per_mb, sched: Schedule, checkpoint) -> dict:
+    """Every statistic of one batch per row but the memory ones
+    (``batch_memory``): times, communication, the bubble, offloading,
+    efficiencies, from the pacing stage's per-block sums ``sums``;
     ``head_per_mb``: the output head's time per micro-batch (None without a
-    vocabulary); ``sched``: the rows' ``schedule``."""
+    vocabulary); ``sched``: the rows' ``schedule``; ``checkpoint``: the
+    per-block activation checkpoint (``batch_memory``)."""
     training = ctx.training
     stages, micro = sched.stages, sched.microbatches
     recompute_full = acts["recompute_full"]
@@ -138,10 +160,6 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     pp_link = micro * fw_transfers * p2p_fw + micro * bw_transfers * p2p_bw
 
     # Block and chunk times, offloading, the bubble, the data-parallel sync.
-    kept = acts["A"]
-    if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
-        kept = np.where(ctx.tp_rs_ag, acts["A_split"], kept)
-    checkpoint = np.where(training & recompute_full, kept * ctx.elem_bytes, 0.0)
     offload = offload_traffic(ctx, cols, sums, checkpoint, recompute_full)
     chunk = chunk_times(sums, sched, p2p_fw, p2p_bw, offload["fw_time"], offload["bw_time"])
     bubble_time = bubble(sched, chunk)
@@ -149,12 +167,6 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
     S["block_dp_size"] = dp["block_bytes"]
     S["dp_bw_overlap_req_chunk"] = dp["req_chunk"]
     S["dp_bw_overlap_req_tail"] = dp["req_tail"]
-
-    head_time, head_memory = output_head(ctx, cols, acts, micro, stages, system,
-                                           per_mb=head_per_mb)
-    first, last = stage_sums if stage_sums is not None else (sums, None)
-    S.update(footprints(ctx, cols, first, sched, checkpoint, recompute_full, head_memory,
-                        system.memory_overhead, sums_last=last))
 
     # Times of the whole batch.
     passes = sched.blocks_per_stage * micro       # block passes per stage
@@ -201,7 +213,7 @@ def batch(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: System
                                   or cols["weight_sharding"].any()
                                   or cols["param_gather_overlap"].any()):
         total = total + cp_exposed + S["weight_gather_exposed_time"]
-    total = total + head_time
+    total = total + head_time(ctx, micro, stages, head_per_mb)
     # Pipelined steps run slower by the system's pipeline_fraction: at every
     # synchronising p2p exchange a stage waits for its neighbour.
     fraction = system.time_overhead.pipeline_fraction if system.time_overhead else 0.0
@@ -271,18 +283,39 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 part = {f: v[sl] for f, v in valid.items()}
-                ctx = LayoutContext(model, system, part, datatypes, blocks.shards(sl))
+                shards = blocks.shards(sl)
+                ctx = LayoutContext(model, system, part, datatypes, shards)
                 sums, stage_sums = _stage_sums(model, part, blocks.rows(sl),
                                                moe_blocks.rows(sl) if moe_blocks else None)
-                S = batch(ctx, part, sums, activation_sizes(ctx, part), system, stage_sums,
-                          blocks.head(sl), sched.rows(sl))
+                acts = activation_sizes(ctx, part)
+                rows_sched = sched.rows(sl)
+                # Memory first: the times only of the rows that fit.
+                mem, checkpoint = batch_memory(ctx, part, sums, acts, system, stage_sums,
+                                               rows_sched)
                 memory = np.where(
-                    S["proc_mem_tier1_cap_req"] > ctx.mem1.capacity,
+                    mem["proc_mem_tier1_cap_req"] > ctx.mem1.capacity,
                     REASON_CODE["infeasible: mem tier1 capacity exceeded"],
-                    np.where(S["proc_mem_tier2_cap_req"] > ctx.mem2.capacity,
+                    np.where(mem["proc_mem_tier2_cap_req"] > ctx.mem2.capacity,
                              REASON_CODE["infeasible: mem tier2 capacity exceeded"], 0))
                 code[sl if every else rows[sl]] = memory
-                _write(table, kept, S, names, ext, _spans(rows, sl, n, every, memory != 0))
+                failed = memory != 0
+                head = blocks.head(sl)
+                fit = None
+                if not failed.any():
+                    times = batch_time(ctx, part, sums, acts, system, head, rows_sched,
+                                       checkpoint)
+                else:
+                    fit = np.flatnonzero(~failed)
+                    times = None
+                    if len(fit):
+                        sub = _subset(part, fit)
+                        sub_ctx = LayoutContext(model, system, sub, datatypes, None if shards
+                                                is None else tuple(c.take(fit) for c in shards))
+                        times = batch_time(sub_ctx, sub, _subset(sums, fit), _subset(acts, fit),
+                                           system, None if head is None else head.take(fit),
+                                           rows_sched.rows(fit), checkpoint.take(fit))
+                _write(table, kept, mem, times, names, ext,
+                       _spans(rows, sl, n, every, failed, fit))
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
@@ -358,46 +391,78 @@ def _take_rows(cols: dict, rows: np.ndarray) -> dict:
     return out
 
 
-def _spans(rows, sl: slice, n: int, every: bool, memory_failed):
+def _subset(cols: dict, fit: np.ndarray) -> dict:
+    """The columns (or per-row values) at the positions ``fit``; a column of
+    one value (a view of it) stays a view, a scalar stays itself."""
+    out = {}
+    k = len(fit)
+    for f, v in cols.items():
+        if np.ndim(v) == 0:
+            out[f] = v
+        elif v.strides == (0,):
+            out[f] = np.broadcast_to(v[:1], (k,))
+        else:
+            out[f] = v.take(fit)
+    return out
+
+
+def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit):
     """Where a chunk of computed rows (``rows[sl]``) goes in the table: the
     columns ``lo:hi`` (the chunk's rows and the uncomputed ones before the
-    next chunk's), the chunk's length ``L``, and for the statistics kept on a
-    memory failure (``where``) and for the others (``failed``), each
-    column's position in the chunk (``L``: NaN), or None where the columns
-    are the chunk in order."""
+    next chunk's), the chunk's length ``L``, for the statistics kept on a
+    memory failure (``where``) and for the other memory statistics
+    (``failed``) each column's position in the chunk (``L``: NaN), or None
+    where the columns are the chunk in order; and for the time statistics,
+    computed only for the chunk's rows at ``fit`` (None: all of them), the
+    number ``F`` of those rows and each column's position among them
+    (``timed``; ``F``: NaN)."""
     L = sl.stop - sl.start
     if every:
         lo, hi = sl.start, sl.stop
-        if not memory_failed.any():
-            return lo, hi, L, None, None
+        if fit is None:
+            return lo, hi, L, None, None, L, None
         failed = np.arange(L)
         failed[memory_failed] = L
-        return lo, hi, L, None, failed
+        F = len(fit)
+        timed = np.full(L, F, dtype=np.intp)
+        timed[fit] = np.arange(F)
+        return lo, hi, L, None, failed, F, timed
     lo = 0 if sl.start == 0 else int(rows[sl.start])
     hi = n if sl.stop == len(rows) else int(rows[sl.stop])
     at = rows[sl] - lo
     where = np.full(hi - lo, L, dtype=np.intp)
     where[at] = np.arange(L)
-    failed = where
-    if memory_failed.any():
-        failed = where.copy()
-        failed[at[memory_failed]] = L
-    return lo, hi, L, where, failed
+    if fit is None:
+        return lo, hi, L, where, where, L, where
+    failed = where.copy()
+    failed[at[memory_failed]] = L
+    F = len(fit)
+    position = np.full(L + 1, F, dtype=np.intp)
+    position[fit] = np.arange(F)
+    return lo, hi, L, where, failed, F, position.take(where)
 
 
-def _write(table, kept, S, names, ext, span) -> None:
+def _write(table, kept, mem, times, names, ext, span) -> None:
     """A chunk's statistics into their table rows, each row's columns written
     once: a contiguous copy, or a gather through the span's positions from
-    the chunk's values followed by a NaN (``ext``, a buffer)."""
-    lo, hi, L, where, failed = span
-    buf = ext[:L + 1]
-    buf[L] = np.nan
+    the chunk's values (``mem``, the memory statistics of every row;
+    ``times``, the others, of the rows that fit, None where none does)
+    followed by a NaN (``ext``, a buffer)."""
+    lo, hi, L, where, failed, F, timed = span
     for j, name in enumerate(names):
-        index = where if kept[j] else failed
-        if index is None:
-            table[j, lo:hi] = S[name]
+        if name in mem:
+            values, index, k = mem[name], where if kept[j] else failed, L
+        elif times is None:
+            table[j, lo:hi] = np.nan
+            continue
         else:
-            buf[:L] = S[name]
+            values, index, k = times[name], timed, F
+        if index is None:
+            table[j, lo:hi] = values
+        else:
+            buf = ext[:k + 1]
+            buf[:k] = values
+            buf[k] = np.nan
             np.take(buf, index, out=table[j, lo:hi], mode="clip")
 
 
