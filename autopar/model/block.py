@@ -209,6 +209,12 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "expert_par", "expert_tensor_par", "expert_par_net",
                  "expert_tensor_par_net", "moe_dispatcher", "moe_overlap")
 # Block sums of the optimizer step (they depend on the sharding, cached apart).
+# Per-block sums the memory footprints need (``memory.footprints``, with
+# the shard divisions of ``BlockCache.rows``): evaluate_columns gathers
+# them for every row, the others only for the rows that fit in memory.
+FOOTPRINT_SUMS = ("weight_space", "act_working", "act_storage", "act_storage_all",
+                  "wgrad_space", "wgrad_space_full", "act_grad_space", "optimizer_space",
+                  "x_wgrad_space", "x_optimizer_space")
 OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")
 
@@ -309,6 +315,7 @@ class BlockCache:
     def __init__(self, model, system, cols: dict, datatypes, kind: str = "dense"):
         n = len(cols["tensor_par"])
         head = kind == "dense" and model.vocab_size > 0
+        self._split = None
         if n <= _FEW:        # a handful of layouts: no deduplication to win
             ctx = LayoutContext(model, system, cols, datatypes)
             sums = block(ctx, cols, kind)
@@ -388,29 +395,50 @@ class BlockCache:
         """``head_microbatch_time`` of the rows ``sl`` (None: no vocabulary)."""
         return None if self._head is None else self._head[sl]
 
-    def rows(self, sl: slice) -> dict:
-        """Per-block sums for the rows ``sl`` (one gather per key table)."""
+    def rows(self, at, part: str | None = None) -> dict:
+        """Per-block sums for the rows ``at`` (a slice, or positions), one
+        gather per key table: every sum, or ``part="footprints"``: only the
+        ``FOOTPRINT_SUMS`` (what the memory footprints need), or
+        ``part="rest"``: the others (with the optimizer step's)."""
         # np.take keeps each sum a contiguous row (``t[:, idx]`` would give
         # a column-major result, every sum strided across the others).
-        a = np.take(self._t1, self.inv1[sl], axis=1)
-        b = np.take(self._t2, self.inv2[sl], axis=1)
-        sums = dict(zip(self._n1, a))
-        sums.update(zip(OPTIM_SUMS, b))
+        if part is None:
+            names, table = self._n1, self._t1
+        else:
+            names, table = self._parts()[part]
+        sums = dict(zip(names, np.take(table, self.inv1[at], axis=1)))
+        if part == "footprints":
+            return self._sharded(sums, at)
+        sums.update(zip(OPTIM_SUMS, np.take(self._t2, self.inv2[at], axis=1)))
+        return sums if part == "rest" else self._sharded(sums, at)
+
+    def _parts(self) -> dict:
+        """The names and table of the footprint sums, and of the others."""
+        if self._split is None:
+            foot = [self._n1.index(name) for name in FOOTPRINT_SUMS]
+            rest = [i for i in range(len(self._n1)) if i not in foot]
+            self._split = {
+                "footprints": (list(FOOTPRINT_SUMS), self._t1[foot]),
+                "rest": ([self._n1[i] for i in rest], self._t1[rest])}
+        return self._split
+
+    def _sharded(self, sums: dict, at) -> dict:
+        """The footprint sums divided by the rows' shards (in place)."""
         # Expert footprints shard over expert-data-parallel, the rest over data_par.
         xw, xo = sums["x_wgrad_space"], sums["x_optimizer_space"]
-        sums["x_wgrad_space"] = xw / self.x_grad_shard[sl]
-        sums["x_optimizer_space"] = xo / self.x_shard[sl]
-        sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[sl] \
+        sums["x_wgrad_space"] = xw / self.x_grad_shard[at]
+        sums["x_optimizer_space"] = xo / self.x_shard[at]
+        sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[at] \
             + sums["x_wgrad_space"]
-        sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[sl] \
+        sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[at] \
             + sums["x_optimizer_space"]
         if self.grad_scale is not None:
-            sums["wgrad_space"] = sums["wgrad_space"] * self.grad_scale[sl]
+            sums["wgrad_space"] = sums["wgrad_space"] * self.grad_scale[at]
         # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
         # gathered when it runs (``weight_space_full``).
         sums["weight_space_full"] = sums["weight_space"]
         if self.weight_shard is not None:
-            sums["weight_space"] = sums["weight_space"] / self.weight_shard[sl]
+            sums["weight_space"] = sums["weight_space"] / self.weight_shard[at]
         return sums
 
 

@@ -285,12 +285,13 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 part = {f: v[sl] for f, v in valid.items()}
                 shards = blocks.shards(sl)
                 ctx = LayoutContext(model, system, part, datatypes, shards)
-                sums, stage_sums = _stage_sums(model, part, blocks.rows(sl),
-                                               moe_blocks.rows(sl) if moe_blocks else None)
+                foot, stage_sums = _stage_sums(
+                    model, part, blocks.rows(sl, "footprints"),
+                    moe_blocks.rows(sl, "footprints") if moe_blocks else None)
                 acts = activation_sizes(ctx, part)
                 rows_sched = sched.rows(sl)
                 # Memory first: the times only of the rows that fit.
-                mem, checkpoint = batch_memory(ctx, part, sums, acts, system, stage_sums,
+                mem, checkpoint = batch_memory(ctx, part, foot, acts, system, stage_sums,
                                                rows_sched)
                 memory = np.where(
                     mem["proc_mem_tier1_cap_req"] > ctx.mem1.capacity,
@@ -301,17 +302,20 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 failed = memory != 0
                 head = blocks.head(sl)
                 fit = None
+                times = None
                 if not failed.any():
+                    sums = _pace_sums(model, part, foot, blocks, moe_blocks, sl)
                     times = batch_time(ctx, part, sums, acts, system, head, rows_sched,
                                        checkpoint)
                 else:
                     fit = np.flatnonzero(~failed)
-                    times = None
                     if len(fit):
                         sub = _subset(part, fit)
                         sub_ctx = LayoutContext(model, system, sub, datatypes, None if shards
                                                 is None else tuple(c.take(fit) for c in shards))
-                        times = batch_time(sub_ctx, sub, _subset(sums, fit), _subset(acts, fit),
+                        sums = _pace_sums(model, sub, _subset(foot, fit), blocks, moe_blocks,
+                                          sl.start + fit)
+                        times = batch_time(sub_ctx, sub, sums, _subset(acts, fit),
                                            system, None if head is None else head.take(fit),
                                            rows_sched.rows(fit), checkpoint.take(fit))
                 _write(table, kept, mem, times, names, ext,
@@ -466,9 +470,11 @@ def _write(table, kept, mem, times, names, ext, span) -> None:
             np.take(buf, index, out=table[j, lo:hi], mode="clip")
 
 
-def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None):
+def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None,
+                stages: bool = True):
     """Per-block sums of the pacing stage, and (first, last) stage sums for
-    memory; a model whose blocks are all alike (no MoE, no MTP) has one block."""
+    memory (with ``stages``); a model whose blocks are all alike (no MoE, no
+    MTP) has one block."""
     if moe is None and not model.mtp:
         return dense, None
     if moe is None:
@@ -476,8 +482,19 @@ def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None):
     counts = stage_counts(model, cols["pipeline_par"])
     per_stage = -(-model.num_blocks // cols["pipeline_par"])
     pace, first, last = (mix(dense, moe, counts[f"{w}_dense"], counts[f"{w}_moe"], per_stage)
+                         if w == "pace" or stages else None
                          for w in ("pace", "first", "last"))
-    return pace, (first, last)
+    return pace, (first, last) if stages else None
+
+
+def _pace_sums(model: ModelSpec, cols: dict, foot: dict, blocks: BlockCache,
+               moe_blocks: BlockCache | None, at) -> dict:
+    """The pacing stage's per-block sums of the rows ``at`` (``cols``): its
+    footprint sums ``foot`` (already gathered for memory) and the others."""
+    rest, _ = _stage_sums(model, cols, blocks.rows(at, "rest"),
+                          moe_blocks.rows(at, "rest") if moe_blocks else None, stages=False)
+    rest.update(foot)
+    return rest
 
 
 def evaluate_one(model: ModelSpec, system: SystemSpec, execution: Mapping) -> dict:
