@@ -302,6 +302,45 @@ def test_large_table_equals_small_calls(tiny_system):
     assert not np.isnan(whole["proc_mem_tier1_cap_req"][memory]).any()
 
 
+@pytest.mark.parametrize("invalid", [0.0, 0.2])
+def test_rows_that_fit_give_the_same_among_rows_that_do_not(tiny_system, invalid):
+    """Memory is checked first and the times are computed only for the rows
+    that fit: those rows give exactly what they give evaluated alone (where
+    every row fits), with or without rows that break a rule among them, and
+    a chunk whose rows all fail on memory gives NaN times but keeps the
+    memory requirements and parts."""
+    from autopar.model import evaluate as E
+    m = load_model(dict(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32,
+                        attn_size=128, num_blocks=8))
+    n = 2 * E.CHUNK + 9000
+    rng = np.random.default_rng(13)
+    cols = {f: np.repeat(v, n) for f, v in to_columns([_exe(batch_size=16)]).items()}
+    # The first rows (a whole chunk of the computed ones) need 153 GiB of
+    # the 80: micro-batches of 16 without recompute; then a mix.
+    head = int(1.3 * E.CHUNK)
+    none = cols["activation_recompute"][0]
+    cols["microbatch_size"] = np.where(np.arange(n) < head, 16,
+                                       rng.choice([1, 2, 4, 8, 16], n))
+    cols["activation_recompute"] = np.where(np.arange(n) < head, none,
+                                            rng.integers(0, 3, n)).astype(np.int8)
+    cols["tensor_par"] = np.where(rng.random(n) < invalid, 2, 1)      # 2: invalid
+    whole = M.evaluate_columns(m, tiny_system, cols)
+    code = whole["reason_code"]
+    memory = code == M.REASON_CODE["infeasible: mem tier1 capacity exceeded"]
+    fits = code == 0
+    assert memory[:head].sum() >= E.CHUNK and fits.sum() > 1000 and memory[head:].any()
+    assert ((code != 0) & ~memory).any() == (invalid > 0)
+    alone = M.evaluate_columns(m, tiny_system, {f: v[fits] for f, v in cols.items()})
+    assert alone["feasible"].all()
+    for name in M.STATS:
+        assert np.array_equal(whole[name][fits], alone[name]), name
+        kept = name in E._MEM_REQ
+        assert np.isnan(whole[name][memory]).all() != kept, name
+    parts = M.evaluate_columns(m, tiny_system, cols, stats=E.MEMORY_PARTS)
+    for name in E.MEMORY_PARTS:
+        assert not np.isnan(parts[name][memory | fits]).any(), name
+
+
 def test_a_large_freed_table_is_not_kept(tiny_system, monkeypatch):
     """A freed table's mapping is kept for the next call only up to
     _SPARE_BYTES: a larger one is not held between calls."""

@@ -13,7 +13,8 @@ composes the model's parts:
 * ``pipeline``: the schedule of blocks, chunks and micro-batches, and the bubble;
 * ``communication``: pipeline p2p and the data-parallel gradient sync;
 * ``memory``: footprints per stage, offloading, the need on each tier
-  (memory capacity is the last rule).
+  (memory capacity is the last rule: it is checked before the times, which
+  are computed only for the layouts that fit).
 
 Every quantity is a numpy column with one entry per layout; a single layout is
 a column of one.  Rows that are invalid or infeasible get ``feasible=False``,
@@ -250,7 +251,9 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     that fails on memory capacity keeps its two ``proc_mem_tier*_cap_req``
     requirements), ``feasible`` (bool) and ``reason_code`` (index in
     REASONS).  Only layouts that pass the rules are computed: the block once
-    per distinct block, the batch level in chunks that stay in cache.
+    per distinct block, the batch level in chunks that stay in cache, each
+    chunk's memory footprints first and its times only for the layouts that
+    fit in memory.
     """
     names = STATS if stats is None else tuple(stats)
     unknown = [x for x in names if x not in STATS and x not in MEMORY_PARTS]
