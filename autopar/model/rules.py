@@ -144,16 +144,18 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
     # Network tiers: each must hold the product of the parallelisms on it,
     # and a tier that must be filled must be filled exactly.
+    pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
+    if extended:
+        pars += ((cp, "context_par_net"),)
+    # (integer arithmetic, not np.where: size times par where on, else times 1)
+    pars = [(par > 1, np.asarray(par, dtype=np.int64) - 1, net) for par, net in pars]
     for tier in range(min(nn, MAX_TIERS)):
         size = np.ones(n, dtype=np.int64)
         used = np.zeros(n, dtype=bool)
-        pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
-        if extended:
-            pars += ((cp, "context_par_net"),)
-        for par, net in pars:
-            on = (par > 1) & (cols[net] == tier)
+        for big, less, net in pars:
+            on = big & (cols[net] == tier)
             used |= on
-            size = np.where(on, size * par, size)
+            size *= 1 + on * less
         flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
         if nets[tier].must_be_filled:
             flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0, size),
