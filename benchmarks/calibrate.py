@@ -9,7 +9,6 @@ The target is a few minutes on two cores.  Needs ../shared/reference.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from autopar.io.specs import load_system  # noqa: E402
 from autopar.studies.calibrate import calibrate  # noqa: E402
+from llama_sweep import SWEEP, arguments  # noqa: E402
 
 
 def line(label, rep) -> str:
@@ -28,13 +28,10 @@ def line(label, rep) -> str:
 
 
 def main() -> int:
-    sweep = ROOT.parent / "shared/reference/measured/llama-sweeps/llama_13B_65B_a100.csv"
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--system", default=str(ROOT / "systems/a100_80g_dgx_hdr200_base.json"))
-    args = p.parse_args()
-    if not sweep.is_file():
-        print(f"no sweep at {sweep}", file=sys.stderr)
+    args = arguments(__doc__.splitlines()[0])
+    if args is None:
         return 1
+    sweep = SWEEP
     t0, c0 = time.perf_counter(), time.process_time()
     cal = calibrate(sweep, load_system(args.system), models_dir=ROOT / "models", progress=False)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -29,7 +29,6 @@ of the base system are kept throughout.  Needs ../shared/reference.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from autopar.io.layouts import to_columns  # noqa: E402
 from autopar.io.specs import load_system  # noqa: E402
 from autopar.model.evaluate import evaluate_columns  # noqa: E402
 from autopar.studies import calibrate as C  # noqa: E402
+from llama_sweep import SWEEP, arguments  # noqa: E402
 from autopar.studies.validate import GIB, sweep_groups, unbounded  # noqa: E402
 
 BLOCK_STATS = ("block_act_storage_space", "block_act_working_space",
@@ -158,13 +158,10 @@ def grid_for(values_first, values_last) -> np.ndarray:
 
 
 def main() -> int:
-    csv = ROOT.parent / "shared/reference/measured/llama-sweeps/llama_13B_65B_a100.csv"
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--system", default=str(ROOT / "systems/a100_80g_dgx_hdr200_base.json"))
-    args = p.parse_args()
-    if not csv.is_file():
-        print(f"no sweep at {csv}", file=sys.stderr)
+    args = arguments(__doc__.splitlines()[0])
+    if args is None:
         return 1
+    csv = SWEEP
     system = load_system(args.system)
     sweep = C.Sweep(csv, system, ROOT / "models")
     f = sweep.frame

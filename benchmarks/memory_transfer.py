@@ -12,7 +12,6 @@ Memory only: no step times are predicted.  Needs ../shared/reference.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from autopar.io.specs import load_system  # noqa: E402
 from autopar.studies import calibrate as C  # noqa: E402
+from llama_sweep import SWEEP, arguments  # noqa: E402
 
 
 def agreement(sweep, k, rows) -> float:
@@ -48,13 +48,10 @@ def fmt(res) -> str:
 
 
 def main() -> int:
-    csv = ROOT.parent / "shared/reference/measured/llama-sweeps/llama_13B_65B_a100.csv"
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--system", default=str(ROOT / "systems/a100_80g_dgx_hdr200_base.json"))
-    args = p.parse_args()
-    if not csv.is_file():
-        print(f"no sweep at {csv}", file=sys.stderr)
+    args = arguments(__doc__.splitlines()[0])
+    if args is None:
         return 1
+    csv = SWEEP
     system = load_system(args.system)
     sweep = C.Sweep(csv, system, ROOT / "models")
     k0 = C.base_constants(system)

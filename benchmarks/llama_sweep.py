@@ -1,0 +1,24 @@
+"""The shipped LLaMA 13B/65B sweep, for the benchmarks that calibrate or
+examine memory on it (``calibrate.py``, ``memory_transfer.py``,
+``memory_residuals.py``): their common ``--system`` argument and the sweep's
+path, which needs ../shared/reference beside the repository."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = ROOT.parent / "shared/reference/measured/llama-sweeps/llama_13B_65B_a100.csv"
+
+
+def arguments(description: str):
+    """The command line (``--system``, default the DGX base system), or None
+    after saying why when the sweep is absent."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--system", default=str(ROOT / "systems/a100_80g_dgx_hdr200_base.json"))
+    args = p.parse_args()
+    if not SWEEP.is_file():
+        print(f"no sweep at {SWEEP}", file=sys.stderr)
+        return None
+    return args
