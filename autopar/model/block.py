@@ -25,6 +25,7 @@ from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext, shard_counts
+from autopar.model.lookup import distinct, pack
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
                                   fp8_gemm, gelu, layer, layer_norm, linear, residual, rms_norm,
@@ -219,75 +220,6 @@ OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")
 
 
-def _compact(col: np.ndarray) -> tuple[np.ndarray | None, int]:
-    """Codes 0..k-1 for the k distinct values of an integer column (ordered
-    as the values), and k; (None, 1) for a column of one value."""
-    if not len(col):
-        return None, 1
-    lo, hi = int(col.min()), int(col.max())
-    if lo == hi:
-        return None, 1
-    span = hi - lo + 1
-    if span > 1 << 16:
-        _, inv = np.unique(col, return_inverse=True)
-        return inv, int(inv.max()) + 1
-    shifted = col.astype(np.int64) - lo
-    seen = np.zeros(span, dtype=bool)
-    seen[shifted] = True
-    k = int(np.count_nonzero(seen))
-    if k == span:
-        return shifted, k
-    rank = np.cumsum(seen) - 1
-    return rank[shifted], k
-
-
-# A column whose values span at most this many integers is coded as its
-# value minus the smallest (no renumbering pass); a wider one is renumbered
-# to its distinct values.  The key keeps the order of the columns' values
-# either way, so the distinct keys come out in the same order.
-_RAW_SPAN = 16
-
-
-def _pack(columns) -> tuple[np.ndarray, int]:
-    """One int64 key per row from integer columns (mixed radix over each
-    column's values), and the number of keys possible."""
-    key, size = None, 1
-    for col in columns:
-        if not len(col):
-            break
-        lo, hi = int(col.min()), int(col.max())
-        if lo == hi:
-            continue
-        if hi - lo < _RAW_SPAN:
-            code, k = (col - lo if lo else col), hi - lo + 1
-        else:
-            code, k = _compact(col)
-        if size > (1 << 62) // k:       # too many combinations: renumber the key
-            key, size = _compact(key)
-            key = np.zeros(len(col), dtype=np.int64) if key is None else key
-        key = code.astype(np.int64) if key is None else key * k + code
-        size *= k
-    n = len(columns[0])
-    return (np.zeros(n, dtype=np.int64) if key is None else key), size
-
-
-def _distinct(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """What ``np.unique(key, return_index=True, return_inverse=True)`` gives
-    after the values: the first row of each distinct key and each row's
-    distinct key; by a table over the ``size`` possible keys when that is
-    small, without sorting."""
-    n = len(key)
-    if size > max(4 * n, 1 << 16):
-        _, idx, inv = np.unique(key, return_index=True, return_inverse=True)
-        return idx, inv
-    seen = np.zeros(size, dtype=bool)
-    seen[key] = True
-    inv = (np.cumsum(seen) - 1)[key]
-    idx = np.full(int(np.count_nonzero(seen)), n, dtype=np.int64)
-    np.minimum.at(idx, inv, np.arange(n))
-    return idx, inv
-
-
 _FEW = 64
 
 
@@ -346,7 +278,7 @@ class BlockCache:
                 cols["training"], tpnet, cols["attention_impl"], cols["fused_norm"],
                 cp, np.where(cp > 1, cols["context_par_net"], 0),
                 np.where(cp > 1, cols["context_par_comm"], 0), cols["fp8_recipe"]] + moe_key
-        idx1, inv1 = _distinct(*_pack(key1))
+        idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]
         sub["context_par_net"] = np.where(sub["context_par"] > 1, sub["context_par_net"], 0)
@@ -366,7 +298,7 @@ class BlockCache:
                              // (cols["expert_par"] * cols["expert_tensor_par"]), 1)
             x_shard = np.where(cols["optimizer_sharding"], edp, 1)
             key2 += [x_shard] + moe_key
-        idx2, inv2 = _distinct(*_pack(key2))
+        idx2, inv2 = distinct(*pack(key2))
         # Both tables' blocks in one evaluation (the block is row by row):
         # the first len(idx1) rows give the sums, the others the optimizer step.
         k1, k = len(idx1), len(idx1) + len(idx2)

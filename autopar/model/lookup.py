@@ -7,6 +7,12 @@ context_par, interleaving, micro-batch size) take few, small values.
 values in the columns' ranges (a table) and gathers the result per row: the
 same integer operations on the same values, so exactly what ``f(a, b, ...)``
 gives.  Columns whose ranges would make a large table are computed directly.
+
+``pack(columns)`` gives one integer key per row from a few integer columns
+(mixed radix over each column's values, in their order) and ``distinct`` the
+distinct keys' first rows and each row's distinct key, by a table over the
+possible keys rather than a sort: the distinct transformer blocks of a
+layout table (``BlockCache``), the skeletons of a space (``Completions``).
 """
 from __future__ import annotations
 
@@ -43,3 +49,72 @@ def by_value(f, *cols):
         at = c - lo if lo else c
         flat = at if flat is None else flat * k + at
     return np.broadcast_to(tables, tuple(spans)).reshape(-1).take(flat)
+
+
+def _compact(col: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """Codes 0..k-1 for the k distinct values of an integer column (ordered
+    as the values), and k; (None, 1) for a column of one value."""
+    if not len(col):
+        return None, 1
+    lo, hi = int(col.min()), int(col.max())
+    if lo == hi:
+        return None, 1
+    span = hi - lo + 1
+    if span > 1 << 16:
+        _, inv = np.unique(col, return_inverse=True)
+        return inv, int(inv.max()) + 1
+    shifted = col.astype(np.int64) - lo
+    seen = np.zeros(span, dtype=bool)
+    seen[shifted] = True
+    k = int(np.count_nonzero(seen))
+    if k == span:
+        return shifted, k
+    rank = np.cumsum(seen) - 1
+    return rank[shifted], k
+
+
+# A column whose values span at most this many integers is coded as its
+# value minus the smallest (no renumbering pass); a wider one is renumbered
+# to its distinct values.  The key keeps the order of the columns' values
+# either way, so the distinct keys come out in the same order.
+_RAW_SPAN = 16
+
+
+def pack(columns) -> tuple[np.ndarray, int]:
+    """One int64 key per row from integer columns (mixed radix over each
+    column's values), and the number of keys possible."""
+    key, size = None, 1
+    for col in columns:
+        if not len(col):
+            break
+        lo, hi = int(col.min()), int(col.max())
+        if lo == hi:
+            continue
+        if hi - lo < _RAW_SPAN:
+            code, k = (col - lo if lo else col), hi - lo + 1
+        else:
+            code, k = _compact(col)
+        if size > (1 << 62) // k:       # too many combinations: renumber the key
+            key, size = _compact(key)
+            key = np.zeros(len(col), dtype=np.int64) if key is None else key
+        key = code.astype(np.int64) if key is None else key * k + code
+        size *= k
+    n = len(columns[0])
+    return (np.zeros(n, dtype=np.int64) if key is None else key), size
+
+
+def distinct(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """What ``np.unique(key, return_index=True, return_inverse=True)`` gives
+    after the values: the first row of each distinct key and each row's
+    distinct key; by a table over the ``size`` possible keys when that is
+    small, without sorting."""
+    n = len(key)
+    if size > max(4 * n, 1 << 16):
+        _, idx, inv = np.unique(key, return_index=True, return_inverse=True)
+        return idx, inv
+    seen = np.zeros(size, dtype=bool)
+    seen[key] = True
+    inv = (np.cumsum(seen) - 1)[key]
+    idx = np.full(int(np.count_nonzero(seen)), n, dtype=np.int64)
+    np.minimum.at(idx, inv, np.arange(n))
+    return idx, inv

@@ -34,8 +34,8 @@ class Schedule:
     chunk_passes: np.ndarray      # microbatches * chunks: chunk passes per stage
     leftover: np.ndarray          # microbatches % stages
 
-    def rows(self, sl: slice) -> "Schedule":
-        """The schedule of the rows ``sl``."""
+    def rows(self, sl) -> "Schedule":
+        """The schedule of the rows ``sl`` (a slice, or positions)."""
         return Schedule(**{f.name: getattr(self, f.name)[sl] for f in fields(self)})
 
 

@@ -217,6 +217,7 @@ class Completions:
 
     def _split(self):
         from autopar.io.layouts import ALL_FIELDS
+        from autopar.model.lookup import distinct, pack
         table = self.space.layouts(self.case, 0, self.space.size(self.case))
         if any(p not in table for p in self.names):
             self.small = False        # a skeleton parameter that is no column
@@ -224,14 +225,10 @@ class Completions:
         # rows grouped by skeleton (one integer key per row), each group in
         # enumeration order
         cols = [np.asarray(table[p]) for p in self.names]
-        key = np.zeros(len(cols[0]), dtype=np.int64)
-        for c in cols:
-            values, inv = np.unique(c, return_inverse=True)
-            key = key * len(values) + inv.ravel()
-        order = np.argsort(key, kind="stable")
-        first = np.flatnonzero(np.diff(key[order], prepend=-1))
-        bounds = np.append(first, len(order))
-        names = zip(*(c[order[first]].tolist() for c in cols))
+        first, inv = distinct(*pack(cols))
+        order = np.argsort(inv, kind="stable")
+        bounds = np.searchsorted(inv[order], np.arange(len(first) + 1))
+        names = zip(*(c[first].tolist() for c in cols))
         rows = {k: order[a:b] for k, a, b in zip(names, bounds[:-1], bounds[1:])}
         self._whole = ({f: table[f] for f in ALL_FIELDS}, rows)
         return self._whole
