@@ -386,16 +386,12 @@ def _keep(buf) -> None:
 
 
 def _take_rows(cols: dict, rows: np.ndarray) -> dict:
-    """The columns at ``rows``; a column of one value (a default, or a field
-    the table fixes) stays a read-only view of that value instead of a copy."""
-    m = len(rows)
-    out = {}
-    for f, v in cols.items():
-        if v.strides == (0,) or (v[0] == v[-1] and (v == v[0]).all()):
-            out[f] = np.broadcast_to(v[:1], (m,))
-        else:
-            out[f] = v.take(rows)
-    return out
+    """The columns at ``rows`` (``_subset``); a column of one value (a
+    default, or a field the table fixes) becomes a read-only view of that
+    value instead of a copy."""
+    return _subset({f: np.broadcast_to(v[:1], v.shape) if v.strides != (0,)
+                    and v[0] == v[-1] and (v == v[0]).all() else v
+                    for f, v in cols.items()}, rows)
 
 
 def _subset(cols: dict, fit: np.ndarray) -> dict:

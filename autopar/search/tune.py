@@ -485,10 +485,7 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
             if storage is not None:
                 # another run on the same study counts too: together they make
                 # the trials asked for (finished, or asked and not yet told)
-                live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-                # (a skeleton proposed again is a trial of the study, not a new one)
-                others = sum(1 for t in study.get_trials(deepcopy=False, states=live)
-                             if "repeat_of" not in t.user_attrs) - len(rows)
+                others = _others_trials(study, rows)
                 if done + others >= trials:
                     break
                 want = min(concurrency, trials - done - others)
@@ -550,6 +547,16 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
     return out, study, max(new, 0)
 
 
+def _others_trials(study, rows: dict) -> int:
+    """Trials of the study that other runs on it have finished or asked
+    (``rows``: this run's); a skeleton proposed again (``repeat_of``) is a
+    trial of the study, not a new one."""
+    from optuna.trial import TrialState
+    live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return sum(1 for t in study.get_trials(deepcopy=False, states=live)
+               if "repeat_of" not in t.user_attrs) - len(rows)
+
+
 def _whole_skeleton_space(study, prob, budget: int, storage, rows: dict, cache: dict,
                           bar) -> int:
     """When the budget covers every skeleton not yet evaluated, there is
@@ -558,18 +565,14 @@ def _whole_skeleton_space(study, prob, budget: int, storage, rows: dict, cache: 
     record them as trials of the study (``whole_space``).  Returns how many
     (0, and nothing done, when the budget is smaller or another run shares
     the study)."""
-    from optuna.trial import TrialState
     from autopar.search.skeleton import WHOLE_SPACE_MAX, evaluate_all_skeletons
     from autopar.search.trainable import evaluate_params
     enc = prob.encoder
     unseen = [sk for sk in enc.all if sk not in cache]
     if not unseen or len(unseen) > budget:
         return 0
-    if storage is not None:
-        live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-        if sum(1 for t in study.get_trials(deepcopy=False, states=live)
-               if "repeat_of" not in t.user_attrs) > len(rows):
-            return 0
+    if storage is not None and _others_trials(study, rows):
+        return 0
     got = evaluate_all_skeletons(prob, unseen)      # a small space: one gather, one call
     if got is None:
         per_call = max(1, WHOLE_SPACE_MAX * len(enc.all) // max(1, prob.space.size(prob.case)))
