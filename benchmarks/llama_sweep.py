@@ -1,7 +1,8 @@
 """The shipped LLaMA 13B/65B sweep, for the benchmarks that calibrate or
 examine memory on it (``calibrate.py``, ``memory_transfer.py``,
 ``memory_residuals.py``): their common ``--system`` argument and the sweep's
-path, which needs ../shared/reference beside the repository."""
+path, which needs ../shared/reference beside the repository; for the two
+memory benchmarks, the system and the sweep loaded (``load``)."""
 from __future__ import annotations
 
 import argparse
@@ -22,3 +23,16 @@ def arguments(description: str):
         print(f"no sweep at {SWEEP}", file=sys.stderr)
         return None
     return args
+
+
+def load(description: str):
+    """``arguments``, then the ``--system`` file and the sweep read against
+    it (``autopar.studies.calibrate.Sweep``): (system, sweep), or None."""
+    args = arguments(description)
+    if args is None:
+        return None
+    sys.path.insert(0, str(ROOT))
+    from autopar.io.specs import load_system
+    from autopar.studies.calibrate import Sweep
+    system = load_system(args.system)
+    return system, Sweep(SWEEP, system, ROOT / "models")

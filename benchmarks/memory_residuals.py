@@ -40,10 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autopar.io.layouts import to_columns  # noqa: E402
-from autopar.io.specs import load_system  # noqa: E402
 from autopar.model.evaluate import evaluate_columns  # noqa: E402
 from autopar.studies import calibrate as C  # noqa: E402
-from llama_sweep import SWEEP, arguments  # noqa: E402
+from llama_sweep import SWEEP, load  # noqa: E402
 from autopar.studies.validate import GIB, sweep_groups, unbounded  # noqa: E402
 
 BLOCK_STATS = ("block_act_storage_space", "block_act_working_space",
@@ -158,12 +157,10 @@ def grid_for(values_first, values_last) -> np.ndarray:
 
 
 def main() -> int:
-    args = arguments(__doc__.splitlines()[0])
-    if args is None:
+    got = load(__doc__.splitlines()[0])
+    if got is None:
         return 1
-    csv = SWEEP
-    system = load_system(args.system)
-    sweep = C.Sweep(csv, system, ROOT / "models")
+    system, sweep = got
     f = sweep.frame
     k0 = C.base_constants(system)
     use = sweep.labelled & sweep.structural
@@ -243,7 +240,7 @@ def main() -> int:
             for mname in f["model"].unique():
                 spec = json.loads((ROOT / "models" / f"{mname}.json").read_text())
                 (d / f"{mname}.json").write_text(json.dumps(dict(spec, vocab_size=vocab)))
-            sv = C.Sweep(csv, system, d)
+            sv = C.Sweep(SWEEP, system, d)
             nll, c, _, ag = fit_terms(sv, k0, [("copies", (np.zeros(len(f)),
                                                             sv.parts["mem_logits_fp32_copy"]
                                                             / GIB))], [COPIES])

@@ -21,9 +21,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autopar.io.specs import load_system  # noqa: E402
 from autopar.studies import calibrate as C  # noqa: E402
-from llama_sweep import SWEEP, arguments  # noqa: E402
+from llama_sweep import SWEEP, load  # noqa: E402
 
 
 def agreement(sweep, k, rows) -> float:
@@ -48,12 +47,10 @@ def fmt(res) -> str:
 
 
 def main() -> int:
-    args = arguments(__doc__.splitlines()[0])
-    if args is None:
+    got = load(__doc__.splitlines()[0])
+    if got is None:
         return 1
-    csv = SWEEP
-    system = load_system(args.system)
-    sweep = C.Sweep(csv, system, ROOT / "models")
+    system, sweep = got
     k0 = C.base_constants(system)
     print("OOM agreement (fitted loss copies): 65B -> 13B, 13B -> 65B, in sample")
     print(f"shipped base: reserved {k0.reserved_GiB:g} GiB, fraction {k0.fraction:g}: "
@@ -73,7 +70,7 @@ def main() -> int:
     om = system.memory_overhead
     split = dataclasses.replace(system, memory_overhead=dataclasses.replace(
         om, logits_gathered=False))
-    sweep_split = C.Sweep(csv, split, ROOT / "models")
+    sweep_split = C.Sweep(SWEEP, split, ROOT / "models")
     print("loss buffers divided over the tensor ranks (Megatron's vocab-parallel loss): "
           f"{fmt(transfer(sweep_split, k0))}")
     return 0
