@@ -491,11 +491,15 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                 want = min(concurrency, trials - done - others)
             else:
                 want = min(concurrency, trials - done)
-            asked = [study.ask() for _ in range(want)]
-            if storage is not None:
-                for t in asked:
-                    t.storage.set_trial_system_attr(t._trial_id, "autopar_owner", OWNER)
+            asked = []
             try:
+                # (inside the try: an interrupt while asking or naming the
+                # owner fails the trials asked so far, as one later does)
+                for _ in range(want):
+                    asked.append(study.ask())
+                    if storage is not None:
+                        asked[-1].storage.set_trial_system_attr(asked[-1]._trial_id,
+                                                                "autopar_owner", OWNER)
                 params = [suggest(t) for t in asked]
                 fresh, fresh_params, repeats, near = [], [], [], []
                 for t, p in zip(asked, params):
