@@ -33,11 +33,17 @@ def one_line(r, *words, code=2):
     return lines[0]
 
 
+def _user_signals():
+    # A shell's background job starts with SIGINT ignored, and Python then keeps
+    # it ignored; a user's Ctrl-C reaches a process whose SIGINT is the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _popen(args, cwd, **kw):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **kw.pop("env", {})}
     return subprocess.Popen([sys.executable, "-m", "autopar.cli", *map(str, args)], cwd=cwd,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kw)
+                            start_new_session=True, preexec_fn=_user_signals, **kw)
 
 
 # --------------------------------------------------------------------------

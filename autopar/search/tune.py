@@ -34,9 +34,12 @@ memory per tier, efficiencies), the 23 execution fields of the layout,
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+import signal
 import sys
+import threading
 from typing import Mapping
 
 from autopar.search.encodings import ENCODINGS, STATIC_ONLY, Invalid, default_encoding
@@ -493,13 +496,14 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                 want = min(concurrency, trials - done)
             asked = []
             try:
-                # (inside the try: an interrupt while asking or naming the
-                # owner fails the trials asked so far, as one later does)
                 for _ in range(want):
-                    asked.append(study.ask())
-                    if storage is not None:
-                        asked[-1].storage.set_trial_system_attr(asked[-1]._trial_id,
-                                                                "autopar_owner", OWNER)
+                    # a trial is in ``asked`` (failed on an interrupt) as soon
+                    # as it exists
+                    with _interrupts_held():
+                        asked.append(study.ask())
+                        if storage is not None:
+                            asked[-1].storage.set_trial_system_attr(
+                                asked[-1]._trial_id, "autopar_owner", OWNER)
                 params = [suggest(t) for t in asked]
                 fresh, fresh_params, repeats, near = [], [], [], []
                 for t, p in zip(asked, params):
@@ -531,8 +535,9 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                     t.set_user_attr("repeat_of", cache[k])
                     tell(t, rows[cache[k]])
             except BaseException:
-                for t in asked:     # interrupted: leave no trial RUNNING
-                    study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
+                with _interrupts_held():    # interrupted: leave no trial RUNNING
+                    for t in asked:
+                        study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
                 raise
             done += len(fresh) + len(near)
             if skeleton and not fresh and not near:
@@ -549,6 +554,30 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
                "elapsed_s": (end - t0).total_seconds() if end and t0 else math.nan}
         out.append(row)
     return out, study, max(new, 0)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold SIGINT and SIGTERM until the block ends, then deliver the first
+    that arrived to its handler (which raises KeyboardInterrupt): the block
+    is never cut off half-way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived, saved = [], {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            saved[sig] = handler
+            signal.signal(sig, lambda signum, frame: arrived.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        if arrived:
+            signum, frame = arrived[0]
+            saved[signum](signum, frame)
 
 
 def _others_trials(study, rows: dict) -> int:
