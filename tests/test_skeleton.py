@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import optuna
+import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
@@ -245,6 +246,20 @@ def test_a_budget_covering_the_skeletons_evaluates_them_at_once_in_order(truth, 
         assert (t.state == TrialState.PRUNED) == (not np.isfinite(want))
         if np.isfinite(want):
             assert t.value == pytest.approx(want, rel=1e-12)
+
+
+def test_a_study_that_ends_with_the_run_gives_the_same_whole_space_trials(truth):
+    """In memory and not returned, the whole-space pass does not record its
+    trials in the study (nobody can read it): the table is the one a
+    returned study's run gives, trial numbers and elapsed times included."""
+    args = dict(space="small", sampler="skeleton-tpe", trials=100, seed=3, progress=False)
+    alone = tune(MODEL, SYSTEM, **CASE, **args)
+    kept, study = tune(MODEL, SYSTEM, **CASE, **args, return_study=True)
+    assert len(study.trials) == len(alone) == 48
+    assert all("whole_space" in t.user_attrs for t in study.trials)
+    cols = [c for c in alone.columns if c != "elapsed_s"]
+    pd.testing.assert_frame_equal(alone[cols], kept[cols])
+    assert alone["elapsed_s"].notna().all() and (alone["elapsed_s"] >= 0).all()
 
 
 def _enumeration_rank(truth):

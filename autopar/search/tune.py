@@ -35,6 +35,7 @@ memory per tier, efficiencies), the 23 execution fields of the layout,
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import random
 import signal
@@ -192,7 +193,8 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     try:
         if backend == "optuna":
             rows, study, new = _run_optuna(prob, sampler, trials, seed, storage, study_name,
-                                           concurrency or 1, grid, bar)
+                                           concurrency or 1, grid, bar,
+                                           kept=storage is not None or return_study)
         else:
             from autopar.search import tune_ray
             rows = tune_ray.run(prob, sampler, trials, seed, address, concurrency, grid,
@@ -417,7 +419,10 @@ def _owner_alive(owner) -> bool:
 
 
 def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
-                concurrency: int, grid, bar: _Progress) -> list[dict]:
+                concurrency: int, grid, bar: _Progress, kept: bool = True) -> list[dict]:
+    """The optuna backend's run; ``kept``: the study outlives the run (in
+    storage, or returned), so that trials no sampler proposed are recorded
+    in it too."""
     import optuna
     from optuna.trial import TrialState
     from autopar.search.samplers import optuna_sampler, resumed_seed
@@ -471,6 +476,7 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         # is not a new row; ``trials`` counts distinct skeletons.
         cache: dict = {}
         rows: dict[int, dict] = {}
+        unrecorded: dict[int, tuple] = {}     # trial -> (start, end), not in the study
         if old:          # resumed: the finished trials' rows, from their parameters
             distinct = [t for t in old if "repeat_of" not in t.user_attrs]
             for t, row in zip(distinct, evaluate_params(prob, [decode(t.params)
@@ -482,7 +488,8 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         for row in rows.values():
             bar.update(row)
         if skeleton and grid is None:
-            done += _whole_skeleton_space(study, prob, trials - done, storage, rows, cache, bar)
+            done += _whole_skeleton_space(study, prob, trials - done, storage, rows, cache, bar,
+                                          None if kept else unrecorded)
         rng = random.Random(seed if seed is None else seed + len(old))
         while done < trials:
             if storage is not None:
@@ -546,10 +553,12 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
     finally:
         optuna.logging.set_verbosity(verbosity)
-    t0 = min((t.datetime_start for t in frozen.values() if t.datetime_start), default=None)
+    when = {n: (t.datetime_start, t.datetime_complete) for n, t in frozen.items()}
+    when.update(unrecorded)
+    t0 = min((start for start, _ in when.values() if start), default=None)
     out = []
     for n in sorted(rows):
-        end = frozen[n].datetime_complete
+        end = when[n][1]
         row = {"trial": n, **rows[n], "node_id": "",
                "elapsed_s": (end - t0).total_seconds() if end and t0 else math.nan}
         out.append(row)
@@ -591,13 +600,15 @@ def _others_trials(study, rows: dict) -> int:
 
 
 def _whole_skeleton_space(study, prob, budget: int, storage, rows: dict, cache: dict,
-                          bar) -> int:
+                          bar, unrecorded: dict | None = None) -> int:
     """When the budget covers every skeleton not yet evaluated, there is
     nothing left for the sampler to choose: evaluate them all, a model call
     per ``WHOLE_SPACE_MAX`` layouts, in the space's enumeration order, and
-    record them as trials of the study (``whole_space``).  Returns how many
-    (0, and nothing done, when the budget is smaller or another run shares
-    the study)."""
+    record them as trials of the study (``whole_space``), or, given
+    ``unrecorded`` (the study ends with the run and no sampler will read
+    it), number them as the study would and note their start and end there.
+    Returns how many (0, and nothing done, when the budget is smaller or
+    another run shares the study)."""
     from autopar.search.skeleton import WHOLE_SPACE_MAX, evaluate_all_skeletons
     from autopar.search.trainable import evaluate_params
     enc = prob.encoder
@@ -606,6 +617,7 @@ def _whole_skeleton_space(study, prob, budget: int, storage, rows: dict, cache: 
         return 0
     if storage is not None and _others_trials(study, rows):
         return 0
+    start = datetime.datetime.now()
     got = evaluate_all_skeletons(prob, unseen)      # a small space: one gather, one call
     if got is None:
         per_call = max(1, WHOLE_SPACE_MAX * len(enc.all) // max(1, prob.space.size(prob.case)))
@@ -613,7 +625,14 @@ def _whole_skeleton_space(study, prob, budget: int, storage, rows: dict, cache: 
         for a in range(0, len(unseen), per_call):
             got += evaluate_params(prob, [dict(zip(enc.searched, sk))
                                           for sk in unseen[a:a + per_call]])
-    for sk, row, number in zip(unseen, got, _add_trials(study, enc, unseen, got, "whole_space")):
+    if unrecorded is None:
+        numbers = _add_trials(study, enc, unseen, got, "whole_space")
+    else:
+        first = len(study.get_trials(deepcopy=False))
+        numbers = range(first, first + len(unseen))
+        end = datetime.datetime.now()
+        unrecorded.update((n, (start, end)) for n in numbers)
+    for sk, row, number in zip(unseen, got, numbers):
         cache[sk] = number
         rows[number] = row
         bar.update(row)
