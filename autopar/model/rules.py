@@ -74,11 +74,12 @@ _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
 
 
 # Rows checked at a time: slices whose columns stay in cache.  At 2^17 a
-# slice's temporaries (about 40 int64 columns of 1 MiB) outgrew glibc's trim
-# threshold, so the heap was handed back after every slice and faulted in
-# again by the next: 31k of the 68k page faults of a repeated
-# evaluate_columns on 1M layouts (issue 13's benchmark); at 2^15, none.
-CHUNK = 1 << 15
+# slice's temporaries (about 40 int64 columns of 1 MiB) outgrew glibc's
+# trim threshold in a process that had freed no larger array, so the heap
+# was handed back after every slice and faulted in again by the next: 31k
+# of the 68k page faults of a repeated evaluate_columns on 1M layouts (issue
+# 13's benchmark, layouts loaded from a file); at 2^16, 2k.
+CHUNK = 1 << 16
 
 
 def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray, list[int]]:
