@@ -152,19 +152,16 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
     if extended:
         pars += ((cp, "context_par_net"),)
-    # Each parallelism's tier where it is over 1 (-1: on none); a tier's size
-    # is the product of the parallelisms on it.
-    pars = [(par, np.where(par > 1, cols[net], -1)) for par, net in pars]
+    # (a tier's size: the product of the parallelisms over 1 on it, each
+    # multiplied in where it is on)
+    pars = [(par > 1, np.asarray(par, dtype=np.int64), net) for par, net in pars]
     for tier in range(min(nn, MAX_TIERS)):
-        size = used = None
-        for par, where in pars:
-            on = where == tier
-            factor = np.where(on, par, 1)
-            if size is None:
-                size, used = factor.astype(np.int64, copy=False), on
-            else:
-                size = size * factor
-                used = used | on
+        size = np.ones(n, dtype=np.int64)
+        used = np.zeros(n, dtype=bool)
+        for big, par, net in pars:
+            on = big & (cols[net] == tier)
+            used |= on
+            np.multiply(size, par, out=size, where=on)
         flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
         if nets[tier].must_be_filled:
             flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0, size),
