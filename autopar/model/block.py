@@ -232,7 +232,16 @@ def _grad_scale(cols):
     if "fp32_grads" not in cols or not cols["fp32_grads"].any():
         return None
     b = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]], dtype=float)
-    return np.where(cols["fp32_grads"], 4.0 / b[cols["datatype"]], 1.0)
+    dt = cols["datatype"]
+    return np.where(cols["fp32_grads"], 4.0 / b[dt[0] if dt.strides == (0,) else dt], 1.0)
+
+
+def _where_on(mask, col):
+    """``np.where(mask, col, 0)``; a view of a column of zeros where ``col``
+    is one (a default network tier, say)."""
+    if col.strides == (0,) and len(col) and col[0] == 0:
+        return col
+    return np.where(mask, col, 0)
 
 
 class BlockCache:
@@ -264,7 +273,7 @@ class BlockCache:
             self.shard_counts = None
             return
         t = cols["tensor_par"]
-        tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
+        tpnet = _where_on(t > 1, cols["tensor_par_net"])
         moe_key = []
         if kind == "moe":
             ep, etp = cols["expert_par"], cols["expert_tensor_par"]
