@@ -232,7 +232,16 @@ def _grad_scale(cols):
     if "fp32_grads" not in cols or not cols["fp32_grads"].any():
         return None
     b = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]], dtype=float)
-    return np.where(cols["fp32_grads"], 4.0 / b[cols["datatype"]], 1.0)
+    dt = cols["datatype"]
+    return np.where(cols["fp32_grads"], 4.0 / b[dt[0] if dt.strides == (0,) else dt], 1.0)
+
+
+def _where_on(mask, col):
+    """``np.where(mask, col, 0)``; a view of a column of zeros where ``col``
+    is one (a default network tier, say)."""
+    if col.strides == (0,) and len(col) and col[0] == 0:
+        return col
+    return np.where(mask, col, 0)
 
 
 class BlockCache:
@@ -264,7 +273,7 @@ class BlockCache:
             self.shard_counts = None
             return
         t = cols["tensor_par"]
-        tpnet = np.where(t > 1, cols["tensor_par_net"], 0)
+        tpnet = _where_on(t > 1, cols["tensor_par_net"])
         moe_key = []
         if kind == "moe":
             ep, etp = cols["expert_par"], cols["expert_tensor_par"]
@@ -289,14 +298,16 @@ class BlockCache:
         sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
         self.shard_counts = shard_counts(cols)
         shard, grad_shard, weight_shard = self.shard_counts
-        shard = shard.astype(np.int64)
         key2 = [cols["datatype"], t, cols["attention_type"], cols["tensor_par_overlap"] != 0,
-                cols["training"], shard]
-        x_shard = shard
+                cols["training"], shard.astype(np.int64)]
+        # (the divisors stay the float columns of shard_counts: dividing by
+        # them gives what dividing by the same integers gives)
+        x_shard, x_grad_shard = shard, grad_shard
         if kind == "moe":
             edp = np.maximum(cols["data_par"] * t * cols["context_par"]
                              // (cols["expert_par"] * cols["expert_tensor_par"]), 1)
             x_shard = np.where(cols["optimizer_sharding"], edp, 1)
+            x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
             key2 += [x_shard] + moe_key
         idx2, inv2 = distinct(*pack(key2))
         # Both tables' blocks in one evaluation (the block is row by row):
@@ -317,7 +328,7 @@ class BlockCache:
         self.weight_shard = _ones_to_none(weight_shard)
         self.grad_scale = _grad_scale(cols)
         self.x_shard = x_shard
-        self.x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
+        self.x_grad_shard = x_grad_shard
 
     def shards(self, sl: slice):
         """``shard_counts`` of the rows ``sl`` (None: compute them)."""

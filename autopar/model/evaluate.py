@@ -275,7 +275,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         # other statistics are NaN where the layout cannot run.
         kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
         valid = _typed_columns(cols if every else _take_rows(cols, rows))
-        datatypes = sorted(set(np.unique(valid["datatype"]).tolist()))
+        datatypes = _codes(valid["datatype"])
         m = len(rows)
         ext = np.empty(min(CHUNK, m) + 1)          # a chunk's values, then NaN
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -394,6 +394,14 @@ def _take_rows(cols: dict, rows: np.ndarray) -> dict:
                     for f, v in cols.items()}, rows)
 
 
+def _codes(col: np.ndarray) -> list[int]:
+    """The distinct values of a column of codes, sorted (a column of one
+    value, a view of it, is not sorted to find it)."""
+    if col.strides == (0,):
+        return [int(col[0])]
+    return np.unique(col).tolist()
+
+
 def _subset(cols: dict, fit: np.ndarray) -> dict:
     """The columns (or per-row values) at the positions ``fit``; a column of
     one value (a view of it) stays a view, a scalar stays itself."""
@@ -466,7 +474,9 @@ def _write(table, kept, mem, times, names, ext, span) -> None:
             buf = ext[:k + 1]
             buf[:k] = values
             buf[k] = np.nan
-            np.take(buf, index, out=table[j, lo:hi], mode="clip")
+            # (every position is in range: "wrap" never wraps, and gathers
+            # a tenth faster than "clip", which tests each index's bounds)
+            np.take(buf, index, out=table[j, lo:hi], mode="wrap")
 
 
 def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None,

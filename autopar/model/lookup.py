@@ -83,24 +83,41 @@ _RAW_SPAN = 16
 def pack(columns) -> tuple[np.ndarray, int]:
     """One int64 key per row from integer columns (mixed radix over each
     column's values), and the number of keys possible."""
-    key, size = None, 1
+    # The key is built in place from the columns' values; their smallest
+    # values come off once at the end (``offset``), exactly (int64 wraps).
+    key, size, offset = None, 1, 0
     for col in columns:
         if not len(col):
             break
+        if col.strides == (0,):         # a view of one value: no pass over it
+            continue
         lo, hi = int(col.min()), int(col.max())
         if lo == hi:
             continue
         if hi - lo < _RAW_SPAN:
-            code, k = (col - lo if lo else col), hi - lo + 1
+            code, k, base = col, hi - lo + 1, lo
         else:
-            code, k = _compact(col)
+            (code, k), base = _compact(col), 0
         if size > (1 << 62) // k:       # too many combinations: renumber the key
-            key, size = _compact(key)
+            key, size = _compact(_less(key, offset))
             key = np.zeros(len(col), dtype=np.int64) if key is None else key
-        key = code.astype(np.int64) if key is None else key * k + code
+            offset = 0
+        if key is None:
+            key, offset = code.astype(np.int64), base       # (a copy: ours to update)
+        else:
+            key *= k
+            key += code
+            offset = offset * k + base
         size *= k
     n = len(columns[0])
-    return (np.zeros(n, dtype=np.int64) if key is None else key), size
+    return (np.zeros(n, dtype=np.int64) if key is None else _less(key, offset)), size
+
+
+def _less(key: np.ndarray, offset: int) -> np.ndarray:
+    """``key - offset`` in place, modulo 2^64 as int64 arithmetic wraps."""
+    if offset:
+        key -= np.int64((offset + (1 << 63)) % (1 << 64) - (1 << 63))
+    return key
 
 
 def distinct(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -73,8 +73,13 @@ _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
 
 
-# Rows checked at a time: slices whose columns stay in cache.
-CHUNK = 1 << 17
+# Rows checked at a time: slices whose columns stay in cache.  At 2^17 a
+# slice's temporaries (about 40 int64 columns of 1 MiB) outgrew glibc's
+# trim threshold in a process that had freed no larger array, so the heap
+# was handed back after every slice and faulted in again by the next: 31k
+# of the 68k page faults of a repeated evaluate_columns on 1M layouts (issue
+# 13's benchmark, layouts loaded from a file); at 2^16, 2k.
+CHUNK = 1 << 16
 
 
 def check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray, list[int]]:
@@ -147,15 +152,16 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
     if extended:
         pars += ((cp, "context_par_net"),)
-    # (integer arithmetic, not np.where: size times par where on, else times 1)
-    pars = [(par > 1, np.asarray(par, dtype=np.int64) - 1, net) for par, net in pars]
+    # (a tier's size: the product of the parallelisms over 1 on it, each
+    # multiplied in where it is on)
+    pars = [(par > 1, np.asarray(par, dtype=np.int64), net) for par, net in pars]
     for tier in range(min(nn, MAX_TIERS)):
         size = np.ones(n, dtype=np.int64)
         used = np.zeros(n, dtype=bool)
-        for big, less, net in pars:
+        for big, par, net in pars:
             on = big & (cols[net] == tier)
             used |= on
-            size *= 1 + on * less
+            np.multiply(size, par, out=size, where=on)
         flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
         if nets[tier].must_be_filled:
             flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0, size),
