@@ -233,6 +233,27 @@ def test_sigterm_leaves_no_running_trial(tmp_path):
     assert not (tmp_path / "t.csv").exists()
 
 
+def test_a_run_notes_the_first_interrupt_and_raises_on_the_second():
+    """The optuna run loop's signals: the first is noted for the loop to end
+    at its next step (a KeyboardInterrupt raised inside a library callback
+    is dropped by Python, with a traceback), the second raises at once; the
+    handlers are put back after."""
+    from autopar.search.tune import _interrupts_noted
+    # (as in a terminal; a suite started in the background has SIGINT ignored)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with _interrupts_noted() as noted:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert noted == [signal.SIGINT]
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
 def test_two_runs_on_one_study_make_the_trials_asked(tmp_path):
     db = tmp_path / "s.db"
     args = ["tune", *[str(REPO_ROOT / a) if a.endswith(".json") else a for a in SMALL],

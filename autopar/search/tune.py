@@ -477,78 +477,85 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
         cache: dict = {}
         rows: dict[int, dict] = {}
         unrecorded: dict[int, tuple] = {}     # trial -> (start, end), not in the study
-        if old:          # resumed: the finished trials' rows, from their parameters
-            distinct = [t for t in old if "repeat_of" not in t.user_attrs]
-            for t, row in zip(distinct, evaluate_params(prob, [decode(t.params)
-                                                                 for t in distinct])):
-                rows[t.number] = row
-                if skeleton and not isinstance(p := decode(t.params), Invalid):
-                    cache[prob.encoder.key(p)] = t.number
-        done = start = len(rows)
-        for row in rows.values():
-            bar.update(row)
-        if skeleton and grid is None:
-            done += _whole_skeleton_space(study, prob, trials - done, storage, rows, cache, bar,
-                                          None if kept else unrecorded)
-        rng = random.Random(seed if seed is None else seed + len(old))
-        while done < trials:
-            if storage is not None:
-                # another run on the same study counts too: together they make
-                # the trials asked for (finished, or asked and not yet told)
-                others = _others_trials(study, rows)
-                if done + others >= trials:
-                    break
-                want = min(concurrency, trials - done - others)
-            else:
-                want = min(concurrency, trials - done)
-            asked = []
-            try:
-                for _ in range(want):
-                    # a trial is in ``asked`` (failed on an interrupt) as soon
-                    # as it exists
-                    with _interrupts_held():
-                        asked.append(study.ask())
-                        if storage is not None:
-                            asked[-1].storage.set_trial_system_attr(
-                                asked[-1]._trial_id, "autopar_owner", OWNER)
-                params = [suggest(t) for t in asked]
-                fresh, fresh_params, repeats, near = [], [], [], []
-                for t, p in zip(asked, params):
-                    k = prob.encoder.key(p) if skeleton and not isinstance(p, Invalid) else None
-                    if k is not None and k in cache:
-                        repeats.append((t, k))
-                        # in its place, the nearest skeleton not yet evaluated
-                        sk = prob.encoder.nearest_unseen(k, cache, rng)
-                        if sk is not None:
-                            cache[sk] = None
-                            near.append(sk)
-                        continue
-                    if k is not None:
-                        cache[k] = t.number
-                    fresh.append(t)
-                    fresh_params.append(p)
-                results = evaluate_params(
-                    prob, fresh_params + [dict(zip(prob.encoder.searched, sk)) for sk in near])
-                for t, row in zip(fresh, results):
-                    tell(t, row)
+        # an interrupt ends the run at its next step (a second one at once)
+        with _interrupts_noted() as noted:
+            if old:          # resumed: the finished trials' rows, from their parameters
+                distinct = [t for t in old if "repeat_of" not in t.user_attrs]
+                for t, row in zip(distinct, evaluate_params(prob, [decode(t.params)
+                                                                     for t in distinct])):
                     rows[t.number] = row
-                    bar.update(row)
-                for sk, row, number in zip(near, results[len(fresh):], _add_trials(
-                        study, prob.encoder, near, results[len(fresh):])):
-                    cache[sk] = number
-                    rows[number] = row
-                    bar.update(row)
-                for t, k in repeats:
-                    t.set_user_attr("repeat_of", cache[k])
-                    tell(t, rows[cache[k]])
-            except BaseException:
-                with _interrupts_held():    # interrupted: leave no trial RUNNING
-                    for t in asked:
-                        study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
-                raise
-            done += len(fresh) + len(near)
-            if skeleton and not fresh and not near:
-                break                # every skeleton has been evaluated
+                    if skeleton and not isinstance(p := decode(t.params), Invalid):
+                        cache[prob.encoder.key(p)] = t.number
+            done = start = len(rows)
+            for row in rows.values():
+                bar.update(row)
+            if skeleton and grid is None:
+                done += _whole_skeleton_space(study, prob, trials - done, storage, rows, cache,
+                                              bar, None if kept else unrecorded)
+            rng = random.Random(seed if seed is None else seed + len(old))
+            while done < trials:
+                if noted:
+                    raise KeyboardInterrupt
+                if storage is not None:
+                    # another run on the same study counts too: together they make
+                    # the trials asked for (finished, or asked and not yet told)
+                    others = _others_trials(study, rows)
+                    if done + others >= trials:
+                        break
+                    want = min(concurrency, trials - done - others)
+                else:
+                    want = min(concurrency, trials - done)
+                asked = []
+                try:
+                    for _ in range(want):
+                        # a trial is in ``asked`` (failed on an interrupt) as soon
+                        # as it exists
+                        with _interrupts_held():
+                            asked.append(study.ask())
+                            if storage is not None:
+                                asked[-1].storage.set_trial_system_attr(
+                                    asked[-1]._trial_id, "autopar_owner", OWNER)
+                    params = [suggest(t) for t in asked]
+                    fresh, fresh_params, repeats, near = [], [], [], []
+                    for t, p in zip(asked, params):
+                        k = (prob.encoder.key(p) if skeleton and not isinstance(p, Invalid)
+                             else None)
+                        if k is not None and k in cache:
+                            repeats.append((t, k))
+                            # in its place, the nearest skeleton not yet evaluated
+                            sk = prob.encoder.nearest_unseen(k, cache, rng)
+                            if sk is not None:
+                                cache[sk] = None
+                                near.append(sk)
+                            continue
+                        if k is not None:
+                            cache[k] = t.number
+                        fresh.append(t)
+                        fresh_params.append(p)
+                    results = evaluate_params(
+                        prob, fresh_params + [dict(zip(prob.encoder.searched, sk)) for sk in near])
+                    for t, row in zip(fresh, results):
+                        tell(t, row)
+                        rows[t.number] = row
+                        bar.update(row)
+                    for sk, row, number in zip(near, results[len(fresh):], _add_trials(
+                            study, prob.encoder, near, results[len(fresh):])):
+                        cache[sk] = number
+                        rows[number] = row
+                        bar.update(row)
+                    for t, k in repeats:
+                        t.set_user_attr("repeat_of", cache[k])
+                        tell(t, rows[cache[k]])
+                except BaseException:
+                    with _interrupts_held():    # interrupted: leave no trial RUNNING
+                        for t in asked:
+                            study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
+                    raise
+                done += len(fresh) + len(near)
+                if skeleton and not fresh and not near:
+                    break                # every skeleton has been evaluated
+            if noted:
+                raise KeyboardInterrupt
         new = done - start
         frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
     finally:
@@ -587,6 +594,34 @@ def _interrupts_held():
         if arrived:
             signum, frame = arrived[0]
             saved[signum](signum, frame)
+
+
+@contextlib.contextmanager
+def _interrupts_noted():
+    """The first SIGINT or SIGTERM while the block runs is noted in the list
+    yielded, and the run loop ends at its next step (not wherever the signal
+    lands: Python prints and drops a KeyboardInterrupt raised in a library's
+    destructor or callback, and a run once went on after its SIGTERM until
+    a second one came); a second signal goes to its handler, which raises
+    KeyboardInterrupt at once."""
+    noted: list[int] = []
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                saved[sig] = handler
+
+                def noting(signum, frame, handler=handler):
+                    noted.append(signum)
+                    if len(noted) > 1:
+                        handler(signum, frame)
+                signal.signal(sig, noting)
+    try:
+        yield noted
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _others_trials(study, rows: dict) -> int:
