@@ -573,27 +573,37 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
 
 
 @contextlib.contextmanager
-def _interrupts_held():
-    """Hold SIGINT and SIGTERM until the block ends, then deliver the first
-    that arrived to its handler (which raises KeyboardInterrupt): the block
-    is never cut off half-way."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived, saved = [], {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(sig)
-        if callable(handler):
-            saved[sig] = handler
-            signal.signal(sig, lambda signum, frame: arrived.append((signum, frame)))
+def _signals_to(make):
+    """While the block runs, SIGINT and SIGTERM go to ``make(handler)``
+    instead of their handler (where it is Python's, in the main thread)."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                saved[sig] = handler
+                signal.signal(sig, make(handler))
     try:
         yield
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold SIGINT and SIGTERM until the block ends, then deliver the first
+    that arrived to its handler (which raises KeyboardInterrupt): the block
+    is never cut off half-way."""
+    arrived = []
+    try:
+        with _signals_to(lambda handler: lambda signum, frame:
+                         arrived.append((handler, signum, frame))):
+            yield
+    finally:
         if arrived:
-            signum, frame = arrived[0]
-            saved[signum](signum, frame)
+            handler, signum, frame = arrived[0]
+            handler(signum, frame)
 
 
 @contextlib.contextmanager
@@ -605,23 +615,15 @@ def _interrupts_noted():
     a second one came); a second signal goes to its handler, which raises
     KeyboardInterrupt at once."""
     noted: list[int] = []
-    saved = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            handler = signal.getsignal(sig)
-            if callable(handler):
-                saved[sig] = handler
 
-                def noting(signum, frame, handler=handler):
-                    noted.append(signum)
-                    if len(noted) > 1:
-                        handler(signum, frame)
-                signal.signal(sig, noting)
-    try:
+    def noting(handler):
+        def note(signum, frame):
+            noted.append(signum)
+            if len(noted) > 1:
+                handler(signum, frame)
+        return note
+    with _signals_to(noting):
         yield noted
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 def _others_trials(study, rows: dict) -> int:
