@@ -241,7 +241,9 @@ def _where_on(mask, col):
     is one (a default network tier, say)."""
     if col.strides == (0,) and len(col) and col[0] == 0:
         return col
-    return np.where(mask, col, 0)
+    # (exact for integer columns, and several times faster than np.where
+    # on a mask that changes from row to row)
+    return col * mask
 
 
 class BlockCache:
@@ -285,8 +287,8 @@ class BlockCache:
                 cols["tensor_par_comm_type"], cols["tensor_par_overlap"],
                 cols["seq_par_ag_redo"], cols["fused_activation"], cols["attention_type"],
                 cols["training"], tpnet, cols["attention_impl"], cols["fused_norm"],
-                cp, np.where(cp > 1, cols["context_par_net"], 0),
-                np.where(cp > 1, cols["context_par_comm"], 0), cols["fp8_recipe"]] + moe_key
+                cp, _where_on(cp > 1, cols["context_par_net"]),
+                _where_on(cp > 1, cols["context_par_comm"]), cols["fp8_recipe"]] + moe_key
         idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]

@@ -274,6 +274,9 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         # memory parts, so that the reason can say how much it needs; the
         # other statistics are NaN where the layout cannot run.
         kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
+        order = rows
+        if not every:
+            rows = _grouped(cols, rows)
         valid = _typed_columns(cols if every else _take_rows(cols, rows))
         datatypes = _codes(valid["datatype"])
         m = len(rows)
@@ -322,7 +325,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                                            system, None if head is None else head.take(fit),
                                            rows_sched.rows(fit), checkpoint.take(fit))
                 _write(table, kept, mem, times, names, ext,
-                       _spans(rows, sl, n, every, failed, fit))
+                       _spans(rows, sl, n, every, failed, fit, order))
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
@@ -417,7 +420,29 @@ def _subset(cols: dict, fit: np.ndarray) -> dict:
     return out
 
 
-def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit):
+def _grouped(cols, rows):
+    bits = [(cols["activation_recompute"], 2), (cols["fp8_recipe"], 2)] + [
+        (m, 1) for m in (cols["context_par"] > 1, cols["weight_sharding"],
+                         cols["optimizer_sharding"], cols["data_par_overlap"])]
+    key = np.zeros(len(cols["tensor_par"]), dtype=np.uint8)
+    shift = 0
+    for c, w in bits:
+        if c.strides == (0,) and not c[0]:
+            continue
+        v = c.view(np.uint8) if c.dtype.itemsize == 1 else c.astype(np.uint8)
+        if shift:
+            v = v << np.uint8(shift)
+        key |= v
+        shift += w
+    key = key.take(rows)
+    out = rows.copy()
+    for i in range(0, len(rows), CHUNK):
+        sl = slice(i, i + CHUNK)
+        out[sl] = rows[sl].take(np.argsort(key[sl], kind="stable"))
+    return out
+
+
+def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit, order=None):
     """Where a chunk of computed rows (``rows[sl]``) goes in the table: the
     columns ``lo:hi`` (the chunk's rows and the uncomputed ones before the
     next chunk's), the chunk's length ``L``, for the statistics kept on a
@@ -438,8 +463,8 @@ def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit):
         timed = np.full(L, F, dtype=np.intp)
         timed[fit] = np.arange(F)
         return lo, hi, L, None, failed, F, timed
-    lo = 0 if sl.start == 0 else int(rows[sl.start])
-    hi = n if sl.stop == len(rows) else int(rows[sl.stop])
+    lo = 0 if sl.start == 0 else int(order[sl.start])
+    hi = n if sl.stop == len(rows) else int(order[sl.stop])
     at = rows[sl] - lo
     where = np.full(hi - lo, L, dtype=np.intp)
     where[at] = np.arange(L)

@@ -152,23 +152,27 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
     if extended:
         pars += ((cp, "context_par_net"),)
-    # (a tier's size: the product of the parallelisms over 1 on it, each
-    # multiplied in where it is on)
+    # (a tier's size: the product of the parallelisms over 1 on it; each
+    # factor is 1 + (par - 1) * on, exact in int64 and a quarter of the time
+    # of a multiplication masked with where=)
     pars = [(par > 1, np.asarray(par, dtype=np.int64), net) for par, net in pars]
+    pars = [(big, par, par - 1, net) for big, par, net in pars]
     for tier in range(min(nn, MAX_TIERS)):
         size = np.ones(n, dtype=np.int64)
         used = np.zeros(n, dtype=bool)
-        for big, par, net in pars:
+        for big, par, less, net in pars:
             on = big & (cols[net] == tier)
+            if not on.any():
+                continue
             used |= on
-            np.multiply(size, par, out=size, where=on)
+            size *= less * on + 1
         flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
         if nets[tier].must_be_filled:
             flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0, size),
                  REASONS[_NET_FILL + tier])
     dts = [CHOICES["datatype"].index(d) for d in CHOICES["datatype"]
            if d in system.matrix and d in system.vector]
-    flag(~np.isin(cols["datatype"], dts), "invalid: datatype not supported by the system")
+    flag(~_member(cols["datatype"], dts), "invalid: datatype not supported by the system")
     nb = model.num_blocks
     blocks_per_stage = by_value(lambda p: -(-nb // p), pp1)
     interleaving = np.maximum(cols["pipeline_interleaving"], 1)
@@ -215,11 +219,22 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     if (recipe != 0).any():
         dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]
         rate = {1: "float8", 2: "float8", 3: "mxfp8"}
-        has = np.array([True] + [rate[i] in system.matrix for i in (1, 2, 3)])
-        flag((recipe != 0) & (~np.isin(cols["datatype"], dts_ok) | ~has[recipe]),
+        lacking = [i for i in (1, 2, 3) if rate[i] not in system.matrix]
+        flag((recipe != 0) & (~_member(cols["datatype"], dts_ok) | _member(recipe, lacking)),
              "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
     _check_moe(model, system, cols, flag, tp1, dp1 * np.maximum(cp, 1))
     return code, dts
+
+
+def _member(col: np.ndarray, values: list[int]) -> np.ndarray:
+    """``np.isin(col, values)`` for a column of small codes: a comparison per
+    value (isin sorts, ten times the time for a handful of values)."""
+    if len(values) > 8:
+        return np.isin(col, values)
+    out = np.zeros(col.shape, dtype=bool)
+    for v in values:
+        out |= col == v
+    return out
 
 
 def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1) -> None:
