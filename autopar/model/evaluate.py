@@ -239,6 +239,8 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
 
 
 CHUNK = 1 << 15
+_MEM1 = REASON_CODE["infeasible: mem tier1 capacity exceeded"]
+_MEM2 = REASON_CODE["infeasible: mem tier2 capacity exceeded"]
 _MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
 
 
@@ -299,11 +301,11 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 # Memory first: the times only of the rows that fit.
                 mem, checkpoint = batch_memory(ctx, part, foot, acts, system, stage_sums,
                                                rows_sched)
-                memory = np.where(
-                    mem["proc_mem_tier1_cap_req"] > ctx.mem1.capacity,
-                    REASON_CODE["infeasible: mem tier1 capacity exceeded"],
-                    np.where(mem["proc_mem_tier2_cap_req"] > ctx.mem2.capacity,
-                             REASON_CODE["infeasible: mem tier2 capacity exceeded"], 0))
+                # (the first tier whose capacity is exceeded, by arithmetic
+                # on the masks: several times faster than np.where on them)
+                over1 = mem["proc_mem_tier1_cap_req"] > ctx.mem1.capacity
+                over2 = mem["proc_mem_tier2_cap_req"] > ctx.mem2.capacity
+                memory = over1 * np.int16(_MEM1) + (over2 & ~over1) * np.int16(_MEM2)
                 code[sl if every else rows[sl]] = memory
                 failed = memory != 0
                 head = blocks.head(sl)

@@ -129,9 +129,9 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     weight_space = sums["weight_space"] * blocks
     # Micro-batches in flight on the first stage (more with interleaving).
     in_flight = np.minimum(sched.microbatches, stages).astype(float)
-    in_flight_first = np.where(
-        interleaving > 1, in_flight * (1 + (stages - 1) / (interleaving * stages.astype(float))),
-        in_flight)
+    # (the factor is exactly 1 without interleaving: x * 0 added to 1)
+    in_flight_first = in_flight * (1 + (stages - 1) / (interleaving * stages.astype(float))
+                                   * (interleaving > 1))
 
     share = recompute_share(cols, recompute_full, blocks)
     partial = np.any(share != 1.0)
@@ -178,7 +178,8 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
         static = static + np.where(ctx.weight_shards > 1, 2 * sums["weight_space_full"], 0.0)
     tier2 = np.where(weights_off, weight_space, 0.0)
-    ckpt_offloaded = np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
+    ckpt_offloaded = (np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
+                      if np.any(acts_off) else 0.0)
     transient_first = np.where(acts_off, act_min, act_first + ckpt_first) + ckpt_offloaded \
         + act_grad
     transient_last = np.where(acts_off, act_min, act_last + ckpt_last) + ckpt_offloaded \
