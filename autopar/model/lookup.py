@@ -23,23 +23,46 @@ import numpy as np
 LIMIT = 1 << 14
 
 
-def by_value(f, *cols):
+class Ranges:
+    """The smallest and largest value of each column ``by_value`` is given,
+    found once however many calls share the column.  It holds the columns it
+    has seen, so that an ``id`` stays theirs while it lives."""
+
+    def __init__(self):
+        self._seen: dict = {}
+
+    def __call__(self, col: np.ndarray) -> tuple[int, int]:
+        got = self._seen.get(id(col))
+        if got is None:
+            got = self._seen[id(col)] = (col, int(col.min()), int(col.max()))
+        return got[1], got[2]
+
+
+def by_value(f, *cols, ranges: Ranges | None = None):
     """``f(*cols)`` for integer columns (numpy arrays of one length), through
-    a table over the columns' value ranges when it is small."""
+    a table over the columns' value ranges when it is small; ``ranges``: a
+    ``Ranges`` shared by calls on the same columns."""
     cols = [np.asarray(c) for c in cols]
     if not len(cols[0]) or any(c.dtype.kind != "i" for c in cols):
         return f(*cols)
     limit = min(LIMIT, len(cols[0]) // 8)
-    los, spans, size = [], [], 1
+    bounds, size, whole = [], 1, 1
     for c in cols:
-        lo, hi = int(c.min()), int(c.max())
+        lo, hi = ranges(c) if ranges is not None else (int(c.min()), int(c.max()))
         size *= hi - lo + 1
         if size > limit:
             return f(*cols)
-        los.append(lo)
-        spans.append(hi - lo + 1)
-    # Every combination of the values lo..hi (in each column's dtype), with
-    # one axis per column; each row's place in it.
+        whole = whole * (hi + 1) if lo >= 0 else limit + 1
+        bounds.append((lo, hi))
+    # A table from 0 (when every column is >= 0 and it stays small) is
+    # indexed by the values themselves; otherwise from each column's smallest.
+    if whole > limit:
+        los = [lo for lo, _ in bounds]
+    else:
+        los = [0] * len(cols)
+    spans = [hi - lo + 1 for lo, (_, hi) in zip(los, bounds)]
+    # Every combination of the values (in each column's dtype), with one
+    # axis per column; each row's place in it.
     grid = np.meshgrid(*[np.arange(lo, lo + k, dtype=c.dtype)
                          for lo, k, c in zip(los, spans, cols)], indexing="ij", sparse=True)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

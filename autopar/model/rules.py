@@ -16,7 +16,7 @@ import numpy as np
 from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
-from autopar.model.lookup import by_value
+from autopar.model.lookup import Ranges, by_value
 
 # Why a layout cannot run.  "invalid": the layout breaks a rule of its own;
 # "infeasible": well formed, but the system cannot run it.
@@ -112,6 +112,8 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     tp1, pp1, dp1 = np.maximum(t, 1), np.maximum(pp, 1), np.maximum(dp, 1)
     mbs1 = np.maximum(cols["microbatch_size"], 1)
     cp = cols["context_par"]
+    cp1 = np.maximum(cp, 1)
+    ranges = Ranges()           # (the columns' ranges, shared by the lookups)
     extended = (cp != 1).any()
     if extended:
         flag(cp <= 0, "invalid: sizes must be positive")
@@ -130,7 +132,7 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
          "invalid: activation recompute is only for training")
     flag((pp == 1) & (cols["pipeline_interleaving"] != 1),
          "invalid: pipeline_interleaving must be 1 when pipeline_par is 1")
-    flag(cols["optimizer_sharding"] & (dp * np.maximum(cp, 1) <= 1),
+    flag(cols["optimizer_sharding"] & (dp * cp1 <= 1),
          "invalid: optimizer_sharding needs data_par > 1")
     flag((cols["tensor_par_overlap"] != 0) & (t <= 1),
          "invalid: tensor_par_overlap needs tensor_par > 1")
@@ -168,35 +170,36 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
             size *= less * on + 1
         flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
         if nets[tier].must_be_filled:
-            flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0, size),
+            flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0, size,
+                                     ranges=ranges),
                  REASONS[_NET_FILL + tier])
     dts = [CHOICES["datatype"].index(d) for d in CHOICES["datatype"]
            if d in system.matrix and d in system.vector]
     flag(~_member(cols["datatype"], dts), "invalid: datatype not supported by the system")
     nb = model.num_blocks
-    blocks_per_stage = by_value(lambda p: -(-nb // p), pp1)
+    blocks_per_stage = by_value(lambda p: -(-nb // p), pp1, ranges=ranges)
     interleaving = np.maximum(cols["pipeline_interleaving"], 1)
     flag(interleaving > blocks_per_stage,
          "infeasible: pipeline_interleaving exceeds the blocks per processor")
-    flag(by_value(lambda p, v: -(-nb // p) % v != 0, pp1, interleaving),
+    flag(by_value(lambda p, v: -(-nb // p) % v != 0, pp1, interleaving, ranges=ranges),
          "infeasible: pipeline_interleaving must divide the blocks per processor")
     flag((cols["weight_offload"] | cols["activations_offload"] | cols["optimizer_offload"])
          & (blocks_per_stage <= 2),
          "infeasible: offloading requires each processor to handle at least 3 blocks")
     p2p = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("p2p_rs_ag")
     flag((rs | p2p) & by_value(lambda u, c, x: (u * (model.seq_size // c)) % x != 0,
-                               cols["microbatch_size"], np.maximum(cp, 1), tp1),
+                               cols["microbatch_size"], cp1, tp1, ranges=ranges),
          "invalid: microbatch_size * seq_size must be divisible by tensor_par")
     flag(by_value(lambda x: (model.hidden % x != 0) | (model.feedforward % x != 0)
-                  | (model.attn_heads % x != 0), tp1),
+                  | (model.attn_heads % x != 0), tp1, ranges=ranges),
          "invalid: hidden, feedforward and attn_heads must be divisible by tensor_par")
     # autopar's extension fields (checked only where some row sets them).
     if extended:
-        cp1 = np.maximum(cp, 1)
-        flag((cp > 1) & by_value(lambda c: model.seq_size % (2 * c) != 0, cp1),
+        flag((cp > 1) & by_value(lambda c: model.seq_size % (2 * c) != 0, cp1, ranges=ranges),
              "invalid: seq_size must be divisible by 2 * context_par")
         flag((cp > 1) & (cols["context_par_comm"] == 1)
-             & by_value(lambda x, c: model.attn_heads % (x * c) != 0, tp1, cp1),
+             & by_value(lambda x, c: model.attn_heads % (x * c) != 0, tp1, cp1,
+                       ranges=ranges),
              "invalid: context_par_comm a2a needs attn_heads divisible by tensor_par * context_par")
     ws = cols["weight_sharding"]
     if ws.any():
@@ -205,7 +208,8 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     g = cols["sharding_group"]
     if g.any():
         flag((g < 0) | ((g > 0) & (~cols["optimizer_sharding"]
-                                   | by_value(lambda d, x: d % np.maximum(x, 1) != 0, dp, g))),
+                                   | by_value(lambda d, x: d % np.maximum(x, 1) != 0, dp, g,
+                                            ranges=ranges))),
              "invalid: sharding_group must divide data_par and needs optimizer_sharding")
     pgo = cols["param_gather_overlap"]
     if pgo.any():
@@ -222,7 +226,7 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         lacking = [i for i in (1, 2, 3) if rate[i] not in system.matrix]
         flag((recipe != 0) & (~_member(cols["datatype"], dts_ok) | _member(recipe, lacking)),
              "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
-    _check_moe(model, system, cols, flag, tp1, dp1 * np.maximum(cp, 1))
+    _check_moe(model, system, cols, flag, tp1, dp1 * cp1)
     return code, dts
 
 
