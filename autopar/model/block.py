@@ -221,6 +221,18 @@ FOOTPRINT_SUMS = ("weight_space", "act_working", "act_storage", "act_storage_all
                   "x_wgrad_space", "x_optimizer_space")
 OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")
+# The other sums the batch level (``evaluate.batch_time``) computes with;
+# the rest are only reported, gathered from the block table straight into
+# the result.
+BATCH_SUMS = ("fw_time", "fw_mem_time", "re_time", "re_flops_time", "re_mem_time",
+              "agrad_time", "agrad_flops_time", "agrad_mem_time",
+              "wgrad_time", "wgrad_flops_time", "wgrad_mem_time",
+              "base_fw_tp_time", "edge_fw_tp_time", "base_fw_tp_exp", "edge_fw_tp_exp",
+              "base_agrad_tp_time", "edge_agrad_tp_time", "base_agrad_tp_exp",
+              "edge_agrad_tp_exp", "base_recomm_time", "edge_recomm_time",
+              "base_recomm_exp", "edge_recomm_exp",
+              "cp_fw_link", "cp_bw_link", "cp_fw_exp", "cp_bw_exp", "cp_re_exp",
+              "ep_link", "ep_exposed", "useful_fw", "useful_bw", "x_weight_space")
 
 
 _FEW = 64
@@ -263,7 +275,7 @@ class BlockCache:
     def __init__(self, model, system, cols: dict, datatypes, kind: str = "dense"):
         n = len(cols["tensor_par"])
         head = kind == "dense" and model.vocab_size > 0
-        self._split = None
+        self._split = self._ext = None
         if n <= _FEW:        # a handful of layouts: no deduplication to win
             ctx = LayoutContext(model, system, cols, datatypes)
             sums = block(ctx, cols, kind)
@@ -349,7 +361,8 @@ class BlockCache:
         """Per-block sums for the rows ``at`` (a slice, or positions), one
         gather per key table: every sum, or ``part="footprints"``: only the
         ``FOOTPRINT_SUMS`` (what the memory footprints need), or
-        ``part="rest"``: the others (with the optimizer step's)."""
+        ``part="rest"``: the others (with the optimizer step's), or
+        ``part="batch"``: of those, the ones the batch level computes with."""
         # np.take keeps each sum a contiguous row (``t[:, idx]`` would give
         # a column-major result, every sum strided across the others).
         if part is None:
@@ -360,17 +373,35 @@ class BlockCache:
         if part == "footprints":
             return self._sharded(sums, at)
         sums.update(zip(OPTIM_SUMS, np.take(self._t2, self.inv2[at], axis=1)))
-        return sums if part == "rest" else self._sharded(sums, at)
+        return sums if part in ("rest", "batch") else self._sharded(sums, at)
 
     def _parts(self) -> dict:
-        """The names and table of the footprint sums, and of the others."""
+        """The names and table of the footprint sums, of the others, and of
+        those the batch level computes with (``BATCH_SUMS``)."""
         if self._split is None:
             foot = [self._n1.index(name) for name in FOOTPRINT_SUMS]
             rest = [i for i in range(len(self._n1)) if i not in foot]
+            batch = [i for i in rest if self._n1[i] in BATCH_SUMS]
             self._split = {
                 "footprints": (list(FOOTPRINT_SUMS), self._t1[foot]),
-                "rest": ([self._n1[i] for i in rest], self._t1[rest])}
+                "rest": ([self._n1[i] for i in rest], self._t1[rest]),
+                "batch": ([self._n1[i] for i in batch], self._t1[batch])}
         return self._split
+
+    def sum_tables(self) -> dict:
+        """Each sum's row of distinct-block values followed by a NaN, with
+        the distinct-block index it takes (``inv1`` or ``inv2``): a statistic
+        that is a block sum is gathered from it straight into the result."""
+        if self._ext is None:
+            ext = {}
+            for names, table, inv in ((self._n1, self._t1, self.inv1),
+                                      (OPTIM_SUMS, self._t2, self.inv2)):
+                t = np.empty((table.shape[0], table.shape[1] + 1))
+                t[:, :-1] = table
+                t[:, -1] = np.nan
+                ext.update({name: (t[i], inv) for i, name in enumerate(names)})
+            self._ext = ext
+        return self._ext
 
     def _sharded(self, sums: dict, at) -> dict:
         """The footprint sums divided by the rows' shards (in place)."""

@@ -136,7 +136,8 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system:
 def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
                head_per_mb, sched: Schedule, checkpoint) -> dict:
     """Every statistic of one batch per row but the memory ones
-    (``batch_memory``): times, communication, the bubble, offloading,
+    (``batch_memory``) and the per-block sums (``_BLOCK_STATS``): times,
+    communication, the bubble, offloading,
     efficiencies, from the pacing stage's per-block sums ``sums``;
     ``head_per_mb``: the output head's time per micro-batch (None without a
     vocabulary); ``sched``: the rows' ``schedule``; ``checkpoint``: the
@@ -144,7 +145,7 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
     training = ctx.training
     stages, micro = sched.stages, sched.microbatches
     recompute_full = acts["recompute_full"]
-    S = {name: sums[key] for name, key in _BLOCK_STATS.items()}
+    S = {}
 
     # Communication of the whole batch.
     tp_fw = per_batch(sched, sums["base_fw_tp_time"], sums["edge_fw_tp_time"])
@@ -288,6 +289,10 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
             moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
                           if model.moe is not None else None)
             sched = schedule(valid, model.num_blocks)
+            # A model of one kind of block reports the per-block sums of the
+            # block table itself (gathered straight into the result); one of
+            # dense and MoE blocks, their mix on the pacing stage.
+            direct = moe_blocks is None and not model.mtp
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 part = {f: v[sl] for f, v in valid.items()}
@@ -312,22 +317,27 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 fit = None
                 times = None
                 if not failed.any():
-                    sums = _pace_sums(model, part, foot, blocks, moe_blocks, sl)
+                    timed = sl
+                    sums = _pace_sums(model, part, foot, blocks, moe_blocks, sl, direct)
                     times = batch_time(ctx, part, sums, acts, system, head, rows_sched,
                                        checkpoint)
                 else:
                     fit = np.flatnonzero(~failed)
+                    timed = sl.start + fit
                     if len(fit):
                         sub = _subset(part, fit)
                         sub_ctx = LayoutContext(model, system, sub, datatypes, None if shards
                                                 is None else tuple(c.take(fit) for c in shards))
                         sums = _pace_sums(model, sub, _subset(foot, fit), blocks, moe_blocks,
-                                          sl.start + fit)
+                                          timed, direct)
                         times = batch_time(sub_ctx, sub, sums, _subset(acts, fit),
                                            system, None if head is None else head.take(fit),
                                            rows_sched.rows(fit), checkpoint.take(fit))
+                if times is not None and not direct:
+                    times.update({name: sums[key] for name, key in _BLOCK_STATS.items()})
                 _write(table, kept, mem, times, names, ext,
-                       _spans(rows, sl, n, every, failed, fit, order))
+                       _spans(rows, sl, n, every, failed, fit, order),
+                       (blocks.sum_tables(), timed) if direct else None)
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
@@ -480,18 +490,32 @@ def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit, order=None)
     return lo, hi, L, where, failed, F, position.take(where)
 
 
-def _write(table, kept, mem, times, names, ext, span) -> None:
+def _write(table, kept, mem, times, names, ext, span, block_sums=None) -> None:
     """A chunk's statistics into their table rows, each row's columns written
     once: a contiguous copy, or a gather through the span's positions from
     the chunk's values (``mem``, the memory statistics of every row;
     ``times``, the others, of the rows that fit, None where none does)
-    followed by a NaN (``ext``, a buffer)."""
+    followed by a NaN (``ext``, a buffer).  ``block_sums``: the block
+    table's sums (``BlockCache.sum_tables``) and the rows that fit (their
+    positions among the computed rows), from which the per-block statistics
+    are gathered instead (None: they are in ``times``)."""
     lo, hi, L, where, failed, F, timed = span
+    through = {}         # per distinct-block index: each column's block, or NaN
     for j, name in enumerate(names):
         if name in mem:
             values, index, k = mem[name], where if kept[j] else failed, L
         elif times is None:
             table[j, lo:hi] = np.nan
+            continue
+        elif block_sums is not None and name in _BLOCK_STATS:
+            row, inv = block_sums[0][_BLOCK_STATS[name]]
+            index = through.get(id(inv))
+            if index is None:
+                index = inv[block_sums[1]]
+                if timed is not None:
+                    index = np.append(index, len(row) - 1).take(timed)
+                through[id(inv)] = index
+            np.take(row, index, out=table[j, lo:hi], mode="wrap")
             continue
         else:
             values, index, k = times[name], timed, F
@@ -524,11 +548,13 @@ def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None,
 
 
 def _pace_sums(model: ModelSpec, cols: dict, foot: dict, blocks: BlockCache,
-               moe_blocks: BlockCache | None, at) -> dict:
+               moe_blocks: BlockCache | None, at, direct: bool = False) -> dict:
     """The pacing stage's per-block sums of the rows ``at`` (``cols``): its
-    footprint sums ``foot`` (already gathered for memory) and the others."""
-    rest, _ = _stage_sums(model, cols, blocks.rows(at, "rest"),
-                          moe_blocks.rows(at, "rest") if moe_blocks else None, stages=False)
+    footprint sums ``foot`` (already gathered for memory) and the others
+    (``direct``: only those the batch level computes with)."""
+    part = "batch" if direct else "rest"
+    rest, _ = _stage_sums(model, cols, blocks.rows(at, part),
+                          moe_blocks.rows(at, part) if moe_blocks else None, stages=False)
     rest.update(foot)
     return rest
 
