@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES
+from autopar.io.layouts import CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
-from autopar.model.context import LayoutContext, shard_counts
+from autopar.model.context import LayoutContext, grad_scale, shard_counts
 from autopar.model.lookup import distinct, pack
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
@@ -242,17 +242,6 @@ def _ones_to_none(a):
     return None if np.all(a == 1) else a
 
 
-def _grad_scale(cols):
-    """Weight-gradient bytes relative to the working datatype (fp32_grads)."""
-    if "fp32_grads" not in cols or not cols["fp32_grads"].any():
-        return None
-    b = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]], dtype=float)
-    dt = cols["datatype"]
-    if dt.strides == (0,):          # one datatype: a table of the two values
-        return np.array([1.0, 4.0 / b[dt[0]]]).take(cols["fp32_grads"].view(np.uint8))
-    return np.where(cols["fp32_grads"], 4.0 / b[dt], 1.0)
-
-
 def _where_on(mask, col):
     """``np.where(mask, col, 0)``; a view of a column of zeros where ``col``
     is one (a default network tier, say)."""
@@ -287,7 +276,7 @@ class BlockCache:
             self.inv1 = self.inv2 = np.arange(n)
             self.shard = self.grad_shard = np.ones(n)     # already divided
             self.weight_shard = _ones_to_none(shard_counts(cols)[2])
-            self.grad_scale = _grad_scale(cols)
+            self.grad_scale = grad_scale(cols)
             self.x_shard = self.x_grad_shard = self.shard
             self.shard_counts = None
             return
@@ -345,7 +334,7 @@ class BlockCache:
         self.shard = shard
         self.grad_shard = grad_shard
         self.weight_shard = _ones_to_none(weight_shard)
-        self.grad_scale = _grad_scale(cols)
+        self.grad_scale = grad_scale(cols)
         self.x_shard = x_shard
         self.x_grad_shard = x_grad_shard
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.model.context import LayoutContext
+from autopar.model.context import LayoutContext, grad_scale
 from autopar.model.hardware import NetworkTier
 from autopar.model.layers import STAGES, layer
+from autopar.model.lookup import by_value
 
 
 def tp_collective(ctx, size, conjugate, recomm, stored=True):
@@ -344,13 +345,16 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
         # the step.
         g = cols["sharding_group"]
         hybrid = sharded & (g > 0)
-        inner = np.maximum(np.where(hybrid, g * cp, group), 2)
-        replicas = np.maximum(np.where(hybrid, dp // np.maximum(g, 1), 1), 2)
+        # (integer arithmetic on the mask: exact, and faster than np.where)
+        inner = np.maximum(group + (g * cp - group) * hybrid, 2)
+        replicas = np.maximum(1 + (by_value(lambda d, x: d // np.maximum(x, 1), dp, g) - 1)
+                              * hybrid, 2) if hybrid.any() else 2
         gather = np.where(cols["weight_sharding"] | cols["param_gather_overlap"], 0.0,
                           net.time("all_gather", block_bytes, inner))
         cross = np.where(hybrid, net.time("all_reduce", block_bytes / inner, replicas), 0.0)
         # Gradients reduced in fp32 move 4 bytes an element.
-        grad_bytes = block_bytes * np.where(cols["fp32_grads"], 4.0 / ctx.elem_bytes, 1.0)
+        scale = grad_scale(cols)
+        grad_bytes = block_bytes if scale is None else block_bytes * scale
         block_time = np.where(active, np.where(
             sharded, net.time("reduce_scatter", grad_bytes, inner) + gather + cross,
             net.time("all_reduce", grad_bytes, peers)), 0.0)
@@ -358,8 +362,8 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     x_active = (ctx.edp > 1) & training & x_bytes if x_bytes.any() else False
     if np.any(x_active):
         x_peers = np.maximum(ctx.edp, 2)
-        x_grads = expert_bytes * (np.where(cols["fp32_grads"], 4.0 / ctx.elem_bytes, 1.0)
-                                  if "fp32_grads" in cols else 1.0)
+        scale = grad_scale(cols)
+        x_grads = expert_bytes if scale is None else expert_bytes * scale
         block_time = block_time + np.where(x_active, np.where(
             sharded, net.time("reduce_scatter", x_grads, x_peers)
             + net.time("all_gather", expert_bytes, x_peers),
@@ -378,7 +382,7 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     with np.errstate(divide="ignore", invalid="ignore"):
         # On the pipeline's tier the sync also waits for backward p2p transfers.
         p2p_waits = np.where(same_pp, np.minimum(np.floor_divide(chunk_time, chunk["bw"]),
-                                                 np.where(leftover != 0, leftover, stages)),
+                                                 leftover + stages * (leftover == 0)),
                              0.0)
         inflation = chunk_time - (window - p2p_waits * p2p_bw_time) + window_compute * usage
         windows_exposed = np.where(inflation > 0, overlapped_chunks * inflation,

@@ -58,6 +58,19 @@ def shard_counts(cols: dict):
     return optim, grad, weight
 
 
+def grad_scale(cols):
+    """Weight-gradient bytes relative to the working datatype: 4 / its bytes
+    where ``fp32_grads`` (Megatron's fp32 main_grad), else 1; None where no
+    row asks for fp32 gradients."""
+    if "fp32_grads" not in cols or not cols["fp32_grads"].any():
+        return None
+    b = np.array([BYTES_PER_ELEMENT[d] for d in CHOICES["datatype"]], dtype=float)
+    dt = cols["datatype"]
+    if dt.strides == (0,):          # one datatype: a table of the two values
+        return np.array([1.0, 4.0 / b[dt[0]]]).take(cols["fp32_grads"].view(np.uint8))
+    return np.where(cols["fp32_grads"], 4.0 / b[dt], 1.0)
+
+
 class LayoutContext:
     """Per-row quantities shared by all layers of a block."""
 

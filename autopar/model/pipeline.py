@@ -52,7 +52,13 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
                                 stages, interleaving)
     chunks = by_value(lambda p, v: per_stage(p) // np.maximum(per_stage(p) // v, 1),
                       stages, interleaving)
-    microbatches = cols["batch_size"] // cols["data_par"] // cols["microbatch_size"]
+    # (floor(floor(b / d) / m) is floor(b / (d m)) for positive integers: one
+    # division instead of two, where the product stays within int64)
+    dp, mbs = cols["data_par"], cols["microbatch_size"]
+    if len(dp) and int(dp.max()) * int(mbs.max()) < 1 << 62 and min(dp.min(), mbs.min()) > 0:
+        microbatches = cols["batch_size"] // (dp * mbs)
+    else:
+        microbatches = cols["batch_size"] // dp // mbs
     return Schedule(
         stages=stages, interleaving=interleaving, microbatches=microbatches,
         blocks_per_stage=blocks_per_stage, missing_blocks=missing,

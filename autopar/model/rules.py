@@ -102,7 +102,8 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
 
     def flag(mask, reason):
         mask = np.asarray(mask, dtype=bool)
-        code[(code == 0) & mask] = REASON_CODE[reason]
+        if mask.any():          # (most rules hold for every row)
+            code[(code == 0) & mask] = REASON_CODE[reason]
 
     t, pp, dp = cols["tensor_par"], cols["pipeline_par"], cols["data_par"]
     tr = cols["training"]
@@ -125,8 +126,13 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         flag(t * pp * dp != cols["num_procs"],
              "invalid: tensor_par * pipeline_par * data_par != num_procs")
     flag(cols["batch_size"] % dp1 != 0, "invalid: batch_size is not divisible by data_par")
-    flag((cols["batch_size"] // dp1) % mbs1 != 0,
-         "invalid: local batch is not divisible by microbatch_size")
+    # (where data_par divides the batch -- the only rows this rule can flag --
+    # micro-batches divide the local batch exactly where data_par *
+    # microbatch_size divides the batch: one remainder instead of a division
+    # and a remainder, while that product stays within int64)
+    local = (cols["batch_size"] % (dp1 * mbs1) if ranges(dp1)[1] * ranges(mbs1)[1] < 1 << 62
+             else (cols["batch_size"] // dp1) % mbs1)
+    flag(local != 0, "invalid: local batch is not divisible by microbatch_size")
     rec = cols["activation_recompute"]
     flag((rec != CHOICES["activation_recompute"].index("none")) & ~tr,
          "invalid: activation recompute is only for training")
