@@ -289,12 +289,17 @@ class BlockCache:
                        np.where(etp > 1, cols["expert_tensor_par_net"], 0),
                        cols["moe_dispatcher"], cols["moe_overlap"]]
         cp = cols["context_par"]
-        key1 = [cols["datatype"], t, cols["microbatch_size"], cols["activation_recompute"],
-                cols["tensor_par_comm_type"], cols["tensor_par_overlap"],
-                cols["seq_par_ag_redo"], cols["fused_activation"], cols["attention_type"],
-                cols["training"], tpnet, cols["attention_impl"], cols["fused_norm"],
-                cp, _where_on(cp > 1, cols["context_par_net"]),
-                _where_on(cp > 1, cols["context_par_comm"]), cols["fp8_recipe"]] + moe_key
+        # (the distinct blocks come out in the order of their keys, the first
+        # column the slowest: the columns that decide which layers a block
+        # runs come first, so that each layer's rows are runs of the table
+        # and its masked sums cost what unmasked ones do)
+        key1 = [cols["training"], cols["activation_recompute"], cols["fp8_recipe"], cp,
+                _where_on(cp > 1, cols["context_par_comm"]),
+                _where_on(cp > 1, cols["context_par_net"]), t, cols["tensor_par_overlap"],
+                cols["tensor_par_comm_type"], cols["seq_par_ag_redo"],
+                cols["fused_activation"], cols["fused_norm"], cols["attention_impl"],
+                cols["attention_type"], tpnet, cols["datatype"],
+                cols["microbatch_size"]] + moe_key
         idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]

@@ -239,7 +239,7 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
     return S
 
 
-CHUNK = 1 << 15
+CHUNK = 1 << 16
 _MEM1 = REASON_CODE["infeasible: mem tier1 capacity exceeded"]
 _MEM2 = REASON_CODE["infeasible: mem tier2 capacity exceeded"]
 _MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
