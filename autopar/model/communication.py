@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.model.context import LayoutContext, grad_scale
+from autopar.model.context import LayoutContext, grad_scale, masked
 from autopar.model.hardware import NetworkTier
 from autopar.model.layers import STAGES, layer
 from autopar.model.lookup import by_value
@@ -243,8 +243,8 @@ def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: dict, networks):
     and the p2p time of one chunk boundary on the pipeline's network tier."""
     stages = cols["pipeline_par"]
     sequence_split = ctx.tp_rs_ag | ctx.tp_p2p
-    fw_bytes = np.where(stages > 1, np.where(sequence_split, acts["A_split"], acts["A"])
-                        * ctx.elem_bytes, 0.0)
+    fw_bytes = masked(np.where(sequence_split, acts["A_split"], acts["A"]) * ctx.elem_bytes,
+                      stages > 1)
     bw_bytes = ctx.if_training(fw_bytes)
     net = NetworkTier(networks, cols["pipeline_par_net"])
     return fw_bytes, bw_bytes, net.time("p2p", fw_bytes, 2), net.time("p2p", bw_bytes, 2)
@@ -328,8 +328,8 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     active = (group > 1) & training
     # Routed experts' gradients sync over the expert-data-parallel group instead.
     expert_bytes = sums["x_weight_space"] if "x_weight_space" in sums else 0.0
-    block_bytes = np.where(active, sums.get("weight_space_full", sums["weight_space"])
-                           - expert_bytes, 0.0)
+    block_bytes = masked(sums.get("weight_space_full", sums["weight_space"]) - expert_bytes,
+                         active)
     wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
                           net.scale("all_reduce"))
     if not extended:

@@ -71,6 +71,13 @@ def grad_scale(cols):
     return np.where(cols["fp32_grads"], 4.0 / b[dt], 1.0)
 
 
+def masked(x, mask):
+    """``np.where(mask, x, 0.0)`` for a finite float ``x`` (a size, a time),
+    as ``x * mask``: x * 1.0 is x and x * 0.0 is zero, exactly, and it costs
+    a fifth of np.where on a mask that changes from row to row."""
+    return x * mask
+
+
 class LayoutContext:
     """Per-row quantities shared by all layers of a block."""
 
@@ -110,8 +117,11 @@ class LayoutContext:
             dts = CHOICES["datatype"]
             have = [d for d in ("float8", "mxfp8") if d in system.matrix]
             fallback = dts.index(have[0])
-            code = np.where(mx, dts.index("mxfp8"), dts.index("float8"))
-            code = np.where(self.fp8, code, fallback)
+            # (the rows' codes by integer arithmetic on the masks: exact, and
+            # several times faster than np.where on them)
+            f8 = dts.index("float8")
+            code = f8 + (dts.index("mxfp8") - f8) * mx
+            code = fallback + (code - fallback) * self.fp8
             # The codes present, from the masks (no pass over code).
             present = {fallback} if not self.fp8.all() else set()
             if (self.fp8 & mx).any():

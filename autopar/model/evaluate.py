@@ -33,7 +33,7 @@ from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.block import BlockCache, activation_sizes, head_memory, head_time
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
-from autopar.model.context import LayoutContext
+from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
                                   recompute_share)
 from autopar.model.moe import mix, stage_counts
@@ -125,7 +125,7 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system:
     kept = acts["A"]
     if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
         kept = np.where(ctx.tp_rs_ag, acts["A_split"], kept)
-    checkpoint = np.where(ctx.training & recompute_full, kept * ctx.elem_bytes, 0.0)
+    checkpoint = masked(kept * ctx.elem_bytes, ctx.training & recompute_full)
     first, last = stage_sums if stage_sums is not None else (sums, None)
     S = footprints(ctx, cols, first, sched, checkpoint, recompute_full,
                    head_memory(ctx, cols, acts, sched.stages, system),
@@ -157,8 +157,8 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
     p2p_fw_bytes, p2p_bw_bytes, p2p_fw, p2p_bw = pipeline_p2p(ctx, cols, acts, system.networks)
     S["block_fw_pp_size"] = p2p_fw_bytes
     S["block_bw_pp_size"] = p2p_bw_bytes
-    fw_transfers = np.where(stages > 1, sched.chunks, 0)
-    bw_transfers = np.where((stages > 1) & training, sched.chunks, 0)
+    fw_transfers = sched.chunks * (stages > 1)
+    bw_transfers = sched.chunks * ((stages > 1) & training)
     pp_link = micro * fw_transfers * p2p_fw + micro * bw_transfers * p2p_bw
 
     # Block and chunk times, offloading, the bubble, the data-parallel sync.
@@ -277,9 +277,6 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         # memory parts, so that the reason can say how much it needs; the
         # other statistics are NaN where the layout cannot run.
         kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
-        order = rows
-        if not every:
-            rows = _grouped(cols, rows)
         valid = _typed_columns(cols if every else _take_rows(cols, rows))
         datatypes = _codes(valid["datatype"])
         m = len(rows)
@@ -336,7 +333,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 if times is not None and not direct:
                     times.update({name: sums[key] for name, key in _BLOCK_STATS.items()})
                 _write(table, kept, mem, times, names, ext,
-                       _spans(rows, sl, n, every, failed, fit, order),
+                       _spans(rows, sl, n, every, failed, fit),
                        (blocks.sum_tables(), timed) if direct else None)
     out["feasible"] = code == 0
     out["reason_code"] = code
@@ -432,29 +429,7 @@ def _subset(cols: dict, fit: np.ndarray) -> dict:
     return out
 
 
-def _grouped(cols, rows):
-    bits = [(cols["activation_recompute"], 2), (cols["fp8_recipe"], 2)] + [
-        (m, 1) for m in (cols["context_par"] > 1, cols["weight_sharding"],
-                         cols["optimizer_sharding"], cols["data_par_overlap"])]
-    key = np.zeros(len(cols["tensor_par"]), dtype=np.uint8)
-    shift = 0
-    for c, w in bits:
-        if c.strides == (0,) and not c[0]:
-            continue
-        v = c.view(np.uint8) if c.dtype.itemsize == 1 else c.astype(np.uint8)
-        if shift:
-            v = v << np.uint8(shift)
-        key |= v
-        shift += w
-    key = key.take(rows)
-    out = rows.copy()
-    for i in range(0, len(rows), CHUNK):
-        sl = slice(i, i + CHUNK)
-        out[sl] = rows[sl].take(np.argsort(key[sl], kind="stable"))
-    return out
-
-
-def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit, order=None):
+def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit):
     """Where a chunk of computed rows (``rows[sl]``) goes in the table: the
     columns ``lo:hi`` (the chunk's rows and the uncomputed ones before the
     next chunk's), the chunk's length ``L``, for the statistics kept on a
@@ -475,8 +450,8 @@ def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit, order=None)
         timed = np.full(L, F, dtype=np.intp)
         timed[fit] = np.arange(F)
         return lo, hi, L, None, failed, F, timed
-    lo = 0 if sl.start == 0 else int(order[sl.start])
-    hi = n if sl.stop == len(rows) else int(order[sl.stop])
+    lo = 0 if sl.start == 0 else int(rows[sl.start])
+    hi = n if sl.stop == len(rows) else int(rows[sl.stop])
     at = rows[sl] - lo
     where = np.full(hi - lo, L, dtype=np.intp)
     where[at] = np.arange(L)

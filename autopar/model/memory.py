@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.model.context import LayoutContext
+from autopar.model.context import LayoutContext, masked
 from autopar.model.pipeline import Schedule
 
 
@@ -138,14 +138,14 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
 
     def stage_activations(micro_batches):
         """Activations and checkpoints of a stage with ``micro_batches`` in flight."""
-        act = np.where(training & ~recompute_full,
-                       sums["act_working"] + sums["act_storage"] * (blocks * micro_batches - 1),
-                       sums["act_working"])
-        ckpt = np.where(training & recompute_full, blocks * checkpoint * micro_batches, 0.0)
+        act = sums["act_working"] + masked(sums["act_storage"] * (blocks * micro_batches - 1),
+                                           training & ~recompute_full)
+        # (the checkpoint is 0 where the block is not recomputed in training)
+        ckpt = blocks * checkpoint * micro_batches
         if partial:
             # Blocks that do not recompute keep their activations.
             kept = blocks * (1 - share) * micro_batches
-            act = act + np.where(training & recompute_full, sums["act_storage_all"] * kept, 0.0)
+            act = act + masked(sums["act_storage_all"] * kept, training & recompute_full)
             ckpt = ckpt * share
         return act, ckpt
 
@@ -156,9 +156,8 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     optimizer_space = ctx.if_training(sums["optimizer_space"] * blocks)
     # With offloading, tier 1 keeps two blocks' worth (double buffering).
     weight_min = sums["weight_space"] * 2
-    act_min = np.where(recompute_full, sums["act_working"],
-                       sums["act_working"] + sums["act_storage"])
-    ckpt_min = ctx.if_training(np.where(recompute_full, checkpoint * 2, 0.0), np.nan)
+    act_min = sums["act_working"] + masked(sums["act_storage"], ~recompute_full)
+    ckpt_min = ctx.if_training(checkpoint * 2, np.nan)
     wgrad_min = ctx.if_training(sums["wgrad_space_full"] + sums["wgrad_space"])
     optim_min = ctx.if_training(sums["optimizer_space"] * 2)
     S.update({
@@ -176,7 +175,7 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     static = np.where(weights_off, weight_min, weight_space)
     if "weight_space_full" in sums and np.any(ctx.weight_shards > 1):
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
-        static = static + np.where(ctx.weight_shards > 1, 2 * sums["weight_space_full"], 0.0)
+        static = static + masked(2 * sums["weight_space_full"], ctx.weight_shards > 1)
     tier2 = np.where(weights_off, weight_space, 0.0)
     ckpt_offloaded = (np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
                       if np.any(acts_off) else 0.0)
