@@ -71,6 +71,17 @@ def grad_scale(cols):
     return np.where(cols["fp32_grads"], 4.0 / b[dt], 1.0)
 
 
+def pick(mask, a, b):
+    """``np.where(mask, a, b)`` for float columns; ``a`` or ``b`` itself
+    (a value broadcast to the rows) where ``mask`` is a view of one value (a
+    default column, an option no row sets)."""
+    if isinstance(mask, np.ndarray) and mask.strides == (0,) and mask.size:
+        chosen = a if mask[0] else b
+        return chosen if np.shape(chosen) == mask.shape else np.broadcast_to(
+            np.asarray(chosen, dtype=float), mask.shape)
+    return np.where(mask, a, b)
+
+
 def masked(x, mask):
     """``np.where(mask, x, 0.0)`` for a finite float ``x`` (a size, a time),
     as ``x * mask``: x * 1.0 is x and x * 0.0 is zero, exactly, and it costs

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.model.context import LayoutContext, masked
+from autopar.model.context import LayoutContext, masked, pick
 from autopar.model.pipeline import Schedule
 
 
@@ -28,11 +28,10 @@ def offload_traffic(ctx: LayoutContext, cols: dict, sums: dict, checkpoint,
     weights, acts, optim = (cols["weight_offload"], cols["activations_offload"],
                             cols["optimizer_offload"])
     act_bytes = np.where(recompute_full, checkpoint, sums["act_storage"])
-    fw_bytes = np.maximum(np.where(weights, sums["weight_space"], 0.0),
-                          np.where(acts, act_bytes, 0.0))
-    bw_bytes = ctx.if_training(np.where(weights, sums["weight_space"], 0.0)
-                               + np.where(acts, act_bytes, 0.0)
-                               + np.where(optim, sums["optimizer_space"], 0.0))
+    fw_bytes = np.maximum(masked(sums["weight_space"], weights), masked(act_bytes, acts))
+    bw_bytes = ctx.if_training(masked(sums["weight_space"], weights)
+                               + masked(act_bytes, acts)
+                               + masked(sums["optimizer_space"], optim))
     return {"act_bytes": act_bytes, "fw_bytes": fw_bytes, "bw_bytes": bw_bytes,
             "fw_time": ctx.mem2.time(fw_bytes),
             "bw_time": ctx.if_training(ctx.mem2.time(bw_bytes))}
@@ -172,20 +171,21 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     # charged on the transient part.
     weights_off, acts_off, optim_off = (cols["weight_offload"], cols["activations_offload"],
                                         cols["optimizer_offload"])
-    static = np.where(weights_off, weight_min, weight_space)
+    static = pick(weights_off, weight_min, weight_space)
     if "weight_space_full" in sums and np.any(ctx.weight_shards > 1):
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
         static = static + masked(2 * sums["weight_space_full"], ctx.weight_shards > 1)
-    tier2 = np.where(weights_off, weight_space, 0.0)
+    tier2 = masked(weight_space, weights_off)
     ckpt_offloaded = (np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
                       if np.any(acts_off) else 0.0)
-    transient_first = np.where(acts_off, act_min, act_first + ckpt_first) + ckpt_offloaded \
+    transient_first = pick(acts_off, act_min, act_first + ckpt_first) + ckpt_offloaded \
         + act_grad
-    transient_last = np.where(acts_off, act_min, act_last + ckpt_last) + ckpt_offloaded \
+    transient_last = pick(acts_off, act_min, act_last + ckpt_last) + ckpt_offloaded \
         + act_grad + head["logits"]["total"]
-    tier2 = tier2 + np.where(acts_off, np.where(recompute_full, ckpt_first, act_first), 0.0)
-    static = static + np.where(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
-    tier2 = tier2 + np.where(optim_off, sums["wgrad_space"] * blocks + optimizer_space, 0.0)
+    if np.any(acts_off):
+        tier2 = tier2 + masked(np.where(recompute_full, ckpt_first, act_first), acts_off)
+    static = static + pick(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
+    tier2 = tier2 + masked(sums["wgrad_space"] * blocks + optimizer_space, optim_off)
     return S, static, tier2, transient_first, transient_last
 
 
