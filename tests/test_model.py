@@ -368,7 +368,7 @@ def test_by_value_equals_the_direct_computation(values):
     """Integer functions by value table give what the operations give
     directly, also with zeros and negative values, and where the ranges
     are too wide for a table (computed directly)."""
-    from autopar.model.lookup import by_value
+    from autopar.model.lookup import Ranges, by_value
     rng = np.random.default_rng(len(values))
     a, b = (rng.choice(values, 50_000) for _ in range(2))
     c = rng.integers(1, 9, 50_000)
@@ -381,3 +381,47 @@ def test_by_value_equals_the_direct_computation(values):
     assert np.array_equal(by_value(f, a, b, c), f(a, b, c))
     assert np.array_equal(by_value(g, a), g(a))
     assert by_value(g, a).dtype == g(a).dtype
+    # Ranges shared by several calls on the same columns give the same.
+    ranges = Ranges()
+    for _ in range(2):
+        assert np.array_equal(by_value(f, a, b, c, ranges=ranges), f(a, b, c))
+        assert np.array_equal(by_value(g, a, ranges=ranges), g(a))
+
+
+def test_no_layouts_give_empty_columns(tiny_system, repo_root):
+    """A table of no layouts (an empty slice of a search) gives every
+    statistic as an empty column, with the new fields on too."""
+    import sys
+    sys.path.insert(0, str(repo_root / "benchmarks"))
+    import model_throughput as mt
+    for model, system, draw in (
+            (load_model(TINY), tiny_system, lambda m: to_columns([_exe()])),
+            (load_model(repo_root / "models" / "llama3-70B.json"),
+             load_system(repo_root / "systems" / "h100_80g_nvl8.json"),
+             lambda m: mt.random_modern_layouts(m, 1024, 1024, 10))):
+        cols = {f: v[:0] for f, v in draw(model).items()}
+        out = M.evaluate_columns(model, system, cols)
+        assert all(len(out[name]) == 0 for name in list(M.STATS) + ["feasible", "reason_code"])
+
+
+def test_block_statistics_from_the_block_table_equal_the_pacing_sums(repo_root, monkeypatch):
+    """The per-block statistics of a model whose blocks are alike, gathered
+    straight from the distinct-block table into the result, are bit for bit
+    what the pacing stage's sums give (the path of MoE models), on random
+    layouts with every new field drawn, some breaking rules or memory."""
+    import sys
+    sys.path.insert(0, str(repo_root / "benchmarks"))
+    import model_throughput as mt
+    from autopar.model import evaluate as E
+    model = load_model(repo_root / "models" / "llama3-70B.json")
+    system = load_system(repo_root / "systems" / "h100_80g_nvl8.json")
+    cols = mt.random_modern_layouts(model, 1024, 1024, 3 * E.CHUNK // 2, seed=3)
+    direct = M.evaluate_columns(model, system, cols)
+    code = direct["reason_code"]
+    assert (code == 0).sum() > 1000 and (code != 0).sum() > 1000
+    monkeypatch.setattr(E, "_block_stats_direct", lambda model: False)
+    mixed = M.evaluate_columns(model, system, cols)
+    for name in M.STATS:
+        a, b = direct[name], mixed[name]
+        assert np.array_equal(a.view(np.int64)[~np.isnan(a)], b.view(np.int64)[~np.isnan(b)]) \
+            and np.array_equal(np.isnan(a), np.isnan(b)), name

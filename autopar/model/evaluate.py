@@ -286,10 +286,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
             moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
                           if model.moe is not None else None)
             sched = schedule(valid, model.num_blocks)
-            # A model of one kind of block reports the per-block sums of the
-            # block table itself (gathered straight into the result); one of
-            # dense and MoE blocks, their mix on the pacing stage.
-            direct = moe_blocks is None and not model.mtp
+            direct = _block_stats_direct(model)
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 part = {f: v[sl] for f, v in valid.items()}
@@ -520,6 +517,14 @@ def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None,
                          if w == "pace" or stages else None
                          for w in ("pace", "first", "last"))
     return pace, (first, last) if stages else None
+
+
+def _block_stats_direct(model: ModelSpec) -> bool:
+    """Whether the per-block statistics are gathered straight from the block
+    table into the result: for a model whose blocks are all alike (they are
+    the table's); one of dense and MoE blocks, or with MTP, reports the mix
+    of its pacing stage (``_stage_sums``)."""
+    return model.moe is None and not model.mtp
 
 
 def _pace_sums(model: ModelSpec, cols: dict, foot: dict, blocks: BlockCache,

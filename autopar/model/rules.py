@@ -130,7 +130,8 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     # micro-batches divide the local batch exactly where data_par *
     # microbatch_size divides the batch: one remainder instead of a division
     # and a remainder, while that product stays within int64)
-    local = (cols["batch_size"] % (dp1 * mbs1) if ranges(dp1)[1] * ranges(mbs1)[1] < 1 << 62
+    local = (cols["batch_size"] % (dp1 * mbs1)
+             if n and ranges(dp1)[1] * ranges(mbs1)[1] < 1 << 62
              else (cols["batch_size"] // dp1) % mbs1)
     flag(local != 0, "invalid: local batch is not divisible by microbatch_size")
     rec = cols["activation_recompute"]
@@ -176,8 +177,8 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
             size *= less * on + 1
         flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
         if nets[tier].must_be_filled:
-            flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0, size,
-                                     ranges=ranges),
+            flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0,
+                                 size, ranges=ranges),
                  REASONS[_NET_FILL + tier])
     dts = [CHOICES["datatype"].index(d) for d in CHOICES["datatype"]
            if d in system.matrix and d in system.vector]
