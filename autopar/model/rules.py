@@ -105,19 +105,32 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         if mask.any():          # (most rules hold for every row)
             code[(code == 0) & mask] = REASON_CODE[reason]
 
+    dts = [CHOICES["datatype"].index(d) for d in CHOICES["datatype"]
+           if d in system.matrix and d in system.vector]
+    if not n:
+        return code, dts
     t, pp, dp = cols["tensor_par"], cols["pipeline_par"], cols["data_par"]
     tr = cols["training"]
-    flag((cols["num_procs"] <= 0) | (t <= 0) | (pp <= 0) | (dp <= 0) | (cols["batch_size"] <= 0)
-         | (cols["microbatch_size"] <= 0) | (cols["pipeline_interleaving"] <= 0),
-         "invalid: sizes must be positive")
-    tp1, pp1, dp1 = np.maximum(t, 1), np.maximum(pp, 1), np.maximum(dp, 1)
-    mbs1 = np.maximum(cols["microbatch_size"], 1)
+    # The columns' ranges, found once, shared by the value tables and by the
+    # rules: a rule that no value in range can break is not checked row by row.
+    ranges = Ranges()
+    sizes = (cols["num_procs"], t, pp, dp, cols["batch_size"], cols["microbatch_size"],
+             cols["pipeline_interleaving"])
+    if min(ranges(c)[0] for c in sizes) <= 0:
+        flag((cols["num_procs"] <= 0) | (t <= 0) | (pp <= 0) | (dp <= 0)
+             | (cols["batch_size"] <= 0) | (cols["microbatch_size"] <= 0)
+             | (cols["pipeline_interleaving"] <= 0), "invalid: sizes must be positive")
+
+    def at_least_1(c):
+        return c if ranges(c)[0] >= 1 else np.maximum(c, 1)
+    tp1, pp1, dp1 = at_least_1(t), at_least_1(pp), at_least_1(dp)
+    mbs1 = at_least_1(cols["microbatch_size"])
     cp = cols["context_par"]
-    cp1 = np.maximum(cp, 1)
-    ranges = Ranges()           # (the columns' ranges, shared by the lookups)
-    extended = (cp != 1).any()
+    cp1 = at_least_1(cp)
+    extended = ranges(cp) != (1, 1)
     if extended:
-        flag(cp <= 0, "invalid: sizes must be positive")
+        if ranges(cp)[0] <= 0:
+            flag(cp <= 0, "invalid: sizes must be positive")
         flag((cp == 1) & (t * pp * dp != cols["num_procs"]),
              "invalid: tensor_par * pipeline_par * data_par != num_procs")
         flag(t * pp * dp * cp != cols["num_procs"],
@@ -130,15 +143,15 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     # micro-batches divide the local batch exactly where data_par *
     # microbatch_size divides the batch: one remainder instead of a division
     # and a remainder, while that product stays within int64)
-    local = (cols["batch_size"] % (dp1 * mbs1)
-             if n and ranges(dp1)[1] * ranges(mbs1)[1] < 1 << 62
+    local = (cols["batch_size"] % (dp1 * mbs1) if ranges(dp1)[1] * ranges(mbs1)[1] < 1 << 62
              else (cols["batch_size"] // dp1) % mbs1)
     flag(local != 0, "invalid: local batch is not divisible by microbatch_size")
     rec = cols["activation_recompute"]
     flag((rec != CHOICES["activation_recompute"].index("none")) & ~tr,
          "invalid: activation recompute is only for training")
-    flag((pp == 1) & (cols["pipeline_interleaving"] != 1),
-         "invalid: pipeline_interleaving must be 1 when pipeline_par is 1")
+    if ranges(cols["pipeline_interleaving"]) != (1, 1):
+        flag((pp == 1) & (cols["pipeline_interleaving"] != 1),
+             "invalid: pipeline_interleaving must be 1 when pipeline_par is 1")
     flag(cols["optimizer_sharding"] & (dp * cp1 <= 1),
          "invalid: optimizer_sharding needs data_par > 1")
     flag((cols["tensor_par_overlap"] != 0) & (t <= 1),
@@ -155,7 +168,9 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     nn = len(nets)
     for f in ("tensor_par_net", "pipeline_par_net", "data_par_net") + (
             ("context_par_net",) if extended or cols["context_par_net"].any() else ()):
-        flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
+        lo, hi = ranges(cols[f])
+        if lo < 0 or hi >= nn:
+            flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
     # Network tiers: each must hold the product of the parallelisms on it,
     # and a tier that must be filled must be filled exactly.
     pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
@@ -180,12 +195,10 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
             flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0,
                                  size, ranges=ranges),
                  REASONS[_NET_FILL + tier])
-    dts = [CHOICES["datatype"].index(d) for d in CHOICES["datatype"]
-           if d in system.matrix and d in system.vector]
     flag(~_member(cols["datatype"], dts), "invalid: datatype not supported by the system")
     nb = model.num_blocks
     blocks_per_stage = by_value(lambda p: -(-nb // p), pp1, ranges=ranges)
-    interleaving = np.maximum(cols["pipeline_interleaving"], 1)
+    interleaving = at_least_1(cols["pipeline_interleaving"])
     flag(interleaving > blocks_per_stage,
          "infeasible: pipeline_interleaving exceeds the blocks per processor")
     flag(by_value(lambda p, v: -(-nb // p) % v != 0, pp1, interleaving, ranges=ranges),
