@@ -176,20 +176,31 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
     if extended:
         pars += ((cp, "context_par_net"),)
-    # (a tier's size: the product of the parallelisms over 1 on it; each
-    # factor is 1 + (par - 1) * on, exact in int64 and a quarter of the time
-    # of a multiplication masked with where=)
-    pars = [(par > 1, np.asarray(par, dtype=np.int64), net) for par, net in pars]
-    pars = [(big, par, par - 1, net) for big, par, net in pars]
+    # (a tier's size: the product of the parallelisms on it, each factor
+    # 1 + (par - 1) * on, exact in int64; the tier is used where it is over
+    # 1.  For the rows no earlier rule flagged every parallelism is >= 1 and
+    # their product is num_procs: the sizes neither mislead nor overflow)
+    pars = [(np.asarray(par, dtype=np.int64), cols[net]) for par, net in pars]
+    less: dict = {}
     for tier in range(min(nn, MAX_TIERS)):
-        size = np.ones(n, dtype=np.int64)
-        used = np.zeros(n, dtype=bool)
-        for big, par, less, net in pars:
-            on = big & (cols[net] == tier)
-            if not on.any():
+        size = None
+        for i, (par, net) in enumerate(pars):
+            lo, hi = ranges(net)
+            if not lo <= tier <= hi:            # no row on this tier
                 continue
-            used |= on
-            size *= less * on + 1
+            if lo == hi:                        # every row on it
+                factor = par
+            else:
+                on = net == tier
+                if not on.any():
+                    continue
+                if i not in less:
+                    less[i] = par - 1
+                factor = less[i] * on + 1
+            size = factor if size is None else size * factor
+        if size is None:
+            continue
+        used = size > 1
         flag(used & (size > nets[tier].size), REASONS[_NET_BIG + tier])
         if nets[tier].must_be_filled:
             flag(used & by_value(lambda x, k=nets[tier].size: k % np.maximum(x, 1) != 0,
