@@ -24,7 +24,7 @@ import numpy as np
 from autopar.io.layouts import CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
-from autopar.model.context import LayoutContext, grad_scale, shard_counts
+from autopar.model.context import LayoutContext, grad_scale, masked, shard_counts
 from autopar.model.lookup import distinct, pack
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
@@ -247,9 +247,7 @@ def _where_on(mask, col):
     is one (a default network tier, say)."""
     if col.strides == (0,) and len(col) and col[0] == 0:
         return col
-    # (exact for integer columns, and several times faster than np.where
-    # on a mask that changes from row to row)
-    return col * mask
+    return masked(col, mask)
 
 
 class BlockCache:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.model.context import LayoutContext, grad_scale, masked
+from autopar.model.context import LayoutContext, choose, grad_scale, masked
 from autopar.model.hardware import NetworkTier
 from autopar.model.layers import STAGES, layer
 from autopar.model.lookup import by_value
@@ -345,10 +345,9 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
         # the step.
         g = cols["sharding_group"]
         hybrid = sharded & (g > 0)
-        # (integer arithmetic on the mask: exact, and faster than np.where)
-        inner = np.maximum(group + (g * cp - group) * hybrid, 2)
-        replicas = np.maximum(1 + (by_value(lambda d, x: d // np.maximum(x, 1), dp, g) - 1)
-                              * hybrid, 2) if hybrid.any() else 2
+        inner = np.maximum(choose(hybrid, g * cp, group), 2)
+        replicas = np.maximum(choose(hybrid, by_value(lambda d, x: d // np.maximum(x, 1), dp, g),
+                                     1), 2) if hybrid.any() else 2
         gather = np.where(cols["weight_sharding"] | cols["param_gather_overlap"], 0.0,
                           net.time("all_gather", block_bytes, inner))
         cross = np.where(hybrid, net.time("all_reduce", block_bytes / inner, replicas), 0.0)
@@ -382,7 +381,7 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     with np.errstate(divide="ignore", invalid="ignore"):
         # On the pipeline's tier the sync also waits for backward p2p transfers.
         p2p_waits = np.where(same_pp, np.minimum(np.floor_divide(chunk_time, chunk["bw"]),
-                                                 leftover + stages * (leftover == 0)),
+                                                 choose(leftover == 0, stages, leftover)),
                              0.0)
         inflation = chunk_time - (window - p2p_waits * p2p_bw_time) + window_compute * usage
         windows_exposed = np.where(inflation > 0, overlapped_chunks * inflation,

@@ -44,17 +44,15 @@ def shard_counts(cols: dict):
     group = cols["data_par"]
     sg, cp = np.asarray(_col(cols, "sharding_group")), np.asarray(_col(cols, "context_par"))
     if sg.any():
-        group = group + (sg - group) * (sg > 0)
+        group = choose(sg > 0, sg, group)
     if (cp != 1).any():
         group = group * cp
-    # (integer arithmetic on the masks: exact, and several times faster than
-    # np.where on masks that change from row to row)
-    less = (group - 1) * cols["optimizer_sharding"]
-    optim = (less + 1).astype(float)
+    shards = choose(cols["optimizer_sharding"], group, 1)
+    optim = shards.astype(float)
     ug = _col(cols, "unsharded_grads")
-    grad = (less * np.logical_not(ug) + 1).astype(float) if np.any(ug) else optim
+    grad = choose(ug, 1, shards).astype(float) if np.any(ug) else optim
     ws = np.asarray(_col(cols, "weight_sharding"))
-    weight = (less * ws + 1).astype(float) if ws.any() else np.ones_like(optim)
+    weight = choose(ws, shards, 1).astype(float) if ws.any() else np.ones_like(optim)
     return optim, grad, weight
 
 
@@ -83,10 +81,18 @@ def pick(mask, a, b):
 
 
 def masked(x, mask):
-    """``np.where(mask, x, 0.0)`` for a finite float ``x`` (a size, a time),
-    as ``x * mask``: x * 1.0 is x and x * 0.0 is zero, exactly, and it costs
-    a fifth of np.where on a mask that changes from row to row."""
+    """``np.where(mask, x, 0)`` for integers or finite floats (sizes; not
+    times, which may be inf), as ``x * mask``: x * 1 is x and x * 0 is zero,
+    exactly, at a fifth of np.where's time on a mask that changes from row to
+    row."""
     return x * mask
+
+
+def choose(mask, a, b):
+    """``np.where(mask, a, b)`` for integers (columns or numbers), as
+    ``b + (a - b) * mask``: exact, and a fraction of np.where's time on a
+    mask that changes from row to row."""
+    return b + (a - b) * mask
 
 
 class LayoutContext:
@@ -128,11 +134,8 @@ class LayoutContext:
             dts = CHOICES["datatype"]
             have = [d for d in ("float8", "mxfp8") if d in system.matrix]
             fallback = dts.index(have[0])
-            # (the rows' codes by integer arithmetic on the masks: exact, and
-            # several times faster than np.where on them)
-            f8 = dts.index("float8")
-            code = f8 + (dts.index("mxfp8") - f8) * mx
-            code = fallback + (code - fallback) * self.fp8
+            code = choose(self.fp8, choose(mx, dts.index("mxfp8"), dts.index("float8")),
+                          fallback)
             # The codes present, from the masks (no pass over code).
             present = {fallback} if not self.fp8.all() else set()
             if (self.fp8 & mx).any():

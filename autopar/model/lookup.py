@@ -24,9 +24,10 @@ LIMIT = 1 << 14
 
 
 class Ranges:
-    """The smallest and largest value of each column ``by_value`` is given,
-    found once however many calls share the column.  It holds the columns it
-    has seen, so that an ``id`` stays theirs while it lives."""
+    """The smallest and largest value of a column, found once however many
+    calls ask (``by_value``'s tables, the rules' checks of what a column's
+    values allow).  It holds the columns it has seen, so that an ``id`` stays
+    theirs while it lives."""
 
     def __init__(self):
         self._seen: dict = {}

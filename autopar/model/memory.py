@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.model.context import LayoutContext, masked, pick
+from autopar.model.context import LayoutContext, choose, masked, pick
 from autopar.model.pipeline import Schedule
 
 
@@ -62,9 +62,8 @@ def recompute_share(cols: dict, recompute_full, blocks):
     k = cols.get("recompute_layers") if hasattr(cols, "get") else None
     if k is None or not np.any(k > 0):
         return 1.0
-    # (where it is not set, min(blocks, blocks) / blocks: exactly 1.0; the
-    # counts chosen by integer arithmetic on the mask, faster than np.where)
-    counts = blocks + (k - blocks) * (recompute_full & (k > 0))
+    # (where it is not set, min(blocks, blocks) / blocks: exactly 1.0)
+    counts = choose(recompute_full & (k > 0), k, blocks)
     return np.minimum(counts, blocks) / blocks
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from autopar.model.lookup import by_value
+from autopar.model.lookup import Ranges, by_value
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,19 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
         return -(-num_blocks // p)
 
     # Functions of (stages, interleaving), which take few values: once per value.
-    blocks_per_stage = by_value(per_stage, stages)
-    missing = by_value(lambda p: np.where(num_blocks % p != 0, p - num_blocks % p, 0), stages)
+    ranges = Ranges()
+    blocks_per_stage = by_value(per_stage, stages, ranges=ranges)
+    missing = by_value(lambda p: np.where(num_blocks % p != 0, p - num_blocks % p, 0), stages,
+                       ranges=ranges)
     blocks_per_chunk = by_value(lambda p, v: np.maximum(per_stage(p) // v, 1),
-                                stages, interleaving)
+                                stages, interleaving, ranges=ranges)
     chunks = by_value(lambda p, v: per_stage(p) // np.maximum(per_stage(p) // v, 1),
-                      stages, interleaving)
+                      stages, interleaving, ranges=ranges)
     # (floor(floor(b / d) / m) is floor(b / (d m)) for positive integers: one
     # division instead of two, where the product stays within int64)
     dp, mbs = cols["data_par"], cols["microbatch_size"]
-    if len(dp) and int(dp.max()) * int(mbs.max()) < 1 << 62 and min(dp.min(), mbs.min()) > 0:
+    if len(dp) and min(ranges(dp)[0], ranges(mbs)[0]) > 0 \
+            and ranges(dp)[1] * ranges(mbs)[1] < 1 << 62:
         microbatches = cols["batch_size"] // (dp * mbs)
     else:
         microbatches = cols["batch_size"] // dp // mbs

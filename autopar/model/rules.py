@@ -16,6 +16,7 @@ import numpy as np
 from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
+from autopar.model.context import choose
 from autopar.model.lookup import Ranges, by_value
 
 # Why a layout cannot run.  "invalid": the layout breaks a rule of its own;
@@ -117,9 +118,7 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     sizes = (cols["num_procs"], t, pp, dp, cols["batch_size"], cols["microbatch_size"],
              cols["pipeline_interleaving"])
     if min(ranges(c)[0] for c in sizes) <= 0:
-        flag((cols["num_procs"] <= 0) | (t <= 0) | (pp <= 0) | (dp <= 0)
-             | (cols["batch_size"] <= 0) | (cols["microbatch_size"] <= 0)
-             | (cols["pipeline_interleaving"] <= 0), "invalid: sizes must be positive")
+        flag(np.logical_or.reduce([c <= 0 for c in sizes]), "invalid: sizes must be positive")
 
     def at_least_1(c):
         return c if ranges(c)[0] >= 1 else np.maximum(c, 1)
@@ -168,36 +167,18 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     nn = len(nets)
     for f in ("tensor_par_net", "pipeline_par_net", "data_par_net") + (
             ("context_par_net",) if extended or cols["context_par_net"].any() else ()):
-        lo, hi = ranges(cols[f])
-        if lo < 0 or hi >= nn:
-            flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
+        flag(_tier_out_of_range(cols[f], nn, ranges), "invalid: network tier out of range")
     # Network tiers: each must hold the product of the parallelisms on it,
     # and a tier that must be filled must be filled exactly.
     pars = ((t, "tensor_par_net"), (pp, "pipeline_par_net"), (dp, "data_par_net"))
     if extended:
         pars += ((cp, "context_par_net"),)
-    # (a tier's size: the product of the parallelisms on it, each factor
-    # 1 + (par - 1) * on, exact in int64; the tier is used where it is over
-    # 1.  For the rows no earlier rule flagged every parallelism is >= 1 and
-    # their product is num_procs: the sizes neither mislead nor overflow)
+    # (for the rows no earlier rule flagged every parallelism is >= 1 and
+    # their product is num_procs: a tier's size neither misleads nor
+    # overflows, and the tier is used where it is over 1)
     pars = [(np.asarray(par, dtype=np.int64), cols[net]) for par, net in pars]
-    less: dict = {}
     for tier in range(min(nn, MAX_TIERS)):
-        size = None
-        for i, (par, net) in enumerate(pars):
-            lo, hi = ranges(net)
-            if not lo <= tier <= hi:            # no row on this tier
-                continue
-            if lo == hi:                        # every row on it
-                factor = par
-            else:
-                on = net == tier
-                if not on.any():
-                    continue
-                if i not in less:
-                    less[i] = par - 1
-                factor = less[i] * on + 1
-            size = factor if size is None else size * factor
+        size = _tier_size(pars, tier, ranges)
         if size is None:
             continue
         used = size > 1
@@ -257,7 +238,7 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         lacking = [i for i in (1, 2, 3) if rate[i] not in system.matrix]
         flag((recipe != 0) & (~_member(cols["datatype"], dts_ok) | _member(recipe, lacking)),
              "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
-    _check_moe(model, system, cols, flag, tp1, dp1 * cp1)
+    _check_moe(model, system, cols, flag, tp1, dp1 * cp1, ranges)
     return code, dts
 
 
@@ -272,9 +253,32 @@ def _member(col: np.ndarray, values: list[int]) -> np.ndarray:
     return out
 
 
-def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1) -> None:
+def _tier_size(pars, tier: int, ranges: Ranges):
+    """Each row's size of network tier ``tier``: the product of the
+    parallelisms on it (``pars``: (column, its tier column) pairs), or None
+    where no row puts one on it."""
+    size = None
+    for par, net in pars:
+        lo, hi = ranges(net)
+        if not lo <= tier <= hi:            # no row on this tier
+            continue
+        factor = par if lo == hi else choose(net == tier, par, 1)
+        size = factor if size is None else size * factor
+    return size
+
+
+def _tier_out_of_range(net: np.ndarray, tiers: int, ranges: Ranges):
+    """The rows whose network tier is not one of the system's ``tiers``
+    (False where the column's range holds none)."""
+    lo, hi = ranges(net)
+    return False if 0 <= lo and hi < tiers else (net < 0) | (net >= tiers)
+
+
+def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1,
+               ranges: Ranges) -> None:
     """The rules of expert parallelism and latent attention (none apply to a
-    dense model at the defaults).  ``dp1``: data_par * context_par."""
+    dense model at the defaults).  ``dp1``: data_par * context_par;
+    ``ranges``: the columns' ranges (``_check``'s)."""
     ep, etp = cols["expert_par"], cols["expert_tensor_par"]
     if model.moe is None and model.mla is None and not (
             (ep != 1).any() or (etp != 1).any() or (cols["moe_dispatcher"] != 0).any()
@@ -310,14 +314,14 @@ def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1)
     nets = system.networks
     nn = len(nets)
     for f in ("expert_par_net", "expert_tensor_par_net"):
-        flag((cols[f] < 0) | (cols[f] >= nn), "invalid: network tier out of range")
+        flag(_tier_out_of_range(cols[f], nn, ranges), "invalid: network tier out of range")
     # The expert groups are laid over tensor x data processors: each tier
     # must hold the expert parallelism assigned to it.
+    pars = ((ep1, cols["expert_par_net"]), (etp1, cols["expert_tensor_par_net"]))
     for tier in range(min(nn, MAX_TIERS)):
-        size = np.ones(len(ep), dtype=np.int64)
-        for par, net in ((ep1, "expert_par_net"), (etp1, "expert_tensor_par_net")):
-            size = np.where((par > 1) & (cols[net] == tier), size * par, size)
-        flag(size > nets[tier].size, REASONS[_NET_BIG + tier])
+        size = _tier_size(pars, tier, ranges)
+        if size is not None:
+            flag(size > nets[tier].size, REASONS[_NET_BIG + tier])
 
 
 def normalize(cols: Mapping) -> dict:
