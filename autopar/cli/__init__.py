@@ -57,6 +57,12 @@ def output_path(name: str, path: str | None):
     if path is None:
         return None
     p = Path(path)
+    try:
+        os.stat(p)
+    except OSError as e:
+        import errno
+        if e.errno == errno.ELOOP:
+            raise SpecError(SOURCE, name, f"{path} is a symlink loop") from None
     if os.path.exists(p) and not os.path.isfile(p) and not os.path.isdir(p):
         raise SpecError(SOURCE, name, f"{path} is not a regular file (a device, FIFO, pipe "
                         "or socket); autopar writes whole files only")
@@ -80,14 +86,26 @@ def distinct_outputs(outs: dict) -> None:
     for name, p in outs.items():
         if p is None:
             continue
-        key = p.resolve()
+        try:
+            key = p.resolve()
+        except (RuntimeError, OSError):     # a symlink loop names no file
+            raise SpecError(SOURCE, name, f"{p} is a symlink loop") from None
         if key in seen:
             raise SpecError(SOURCE, name, f"{p} is also {seen[key]}'s file")
         seen[key] = name
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with autopar's one-line errors: a bad option or value ends
+    with one line naming it and exit 2, not the whole usage text (``-h``
+    still prints it).  Subcommand parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, error_line(SpecError(SOURCE, self.prog, message)) + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="autopar",
         description="Plan large-model training layouts with an analytical "
                     "performance model (Calculon's method).")
@@ -102,6 +120,11 @@ def error_line(err: SpecError) -> str:
     """The one line printed for bad input."""
     text = f"autopar: error: {err.source}: {err.field}: {err.message}"
     return " ".join(text.split())   # never more than one line
+
+
+def _refuse_without_stdout() -> None:
+    if stdout_gone():
+        raise BrokenPipeError("stdout closed by its reader")
 
 
 def _terminated(signum, frame):
@@ -125,10 +148,47 @@ def entry() -> int:
     return main()
 
 
+def stdout_gone() -> str | None:
+    """Why standard output cannot take the answer, or None: closed at start
+    (``>&-``), or a pipe whose reader has gone away (``| true``; poll says
+    POLLERR for such a pipe's writer).  Checked before any work and before
+    each output file is put in place, so that a run whose answer cannot be
+    printed leaves nothing behind."""
+    import io
+    import os
+    import select
+    import stat as stat_
+    if sys.stdout is None:
+        return "closed"
+    try:
+        fd = sys.stdout.fileno()
+    except (io.UnsupportedOperation, AttributeError):
+        return None              # a replaced stdout (tests, notebooks): not ours to judge
+    except (OSError, ValueError):
+        return "closed"
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return "closed"
+    if not stat_.S_ISFIFO(mode) or not hasattr(select, "poll"):
+        return None
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    if any(ev & select.POLLERR for _, ev in poller.poll(0)):
+        return "closed by its reader"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
+    from autopar.io import writers
     parser = build_parser()
     args = parser.parse_args(argv)
+    gone = stdout_gone()
+    if gone:
+        print(f"autopar: error: stdout: {gone}", file=sys.stderr)
+        return 2
+    writers.before_commit = _refuse_without_stdout
     try:
         signal.signal(signal.SIGTERM, _terminated)
     except ValueError:            # not the main thread

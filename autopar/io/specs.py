@@ -23,6 +23,7 @@ import gzip
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -253,10 +254,29 @@ def _unique_keys(pairs):
     return out
 
 
+def regular_input(path, source: str | None = None, field: str = "(file)") -> Path:
+    """An input path that names a regular file (a symlink's target counts), or
+    SpecError: a FIFO or a device would block the read or never end, and a
+    symlink loop names no file."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise SpecError(source or str(path), field, "no such file") from None
+    except OSError as e:
+        raise SpecError(source or str(path), field, f"cannot read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise SpecError(source or str(path), field, "is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError(source or str(path), field,
+                        "is not a regular file (a FIFO, device or socket)")
+    return p
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a JSON (or .json.gz) file; SpecError on any problem."""
     source = str(path)
-    p = Path(path)
+    p = regular_input(path)
     try:
         if p.suffix == ".gz":
             with gzip.open(p, "rt", encoding="utf-8") as fh:
@@ -285,6 +305,7 @@ def read_yaml(path: str | os.PathLike, source: str, field: str = "(file)",
     """Parse a YAML file; SpecError naming the line of a syntax error (or
     ``syntax_field`` when YAML gives none) or ``field`` when unreadable."""
     import yaml
+    regular_input(path, source, field)
     try:
         return yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as e:

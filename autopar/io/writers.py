@@ -28,6 +28,12 @@ def target_of(path) -> Path:
     return path
 
 
+# Called before each output is put in place; raising there removes the
+# temporary file and leaves the target as it was.  The command line sets it
+# to refuse outputs once its stdout's reader has gone away.
+before_commit = None
+
+
 @contextlib.contextmanager
 def atomic_path(path):
     """Yield a temporary path; on success it replaces ``path`` (see
@@ -40,6 +46,8 @@ def atomic_path(path):
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())     # mkstemp makes 0600; outputs are ordinary files
+        if before_commit is not None:
+            before_commit()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

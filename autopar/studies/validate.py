@@ -125,8 +125,9 @@ def _truthy(v) -> bool:
 
 
 def read_sweep(path) -> pd.DataFrame:
-    from autopar.io.specs import SpecError
+    from autopar.io.specs import SpecError, regular_input
 
+    regular_input(path)
     try:
         frame = pd.read_csv(path)
     except FileNotFoundError:
@@ -148,6 +149,16 @@ def read_sweep(path) -> pd.DataFrame:
                 "seq_size"):
         if frame[col].dtype.kind not in "iu" or (frame[col] <= 0).any():
             raise SpecError(str(path), col, "expected positive integers")
+    for col in ("step_time_s", "mfu"):
+        # measured figures: empty where the run did not finish, else a number > 0
+        given = frame[col].notna()
+        values = pd.to_numeric(frame[col], errors="coerce")
+        bad = given & ~(values > 0)
+        if bad.any():
+            at = int(np.flatnonzero(bad.to_numpy())[0])
+            raise SpecError(str(path), col, f"row {at + 2}: expected a positive number, "
+                                            f"got {frame[col].iloc[at]!r}")
+        frame[col] = values
     return frame
 
 

@@ -1,0 +1,132 @@
+"""Issue 27's classes of bad input and faults, and the defects found beside
+them: each ends with one line naming the file and field (or the option), the
+promised exit code, no traceback, and nothing written or left behind."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import REPO_ROOT, REFERENCE
+from test_probes import MODEL, SMALL, SYSTEM, one_line
+
+
+def _shell(command: str, cwd) -> subprocess.CompletedProcess:
+    """``command`` through bash, ``autopar`` being this interpreter's CLI."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    cmd = f"autopar() {{ '{sys.executable}' -m autopar.cli \"$@\"; }}; {command}"
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, word", [
+    (["tune", *SMALL, "--sampler", "sgd"], "--sampler"),
+    (["exhaustive", *SMALL, "--format", "onnx"], "--format"),
+    (["exhaustive", MODEL, SYSTEM, "--num-procs", "6x4", "--max-batch-size", "64",
+      "--datatype", "float16"], "--num-procs"),
+    (["estimate", MODEL], "required"),
+    (["no-such-command"], "invalid choice"),
+])
+def test_argparse_errors_are_one_line(cli, args, word):
+    one_line(cli(*args), word)
+
+
+def test_help_still_prints_the_usage(cli):
+    r = cli("exhaustive", "--help")
+    assert r.returncode == 0 and "usage:" in r.stdout and "--num-procs" in r.stdout
+
+
+@pytest.mark.parametrize("redirect", [">&-", "| true"])
+def test_closed_stdout_writes_nothing(tmp_path, redirect):
+    # `| true`: the reader exits at once; the run refuses before any work or output
+    r = _shell(f"sleep 0; autopar exhaustive {REPO_ROOT / MODEL} {REPO_ROOT / SYSTEM} "
+               f"--num-procs 64 --max-batch-size 64 --datatype float16 --space small "
+               f"--output best.json --summary s.json {redirect}; echo rc=${{PIPESTATUS[0]}}",
+               tmp_path)
+    assert "rc=2" in r.stdout, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "stdout: closed" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_estimate_with_closed_stdout(tmp_path, execution):
+    import json
+    (tmp_path / "e.json").write_text(json.dumps(execution))
+    r = _shell(f"autopar estimate {REPO_ROOT / MODEL} {REPO_ROOT / SYSTEM} e.json >&-; "
+               "echo rc=$?", tmp_path)
+    assert "rc=2" in r.stdout and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_output_through_a_symlink_loop(cli, tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    r = cli("exhaustive", *SMALL, "--space", "small", "--output", tmp_path / "a")
+    one_line(r, "--output", "symlink loop")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+@pytest.mark.parametrize("which", ["model", "system", "execution"])
+def test_a_fifo_as_input_does_not_hang(cli, tmp_path, execution, which):
+    import json
+    fifo = tmp_path / "in.json"
+    os.mkfifo(fifo)
+    (tmp_path / "e.json").write_text(json.dumps(execution))
+    files = {"model": REPO_ROOT / MODEL, "system": REPO_ROOT / SYSTEM,
+             "execution": tmp_path / "e.json"}
+    files[which] = fifo
+    r = cli("estimate", files["model"], files["system"], files["execution"], timeout=60)
+    one_line(r, "in.json", "not a regular file")
+
+
+def test_a_fifo_as_experiment_file(cli, tmp_path):
+    fifo = tmp_path / "x.yaml"
+    os.mkfifo(fifo)
+    one_line(cli("run", fifo, timeout=60), "x.yaml", "(file)", "not a")
+
+
+def _sweep(tmp_path, **changes):
+    path = REFERENCE / "measured" / "llama-sweeps" / "llama_13B_65B_a100.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    frame = pd.read_csv(path).head(6)
+    for col, value in changes.items():
+        frame[col] = frame[col].astype(object)
+        frame.loc[frame.index[2], col] = value
+    out = tmp_path / "sweep.csv"
+    frame.to_csv(out, index=False)
+    return out
+
+
+@pytest.mark.parametrize("col, value", [("step_time_s", "fast"), ("mfu", "high"),
+                                        ("step_time_s", -3.0)])
+def test_non_numbers_in_a_sweep(cli, tmp_path, col, value):
+    sweep = _sweep(tmp_path, **{col: value})
+    one_line(cli("validate", sweep, "--system", SYSTEM), "sweep.csv", col, "row 4")
+    out = tmp_path / "k.json"
+    one_line(cli("calibrate", sweep, "--system", SYSTEM, "--output", out), "sweep.csv", col)
+    assert not out.exists()
+
+
+def test_a_run_without_a_seed_names_its_study_unseeded(cli):
+    r = cli("tune", *SMALL, "--space", "small", "--sampler", "random", "--trials", 3)
+    assert r.returncode in (0, 1), r.stderr      # 1: no feasible layout among 3 random ones
+    assert "seedNone" not in r.stdout + r.stderr
+    assert "unseeded" in r.stdout
+
+
+def test_skeleton_trials_keep_integer_fields(cli, tmp_path):
+    out = tmp_path / "t.csv"
+    r = cli("tune", *SMALL, "--space", "small", "--sampler", "skeleton-tpe", "--trials", 10,
+            "--seed", 1, "--trials-out", out)
+    assert r.returncode == 0, r.stderr
+    best = [line for line in r.stdout.splitlines() if line.startswith("best:")][0]
+    assert ".0 " not in best + " " and "dp=" in best, best
+    rows = out.read_text().splitlines()
+    header = rows[0].split(",")
+    at = header.index("num_procs")
+    done = [line.split(",") for line in rows[1:] if ",COMPLETE," in line]
+    assert done and all(cells[at] == "64" for cells in done), done[:2]
