@@ -130,3 +130,14 @@ def test_skeleton_trials_keep_integer_fields(cli, tmp_path):
     at = header.index("num_procs")
     done = [line.split(",") for line in rows[1:] if ",COMPLETE," in line]
     assert done and all(cells[at] == "64" for cells in done), done[:2]
+
+
+def test_stdout_on_a_full_disk_writes_no_output(tmp_path):
+    # /dev/full: every write fails with ENOSPC, as `> log` on a full disk does
+    r = _shell(f"autopar exhaustive {REPO_ROOT / MODEL} {REPO_ROOT / SYSTEM} --num-procs 64 "
+               f"--max-batch-size 64 --datatype float16 --space small --output best.json "
+               f"--summary s.json --top top.json > /dev/full; echo rc=$? >&2", tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == "rc=2" and len(lines) == 2, lines
+    assert "stdout" in lines[0] and "No space left on device" in lines[0]
+    assert list(tmp_path.iterdir()) == []
