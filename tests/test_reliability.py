@@ -141,3 +141,98 @@ def test_stdout_on_a_full_disk_writes_no_output(tmp_path):
     assert lines[-1] == "rc=2" and len(lines) == 2, lines
     assert "stdout" in lines[0] and "No space left on device" in lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------
+# counts beyond sane limits inside files
+
+def _experiment(tmp_path, name, doc) -> "Path":
+    """``doc`` (a shipped experiment, changed) written to ``tmp_path``, its
+    model and system files named absolutely."""
+    import yaml
+    for k in ("model", "system"):
+        if isinstance(doc["case"].get(k), str):
+            doc["case"][k] = str((REPO_ROOT / "experiments" / doc["case"][k]).resolve())
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_compare_case_batch_beyond_the_limit(cli, tmp_path):
+    import yaml
+    doc = yaml.safe_load((REPO_ROOT / "experiments/compare-quick.yaml").read_text())
+    doc["case"]["max_batch_size"] = 2 ** 62
+    p = _experiment(tmp_path, "c.yaml", doc)
+    r = cli("compare", p, "--output-dir", tmp_path / "out", timeout=60)
+    one_line(r, "c.yaml", "case.max_batch_size", "at most")
+    assert not (tmp_path / "out").exists()
+
+
+def test_codesign_processor_count_beyond_the_limit(cli, tmp_path):
+    import yaml
+    doc = yaml.safe_load((REPO_ROOT / "experiments/codesign-small.yaml").read_text())
+    doc["hardware"]["num_procs"] = [64, 2 ** 40]
+    doc.get("case", {}).pop("num_procs", None)
+    p = _experiment(tmp_path, "d.yaml", doc)
+    one_line(cli("codesign", p, "--output-dir", tmp_path / "out", timeout=60),
+             "d.yaml", "num_procs", "at most")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"min": 1, "max": 10 ** 12, "step": 1}, "step"),
+    ({"min": 1.0, "max": 2.0, "num": 10 ** 9}, "num"),
+])
+def test_codesign_range_beyond_the_limit(cli, tmp_path, spec, field):
+    import yaml
+    doc = yaml.safe_load((REPO_ROOT / "experiments/codesign-small.yaml").read_text())
+    doc["hardware"]["mem1.GiB"] = spec
+    p = _experiment(tmp_path, "g.yaml", doc)
+    one_line(cli("codesign", p, "--output-dir", tmp_path / "out", timeout=60),
+             "g.yaml", f"hardware.mem1.GiB.{field}", "at most")
+
+
+def test_codesign_headroom_nan(cli):
+    one_line(cli("codesign", REPO_ROOT / "experiments/codesign-small.yaml",
+                 "--memory-headroom", "nan", "--output-dir", "none", timeout=60),
+             "--memory-headroom")
+
+
+def test_a_failed_run_leaves_no_folder_and_no_file(monkeypatch, tmp_path, capsys):
+    # compare writes four files into a folder it makes; the disk fills at the
+    # second: the first is not put in place and the folder is removed again
+    import errno
+    from autopar.cli import main
+    from autopar.io import writers
+
+    made = []
+    real = writers.tempfile.mkstemp
+
+    def fills_up(*a, **k):
+        made.append(k.get("prefix"))
+        if len(made) >= 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "curves.csv")
+        return real(*a, **k)
+    monkeypatch.setattr(writers.tempfile, "mkstemp", fills_up)
+    monkeypatch.chdir(REPO_ROOT)
+    out = tmp_path / "deep" / "out"
+    code = main(["compare", "experiments/compare-quick.yaml", "--samplers", "random",
+                 "--seeds", "1", "--trials", "4", "--output-dir", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "No space left on device" in err[0], err
+    assert len(made) == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_all_or_nothing_puts_every_output_in_place_together(tmp_path):
+    from autopar.io import writers
+    with pytest.raises(RuntimeError):
+        with writers.all_or_nothing():
+            writers.write_json({"a": 1}, tmp_path / "x" / "a.json")
+            assert not (tmp_path / "x" / "a.json").exists()      # held back
+            raise RuntimeError("the run failed")
+    assert list(tmp_path.iterdir()) == []
+    with writers.all_or_nothing():
+        writers.write_json({"a": 1}, tmp_path / "x" / "a.json")
+        writers.write_json({"b": 2}, tmp_path / "x" / "b.json")
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["a.json", "b.json"]

@@ -27,7 +27,9 @@ SOURCE = "command line"    # what SpecError names for a bad argument
 
 # Counts beyond these are not layouts anyone runs, and the divisor searches
 # over them would take hours (processors, batch) or overflow 64-bit columns.
-LIMITS = {"--num-procs": 1 << 24, "--max-batch-size": 1 << 32, "--trials": 1 << 31,
+from autopar.io.errors import MAX_BATCH, MAX_PROCS  # noqa: E402
+
+LIMITS = {"--num-procs": MAX_PROCS, "--max-batch-size": MAX_BATCH, "--trials": 1 << 31,
           "--top-n": 1 << 31, "--chunk-size": 1 << 31, "--concurrency": 1 << 16,
           "--workers": 1 << 12}
 SEED_MAX = 2 ** 32 - 1             # numpy's and Optuna's samplers take 32-bit seeds
@@ -194,8 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:            # not the main thread
         pass
     try:
-        code = int(args.func(args) or 0)
-        sys.stdout.flush()        # a closed pipe shows here, not at exit
+        # every output of the command is put in place when it succeeds, none
+        # (nor a folder made for them) when it fails
+        with writers.all_or_nothing():
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()    # a closed pipe shows here, not at exit
         return code
     except SpecError as err:
         print(error_line(err), file=sys.stderr)
