@@ -236,3 +236,22 @@ def test_all_or_nothing_puts_every_output_in_place_together(tmp_path):
         writers.write_json({"a": 1}, tmp_path / "x" / "a.json")
         writers.write_json({"b": 2}, tmp_path / "x" / "b.json")
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["a.json", "b.json"]
+
+
+# --------------------------------------------------------------------------
+# errors that name the right place
+
+def test_a_sweep_naming_an_unknown_model_names_the_csv_row(cli, tmp_path):
+    sweep = _sweep(tmp_path, model="llama-99B")
+    one_line(cli("validate", sweep, "--system", SYSTEM), "sweep.csv", "model", "row 4",
+             "llama-99B")
+
+
+def test_an_experiment_storage_error_names_the_file(cli, tmp_path):
+    doc = {"kind": "tune", "sampler": "random", "trials": 2, "storage": "mysql://nowhere/db",
+           "case": {"model": "../models/gpt3-175B.json", "system": "../systems/a100_80g.json",
+                    "num_procs": 64, "max_batch_size": 64, "datatype": "float16",
+                    "space": "small"}}
+    p = _experiment(tmp_path, "t.yaml", doc)
+    line = one_line(cli("run", p), "t.yaml", "storage")
+    assert "arguments" not in line

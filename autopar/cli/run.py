@@ -101,6 +101,6 @@ def run_file(path, *, address: str | None = None, progress: bool | None = None,
     try:
         return run(ns)
     except SpecError as e:
-        if e.source == "command line":     # the command's check of a value the file gave
+        if e.source in ("command line", "arguments"):   # a check of a value the file gave
             raise SpecError(src, e.field.lstrip("-").replace("-", "_"), e.message) from None
         raise

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from autopar.model import evaluate_one
-from autopar.io.specs import SystemSpec, load_model
+from autopar.io.specs import SpecError, SystemSpec, load_model
 
 GIB = 1024 ** 3
 
@@ -125,7 +125,7 @@ def _truthy(v) -> bool:
 
 
 def read_sweep(path) -> pd.DataFrame:
-    from autopar.io.specs import SpecError, regular_input
+    from autopar.io.specs import regular_input
 
     regular_input(path)
     try:
@@ -134,6 +134,7 @@ def read_sweep(path) -> pd.DataFrame:
         raise SpecError(str(path), "(file)", "no such file") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
+    frame.attrs["source"] = str(path)
     missing = [c for c in SWEEP_COLUMNS if c not in frame.columns]
     if missing:
         raise SpecError(str(path), missing[0], "missing column")
@@ -173,7 +174,12 @@ def sweep_groups(frame: pd.DataFrame, system: SystemSpec, models_dir="models"):
 
     groups = []
     for (mname, seq), rows in frame.groupby(["model", "seq_size"], sort=False):
-        model = load_model(Path(models_dir) / f"{mname}.json")
+        path = Path(models_dir) / f"{mname}.json"
+        if not path.is_file():      # the sweep names a model autopar has no file of
+            raise SpecError(frame.attrs.get("source", "sweep"), "model",
+                            f"row {int(rows.index[0]) + 2}: no model file {path} for "
+                            f"{mname!r}")
+        model = load_model(path)
         if model.seq_size != seq:
             model = dataclasses.replace(model, seq_size=int(seq))
         groups.append((rows, model, [sweep_execution(r, system) for r in rows.itertuples()]))
