@@ -255,3 +255,40 @@ def test_an_experiment_storage_error_names_the_file(cli, tmp_path):
     p = _experiment(tmp_path, "t.yaml", doc)
     line = one_line(cli("run", p), "t.yaml", "storage")
     assert "arguments" not in line
+
+
+# --------------------------------------------------------------------------
+# Ray addresses
+
+@pytest.mark.parametrize("command", ["exhaustive", "tune"])
+def test_a_port_that_is_not_ray(cli, command):
+    # a live TCP port of another service (it accepts and says nothing): one
+    # line within seconds, not Ray's minutes of retries
+    import socket
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    stop = threading.Event()
+
+    def serve():
+        server.settimeout(0.2)
+        held = []
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+        for c in held:
+            c.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    address = "127.0.0.1:%d" % server.getsockname()[1]
+    extra = ["--backend", "ray", "--sampler", "random", "--trials", 2] if command == "tune" else []
+    try:
+        r = cli(command, *SMALL, "--space", "small", *extra, "--address", address, timeout=60)
+    finally:
+        stop.set()
+        t.join()
+        server.close()
+    one_line(r, "address", "not a Ray cluster")
