@@ -292,3 +292,27 @@ def test_a_port_that_is_not_ray(cli, command):
         t.join()
         server.close()
     one_line(r, "address", "not a Ray cluster")
+
+
+# --------------------------------------------------------------------------
+# signals
+
+@pytest.mark.parametrize("gap_ms", [0, 50, 100, 200, 400])
+def test_two_quick_interrupts_exit_130(tmp_path, gap_ms):
+    import signal
+    import time
+    from test_probes import _popen
+    args = ["tune", *[str(REPO_ROOT / a) if a.endswith(".json") else a for a in SMALL],
+            "--sampler", "random", "--trials", 1_000_000, "--seed", 0]
+    p = _popen(args, tmp_path)
+    time.sleep(4)                      # imported and in the run loop
+    p.send_signal(signal.SIGINT)
+    time.sleep(gap_ms / 1000)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (p.returncode, err[-1500:])
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "autopar: interrupted"
+
+
+def test_resume_of_a_relative_path_that_does_not_exist(cli, tmp_path):
+    one_line(cli("tune", "--resume", "nothere/exp", cwd=tmp_path), "resume", "not a folder")

@@ -147,7 +147,23 @@ def entry() -> int:
             os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
         except OSError:         # cannot start again: run as we are
             pass
-    return main()
+    try:
+        return main()
+    except KeyboardInterrupt:   # a second interrupt while the first was being handled
+        _ignore_interrupts()
+        print("autopar: interrupted", file=sys.stderr)
+        return 130
+
+
+def _ignore_interrupts() -> None:
+    """Once a run is ending on an interrupt, further SIGINT/SIGTERM do not cut
+    its clean-up short (nor kill the process by the signal: exit stays 130)."""
+    import signal
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:        # not the main thread
+            pass
 
 
 def stdout_gone() -> str | None:
@@ -206,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print(error_line(err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _ignore_interrupts()
         print("autopar: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

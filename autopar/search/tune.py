@@ -219,6 +219,12 @@ def resume(path: str, address: str | None = None):
     from autopar.search import tune_ray
     if not isinstance(path, str) or not path:
         _bad("resume", f"expected an experiment path, got {path!r}")
+    if "://" not in path:           # a local folder (Ray reads a relative one as a URI)
+        import os
+        path = os.path.abspath(path)
+        if not os.path.isdir(path):
+            _bad("resume", f"{path} is not a folder (expected STORAGE_PATH/NAME of an "
+                           "autopar tune --backend ray run)")
     if not tune_ray.can_resume(path):
         _bad("resume", f"{path} holds no Ray Tune experiment (expected "
                        "STORAGE_PATH/NAME of an autopar tune --backend ray run)")
