@@ -87,6 +87,9 @@ class Case:
     fused_activation: bool = False
     tp: int = 1
     sp: bool = False
+    # sequence parallelism: the column-parallel GEMMs keep the shard and
+    # gather it again in backward (Megatron's), or keep the gathered input
+    ag_redo: bool = True
     dtype: str = "float32"
     # mixture of experts: (experts, top_k, expert_ffn, shared_ffn) or None
     moe: tuple | None = None
@@ -198,8 +201,9 @@ class _MLP(nn.Module):
         self.fc1 = nn.Linear(case.hidden, fc1, bias=bias, dtype=dtype)
         self.fc2 = nn.Linear(width, case.hidden, bias=bias, dtype=dtype)
 
-    def forward(self, x):
-        return self.fc2(_activation(self.case, self.fc1(x)))
+    def forward(self, x, sp: int = 1):
+        c = self.case
+        return self.fc2(_activation(c, _column(self.fc1, x, sp, c.ag_redo)))
 
 
 class _MoE(nn.Module):
@@ -230,7 +234,10 @@ class _MoE(nn.Module):
                 outs.append(expert(copies[start:start + n]))
             start += n
         ys = torch.cat(outs) * weights.reshape(-1)[order].unsqueeze(-1)
-        out = torch.zeros_like(tokens).index_add(0, token_of, ys).reshape(shape)
+        # Back to the tokens by scatter-add (Megatron's unpermute): it keeps
+        # the index only (index_add's derivative keeps its source as well).
+        where = token_of.unsqueeze(-1).expand(-1, tokens.shape[-1])
+        out = torch.zeros_like(tokens).scatter_add(0, where, ys).reshape(shape)
         if self.shared is not None:
             out = out + self.shared(x)
         return out
@@ -240,6 +247,34 @@ def _gather(x, tp):
     """Sequence parallelism's all-gather, emulated: this rank's tokens
     repeated for the other ranks' (their values do not change the bytes)."""
     return torch.cat([x] * tp, dim=1) if tp > 1 else x
+
+
+class _GatherLinear(torch.autograd.Function):
+    """All-gather of the sequence-parallel shard, then a GEMM, keeping only
+    the shard and gathering it again in backward (Megatron's column-parallel
+    linear with sequence parallelism: autopar's ``seq_par_ag_redo``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, tp):
+        ctx.save_for_backward(x, weight)
+        ctx.tp, ctx.has_bias = tp, bias is not None
+        return F.linear(_gather(x, tp), weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        total = _gather(x, ctx.tp)
+        gx = (g @ weight).narrow(1, 0, x.shape[1])       # reduce-scatter: this rank's share
+        gw = g.reshape(-1, g.shape[-1]).t() @ total.reshape(-1, total.shape[-1])
+        gb = g.reshape(-1, g.shape[-1]).sum(0) if ctx.has_bias else None
+        return gx, gw, gb, None
+
+
+def _column(linear: nn.Linear, x, sp: int, redo: bool):
+    """A column-parallel GEMM on a sequence-parallel input (``sp`` ranks)."""
+    if sp > 1 and redo:
+        return _GatherLinear.apply(x, linear.weight, linear.bias, sp)
+    return linear(_gather(x, sp))
 
 
 def _scatter(x, tp):
@@ -306,11 +341,15 @@ class Block(nn.Module):
     def _attention(self, x):
         c = self.case
         sp = c.tp if c.sp else 1
-        n = _gather(self.norm1(x), sp)
-        mbs, s = n.shape[0], n.shape[1]
-        q = self.q(n).view(mbs, s, self.h_local, c.head_dim).transpose(1, 2)
-        k = self.k(n).view(mbs, s, self.kv_local, c.head_dim).transpose(1, 2)
-        v = self.v(n).view(mbs, s, self.kv_local, c.head_dim).transpose(1, 2)
+        n = self.norm1(x)
+        mbs, s = n.shape[0], n.shape[1] * sp
+        gsp = sp
+        if not c.ag_redo:       # one gathered input for the three GEMMs
+            n, gsp = _gather(n, sp), 1
+        q = _column(self.q, n, gsp, c.ag_redo).view(mbs, s, self.h_local, c.head_dim)
+        k = _column(self.k, n, gsp, c.ag_redo).view(mbs, s, self.kv_local, c.head_dim)
+        v = _column(self.v, n, gsp, c.ag_redo).view(mbs, s, self.kv_local, c.head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if c.block == "llama":
             q, k = self._rotary(q), self._rotary(k)
         if c.recompute == "attn_only":
@@ -327,7 +366,7 @@ class Block(nn.Module):
         if c.moe:       # an MoE layer runs on the sequence-parallel tokens
             y = self.mlp(m)
         else:
-            y = _scatter(self.mlp(_gather(m, sp)), sp)
+            y = _scatter(self.mlp(m, sp), sp)
         return x + self._dropout(y)
 
     def forward(self, x):
@@ -419,7 +458,8 @@ def autopar_inputs(case: Case, **execution) -> tuple[dict, dict]:
         "activation_recompute": c.recompute, "pipeline_interleaving": 1,
         "optimizer_sharding": False,
         "tensor_par_comm_type": "rs_ag" if c.sp else "ar",
-        "tensor_par_overlap": "none", "seq_par_ag_redo": False,
+        "tensor_par_overlap": "none",
+        "seq_par_ag_redo": c.sp and c.ag_redo and c.recompute != "full",
         "data_par_overlap": False, "weight_offload": False,
         "activations_offload": False, "optimizer_offload": False, "training": True,
         "attention_impl": "flash_v2" if c.attention == "flash" else "unfused",
@@ -432,11 +472,22 @@ def autopar_inputs(case: Case, **execution) -> tuple[dict, dict]:
 SYSTEM = "systems/a100_80g.json"    # its datatypes only: sizes do not depend on the system
 
 
-def predict(case: Case, **execution) -> dict:
-    """autopar's per-block terms for ``case`` (bytes)."""
+def system(checkpoint_split: bool = True) -> dict:
+    """The system file as a dict, with the full-recompute checkpoint kept
+    split over tensor_par under sequence parallelism as Megatron keeps it
+    (``memory_overhead.checkpoint_split``; False: Calculon's whole copy)."""
+    import json
+    data = json.loads((ROOT / SYSTEM).read_text())
+    data["memory_overhead"] = {"checkpoint_split": checkpoint_split}
+    return data
+
+
+def predict(case: Case, checkpoint_split: bool = True, **execution) -> dict:
+    """autopar's per-block terms for ``case`` (bytes); ``execution``
+    overrides fields of the execution."""
     model, layout = autopar_inputs(case, **execution)
-    row = autopar.evaluate(autopar.load_model(model), autopar.load_system(ROOT / SYSTEM),
-                           [layout]).iloc[0]
+    row = autopar.evaluate(autopar.load_model(model),
+                           autopar.load_system(system(checkpoint_split)), [layout]).iloc[0]
     full = case.recompute == "full"
     return {"saved": float(row["block_act_checkpoint_size"] if full
                            else row["block_act_storage_space"]),
@@ -471,6 +522,7 @@ CASES = [
     Case("gpt-flash", **_GPT),
     Case("gpt-flash-tp2", **_GPT, tp=2),
     Case("gpt-flash-tp2-sp", **_GPT, tp=2, sp=True),
+    Case("gpt-flash-tp2-sp-gathered", **_GPT, tp=2, sp=True, ag_redo=False),
     Case("llama-flash", **_LLAMA),
     Case("llama-flash-fused", **_LLAMA, fused_activation=True),
     Case("llama-flash-bf16", **_LLAMA, dtype="bfloat16"),
@@ -478,6 +530,8 @@ CASES = [
     Case("llama-flash-full", **_LLAMA, recompute="full"),
     Case("llama-flash-tp2", **_LLAMA, tp=2),
     Case("llama-flash-tp2-sp", **_LLAMA, tp=2, sp=True),
+    Case("llama-flash-tp2-sp-attn_only", **_LLAMA, tp=2, sp=True, recompute="attn_only"),
+    Case("llama-flash-tp2-sp-full", **_LLAMA, tp=2, sp=True, recompute="full"),
     Case("moe", **_MOE),
     Case("moe-fused", **_MOE, fused_activation=True),
     Case("moe-shared", **{**_MOE, "moe": (8, 2, 256, 512)}),
