@@ -85,6 +85,9 @@ class Case:
     attention: str = "flash"         # "flash" (SDPA) | "unfused"
     recompute: str = "none"          # "none" | "full" | "attn_only"
     fused_activation: bool = False
+    # llama: a fused RMSNorm kernel (TE / Apex) or Hugging Face's LlamaRMSNorm
+    # (upcast to fp32, separate ops)
+    fused_norm: bool = True
     tp: int = 1
     sp: bool = False
     # sequence parallelism: the column-parallel GEMMs keep the shard and
@@ -176,15 +179,25 @@ class _FusedRMSNorm(torch.autograd.Function):
         return gx, gw, None
 
 
+def _hf_rms_norm(x, weight, eps):
+    """Hugging Face's LlamaRMSNorm: fp32 upcast, then separate operations."""
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
 class _Norm(nn.Module):
     def __init__(self, case: Case, dtype):
         super().__init__()
         self.llama = case.block == "llama"
+        self.fused = case.fused_norm
         self.weight = nn.Parameter(torch.ones(case.hidden, dtype=dtype))
         self.bias = None if self.llama else nn.Parameter(torch.zeros(case.hidden, dtype=dtype))
 
     def forward(self, x):
         if self.llama:
+            if not self.fused:
+                return _hf_rms_norm(x, self.weight, 1e-5)
             return _FusedRMSNorm.apply(x, self.weight, 1e-5)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, eps=1e-5)
 
@@ -463,7 +476,7 @@ def autopar_inputs(case: Case, **execution) -> tuple[dict, dict]:
         "data_par_overlap": False, "weight_offload": False,
         "activations_offload": False, "optimizer_offload": False, "training": True,
         "attention_impl": "flash_v2" if c.attention == "flash" else "unfused",
-        "fused_norm": True,
+        "fused_norm": c.fused_norm,
     }
     layout.update(execution)
     return model, layout
@@ -526,6 +539,8 @@ CASES = [
     Case("llama-flash", **_LLAMA),
     Case("llama-flash-fused", **_LLAMA, fused_activation=True),
     Case("llama-flash-bf16", **_LLAMA, dtype="bfloat16"),
+    Case("llama-flash-bf16-hf-norm", **_LLAMA, dtype="bfloat16", fused_norm=False),
+    Case("llama-flash-hf-norm", **_LLAMA, fused_norm=False),
     Case("llama-flash-attn_only", **_LLAMA, recompute="attn_only"),
     Case("llama-flash-full", **_LLAMA, recompute="full"),
     Case("llama-flash-tp2", **_LLAMA, tp=2),
