@@ -485,22 +485,27 @@ def autopar_inputs(case: Case, **execution) -> tuple[dict, dict]:
 SYSTEM = "systems/a100_80g.json"    # its datatypes only: sizes do not depend on the system
 
 
-def system(checkpoint_split: bool = True) -> dict:
-    """The system file as a dict, with the full-recompute checkpoint kept
-    split over tensor_par under sequence parallelism as Megatron keeps it
-    (``memory_overhead.checkpoint_split``; False: Calculon's whole copy)."""
+def system(checkpoint_split: bool = True, autograd_inputs: bool = True) -> dict:
+    """The system file as a dict, with the framework behaviour measured here:
+    the full-recompute checkpoint kept split over tensor_par under sequence
+    parallelism (``memory_overhead.checkpoint_split``) and the GEMM and
+    router inputs counted as autograd keeps them
+    (``memory_overhead.autograd_inputs``); False: Calculon's count."""
     import json
     data = json.loads((ROOT / SYSTEM).read_text())
-    data["memory_overhead"] = {"checkpoint_split": checkpoint_split}
+    data["memory_overhead"] = {"checkpoint_split": checkpoint_split,
+                               "autograd_inputs": autograd_inputs}
     return data
 
 
-def predict(case: Case, checkpoint_split: bool = True, **execution) -> dict:
+def predict(case: Case, checkpoint_split: bool = True, autograd_inputs: bool = True,
+            **execution) -> dict:
     """autopar's per-block terms for ``case`` (bytes); ``execution``
     overrides fields of the execution."""
     model, layout = autopar_inputs(case, **execution)
-    row = autopar.evaluate(autopar.load_model(model),
-                           autopar.load_system(system(checkpoint_split)), [layout]).iloc[0]
+    sysdata = system(checkpoint_split, autograd_inputs)
+    row = autopar.evaluate(autopar.load_model(model), autopar.load_system(sysdata),
+                           [layout]).iloc[0]
     full = case.recompute == "full"
     return {"saved": float(row["block_act_checkpoint_size"] if full
                            else row["block_act_storage_space"]),
