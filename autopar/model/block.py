@@ -76,10 +76,14 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     # (sequence parallelism) and the gathered input unless it is gathered
     # again; under attention recompute not the QKV input, even without an
     # all-gather to redo.  ``memory_overhead.autograd_inputs``: as autograd
-    # keeps them (Megatron's ColumnParallelLinear saves the shard when it
-    # gathers again in backward, else the gathered input; selective
-    # recompute checkpoints only the attention core, so without sequence
-    # parallelism the QKV GEMMs keep their input).
+    # keeps them: Megatron's column-parallel GEMM keeps the shard when it
+    # gathers it again in backward, else the gathered input, never both
+    # (megatron/core/tensor_parallel/layers.py,
+    # LinearWithGradAccumulationAndAsyncCommunication); selective recompute
+    # checkpoints only the attention core (megatron/core/transformer/
+    # attention.py, _checkpointed_attention_forward), so without sequence
+    # parallelism the QKV GEMMs keep their input.  Measured with PyTorch:
+    # benchmarks/memory_torch.py, docs/validation.md.
     keep_shard_attn, keep_shard_mlp = True, True
     keep_qkv_input = ~regather_attn
     if ctx.autograd_inputs:
