@@ -30,12 +30,22 @@ Options: ``recompute`` none / full (``torch.utils.checkpoint`` of the block,
 reentrant: it saves the block's input, as Megatron's ``CheckpointFunction``)
 / attn_only (checkpoint of the attention core, Megatron's selective
 recompute); ``fused_activation`` (an autograd function that keeps only the
-activation's input, as Megatron's fused bias-GeLU / SwiGLU); ``tp`` (one
-rank's heads and FFN columns; the all-reduce is the identity) and ``sp``
-(sequence parallelism: norms, dropouts and residuals on ``seq / tp`` tokens;
-the all-gather before the QKV and FC1 GEMMs a concatenation of the local
-shard, so the GEMMs keep the gathered input, autopar's
-``seq_par_ag_redo: false``).
+activation's input, as Megatron's fused bias-GeLU / SwiGLU); ``fused_norm``
+(LLaMA: an autograd function keeping the input and the fp32 1/rms, as the
+fused RMSNorm of Transformer Engine / Apex; False: Hugging Face's
+LlamaRMSNorm as separate operations); ``tp`` (one rank's heads and FFN
+columns; the all-reduce is the identity) and ``sp`` (sequence parallelism:
+norms, dropouts and residuals on ``seq / tp`` tokens; the all-gather before
+the QKV and FC1 GEMMs emulated by repeating the local shard; ``ag_redo``:
+the GEMM keeps the shard and gathers it again in backward, as Megatron's
+column-parallel GEMM, else it keeps the gathered input).
+
+Where a CPU kernel keeps other tensors than the GPU kernel the model stands
+for, the block uses the GPU behaviour: ``torch.native_dropout`` (a one-byte
+mask; CPU's ``F.dropout`` keeps a mask in the input's datatype), the fused
+RMSNorm above (CPU's composite ``F.rms_norm`` keeps the normalised output
+too) and scatter-add to combine the experts' outputs (Megatron's unpermute;
+``index_add``'s derivative keeps its source).
 
 Counting: saved tensors are deduplicated by storage (a view counts once, a
 storage counts whole); storages of parameters and of module buffers (the
@@ -46,6 +56,14 @@ from the tensors themselves; in bfloat16 the optimizer runs, as in mixed
 precision, on fp32 master copies of the weights, which count as optimizer
 state (autopar's master weights).
 
+autopar's side (``predict``): ``block_act_storage_space`` (under full
+recompute ``block_act_checkpoint_size``), ``block_weight_space``,
+``block_weight_grad_space`` and ``block_optimizer_space`` of a one-block
+model, on a system with ``memory_overhead.checkpoint_split`` and
+``memory_overhead.autograd_inputs`` (the framework behaviour measured here;
+both False: Calculon's count).  docs/validation.md, "Memory measured with
+PyTorch on CPU", has the figures and what the measurement cannot cover.
+
     PYTHONPATH=$PWD python benchmarks/memory_torch.py [--case NAME]
 """
 from __future__ import annotations
@@ -53,7 +71,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
