@@ -152,6 +152,15 @@ class MemoryOverhead:
     # turns on for bf16 models): the fp32 master is the bf16 weight and its
     # remainder.
     master_weight_bytes: float = 4.0
+    # Activations the tensor-parallel GEMMs and the MoE router keep counted
+    # as autograd keeps them (Megatron; measured with PyTorch,
+    # benchmarks/memory_torch.py): a GEMM's input once, the all-gather's
+    # shard only where the gather is redone in backward, the QKV GEMMs'
+    # input under selective recompute without sequence parallelism, and the
+    # router's input where no shared expert keeps it.  False: Calculon's
+    # count (the shard beside the gathered input; no QKV input under
+    # attn_only).
+    autograd_inputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -668,7 +677,7 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
         o = data["memory_overhead"]
         c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                                            "logits_gathered", "checkpoint_split",
-                                           "master_weight_bytes"))
+                                           "master_weight_bytes", "autograd_inputs"))
         reserved = c.number(o.get("reserved_GiB", 0.0), "memory_overhead.reserved_GiB")
         fraction = c.number(o.get("fraction", 0.0), "memory_overhead.fraction")
         if reserved < 0:
@@ -683,7 +692,8 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
         master = c.number(o.get("master_weight_bytes", 4.0), "memory_overhead.master_weight_bytes")
         if not 0 <= master <= 4:
             c.fail("memory_overhead.master_weight_bytes", f"must be in [0, 4], got {master}")
-        overhead = MemoryOverhead(reserved, fraction, copies, gathered, split, master)
+        autograd = c.bool(o.get("autograd_inputs", False), "memory_overhead.autograd_inputs")
+        overhead = MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd)
     time_overhead = None
     if "time_overhead" in data:
         o = data["time_overhead"]
@@ -759,6 +769,8 @@ def system_to_json(system: SystemSpec) -> dict:
             out["memory_overhead"]["checkpoint_split"] = True
         if o.master_weight_bytes != 4.0:
             out["memory_overhead"]["master_weight_bytes"] = _num(o.master_weight_bytes)
+        if o.autograd_inputs:
+            out["memory_overhead"]["autograd_inputs"] = True
     if system.time_overhead is not None:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
         if system.time_overhead.moe_block_s:
