@@ -1,0 +1,252 @@
+"""Partial layouts: a layout that states some execution fields and leaves
+others unknown, predicted over every completion of its unknown fields.
+
+A published row or a user's file often names only part of a layout (the
+parallelism sizes, the batch) and leaves the rest (recompute, overlaps, the
+micro-batch) to whatever the framework does.  Instead of reading the unknown
+fields as autopar's own defaults, ``complete`` searches them: the stated
+fields are fixed, each unknown field ranges over its *options* (the values
+the framework can express), and fields whose values depend on others
+(interleaving on the pipeline, network tiers on their parallelism, options
+that need another) follow the search's domain rules
+(``autopar.search.domains``).  The completions are enumerated by the space
+machinery (``autopar.search.space``, vectorised) and evaluated by the model
+in columns.
+
+The options come from ONE argument, ``options: {field: values}``, where
+``values`` is a tuple of values, ``None`` (every value the rules allow for
+the case: ``autopar.io.layouts.CHOICES`` for strings, both for flags,
+divisors and tiers for counts) or ``{"min": .., "max": ..}`` for a count.
+``default_options`` builds it from autopar's own choices, narrowed by a
+space file; a framework spec's per-field options plug in the same way.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from autopar.io.errors import SpecError
+from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, record
+from autopar.io.spaces import DERIVED, PARAMS
+from autopar.io.specs import CASE_FIELDS
+from autopar.search.enumeration import encode
+from autopar.search.space import Case, Space, _ctx, load_space
+
+GIB = 1024 ** 3
+# The most completions one partial layout is predicted over (a bigger search
+# is ``autopar exhaustive``'s business: state more fields).
+LIMIT = 1 << 20
+_CHUNK = 1 << 16
+
+
+def default_options(fields, space=None) -> dict:
+    """Options of ``fields`` when no framework says: every value autopar's
+    rules allow (``None``), or, with a space (file, dict or ``Space``), what
+    it allows of each field (its ``params`` entry, or its ``fixed`` value)."""
+    if space is None:
+        return {f: None for f in fields}
+    sp = load_space(space)
+    out = {}
+    for f in fields:
+        if f in sp.allowed:
+            y = sp.allowed[f].to_yaml()
+            out[f] = None if y == "derived" else (tuple(y) if isinstance(y, list) else y)
+        elif f in sp.fixed:
+            out[f] = (sp.fixed[f],)
+        else:
+            out[f] = None
+    return out
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion of a partial layout, evaluated."""
+    execution: dict          # the whole execution (Calculon's form)
+    chosen: dict             # each unknown field -> its value here
+    feasible: bool
+    sample_rate: float       # NaN where it cannot run
+    mem_gib: float           # tier-1 requirement (NaN where not computed)
+    reason: str = ""         # why it cannot run ('' when feasible)
+
+
+@dataclass(frozen=True)
+class PartialResult:
+    """What ``complete`` finds: whether any completion fits, the best one
+    (highest predicted sample rate), the memory-lowest one, and the spread
+    (min, median, max) of sample rate and tier-1 memory over the feasible
+    completions."""
+    stated: dict
+    unknown: tuple
+    options: dict
+    completions: int                    # valid layouts that keep the stated fields
+    feasible: int                       # of those, predicted to fit and run
+    best: Completion | None
+    lowest_memory: Completion | None
+    spread: dict = field(default_factory=dict)
+    reason: str = ""                    # why none fits ('' when some does)
+
+    @property
+    def fits(self) -> bool:
+        return self.feasible > 0
+
+    def to_json(self) -> dict:
+        def comp(c):
+            if c is None:
+                return None
+            return {"chosen": c.chosen, "feasible": c.feasible,
+                    "sample_rate": _num(c.sample_rate), "mem_gib": _num(c.mem_gib),
+                    "reason": c.reason, "execution": c.execution}
+        return {"stated": self.stated, "unknown": list(self.unknown),
+                "options": {f: (list(v) if isinstance(v, tuple) else v)
+                            for f, v in self.options.items()},
+                "fits": self.fits, "completions": self.completions,
+                "feasible_completions": self.feasible, "reason": self.reason,
+                "best": comp(self.best), "lowest_memory": comp(self.lowest_memory),
+                "spread": {k: [_num(x) for x in v] for k, v in self.spread.items()}}
+
+
+def _num(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def completion_space(stated: Mapping, unknown, options: Mapping | None = None,
+                     source: str = "options") -> Space:
+    """The space of the completions: stated parameters fixed, unknown ones
+    ranging over their options (a bad option value: SpecError naming
+    ``source`` and ``params.<field>``)."""
+    options = dict(options or {})
+    params, fixed = {}, {}
+    for p in PARAMS:
+        if p in unknown:
+            o = options.get(p)
+            params[p] = "derived" if o is None else (list(o) if isinstance(o, (tuple, list))
+                                                     else o)
+        else:
+            fixed[p] = stated[p] if p in stated else EXT_DEFAULTS[p]
+    return load_space({"name": "completions", "batch_policy": "fixed", "params": params,
+                       "fixed": fixed}, source=source)
+
+
+def complete(model, system, stated: Mapping, unknown, options: Mapping | None = None, *,
+             source: str = "partial layout", options_source: str = "options",
+             limit: int = LIMIT) -> PartialResult:
+    """Predict a partial layout over every completion of its unknown fields.
+
+    ``stated``: the stated fields (as ``autopar.io.specs.load_partial_execution``
+    returns them: ``CASE_FIELDS`` included); ``unknown``: the unknown fields;
+    ``options``: per unknown field, the values it may take (see the module
+    docstring; a field without an entry takes every value the rules allow).
+    """
+    from autopar.model import evaluate_columns
+    from autopar.model.evaluate import reason_text
+
+    unknown = tuple(f for f in ALL_FIELDS if f in set(unknown))
+    for f in CASE_FIELDS:
+        if f in unknown or f not in stated:
+            raise SpecError(source, f, "cannot be unknown: it defines the case; state it")
+    opts = {f: (options or {}).get(f) for f in unknown if f not in DERIVED}
+    space = completion_space(stated, unknown, opts, options_source)
+    case = Case(model, system, int(stated["num_procs"]), int(stated["batch_size"]),
+                str(stated["datatype"]), batch_policy="fixed", training=bool(stated["training"]))
+    total = space.size(case)
+    if total > limit:
+        raise SpecError(source, "(unknown fields)",
+                        f"{total:,} completions of {', '.join(unknown)} exceed the limit of "
+                        f"{limit:,}; state more fields or narrow their options")
+    # Rules force a neutral value where an option does not apply (e.g. no
+    # overlap without data parallelism): a completion that changes a stated
+    # field that way is not a completion of the stated layout.
+    keep_fields = [f for f in stated if f in PARAMS or f in DERIVED]
+
+    def make(cols, i, ok, rate, mem, reason=""):
+        rec = record(cols, i)
+        full = {f: rec.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS}
+        return Completion(execution=rec, chosen={f: full[f] for f in unknown},
+                          feasible=bool(ok[i]), sample_rate=float(rate[i]),
+                          mem_gib=float(mem[i]), reason=reason)
+
+    n_valid, rates, mems = 0, [], []
+    best = low = low_any = None          # Completion
+    first_reason = ""
+    for cols in space.enumerate(case, chunk_size=_CHUNK):
+        keep = np.ones(len(cols["tensor_par"]), dtype=bool)
+        for f in keep_fields:
+            keep &= cols[f] == encode(f, stated[f])
+        if not keep.all():
+            cols = {k: v[keep] for k, v in cols.items()}
+        if not len(cols["tensor_par"]):
+            continue
+        n_valid += len(cols["tensor_par"])
+        out = evaluate_columns(model, system, cols,
+                               stats=("sample_rate", "proc_mem_tier1_cap_req"))
+        ok = np.array(out["feasible"], dtype=bool)
+        if not first_reason and not ok[0]:
+            first_reason = str(reason_text({k: np.asarray(v)[:1] for k, v in out.items()},
+                                           system)[0])
+        rate = np.array(out["sample_rate"], dtype=float)
+        mem = np.array(out["proc_mem_tier1_cap_req"], dtype=float) / GIB
+        if ok.any():
+            rates.append(rate[ok])
+            mems.append(mem[ok])
+            at = np.flatnonzero(ok)
+            i = int(at[np.argmax(rate[ok])])
+            if best is None or rate[i] > best.sample_rate:
+                best = make(cols, i, ok, rate, mem)
+            j = int(at[np.argmin(mem[ok])])
+            if low is None or mem[j] < low.mem_gib:
+                low = make(cols, j, ok, rate, mem)
+        elif low is None:
+            known = np.flatnonzero(np.isfinite(mem))
+            if len(known):
+                j = int(known[np.argmin(mem[known])])
+                if low_any is None or mem[j] < low_any.mem_gib:
+                    one = {k: np.asarray(v)[[j]] for k, v in out.items()}
+                    low_any = make(cols, j, ok, rate, mem, str(reason_text(one, system)[0]))
+
+    n_feasible = int(sum(len(r) for r in rates))
+    if rates:
+        r, mm = np.concatenate(rates), np.concatenate(mems)
+        spread = {"sample_rate": (float(r.min()), float(np.median(r)), float(r.max())),
+                  "mem_gib": (float(mm.min()), float(np.median(mm)), float(mm.max()))}
+    else:
+        spread = {"sample_rate": (math.nan,) * 3, "mem_gib": (math.nan,) * 3}
+    why = ""
+    if not n_feasible:
+        if not n_valid:
+            why = "no completion is a valid layout: " + _why_none(space, case, stated)
+        elif low_any is not None:
+            why = f"no completion fits; the memory-lowest: {low_any.reason}"
+        else:
+            why = f"no completion can run; the first: {first_reason}"
+    return PartialResult(stated=dict(stated), unknown=unknown, options=opts,
+                         completions=n_valid, feasible=n_feasible, best=best,
+                         lowest_memory=low if low is not None else low_any,
+                         spread=spread, reason=why)
+
+
+def _why_none(space: Space, case: Case, stated: Mapping) -> str:
+    """Why no completion is valid: the first stated field the domain rules
+    reject, walking the rules with each unknown field at its first value."""
+    ctx = _ctx(case, space)
+    state: dict = {}
+    for rule in space._rules:
+        name = rule.name
+        dom = space._domain(ctx, rule, state)
+        if name in stated:
+            v = stated[name]
+            if v not in dom:
+                if name in DERIVED:
+                    return (space._no_derived(ctx, name, state) if not dom
+                            else space._derived_mismatch(ctx, name, state, v, dom[0]))
+                return space._why_not(ctx, rule, state, v)
+        elif not dom:
+            if name in DERIVED:
+                return space._no_derived(ctx, name, state)
+            return f"no option of {name} is valid with the fields before it"
+        else:
+            v = dom[0]
+        state[name] = v
+    return "the stated fields conflict with the options of the unknown ones"
