@@ -42,16 +42,26 @@ LIMIT = 1 << 20
 _CHUNK = 1 << 16
 
 
+# Unknown fields that are not searched unless a space asks: multi-query
+# attention changes the model (its key/value projections), not how a given
+# model is laid out (as search_spaces/default.yaml fixes it).
+NEUTRAL_OPTIONS = {"attention_type": ("multihead",)}
+
+
 def default_options(fields, space=None) -> dict:
     """Options of ``fields`` when no framework says: every value autopar's
     rules allow (``None``), or, with a space (file, dict or ``Space``), what
-    it allows of each field (its ``params`` entry, or its ``fixed`` value)."""
+    it allows of each field (its ``params`` entry, or its ``fixed`` value).
+    ``attention_type`` stays multi-head unless the space searches it
+    (``NEUTRAL_OPTIONS``)."""
     if space is None:
-        return {f: None for f in fields}
+        return {f: NEUTRAL_OPTIONS.get(f) for f in fields}
     sp = load_space(space)
     out = {}
     for f in fields:
-        if f in sp.allowed:
+        if f in NEUTRAL_OPTIONS and f not in sp.allowed:
+            out[f] = NEUTRAL_OPTIONS[f]
+        elif f in sp.allowed:
             y = sp.allowed[f].to_yaml()
             out[f] = None if y == "derived" else (tuple(y) if isinstance(y, list) else y)
         elif f in sp.fixed:
