@@ -32,7 +32,6 @@ from autopar.io.errors import SpecError
 from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, record
 from autopar.io.spaces import DERIVED, PARAMS
 from autopar.io.specs import CASE_FIELDS
-from autopar.search.enumeration import encode
 from autopar.search.space import Case, Space, _ctx, load_space
 
 GIB = 1024 ** 3
@@ -124,9 +123,9 @@ def _num(x):
 
 def completion_space(stated: Mapping, unknown, options: Mapping | None = None,
                      source: str = "options") -> Space:
-    """The space of the completions: stated parameters fixed, unknown ones
-    ranging over their options (a bad option value: SpecError naming
-    ``source`` and ``params.<field>``)."""
+    """The space of the completions: stated fields as stated, unknown ones
+    ranging over their options within the domain rules (a bad option value:
+    SpecError naming ``source`` and ``params.<field>``)."""
     options = dict(options or {})
     params, fixed = {}, {}
     for p in PARAMS:
@@ -136,8 +135,27 @@ def completion_space(stated: Mapping, unknown, options: Mapping | None = None,
                                                      else o)
         else:
             fixed[p] = stated[p] if p in stated else EXT_DEFAULTS[p]
-    return load_space({"name": "completions", "batch_policy": "fixed", "params": params,
-                       "fixed": fixed}, source=source)
+    spec = load_space({"name": "completions", "batch_policy": "fixed", "params": params,
+                       "fixed": fixed}, source=source).spec
+    given = {f: v for f, v in stated.items() if (f in PARAMS or f in DERIVED) and f not in unknown}
+    return _Completions(spec, given)
+
+
+class _Completions(Space):
+    """A space whose stated fields hold their stated values as given: the
+    domain rules (Calculon's search, stricter in places than the model:
+    a pipeline that does not divide the blocks, a micro-batch the tensor
+    split does not divide) decide only the unknown fields; whether a
+    completion is a valid layout is the model's check."""
+
+    def __init__(self, spec, given: Mapping):
+        super().__init__(spec)
+        self.given = dict(given)
+
+    def _domain(self, ctx, rule, state) -> tuple:
+        if rule.name in self.given:
+            return (self.given[rule.name],)
+        return super()._domain(ctx, rule, state)
 
 
 def complete(model, system, stated: Mapping, unknown, options: Mapping | None = None, *,
@@ -150,7 +168,7 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
     ``options``: per unknown field, the values it may take (see the module
     docstring; a field without an entry takes every value the rules allow).
     """
-    from autopar.model import evaluate_columns
+    from autopar.model import REASONS, evaluate_columns
     from autopar.model.evaluate import reason_text
 
     unknown = tuple(f for f in ALL_FIELDS if f in set(unknown))
@@ -166,10 +184,9 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
         raise SpecError(source, "(unknown fields)",
                         f"{total:,} completions of {', '.join(unknown)} exceed the limit of "
                         f"{limit:,}; state more fields or narrow their options")
-    # Rules force a neutral value where an option does not apply (e.g. no
-    # overlap without data parallelism): a completion that changes a stated
-    # field that way is not a completion of the stated layout.
-    keep_fields = [f for f in stated if f in PARAMS or f in DERIVED]
+    # A completion the model calls invalid (e.g. a stated overlap that needs
+    # a parallelism an unknown field set to 1) is no completion of the layout.
+    invalid = np.array([r.startswith("invalid") for r in REASONS])
 
     def make(cols, i, ok, rate, mem, reason=""):
         rec = record(cols, i)
@@ -182,20 +199,14 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
     best = low = low_any = None          # Completion
     first_reason = ""
     for cols in space.enumerate(case, chunk_size=_CHUNK):
-        keep = np.ones(len(cols["tensor_par"]), dtype=bool)
-        for f in keep_fields:
-            keep &= cols[f] == encode(f, stated[f])
-        if not keep.all():
-            cols = {k: v[keep] for k, v in cols.items()}
-        if not len(cols["tensor_par"]):
-            continue
-        n_valid += len(cols["tensor_par"])
         out = evaluate_columns(model, system, cols,
                                stats=("sample_rate", "proc_mem_tier1_cap_req"))
         ok = np.array(out["feasible"], dtype=bool)
-        if not first_reason and not ok[0]:
-            first_reason = str(reason_text({k: np.asarray(v)[:1] for k, v in out.items()},
-                                           system)[0])
+        bad = invalid[np.asarray(out["reason_code"], dtype=np.int64)]
+        n_valid += int((~bad).sum())
+        if not first_reason and bad.any():
+            i = int(np.argmax(bad))
+            first_reason = REASONS[int(np.asarray(out["reason_code"])[i])]
         rate = np.array(out["sample_rate"], dtype=float)
         mem = np.array(out["proc_mem_tier1_cap_req"], dtype=float) / GIB
         if ok.any():
@@ -226,11 +237,12 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
     why = ""
     if not n_feasible:
         if not n_valid:
-            why = "no completion is a valid layout: " + _why_none(space, case, stated)
+            why = "no completion is a valid layout: " + (
+                first_reason or _why_none(space, case, stated))
         elif low_any is not None:
             why = f"no completion fits; the memory-lowest: {low_any.reason}"
         else:
-            why = f"no completion can run; the first: {first_reason}"
+            why = "no completion can run"
     return PartialResult(stated=dict(stated), unknown=unknown, options=opts,
                          completions=n_valid, feasible=n_feasible, best=best,
                          lowest_memory=low if low is not None else low_any,
