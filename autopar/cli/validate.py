@@ -5,7 +5,9 @@ figures of Korthikanti et al. (memory by recompute mode, time per batch).
 ``autopar validate SWEEP.csv --system FILE`` predicts a measured sweep (the
 column format of the LLaMA sweeps) and scores the model on it.
 ``autopar validate published [--table NAME]`` predicts the published
-training measurements (``autopar.studies.published``) and reports per table.
+training measurements (``autopar.studies.published``) and reports per table;
+with ``--partial`` each row is also predicted over every completion of the
+fields its source does not state (``Table.unstated``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ def register(subparsers) -> None:
                    help="published: skip ranking the published layouts among autopar's")
     p.add_argument("--rows", action="store_true",
                    help="published: also print every row's prediction")
+    p.add_argument("--partial", action="store_true",
+                   help="published: also predict each row over every completion of the "
+                        "execution fields its source does not state (docs/validation.md): "
+                        "rows some completion fits, the best completion's error, and "
+                        "(with --rows) the fields it chose")
     p.add_argument("--system", default=None,
                    help="system JSON (default for megatron: systems/a100_80g.json)")
     p.add_argument("--models", default=None,
@@ -92,11 +99,13 @@ def _published(args) -> int:
     from autopar.io.writers import write_atomic_csv
     from autopar.studies.published import report
 
-    summary, rows = report(args.table, rank=not args.no_rank)
+    summary, rows = report(args.table, rank=not args.no_rank, partial=args.partial)
     pct = lambda x: f"{100 * x:.1f}%" if x == x else "-"     # noqa: E731
     show = summary.copy()
-    for c in ("median_abs_tok_error", "worst_abs_tok_error", "median_abs_mem_error"):
-        show[c] = show[c].map(pct)
+    for c in ("median_abs_tok_error", "worst_abs_tok_error", "median_abs_mem_error",
+              "median_abs_best_tok_error", "worst_abs_best_tok_error"):
+        if c in show:
+            show[c] = show[c].map(pct)
     print(show.to_string())
     for name, r in rows.items():
         skipped = r[r.status == "skipped"]
@@ -107,6 +116,10 @@ def _published(args) -> int:
         bad = r[(r.status == "predicted") & ~r.feasible.astype(bool)]
         for _, b in bad.iterrows():
             print(f"  predicted not to run: {b.label}: {b.reason}")
+        if args.partial:
+            none = r[(r.status == "predicted") & ~r.feasible_any.astype(bool)]
+            for _, b in none.iterrows():
+                print(f"  no completion fits: {b.label}: {b.chosen}")
         if args.rows:
             print(f"\n{name}:")
             print(r[r.status == "predicted"].drop(columns=["status"]).to_string(

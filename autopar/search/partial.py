@@ -32,6 +32,7 @@ from autopar.io.errors import SpecError
 from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, record
 from autopar.io.spaces import DERIVED, PARAMS
 from autopar.io.specs import CASE_FIELDS
+from autopar.search.enumeration import encode
 from autopar.search.space import Case, Space, _ctx, load_space
 
 GIB = 1024 ** 3
@@ -196,7 +197,17 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
                           mem_gib=float(mem[i]), reason=reason)
 
     n_valid, rates, mems = 0, [], []
-    best = low = low_any = None          # Completion
+    # best, memory-lowest (feasible), memory-lowest (any): (value, key, Completion)
+    picks: dict = {"best": None, "low": None, "low_any": None}
+
+    def offer(name, value, at, keys, sign, make_it):
+        """Keep the completion at ``at`` if its value beats the kept one
+        (``sign`` -1: lower is better), ties going to the smaller key."""
+        key = tuple(int(k) for k in keys[at])
+        kept = picks[name]
+        if kept is None or _better(sign * value, key, sign * kept[0], kept[1]):
+            picks[name] = (value, key, make_it())
+
     first_reason = ""
     for cols in space.enumerate(case, chunk_size=_CHUNK):
         out = evaluate_columns(model, system, cols,
@@ -209,23 +220,22 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
             first_reason = REASONS[int(np.asarray(out["reason_code"])[i])]
         rate = np.array(out["sample_rate"], dtype=float)
         mem = np.array(out["proc_mem_tier1_cap_req"], dtype=float) / GIB
+        keys = _preference(cols, unknown, opts)
         if ok.any():
             rates.append(rate[ok])
             mems.append(mem[ok])
-            at = np.flatnonzero(ok)
-            i = int(at[np.argmax(rate[ok])])
-            if best is None or rate[i] > best.sample_rate:
-                best = make(cols, i, ok, rate, mem)
-            j = int(at[np.argmin(mem[ok])])
-            if low is None or mem[j] < low.mem_gib:
-                low = make(cols, j, ok, rate, mem)
-        elif low is None:
-            known = np.flatnonzero(np.isfinite(mem))
-            if len(known):
-                j = int(known[np.argmin(mem[known])])
-                if low_any is None or mem[j] < low_any.mem_gib:
-                    one = {k: np.asarray(v)[[j]] for k, v in out.items()}
-                    low_any = make(cols, j, ok, rate, mem, str(reason_text(one, system)[0]))
+            i = _pick(rate, ok, keys, +1)
+            offer("best", rate[i], i, keys, +1, lambda: make(cols, i, ok, rate, mem))
+            j = _pick(mem, ok, keys, -1)
+            offer("low", mem[j], j, keys, -1, lambda: make(cols, j, ok, rate, mem))
+        elif picks["low"] is None:
+            known = np.isfinite(mem)
+            if known.any():
+                j = _pick(mem, known, keys, -1)
+                one = {k: np.asarray(v)[[j]] for k, v in out.items()}
+                offer("low_any", mem[j], j, keys, -1,
+                      lambda: make(cols, j, ok, rate, mem, str(reason_text(one, system)[0])))
+    best, low, low_any = (picks[k][2] if picks[k] else None for k in ("best", "low", "low_any"))
 
     n_feasible = int(sum(len(r) for r in rates))
     if rates:
@@ -247,6 +257,48 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
                          completions=n_valid, feasible=n_feasible, best=best,
                          lowest_memory=low if low is not None else low_any,
                          spread=spread, reason=why)
+
+
+_TIE = 1e-12      # relative: values this close are a tie
+
+
+def _preference(cols: Mapping, unknown, opts: Mapping) -> np.ndarray:
+    """Per completion, the position of each unknown field's value in its
+    options (natural order where every value is allowed): ties between
+    completions go to the earlier options, so a framework's (or table's)
+    default, listed first, wins a tie."""
+    n = len(cols["tensor_par"])
+    keys = np.zeros((n, max(1, len(unknown))), dtype=np.int64)
+    for k, f in enumerate(unknown):
+        col = np.asarray(cols[f]).astype(np.int64)
+        o = opts.get(f)
+        if not isinstance(o, (tuple, list)):
+            keys[:, k] = col
+            continue
+        pos = np.full(n, len(o), dtype=np.int64)
+        for idx, v in reversed(list(enumerate(o))):
+            pos[col == encode(f, v)] = idx
+        keys[:, k] = pos
+    return keys
+
+
+def _pick(values: np.ndarray, mask: np.ndarray, keys: np.ndarray, sign: int) -> int:
+    """The row of ``mask`` with the best value (``sign`` +1: highest, -1:
+    lowest), ties to the smallest key."""
+    at = np.flatnonzero(mask)
+    v = sign * values[at]
+    top = v.max()
+    tied = at[v >= top - _TIE * abs(top)]
+    if len(tied) == 1:
+        return int(tied[0])
+    k = keys[tied]
+    return int(tied[np.lexsort(k.T[::-1])[0]])
+
+
+def _better(v: float, key: tuple, kept_v: float, kept_key: tuple) -> bool:
+    if v > kept_v + _TIE * abs(kept_v):
+        return True
+    return v >= kept_v - _TIE * abs(kept_v) and key < kept_key
 
 
 def _why_none(space: Space, case: Case, stated: Mapping) -> str:
