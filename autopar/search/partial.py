@@ -167,7 +167,8 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
     ``stated``: the stated fields (as ``autopar.io.specs.load_partial_execution``
     returns them: ``CASE_FIELDS`` included); ``unknown``: the unknown fields;
     ``options``: per unknown field, the values it may take (see the module
-    docstring; a field without an entry takes every value the rules allow).
+    docstring; a field without an entry takes ``default_options``' values:
+    every value the rules allow, ``attention_type`` multi-head).
     """
     from autopar.model import REASONS, evaluate_columns
     from autopar.model.evaluate import reason_text
@@ -176,7 +177,8 @@ def complete(model, system, stated: Mapping, unknown, options: Mapping | None = 
     for f in CASE_FIELDS:
         if f in unknown or f not in stated:
             raise SpecError(source, f, "cannot be unknown: it defines the case; state it")
-    opts = {f: (options or {}).get(f) for f in unknown if f not in DERIVED}
+    opts = {f: (options or {}).get(f, NEUTRAL_OPTIONS.get(f)) for f in unknown
+            if f not in DERIVED}
     space = completion_space(stated, unknown, opts, options_source)
     case = Case(model, system, int(stated["num_procs"]), int(stated["batch_size"]),
                 str(stated["datatype"]), batch_policy="fixed", training=bool(stated["training"]))
