@@ -350,3 +350,40 @@ def test_validate_published_partial_cli(cli, reference):
     assert "attention_impl=" in r.stdout
     plain = cli("validate", "published", "--table", "megatron_2021", "--no-rank")
     assert "feasible_any" not in plain.stdout
+
+
+# ------------------------------------------------------------ measured sweeps
+
+SWEEP_HEAD = ("sweep,model,seq_size,global_batch,world_size,tensor_par,pipeline_par,"
+              "microbatch_size,checkpointing,kernel,sequence_parallel,status,step_time_s,mfu\n")
+
+
+def test_sweep_rows_with_blank_cells_are_partial(tmp_path, repo_root, cli):
+    from autopar.studies.validate import validate_sweep
+    rows = [f"s,llama-7B,2048,512,32,2,1,{m},every_layer,flash_attention2,True,ok,10.0,0.5"
+            for m in (1, 2, 4)]
+    rows.append("s,llama-7B,2048,512,32,2,1,,every_layer,flash_attention2,True,ok,10.0,0.5")
+    rows.append("s,llama-7B,2048,512,32,2,1,2,,flash_attention2,True,ok,10.0,0.5")
+    csv = tmp_path / "s.csv"
+    csv.write_text(SWEEP_HEAD + "\n".join(rows) + "\n")
+    system = load_system(repo_root / "systems" / "a100_80g_dgx_hdr200.json")
+    r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json")
+    assert r.returncode == 2 and "checkpointing" in r.stderr       # blanks need --partial
+    assert len(r.stderr.strip().splitlines()) == 1
+    out = validate_sweep(csv, system, models_dir=repo_root / "models", partial=True)
+    assert out.pred_partial.tolist() == [False, False, False, True, True]
+    full = out[~out.pred_partial.astype(bool)]
+    # The blank micro-batch is searched over every value the rules allow
+    # (divisors of the local batch 32): the best is no slower than the three
+    # stated ones, and is one of the measured-free choices named.
+    assert out.pred_feasible[3]
+    assert out.pred_step_time_s[3] <= full.pred_step_time_s.min() * (1 + 1e-9)
+    assert out.pred_chosen[3].startswith("microbatch_size=")
+    # The blank checkpointing: the best of none / full / selective at micro-batch 2.
+    assert out.pred_chosen[4].startswith("activation_recompute=")
+    stated = float(out.pred_step_time_s[1])                    # every_layer at mbs 2
+    assert out.pred_step_time_s[4] <= stated * (1 + 1e-9)
+    r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
+            "--partial")
+    assert r.returncode == 0, r.stderr
+    assert "2 rows with blank cells" in r.stdout and "row 3: microbatch_size=" in r.stdout

@@ -32,7 +32,9 @@ def register(subparsers) -> None:
                    help="published: also predict each row over every completion of the "
                         "execution fields its source does not state (docs/validation.md): "
                         "rows some completion fits, the best completion's error, and "
-                        "(with --rows) the fields it chose")
+                        "(with --rows) the fields it chose; a sweep: rows may leave "
+                        "microbatch_size, checkpointing, kernel or sequence_parallel blank, "
+                        "and are predicted over their completions")
     p.add_argument("--system", default=None,
                    help="system JSON (default for megatron: systems/a100_80g.json)")
     p.add_argument("--models", default=None,
@@ -82,9 +84,16 @@ def run(args) -> int:
     headroom = headroom_gib(system, args.memory_headroom)
     from autopar.io.shipped import resolve, shipped_dir
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
-    rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom)
+    rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom,
+                          partial=args.partial)
     report = sweep_report(rows)
     print(report.to_string(float_format=lambda x: f"{x:.3f}"))
+    if args.partial:
+        part = rows[rows.pred_partial.astype(bool)]
+        print(f"{len(part)} rows with blank cells, predicted over their completions "
+              f"({int(part.pred_feasible.sum())} fit for some completion)")
+        for idx, r in part.iterrows():
+            print(f"  row {idx}: {r.pred_chosen or r.pred_reason}")
     if headroom > 0:
         print(f"favourites: the fastest layouts predicted to fit with {headroom:g} GiB of "
               f"memory headroom")
