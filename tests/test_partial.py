@@ -268,6 +268,14 @@ def test_estimate_missing_field_needs_partial(cli, tmp_path):
     assert "unknown  microbatch_size:" in r.stdout
 
 
+def test_estimate_space_needs_a_partial_layout(cli, tmp_path):
+    exe = _write(tmp_path / "f.json", _one_proc())
+    r = cli("estimate", MODEL, SYSTEM, exe, "--space", "calculon")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert r.stderr.startswith("autopar: error: command line: --space: ")
+
+
 @pytest.mark.parametrize("change,field", [
     ({"num_procs": "?"}, "num_procs"),
     ({"activation_recompute": "sometimes"}, "activation_recompute"),

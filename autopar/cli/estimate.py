@@ -85,6 +85,11 @@ def run(args) -> int:
                                              missing_unknown=args.partial)
     if unknown or args.partial:
         return run_partial(args, model, system, stated, unknown)
+    if args.space is not None:
+        from autopar.io.specs import SpecError
+        raise SpecError("command line", "--space", "gives the options of a partial layout's "
+                        "unknown fields; this execution states every field (use --partial, "
+                        "or null or \"?\" for a field)")
     execution = load_execution(args.execution, system=system, model=model)
     from autopar.search.headroom import band_gib, fits, headroom_gib
     headroom = headroom_gib(system, args.memory_headroom)

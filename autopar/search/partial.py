@@ -5,13 +5,16 @@ A published row or a user's file often names only part of a layout (the
 parallelism sizes, the batch) and leaves the rest (recompute, overlaps, the
 micro-batch) to whatever the framework does.  Instead of reading the unknown
 fields as autopar's own defaults, ``complete`` searches them: the stated
-fields are fixed, each unknown field ranges over its *options* (the values
-the framework can express), and fields whose values depend on others
+fields are taken as given, each unknown field ranges over its *options* (the
+values the framework can express), and fields whose values depend on others
 (interleaving on the pipeline, network tiers on their parallelism, options
 that need another) follow the search's domain rules
 (``autopar.search.domains``).  The completions are enumerated by the space
 machinery (``autopar.search.space``, vectorised) and evaluated by the model
-in columns.
+in columns; a completion the model calls invalid is not counted.  The best
+completion is the fastest predicted, the memory-lowest the one with the
+least tier-1 need; ties go to the values listed first in the options (a
+framework's default, listed first, wins a tie).
 
 The options come from ONE argument, ``options: {field: values}``, where
 ``values`` is a tuple of values, ``None`` (every value the rules allow for
