@@ -106,6 +106,16 @@ def test_ties_go_to_the_options_listed_first(specs):
         assert a.best.chosen["fused_activation"] is fastest is b.best.chosen["fused_activation"]
 
 
+def test_defaults_first_moves_the_default_to_the_front():
+    from autopar.search.partial import defaults_first
+    got = defaults_first({"activation_recompute": ("none", "attn_only", "full"),
+                          "microbatch_size": None, "fp32_grads": (False, True)},
+                         {"activation_recompute": "full", "microbatch_size": 2,
+                          "fp32_grads": None})
+    assert got == {"activation_recompute": ("full", "none", "attn_only"),
+                   "microbatch_size": None, "fp32_grads": (False, True)}
+
+
 def test_no_completion_fits_reports_the_memory_lowest(specs):
     model, system = specs
     tiny = dataclasses.replace(system, mem1=dataclasses.replace(system.mem1, GiB=0.01))

@@ -74,6 +74,18 @@ def default_options(fields, space=None) -> dict:
     return out
 
 
+def defaults_first(options: Mapping, defaults: Mapping) -> dict:
+    """``options`` with each field's default value (a framework recipe's, a
+    table's assumption) moved to the front, so that it wins ties
+    (``complete``); fields without a tuple of values are left as they are."""
+    out = {}
+    for f, o in options.items():
+        if isinstance(o, (tuple, list)) and f in defaults and defaults[f] in o:
+            o = (defaults[f],) + tuple(v for v in o if v != defaults[f])
+        out[f] = o
+    return out
+
+
 @dataclass(frozen=True)
 class Completion:
     """One completion of a partial layout, evaluated."""
