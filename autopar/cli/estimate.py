@@ -164,7 +164,8 @@ def partial_report(res) -> str:
                      f"(min / median / max over the fitting completions)")
     low = res.lowest_memory
     if low is not None:
-        lines.append(f"lowest   memory: {_values(low.chosen)}: {low.mem_gib:.2f} GiB"
+        lines.append(f"lowest   memory: {_values(low.chosen) or 'the stated layout'}: "
+                     f"{low.mem_gib:.2f} GiB"
                      + ("" if low.feasible else f" ({low.reason})"))
     if not res.fits:
         lines.append(res.reason)
