@@ -103,7 +103,8 @@ class Parser(argparse.ArgumentParser):
     still prints it).  Subcommand parsers are of this class too."""
 
     def error(self, message: str):
-        self.exit(2, error_line(SpecError(SOURCE, self.prog, message)) + "\n")
+        self.exit(2, error_line(SpecError(SOURCE, self.prog, f"{message} (see: {self.prog} -h)"))
+                  + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -801,8 +801,58 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     (listed in both matrix and vector) and that the network tiers exist.
     """
     data, src = _open(path_or_dict, source, "an execution")
+    return _check_execution(data, src, system, model)
+
+
+# A field of an execution file given as null or "?" is unknown (a partial
+# layout, ``load_partial_execution``).
+UNKNOWN_MARKS = (None, "?")
+# Fields a partial layout must state: they define the case (processors, batch,
+# datatype, training or inference), not how it is laid out.
+CASE_FIELDS = ("num_procs", "batch_size", "datatype", "training")
+
+
+def load_partial_execution(path_or_dict, system: SystemSpec | None = None,
+                           source: str | None = None, model: ModelSpec | None = None,
+                           missing_unknown: bool = False) -> tuple[dict, tuple[str, ...]]:
+    """A partial execution file or dict -> (stated, unknown).
+
+    A field given as ``null`` or ``"?"`` is unknown; with ``missing_unknown``
+    so is every one of Calculon's 23 fields the file leaves out (extension
+    fields left out keep their defaults, as in a full execution).  ``stated``
+    holds the other fields, checked as ``load_execution`` checks them, with
+    every extension field not unknown at its value (defaults included);
+    ``unknown`` the unknown fields in ``ALL_FIELDS`` order.  The fields of
+    ``CASE_FIELDS`` cannot be unknown.
+    """
+    data, src = _open(path_or_dict, source, "an execution")
+    unknown = {f for f, v in data.items() if v is None or (isinstance(v, str) and v == "?")}
+    if missing_unknown:
+        unknown |= {f for f in FIELDS if f not in data}
     c = _Checker(src)
-    c.keys(data, "", FIELDS, tuple(EXT_DEFAULTS) + ("structure_type",))
+    for f in sorted(unknown, key=lambda f: (f not in ALL_FIELDS, f)):
+        if f not in ALL_FIELDS:
+            c.keys({f: None}, "", (), ALL_FIELDS + ("structure_type",))
+            c.fail(f, "cannot be unknown: only execution fields can")
+        if f in CASE_FIELDS:
+            c.fail(f, "cannot be unknown: it defines the case (processors, batch, datatype, "
+                      "training); state it")
+    known = {f: v for f, v in data.items() if f not in unknown}
+    out = _check_execution(known, src, system, model, required=tuple(
+        f for f in FIELDS if f not in unknown))
+    stated = {f: out.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS
+              if f not in unknown and (f in out or f in EXT_DEFAULTS)}
+    return stated, tuple(f for f in ALL_FIELDS if f in unknown)
+
+
+def _check_execution(data: dict, src: str, system: SystemSpec | None,
+                     model: ModelSpec | None, required: tuple = FIELDS) -> dict:
+    """The checks of ``load_execution`` on a parsed execution object: the
+    ``required`` fields present, every value typed, the system's datatype and
+    network tiers."""
+    c = _Checker(src)
+    c.keys(data, "", required, tuple(f for f in ALL_FIELDS if f not in required)
+           + ("structure_type",))
     data = dict(data)
     if data.get("attention_type") == "flash":
         data["attention_type"] = "multihead"
@@ -826,7 +876,7 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
         if f in EXT_DEFAULTS and out[f] == EXT_DEFAULTS[f]:
             del out[f]
     if system is not None:
-        if out["datatype"] not in system.datatypes:
+        if "datatype" in out and out["datatype"] not in system.datatypes:
             where = system.source if system.source != "dict" else "the system"
             c.fail("datatype", f"{out['datatype']!r} is not supported by {where} "
                                f"(it runs: {', '.join(system.datatypes)})")
