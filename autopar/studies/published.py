@@ -654,3 +654,7 @@ def _bridge_moe(row) -> PublishedCase | Skip:
 register(Table(
     "bridge_qwen3_moe", "megatron_bridge_qwen3_30b_a3b.csv", _bridge_moe, "Megatron-Bridge",
     "Qwen3 30B-A3B (MoE, expert parallelism) on GB300/GB200/B300/B200/H100, fp8"))
+
+
+# Tables registered by their own modules (llm-foundry MPT, NeMo-Megatron-Launcher).
+from autopar.studies import published_foundry  # noqa: E402,F401
