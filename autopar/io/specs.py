@@ -162,9 +162,15 @@ class TimeOverhead:
     block and micro-batch (forward and backward together; a third in the
     forward): dropless routing copies the per-expert token counts to the host
     in every MoE block, which drains the GPU's queue of launched kernels, so
-    the block's launches after it are not hidden behind earlier work."""
+    the block's launches after it are not hidden behind earlier work.
+    ``launch_s``: host time to issue one GPU kernel in an eager framework
+    (PyTorch's per-op dispatch and the CUDA launch); a block pass whose
+    kernels (counted from its ops, ``autopar.model.overhead``) take less GPU
+    time than the host needs to issue them runs at the host's pace.  0: the
+    host keeps ahead of the GPU (Calculon's meaning)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
+    launch_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -666,14 +672,17 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     time_overhead = None
     if "time_overhead" in data:
         o = data["time_overhead"]
-        c.keys(o, "time_overhead", (), ("pipeline_fraction", "moe_block_s"))
+        c.keys(o, "time_overhead", (), ("pipeline_fraction", "moe_block_s", "launch_s"))
         frac = c.number(o.get("pipeline_fraction", 0.0), "time_overhead.pipeline_fraction")
         if not 0 <= frac < 1:
             c.fail("time_overhead.pipeline_fraction", f"must be in [0, 1), got {frac}")
         moe_s = c.number(o.get("moe_block_s", 0.0), "time_overhead.moe_block_s")
         if not 0 <= moe_s < 1:
             c.fail("time_overhead.moe_block_s", f"must be in [0, 1) seconds, got {moe_s}")
-        time_overhead = TimeOverhead(frac, moe_s)
+        launch = c.number(o.get("launch_s", 0.0), "time_overhead.launch_s")
+        if not 0 <= launch < 0.01:
+            c.fail("time_overhead.launch_s", f"must be in [0, 0.01) seconds, got {launch}")
+        time_overhead = TimeOverhead(frac, moe_s, launch)
     headroom = None
     if "memory_headroom" in data:
         o = data["memory_headroom"]
@@ -742,6 +751,8 @@ def system_to_json(system: SystemSpec) -> dict:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
         if system.time_overhead.moe_block_s:
             out["time_overhead"]["moe_block_s"] = _num(system.time_overhead.moe_block_s)
+        if system.time_overhead.launch_s:
+            out["time_overhead"]["launch_s"] = _num(system.time_overhead.launch_s)
     if system.memory_headroom is not None:
         out["memory_headroom"] = {"GiB": _num(system.memory_headroom.GiB),
                                   "band_GiB": _num(system.memory_headroom.band_GiB)}
