@@ -131,3 +131,44 @@ def test_launch_s_spec_errors(a100, value):
 def test_choices_the_counts_rely_on():
     assert CHOICES["attention_impl"].index("flash_v1") < CHOICES["attention_impl"].index(
         "flash_v2")
+
+
+def test_attention_speed_replaces_the_flash_default(a100):
+    """``time_overhead.attention_speed`` is the fused attention kernel's speed
+    over the matrix curve: at the model's FlashAttention-2 default (0.75)
+    nothing moves; at half of it the kernel takes twice as long (the
+    difference doubles from 0.75 to 0.375 to 0.25 = a third), other
+    attention implementations do not move, and memory does not."""
+    m = gpt(seq_size=2048)
+    ex = dict(BASE, batch_size=8)
+
+    def with_speed(v):
+        return dataclasses.replace(a100, time_overhead=TimeOverhead(attention_speed=v))
+    base = evaluate_one(m, a100, ex)
+    assert evaluate_one(m, with_speed(0.75), ex) == base
+    half = evaluate_one(m, with_speed(0.375), ex)
+    third = evaluate_one(m, with_speed(0.25), ex)
+    d1 = half["block_fw_time"] - base["block_fw_time"]
+    d2 = third["block_fw_time"] - base["block_fw_time"]
+    assert d1 > 0 and d2 == pytest.approx(2 * d1, rel=1e-9)
+    assert half["proc_mem_tier1_cap_req"] == base["proc_mem_tier1_cap_req"]
+    unfused = dict(ex, attention_impl="fused_softmax")
+    assert evaluate_one(m, with_speed(0.375), unfused) == evaluate_one(m, a100, unfused)
+    d = system_to_json(a100)
+    d["time_overhead"] = {"attention_speed": 3}
+    with pytest.raises(SpecError) as e:
+        load_system(d)
+    assert e.value.field == "time_overhead.attention_speed"
+    d["time_overhead"] = {"attention_speed": 0.4375}
+    assert load_system(system_to_json(load_system(d))).time_overhead.attention_speed == 0.4375
+
+
+def test_foundry_h100_attention_is_flash2_published_rate():
+    """llm-foundry's H100 rows run FlashAttention-2 at its published 35% of
+    peak: 0.35 over the H100 file's bf16 plateau (0.8); A100 rows keep the
+    default."""
+    from autopar.studies.published_foundry import foundry_system
+    h = foundry_system("h100_80g_nvl8")
+    assert h.time_overhead.attention_speed == pytest.approx(0.35 / 0.8, abs=1e-4)
+    a = foundry_system("a100_40g")
+    assert a.time_overhead is None or a.time_overhead.attention_speed == 0
