@@ -13,8 +13,8 @@ NeMo-Megatron-Launcher's GPT-3 weak scaling on DGX A100.
   ``NumParams`` column is matched exactly by 12 L d^2 + 13 L d + 50368 d +
   seq d + 2 d: the benchmarked models had biases on their linear layers and
   LayerNorms and learned position embeddings of the run's sequence length
-  (MPTConfig's defaults of the time, ``learned_pos_emb`` on, ALiBi off), i.e.
-  the GPT block autopar models.
+  (MPTConfig's ``no_bias`` off and ``learned_pos_emb`` on, its defaults; the
+  count implies no ALiBi-only model), i.e. the GPT block autopar models.
 * ``nemo_launcher_a100`` (``nemo_launcher_a100_gpt3_scaling.csv``): GPT-3
   5B and 175B weak scaling on DGX A100 80GB (NeMo-Megatron-Launcher README,
   2023).  The README does not state the layouts; the row notes give the
@@ -26,6 +26,7 @@ What each table leaves unstated and what is assumed: ``docs/validation.md``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from autopar.io.specs import TimeOverhead
 from autopar.studies import published as P
@@ -48,6 +49,7 @@ FOUNDRY_SYSTEMS = {"a100_40gb": "a100_40g", "a100_80gb": "a100_80g",
 FA2_H100_PEAK_FRACTION = 0.35
 
 
+@functools.cache
 def foundry_system(name: str):
     """The system file of a llm-foundry GPU; on H100 with FlashAttention-2's
     published rate (``time_overhead.attention_speed`` = 35% of peak over the
