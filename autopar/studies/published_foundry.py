@@ -13,8 +13,8 @@ NeMo-Megatron-Launcher's GPT-3 weak scaling on DGX A100.
   ``NumParams`` column is matched exactly by 12 L d^2 + 13 L d + 50368 d +
   seq d + 2 d: the benchmarked models had biases on their linear layers and
   LayerNorms and learned position embeddings of the run's sequence length
-  (MPTConfig's ``no_bias`` off and ``learned_pos_emb`` on, its defaults; the
-  count implies no ALiBi-only model), i.e. the GPT block autopar models.
+  (MPTConfig's defaults then: ``no_bias`` off, ``learned_pos_emb`` on), i.e.
+  the GPT block autopar models.
 * ``nemo_launcher_a100`` (``nemo_launcher_a100_gpt3_scaling.csv``): GPT-3
   5B and 175B weak scaling on DGX A100 80GB (NeMo-Megatron-Launcher README,
   2023).  The README does not state the layouts; the row notes give the
