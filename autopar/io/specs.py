@@ -172,9 +172,20 @@ class TimeOverhead:
     block and micro-batch (forward and backward together; a third in the
     forward): dropless routing copies the per-expert token counts to the host
     in every MoE block, which drains the GPU's queue of launched kernels, so
-    the block's launches after it are not hidden behind earlier work."""
+    the block's launches after it are not hidden behind earlier work.
+    ``launch_s``: host time to issue one GPU kernel in an eager framework
+    (PyTorch's per-op dispatch and the CUDA launch); a block pass whose
+    kernels (counted from its ops, ``autopar.model.overhead``) take less GPU
+    time than the host needs to issue them runs at the host's pace.  0: the
+    host keeps ahead of the GPU (Calculon's meaning).
+    ``attention_speed``: the speed of the framework's fused (Flash)
+    attention kernel relative to the system's matrix curve, where the
+    framework's kernel is known to run slower or faster than the model's
+    default for the execution's ``attention_impl`` (0: that default)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
+    launch_s: float = 0.0
+    attention_speed: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -697,14 +708,21 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     time_overhead = None
     if "time_overhead" in data:
         o = data["time_overhead"]
-        c.keys(o, "time_overhead", (), ("pipeline_fraction", "moe_block_s"))
+        c.keys(o, "time_overhead", (), ("pipeline_fraction", "moe_block_s", "launch_s",
+                                        "attention_speed"))
         frac = c.number(o.get("pipeline_fraction", 0.0), "time_overhead.pipeline_fraction")
         if not 0 <= frac < 1:
             c.fail("time_overhead.pipeline_fraction", f"must be in [0, 1), got {frac}")
         moe_s = c.number(o.get("moe_block_s", 0.0), "time_overhead.moe_block_s")
         if not 0 <= moe_s < 1:
             c.fail("time_overhead.moe_block_s", f"must be in [0, 1) seconds, got {moe_s}")
-        time_overhead = TimeOverhead(frac, moe_s)
+        launch = c.number(o.get("launch_s", 0.0), "time_overhead.launch_s")
+        if not 0 <= launch < 0.01:
+            c.fail("time_overhead.launch_s", f"must be in [0, 0.01) seconds, got {launch}")
+        speed = c.number(o.get("attention_speed", 0.0), "time_overhead.attention_speed")
+        if not 0 <= speed <= 2:
+            c.fail("time_overhead.attention_speed", f"must be in [0, 2], got {speed}")
+        time_overhead = TimeOverhead(frac, moe_s, launch, speed)
     headroom = None
     if "memory_headroom" in data:
         o = data["memory_headroom"]
@@ -775,6 +793,10 @@ def system_to_json(system: SystemSpec) -> dict:
         out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
         if system.time_overhead.moe_block_s:
             out["time_overhead"]["moe_block_s"] = _num(system.time_overhead.moe_block_s)
+        if system.time_overhead.launch_s:
+            out["time_overhead"]["launch_s"] = _num(system.time_overhead.launch_s)
+        if system.time_overhead.attention_speed:
+            out["time_overhead"]["attention_speed"] = _num(system.time_overhead.attention_speed)
     if system.memory_headroom is not None:
         out["memory_headroom"] = {"GiB": _num(system.memory_headroom.GiB),
                                   "band_GiB": _num(system.memory_headroom.band_GiB)}

@@ -113,6 +113,9 @@ class LayoutContext:
         self.roofline = system.processing_mode == "roofline"
         # Host time exposed per MoE block and micro-batch (autopar.model.moe).
         self.moe_host_s = system.time_overhead.moe_block_s if system.time_overhead else 0.0
+        # The framework's fused-attention speed, where stated (layers.flash_attention).
+        self.attention_speed = (system.time_overhead.attention_speed
+                                if system.time_overhead else 0.0)
         # Bytes of the optimizer's master copy per weight (narrow datatypes).
         over = system.memory_overhead
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0

@@ -37,6 +37,7 @@ from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
                                   recompute_share)
 from autopar.model.moe import mix, stage_counts
+from autopar.model.overhead import launch_time
 from autopar.model.pipeline import Schedule, bubble, chunk_times, per_batch, schedule
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
 
@@ -216,6 +217,9 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
                                   or cols["param_gather_overlap"].any()):
         total = total + cp_exposed + S["weight_gather_exposed_time"]
     total = total + head_time(ctx, micro, stages, head_per_mb)
+    # An eager framework's host time where block passes are shorter than it.
+    launch_s = system.time_overhead.launch_s if system.time_overhead else 0.0
+    total = total + launch_time(ctx.model, cols, sums, share, passes, launch_s)
     # Pipelined steps run slower by the system's pipeline_fraction: at every
     # synchronising p2p exchange a stage waits for its neighbour.
     fraction = system.time_overhead.pipeline_fraction if system.time_overhead else 0.0

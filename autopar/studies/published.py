@@ -742,3 +742,7 @@ register(Table(
               "fp32_grads": (False, True), "moe_dispatcher": ("deepep", "alltoall", "allgather"),
               "moe_overlap": (False, True), "data_par_overlap": (True, False),
               "param_gather_overlap": (True, False)}))
+
+
+# Tables registered by their own modules (llm-foundry MPT, NeMo-Megatron-Launcher).
+from autopar.studies import published_foundry  # noqa: E402,F401
