@@ -12,24 +12,27 @@ block depends on a handful of columns) and gathers them back per row.
 ``head_time`` and ``head_memory`` are the embedding and the output layer
 with its loss, for models that give a vocabulary.
 
-Notation (elements of one micro-batch on one processor): ``B`` tokens,
-``A`` = B x hidden, ``A_split`` the same split over tensor_par (sequence
-parallelism), ``A_tp`` whichever of the two the layout keeps; ``h, f, s, H,
-d, KV``: hidden, feed-forward, sequence, heads, head size, K/V heads.
+The halves of the block read their inputs from one ``BlockInputs`` record
+(``autopar.model.block_inputs``: the sizes ``B``, ``A``, ``A_tp`` of one
+micro-batch and the rows' recompute and communication masks); ``h, f, s,
+H, d, KV``: hidden, feed-forward, sequence, heads, head size, K/V heads.
 """
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 
 from autopar.io.layouts import CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
+from autopar.model.block_inputs import BlockInputs, block_inputs
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext, grad_scale, masked, shard_counts
 from autopar.model.lookup import distinct, pack
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
-                                  fp8_gemm, gelu, layer, layer_norm, linear, residual, rms_norm,
-                                  rotary, softmax, swiglu)
+                                  fp8_gemm, gelu, layer, linear, residual, rotary, softmax,
+                                  swiglu)
 
 
 def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
@@ -48,90 +51,21 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     multi-head latent attention.
     """
     m = ctx.model
-    llama = m.block == "llama"
-    h, f, s, H, d = (float(m.hidden), float(m.feedforward), float(m.seq_size),
-                     float(m.attn_heads), float(m.attn_size))
-    KV = float(m.kv_heads or m.attn_heads)
-    tp = ctx.tp
-    mbs = cols["microbatch_size"].astype(float)
-    # Context parallelism: sq of the sequence's queries (and tokens) are local;
-    # attention runs them against all s keys.
-    sq = s / ctx.cp
-    B = mbs * sq
-    A = B * h
-    A_split = np.floor_divide(B, tp) * h
-    A_tp = np.where(ctx.tp_rs_ag, A_split, A)
-    rec = cols["activation_recompute"]
-    recompute_full = rec == CHOICES["activation_recompute"].index("full")
-    recompute_attn = recompute_full | (rec == CHOICES["activation_recompute"].index("attn_only"))
-    # Megatron's selective MLP recompute: the MLP's first GEMM and activation
-    # run again in backward from the MLP's input; the activation's output is
-    # not kept.
-    mlp_only = rec == CHOICES["activation_recompute"].index("mlp_only")
-    recompute_mlp = recompute_full | mlp_only
-    ag_redo = cols["seq_par_ag_redo"]
-    regather_attn = recompute_attn | ag_redo
-    regather_mlp = recompute_full | ag_redo
-    tp_separate = cols["tensor_par_overlap"] == 0     # TP comm as separate layers
-    tp_overlapped = ~tp_separate
-    multiquery = cols["attention_type"] == CHOICES["attention_type"].index("multiquery")
-    kv_width = np.where(multiquery, d, KV * d / tp)   # K (and V) width per processor
-    impl = cols["attention_impl"]
-    flash = impl >= CHOICES["attention_impl"].index("flash_v1")
-    core = ~flash
-    fused_norm = cols["fused_norm"]
-    fused = cols["fused_activation"]
-    heads_tp = H / tp
-    scores = heads_tp * sq * s * mbs
-    norm = rms_norm if llama else layer_norm
-
-    def g(L):           # a GEMM of the block: fp8 where the recipe says so
-        return fp8_gemm(ctx, L)
-    ff_in = 2 * f if llama else f           # SwiGLU: gate and up projections
-
-    full = {"recompute": recompute_full}        # recomputed under full recompute
-    attn = {"recompute": recompute_attn}        # ... under full or attention-only
-    shared_input = {"stored": False, "reused": True}   # its input is the Fork's
-    # (layer, rows that have it)
+    x = block_inputs(ctx, cols)
     if m.mla is not None:
-        seq, core_layers, q_width, kv_width = mla_attention(
-            ctx, cols, A=A, A_tp=A_tp, B=B, mbs=mbs, sq=sq, norm=norm, full=full, attn=attn,
-            shared_input=shared_input, regather_attn=regather_attn,
-            recompute_attn=recompute_attn, flash=flash, core=core, impl=impl,
-            fused_norm=fused_norm, g=g)
+        seq, core_layers, q_width, kv_width = mla_attention(ctx, x)
     else:
-        seq, core_layers = _attention(**locals())
-        q_width = H * d / tp
+        seq, core_layers = _attention(ctx, x)
+        q_width, kv_width = float(m.attn_heads) * float(m.attn_size) / ctx.tp, x.kv_width
     moe = kind == "moe"
+    f = float(m.moe.shared_feedforward) if moe else float(m.feedforward)
+    seq += _mlp(ctx, x, f)
     if moe:
-        f = float(m.moe.shared_feedforward)
-        ff_in = 2 * f if llama else f
-    seq += [
-        (residual(ctx, A_tp, A_tp, **full, **shared_input), True),
-        # MLP block
-        (fork(ctx, A_tp, 2, **full, stored=True), True),
-        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
-    ]
-    if f > 0:
-        seq += [
-            (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
-            (g(linear(ctx, B, h, ff_in / tp, recompute=recompute_mlp,
-                      stored=~regather_mlp)), tp_separate),
-            (g(tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_mlp, regather_mlp)),
-             tp_overlapped),
-            ((swiglu if llama else gelu)(ctx, f * B / tp, fused, recompute=recompute_mlp,
-                                         stored=~mlp_only), True),
-            (g(linear(ctx, B, f / tp, h, **full, stored=~mlp_only)), tp_separate),
-            (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-            (g(tp_overlapped_linear(ctx, B, f, h, True, recompute_full, recompute_full)),
-             tp_overlapped),
-        ]
-    if moe:
-        seq += routed_experts(ctx, cols, llama, full, g)
-    if not llama:
-        seq.append((dropout(ctx, A_tp, **full), True))
-    seq.append((residual(ctx, A_tp, A_tp, **full, **shared_input), True))
-    acc = accumulate(ctx, cols, seq, recompute_full)
+        seq += routed_experts(ctx, cols, x.llama, x.full, partial(fp8_gemm, ctx))
+    if not x.llama:
+        seq.append((dropout(ctx, x.A_tp, **x.full), True))
+    seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
+    acc = accumulate(ctx, cols, seq, x.recompute_full)
     # The attention core's own times, which the K/V exchange can hide behind.
     attn_fw, attn_bw = ctx.zeros.copy(), ctx.zeros.copy()
     for L, present in core_layers:
@@ -139,55 +73,95 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
             continue
         attn_fw += np.where(present, L["time_fw"], 0.0)
         attn_bw += np.where(present, L["time_agrad"] + L["time_wgrad"], 0.0)
-    acc.update(context_exchange(ctx, cols, mbs, sq, q_width, kv_width, attn_fw, attn_bw,
-                                recompute_attn))
+    acc.update(context_exchange(ctx, cols, x.mbs, x.sq, q_width, kv_width, attn_fw, attn_bw,
+                                x.recompute_attn))
     return acc
 
 
-def _attention(ctx, A, A_tp, B, mbs, h, s, sq, H, d, KV, tp, llama, norm, full, attn,
-               shared_input, regather_attn, recompute_full, recompute_attn, tp_separate,
-               tp_overlapped, multiquery, kv_width, impl, flash, core, fused_norm,
-               scores, heads_tp, g, **_):
+def _attention(ctx: LayoutContext, x: BlockInputs):
     """The attention half of the block, up to (not including) its residual,
-    and the layers of its core (which a K/V exchange can hide behind)."""
+    and the layers of its core (which a K/V exchange can hide behind), as
+    (layer, rows that have it) pairs."""
+    m = ctx.model
+    h, s, H, d = float(m.hidden), float(m.seq_size), float(m.attn_heads), float(m.attn_size)
+    KV = float(m.kv_heads or m.attn_heads)
+    tp = ctx.tp
+    A, A_tp, B, mbs, sq, kv = x.A, x.A_tp, x.B, x.mbs, x.sq, x.kv_width
+    full, attn, shared_input = x.full, x.attn, x.shared_input
+    separate, overlapped, multiquery = x.tp_separate, x.tp_overlapped, x.multiquery
+    heads_tp = H / tp
+    scores = heads_tp * sq * s * mbs
+    g = partial(fp8_gemm, ctx)          # a GEMM of the block: fp8 where the recipe says so
     seq = [
-        # attention block
         (fork(ctx, A_tp, 2, **full, stored=True), True),
-        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
-        (tp_collective(ctx, A, False, recomm=regather_attn), tp_separate),
-        (fork(ctx, A, 3, recompute=regather_attn, stored=~regather_attn), tp_separate),
-        (g(linear(ctx, B, h, H * d / tp, **full, **shared_input)), tp_separate),
-        (g(tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
-                                regather_attn)), tp_overlapped & ~multiquery),
-        (g(tp_overlapped_linear(ctx, B, h, H * d, False, recompute_full, regather_attn)),
-         tp_overlapped & multiquery),
-        (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn),
-         tp_overlapped & multiquery),
-        (g(linear(ctx, B, h, kv_width, **full, **shared_input)), tp_separate | multiquery),
-        (g(linear(ctx, B, h, kv_width, **full, **shared_input)), tp_separate | multiquery),
+        (x.norm(ctx, A_tp, h, x.fused_norm, **full, **shared_input), True),
+        (tp_collective(ctx, A, False, recomm=x.regather_attn), separate),
+        (fork(ctx, A, 3, recompute=x.regather_attn, stored=~x.regather_attn), separate),
+        (g(linear(ctx, B, h, H * d / tp, **full, **shared_input)), separate),
+        (g(tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, x.recompute_full,
+                                x.regather_attn)), overlapped & ~multiquery),
+        (g(tp_overlapped_linear(ctx, B, h, H * d, False, x.recompute_full, x.regather_attn)),
+         overlapped & multiquery),
+        (fork(ctx, A, 2, recompute=x.regather_attn, stored=~x.regather_attn),
+         overlapped & multiquery),
+        (g(linear(ctx, B, h, kv, **full, **shared_input)), separate | multiquery),
+        (g(linear(ctx, B, h, kv, **full, **shared_input)), separate | multiquery),
     ]
-    if llama:
-        seq.append((rotary(ctx, B * (H * d / tp + kv_width), **attn), True))
+    if x.llama:
+        seq.append((rotary(ctx, B * (H * d / tp + kv), **attn), True))
+    core, kept = x.core, ~x.recompute_attn
     core_layers = [
-        (batched_matmul(ctx, mbs * heads_tp, sq, d, s, **attn, out_stored=~recompute_attn), core),
-        (softmax(ctx, scores, impl, llama, **attn, out_stored=~recompute_attn), core),
+        (batched_matmul(ctx, mbs * heads_tp, sq, d, s, **attn, out_stored=kept), core),
+        (softmax(ctx, scores, x.impl, x.llama, **attn, out_stored=kept), core),
     ]
-    if not llama:
-        core_layers.append((dropout(ctx, scores, **attn, stored=~recompute_attn), core))
+    if not x.llama:
+        core_layers.append((dropout(ctx, scores, **attn, stored=kept), core))
     core_layers += [
         (batched_matmul(ctx, mbs * heads_tp, sq, s, d, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, sq, d, kv_width, impl, sk=s, **full), flash),
+        (flash_attention(ctx, mbs, heads_tp, sq, d, kv, x.impl, sk=s, **full), x.flash),
     ]
     seq += core_layers
     seq += [
-        (g(linear(ctx, B, H * d / tp, h, **full)), tp_separate),
-        (tp_collective(ctx, A, True, recomm=recompute_full, stored=False), tp_separate),
-        (g(tp_overlapped_linear(ctx, B, H * d, h, True, recompute_full, recompute_full)),
-         tp_overlapped),
+        (g(linear(ctx, B, H * d / tp, h, **full)), separate),
+        (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), separate),
+        (g(tp_overlapped_linear(ctx, B, H * d, h, True, x.recompute_full, x.recompute_full)),
+         overlapped),
     ]
-    if not llama:
+    if not x.llama:
         seq.append((dropout(ctx, A_tp, **full), True))
     return seq, core_layers
+
+
+def _mlp(ctx: LayoutContext, x: BlockInputs, f: float) -> list:
+    """The attention's residual and the MLP half of the block of
+    feed-forward width ``f`` (none when 0), up to (not including) its
+    dropout and residual, as (layer, rows that have it) pairs."""
+    h, tp = float(ctx.model.hidden), ctx.tp
+    A, A_tp, B = x.A, x.A_tp, x.B
+    full, shared_input = x.full, x.shared_input
+    separate, overlapped = x.tp_separate, x.tp_overlapped
+    ff_in = 2 * f if x.llama else f           # SwiGLU: gate and up projections
+    g = partial(fp8_gemm, ctx)
+    seq = [
+        (residual(ctx, A_tp, A_tp, **full, **shared_input), True),
+        (fork(ctx, A_tp, 2, **full, stored=True), True),
+        (x.norm(ctx, A_tp, h, x.fused_norm, **full, **shared_input), True),
+    ]
+    if f > 0:
+        seq += [
+            (tp_collective(ctx, A, False, recomm=x.regather_mlp), separate),
+            (g(linear(ctx, B, h, ff_in / tp, recompute=x.recompute_mlp,
+                      stored=~x.regather_mlp)), separate),
+            (g(tp_overlapped_linear(ctx, B, h, ff_in, False, x.recompute_mlp, x.regather_mlp)),
+             overlapped),
+            ((swiglu if x.llama else gelu)(ctx, f * B / tp, x.fused, recompute=x.recompute_mlp,
+                                           stored=~x.mlp_only), True),
+            (g(linear(ctx, B, f / tp, h, **full, stored=~x.mlp_only)), separate),
+            (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), separate),
+            (g(tp_overlapped_linear(ctx, B, f, h, True, x.recompute_full, x.recompute_full)),
+             overlapped),
+        ]
+    return seq
 
 
 def activation_sizes(ctx: LayoutContext, cols: dict) -> dict:

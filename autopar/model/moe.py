@@ -39,14 +39,16 @@ and ``mix`` weights the two blocks' sums by those counts.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
+from autopar.model.block_inputs import BlockInputs
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
-                                  gelu, grouped_linear, layer, linear, no_tp_comm, rms_norm,
-                                  rotary, softmax, swiglu)
+                                  fp8_gemm, gelu, grouped_linear, layer, linear, no_tp_comm,
+                                  rms_norm, rotary, softmax, swiglu)
 
 # Vector FLOPs per score of the router: the score function (softmax: exp,
 # sum, divide; sigmoid: exp, add, divide, plus normalising the chosen ones)
@@ -214,12 +216,10 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=No
     return seq
 
 
-def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, sq, norm, full, attn,
-                  shared_input, regather_attn, recompute_attn, flash, core, impl,
-                  fused_norm, g):
+def mla_attention(ctx: LayoutContext, x: BlockInputs):
     """DeepSeek's multi-head latent attention, up to its output projection's
     collective (TP communication as separate collectives): the layers, those
-    of its core, and the query and key widths per processor.  ``sq``: the
+    of its core, and the query and key widths per processor.  ``x.sq``: the
     local queries (context parallelism), attending to all ``seq_size`` keys."""
     m, a = ctx.model, ctx.model.mla
     h, s, H = float(m.hidden), float(m.seq_size), float(m.attn_heads)
@@ -227,37 +227,39 @@ def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, sq, norm, 
     heads_tp = H / tp
     dqk, dv, rope = float(a.qk_head_dim), float(a.v_head_dim), float(a.qk_rope_head_dim)
     kvr, qr = float(a.kv_lora_rank), float(a.q_lora_rank)
+    A, B, mbs, sq = x.A, x.B, x.mbs, x.sq
+    full, attn, shared_input = x.full, x.attn, x.shared_input
+    g = partial(fp8_gemm, ctx)          # a GEMM of the block: fp8 where the recipe says so
     seq = [
-        (fork(ctx, A_tp, 2, **full, stored=True), True),
-        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
-        (tp_collective(ctx, A, False, recomm=regather_attn), True),
-        (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn), True),
+        (fork(ctx, x.A_tp, 2, **full, stored=True), True),
+        (x.norm(ctx, x.A_tp, h, x.fused_norm, **full, **shared_input), True),
+        (tp_collective(ctx, A, False, recomm=x.regather_attn), True),
+        (fork(ctx, A, 2, recompute=x.regather_attn, stored=~x.regather_attn), True),
     ]
     if qr > 0:
         seq += [(g(linear(ctx, B, h, qr, **full, **shared_input)), True),
-                (rms_norm(ctx, B * qr, qr, fused_norm, **full), True),
+                (rms_norm(ctx, B * qr, qr, x.fused_norm, **full), True),
                 (g(linear(ctx, B, qr, heads_tp * dqk, **full)), True)]
     else:
         seq.append((g(linear(ctx, B, h, heads_tp * dqk, **full, **shared_input)), True))
     seq += [
         (g(linear(ctx, B, h, kvr + rope, **full, **shared_input)), True),
-        (rms_norm(ctx, B * kvr, kvr, fused_norm, **full), True),
+        (rms_norm(ctx, B * kvr, kvr, x.fused_norm, **full), True),
         (g(linear(ctx, B, kvr, heads_tp * (a.qk_nope_head_dim + dv), **full)), True),
         (rotary(ctx, B * (heads_tp * rope + rope), **attn), True),
     ]
+    core, kept = x.core, ~x.recompute_attn
     core_layers = [
-        (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=~recompute_attn),
-         core),
-        (softmax(ctx, heads_tp * sq * s * mbs, impl, True, **attn,
-                 out_stored=~recompute_attn), core),
+        (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=kept), core),
+        (softmax(ctx, heads_tp * sq * s * mbs, x.impl, True, **attn, out_stored=kept), core),
         (batched_matmul(ctx, mbs * heads_tp, sq, s, dv, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, impl, sk=s, dv=dv,
-                         kv_v=heads_tp * dv, **full), flash),
+        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, x.impl, sk=s, dv=dv,
+                         kv_v=heads_tp * dv, **full), x.flash),
     ]
     seq += core_layers
     seq += [
         (g(linear(ctx, B, heads_tp * dv, h, **full)), True),
-        (tp_collective(ctx, A, True, recomm=full["recompute"], stored=False), True),
+        (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), True),
     ]
     return seq, core_layers, heads_tp * dqk, heads_tp * dqk
 

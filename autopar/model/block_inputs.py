@@ -1,0 +1,100 @@
+"""What a transformer block's layers are built from: ``BlockInputs``.
+
+One record per block evaluation, built once by ``block_inputs`` from the
+layout columns and passed explicitly to the halves of the block
+(``autopar.model.block``'s attention and MLP, ``autopar.model.moe``'s latent
+attention and routed experts): the activation sizes of one micro-batch, the
+recompute and communication masks of each row, and the layer options they
+imply.  The model's own sizes (hidden, heads, ...) stay on ``ctx.model``.
+
+Notation (elements of one micro-batch on one processor): ``B`` tokens,
+``A`` = B x hidden, ``A_split`` the same split over tensor_par (sequence
+parallelism), ``A_tp`` whichever of the two the layout keeps; ``sq`` the
+queries (tokens) of the local share of the sequence under context
+parallelism.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from autopar.io.layouts import CHOICES
+from autopar.model.context import LayoutContext
+from autopar.model.layers import layer_norm, rms_norm
+
+
+@dataclass(frozen=True)
+class BlockInputs:
+    """The per-row inputs of one block's layers (arrays over the rows, or
+    scalars where every row has the same)."""
+    llama: bool                 # RMSNorm, rotary, grouped-query, SwiGLU, no dropout
+    norm: Callable              # rms_norm or layer_norm
+    # sizes of one micro-batch
+    mbs: np.ndarray             # micro-batch (sequences)
+    sq: float                   # local queries of a sequence (seq_size / context_par)
+    B: np.ndarray               # tokens
+    A: np.ndarray               # B x hidden
+    A_tp: np.ndarray            # A, or A split over tensor_par with rs_ag
+    # recompute (which layers run again in backward)
+    recompute_full: np.ndarray
+    recompute_attn: np.ndarray  # full or attn_only
+    recompute_mlp: np.ndarray   # full or mlp_only
+    mlp_only: np.ndarray        # Megatron's selective MLP recompute
+    regather_attn: np.ndarray   # the attention's input all-gather runs again
+    regather_mlp: np.ndarray    # the MLP's input all-gather runs again
+    # tensor-parallel communication and attention variants
+    tp_separate: np.ndarray     # TP collectives as layers of their own
+    tp_overlapped: np.ndarray   # TP collectives overlapped with their GEMMs
+    multiquery: np.ndarray
+    kv_width: np.ndarray        # K (and V) width per processor
+    impl: np.ndarray            # attention_impl codes
+    flash: np.ndarray           # a FlashAttention kernel
+    core: np.ndarray            # the unfused attention core (no FlashAttention)
+    fused_norm: np.ndarray
+    fused: np.ndarray           # fused_activation
+    # layer options: recomputed under full recompute; under full or
+    # attention-only; a layer whose input is the preceding Fork's
+    full: dict
+    attn: dict
+    shared_input: dict
+
+
+def block_inputs(ctx: LayoutContext, cols: dict) -> BlockInputs:
+    """The ``BlockInputs`` of the rows of ``cols``."""
+    m = ctx.model
+    llama = m.block == "llama"
+    h, s, d = float(m.hidden), float(m.seq_size), float(m.attn_size)
+    KV = float(m.kv_heads or m.attn_heads)
+    tp = ctx.tp
+    mbs = cols["microbatch_size"].astype(float)
+    # Context parallelism: sq of the sequence's queries (and tokens) are local;
+    # attention runs them against all s keys.
+    sq = s / ctx.cp
+    B = mbs * sq
+    A = B * h
+    A_split = np.floor_divide(B, tp) * h
+    rec = cols["activation_recompute"]
+    recompute_full = rec == CHOICES["activation_recompute"].index("full")
+    recompute_attn = recompute_full | (rec == CHOICES["activation_recompute"].index("attn_only"))
+    # Megatron's selective MLP recompute: the MLP's first GEMM and activation
+    # run again in backward from the MLP's input; the activation's output is
+    # not kept.
+    mlp_only = rec == CHOICES["activation_recompute"].index("mlp_only")
+    ag_redo = cols["seq_par_ag_redo"]
+    tp_separate = cols["tensor_par_overlap"] == 0
+    multiquery = cols["attention_type"] == CHOICES["attention_type"].index("multiquery")
+    impl = cols["attention_impl"]
+    flash = impl >= CHOICES["attention_impl"].index("flash_v1")
+    return BlockInputs(
+        llama=llama, norm=rms_norm if llama else layer_norm,
+        mbs=mbs, sq=sq, B=B, A=A, A_tp=np.where(ctx.tp_rs_ag, A_split, A),
+        recompute_full=recompute_full, recompute_attn=recompute_attn,
+        recompute_mlp=recompute_full | mlp_only, mlp_only=mlp_only,
+        regather_attn=recompute_attn | ag_redo, regather_mlp=recompute_full | ag_redo,
+        tp_separate=tp_separate, tp_overlapped=~tp_separate, multiquery=multiquery,
+        kv_width=np.where(multiquery, d, KV * d / tp), impl=impl, flash=flash, core=~flash,
+        fused_norm=cols["fused_norm"], fused=cols["fused_activation"],
+        full={"recompute": recompute_full}, attn={"recompute": recompute_attn},
+        shared_input={"stored": False, "reused": True})
