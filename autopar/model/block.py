@@ -6,7 +6,7 @@ row at once: layers that exist only for some rows (separate vs overlapped TP
 communication, multi-query, FlashAttention) carry a presence mask, and the
 sequence is a superset whose order agrees with every variant, so running
 sums over it equal the sums over each row's own layers.  ``accumulate``
-sums the layers into the per-block quantities (``SUMS``) with Calculon's
+sums the layers into the per-block quantities (``BlockSums``) with Calculon's
 recompute rules.  ``BlockCache`` computes them once per distinct block (a
 block depends on a handful of columns) and gathers them back per row.
 ``head_time`` and ``head_memory`` are the embedding and the output layer
@@ -19,6 +19,7 @@ H, d, KV``: hidden, feed-forward, sequence, heads, head size, K/V heads.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -26,6 +27,7 @@ import numpy as np
 from autopar.io.layouts import CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.block_inputs import BlockInputs, block_inputs
+from autopar.model.block_sums import BlockSums
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext, grad_scale, masked, shard_counts
 from autopar.model.lookup import distinct, pack
@@ -73,9 +75,8 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
             continue
         attn_fw += np.where(present, L["time_fw"], 0.0)
         attn_bw += np.where(present, L["time_agrad"] + L["time_wgrad"], 0.0)
-    acc.update(context_exchange(ctx, cols, x.mbs, x.sq, q_width, kv_width, attn_fw, attn_bw,
-                                x.recompute_attn))
-    return acc
+    return replace(acc, **context_exchange(ctx, cols, x.mbs, x.sq, q_width, kv_width,
+                                           attn_fw, attn_bw, x.recompute_attn))
 
 
 def _attention(ctx: LayoutContext, x: BlockInputs):
@@ -239,7 +240,7 @@ class BlockCache:
         self._split = self._ext = None
         if n <= _FEW:        # a handful of layouts: no deduplication to win
             ctx = LayoutContext(model, system, cols, datatypes)
-            sums = block(ctx, cols, kind)
+            sums = block(ctx, cols, kind).given()
             self._head = (head_microbatch_time(ctx, activation_sizes(ctx, cols)["B"])
                           if head else None)
             self._n1 = [name for name in sums if name not in OPTIM_SUMS]
@@ -300,7 +301,8 @@ class BlockCache:
         k1, k = len(idx1), len(idx1) + len(idx2)
         both = {f: np.concatenate([sub[f], cols[f][idx2]]) for f in _BLOCK_FIELDS}
         ctx = LayoutContext(model, system, both, datatypes)
-        sums = {name: np.broadcast_to(v, (k,)) for name, v in block(ctx, both, kind).items()}
+        sums = {name: np.broadcast_to(v, (k,))
+                for name, v in block(ctx, both, kind).given().items()}
         self._head = (head_microbatch_time(ctx, activation_sizes(ctx, both)["B"])[:k1][inv1]
                       if head else None)
         # Sums stacked as (sum, distinct block) tables, gathered per chunk.
@@ -323,7 +325,7 @@ class BlockCache:
         """``head_microbatch_time`` of the rows ``sl`` (None: no vocabulary)."""
         return None if self._head is None else self._head[sl]
 
-    def rows(self, at, part: str | None = None) -> dict:
+    def rows(self, at, part: str | None = None) -> BlockSums:
         """Per-block sums for the rows ``at`` (a slice, or positions), one
         gather per key table: every sum, or ``part="footprints"``: only the
         ``FOOTPRINT_SUMS`` (what the memory footprints need), or
@@ -337,8 +339,9 @@ class BlockCache:
             names, table = self._parts()[part]
         sums = dict(zip(names, np.take(table, self.inv1[at], axis=1)))
         if part == "footprints":
-            return self._sharded(sums, at)
+            return self._sharded(BlockSums(**sums), at)
         sums.update(zip(OPTIM_SUMS, np.take(self._t2, self.inv2[at], axis=1)))
+        sums = BlockSums(**sums)
         return sums if part in ("rest", "batch") else self._sharded(sums, at)
 
     def _parts(self) -> dict:
@@ -369,45 +372,31 @@ class BlockCache:
             self._ext = ext
         return self._ext
 
-    def _sharded(self, sums: dict, at) -> dict:
+    def _sharded(self, sums: BlockSums, at) -> BlockSums:
         """The footprint sums divided by the rows' shards (in place)."""
         # Expert footprints shard over expert-data-parallel, the rest over data_par.
-        xw, xo = sums["x_wgrad_space"], sums["x_optimizer_space"]
-        sums["x_wgrad_space"] = xw / self.x_grad_shard[at]
-        sums["x_optimizer_space"] = xo / self.x_shard[at]
-        sums["wgrad_space"] = (sums["wgrad_space"] - xw) / self.grad_shard[at] \
-            + sums["x_wgrad_space"]
-        sums["optimizer_space"] = (sums["optimizer_space"] - xo) / self.shard[at] \
-            + sums["x_optimizer_space"]
+        xw, xo = sums.x_wgrad_space, sums.x_optimizer_space
+        sums.x_wgrad_space = xw / self.x_grad_shard[at]
+        sums.x_optimizer_space = xo / self.x_shard[at]
+        sums.wgrad_space = (sums.wgrad_space - xw) / self.grad_shard[at] + sums.x_wgrad_space
+        sums.optimizer_space = (sums.optimizer_space - xo) / self.shard[at] \
+            + sums.x_optimizer_space
         if self.grad_scale is not None:
-            sums["wgrad_space"] = sums["wgrad_space"] * self.grad_scale[at]
+            sums.wgrad_space = sums.wgrad_space * self.grad_scale[at]
         # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
         # gathered when it runs (``weight_space_full``).
-        sums["weight_space_full"] = sums["weight_space"]
+        sums.weight_space_full = sums.weight_space
         if self.weight_shard is not None:
-            sums["weight_space"] = sums["weight_space"] / self.weight_shard[at]
+            sums.weight_space = sums.weight_space / self.weight_shard[at]
         return sums
 
 
-SUMS = (
-    "fw_flops", "fw_flops_time", "fw_mem", "fw_mem_time", "fw_time",
-    "base_fw_tp_size", "edge_fw_tp_size", "base_fw_tp_time", "edge_fw_tp_time",
-    "base_fw_tp_exp", "edge_fw_tp_exp",
-    "re_flops", "re_flops_time", "re_mem", "re_mem_time", "re_time",
-    "base_recomm_size", "edge_recomm_size", "base_recomm_time", "edge_recomm_time",
-    "base_recomm_exp", "edge_recomm_exp",
-    "agrad_flops", "agrad_flops_time", "agrad_mem", "agrad_mem_time", "agrad_time",
-    "base_agrad_tp_size", "edge_agrad_tp_size", "base_agrad_tp_time",
-    "edge_agrad_tp_time", "base_agrad_tp_exp", "edge_agrad_tp_exp",
-    "wgrad_flops", "wgrad_flops_time", "wgrad_mem", "wgrad_mem_time", "wgrad_time",
-    "optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time", "optim_time",
-    "weight_space", "act_working", "act_storage", "wgrad_space",
-    "wgrad_space_full", "act_grad_space", "optimizer_space", "useful_fw",
-    "useful_bw",
-    # the routed experts' share of the footprints (sharded over expert-data-
-    # parallel) and the dispatch/combine transfers (link and exposed time)
-    "x_weight_space", "x_wgrad_space", "x_optimizer_space", "ep_link", "ep_exposed",
-)
+# The sums the layers add up (the others are set after the sum: the K/V
+# exchange, the stored activations of a whole block, the gathered weights).
+_ACCUMULATED = tuple(name for name in BlockSums.__dataclass_fields__
+                     if name not in ("act_storage_all", "weight_space_full", "cp_fw_link",
+                                     "cp_fw_exp", "cp_bw_link", "cp_bw_exp", "cp_re_exp",
+                                     "cp_fw_size"))
 
 
 def _rows_of(mask):
@@ -418,11 +407,10 @@ def _rows_of(mask):
     return mask if mask.any() else False
 
 
-def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
+def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> BlockSums:
     """Per-block sums over the layer sequence, for one micro-batch."""
     z = ctx.zeros
-    acc = {k: z.copy() for k in SUMS}
-    acc["tp_bw_req"] = z.copy()
+    acc = BlockSums(**{name: z.copy() for name in _ACCUMULATED})
     tr = ctx.training
     for L, present in seq:
         p = np.broadcast_to(present, z.shape)
@@ -434,78 +422,86 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> dict:
         # Each mask classified once per layer: every row, none, or some.
         on, on_t = _rows_of(p), _rows_of(pt)
 
-        def add(key, val, which=on):
+        def add(total, val, which=on):
+            """``total += val`` in place, on the rows ``which``."""
             if which is True:
-                acc[key] += val
+                total += val
             elif which is not False:
-                acc[key] += np.where(which, val, 0.0)
+                total += np.where(which, val, 0.0)
 
-        add("fw_flops", L["fw"])
-        add("fw_flops_time", L["flops_time_fw"])
-        add("fw_mem", L["mem_fw"])
-        add("fw_mem_time", L["mem_time_fw"])
-        add("fw_time", L["time_fw"])
-        add("useful_fw", L["fw"])
-        for e in ("base", "edge"):
-            add(f"{e}_fw_tp_size", L[f"comm_bytes_fw_{e}"])
-            add(f"{e}_fw_tp_time", L[f"comm_time_fw_{e}"])
-            add(f"{e}_fw_tp_exp", L[f"exposed_fw_{e}"])
-        acc["tp_bw_req"] = np.maximum(acc["tp_bw_req"], np.where(p, L["tp_bw_req_fw"], 0.0))
+        add(acc.fw_flops, L["fw"])
+        add(acc.fw_flops_time, L["flops_time_fw"])
+        add(acc.fw_mem, L["mem_fw"])
+        add(acc.fw_mem_time, L["mem_time_fw"])
+        add(acc.fw_time, L["time_fw"])
+        add(acc.useful_fw, L["fw"])
+        add(acc.base_fw_tp_size, L["comm_bytes_fw_base"])
+        add(acc.base_fw_tp_time, L["comm_time_fw_base"])
+        add(acc.base_fw_tp_exp, L["exposed_fw_base"])
+        add(acc.edge_fw_tp_size, L["comm_bytes_fw_edge"])
+        add(acc.edge_fw_tp_time, L["comm_time_fw_edge"])
+        add(acc.edge_fw_tp_exp, L["exposed_fw_edge"])
+        acc.tp_bw_req = np.maximum(acc.tp_bw_req, np.where(p, L["tp_bw_req_fw"], 0.0))
         # Calculon adds the running forward totals (not the layer's own) to the
         # recompute sums; its recompute time is the layer's own.
         r = _rows_of(pt & L["recompute"])
-        add("re_flops", acc["fw_flops"], r)
-        add("re_flops_time", acc["fw_flops_time"], r)
-        add("re_mem", acc["fw_mem"], r)
-        add("re_mem_time", acc["fw_mem_time"], r)
-        add("re_time", L["time_fw"], r)
+        add(acc.re_flops, acc.fw_flops, r)
+        add(acc.re_flops_time, acc.fw_flops_time, r)
+        add(acc.re_mem, acc.fw_mem, r)
+        add(acc.re_mem_time, acc.fw_mem_time, r)
+        add(acc.re_time, L["time_fw"], r)
         rc = _rows_of(pt & L["recomm"])
-        for e in ("base", "edge"):
-            add(f"{e}_recomm_size", L[f"comm_bytes_wgrad_{e}"], rc)
-            add(f"{e}_recomm_time", L[f"comm_time_wgrad_{e}"], rc)
-            add(f"{e}_recomm_exp", L[f"exposed_wgrad_{e}"], rc)
-            add(f"{e}_agrad_tp_size", L[f"comm_bytes_agrad_{e}"], on_t)
-            add(f"{e}_agrad_tp_time", L[f"comm_time_agrad_{e}"], on_t)
-            add(f"{e}_agrad_tp_exp", L[f"exposed_agrad_{e}"], on_t)
-        add("agrad_flops", L["agrad"], on_t)
-        add("agrad_flops_time", L["flops_time_agrad"], on_t)
-        add("agrad_mem", L["mem_agrad"], on_t)
-        add("agrad_mem_time", L["mem_time_agrad"], on_t)
-        add("agrad_time", L["time_agrad"], on_t)
-        add("wgrad_flops", L["wgrad"], on_t)
-        add("wgrad_flops_time", L["flops_time_wgrad"], on_t)
-        add("wgrad_mem", L["mem_wgrad"], on_t)
-        add("wgrad_mem_time", L["mem_time_wgrad"], on_t)
-        add("wgrad_time", L["time_wgrad"], on_t)
-        add("optim_flops", L["optim_flops"], on_t)
-        add("optim_flops_time", L["flops_time_optim"], on_t)
-        add("optim_mem", L["mem_optim"], on_t)
-        add("optim_mem_time", L["mem_time_optim"], on_t)
-        add("optim_time", L["time_optim"], on_t)
-        add("useful_bw", L["agrad"] + L["wgrad"], on_t)
-        acc["tp_bw_req"] = np.maximum(acc["tp_bw_req"], np.where(pt, L["tp_bw_req_agrad"], 0.0))
-        add("weight_space", L["weight_b"])
-        add("act_working", L["act_b"], _rows_of(p & ~L["reused"]))
-        add("act_storage", L["act_b"])
-        add("act_storage", -L["out_b"], _rows_of(pt & ~L["out_stored"]))
-        add("act_storage", -L["act_b"], _rows_of(pt & ~L["stored"]))
+        add(acc.base_recomm_size, L["comm_bytes_wgrad_base"], rc)
+        add(acc.base_recomm_time, L["comm_time_wgrad_base"], rc)
+        add(acc.base_recomm_exp, L["exposed_wgrad_base"], rc)
+        add(acc.base_agrad_tp_size, L["comm_bytes_agrad_base"], on_t)
+        add(acc.base_agrad_tp_time, L["comm_time_agrad_base"], on_t)
+        add(acc.base_agrad_tp_exp, L["exposed_agrad_base"], on_t)
+        add(acc.edge_recomm_size, L["comm_bytes_wgrad_edge"], rc)
+        add(acc.edge_recomm_time, L["comm_time_wgrad_edge"], rc)
+        add(acc.edge_recomm_exp, L["exposed_wgrad_edge"], rc)
+        add(acc.edge_agrad_tp_size, L["comm_bytes_agrad_edge"], on_t)
+        add(acc.edge_agrad_tp_time, L["comm_time_agrad_edge"], on_t)
+        add(acc.edge_agrad_tp_exp, L["exposed_agrad_edge"], on_t)
+        add(acc.agrad_flops, L["agrad"], on_t)
+        add(acc.agrad_flops_time, L["flops_time_agrad"], on_t)
+        add(acc.agrad_mem, L["mem_agrad"], on_t)
+        add(acc.agrad_mem_time, L["mem_time_agrad"], on_t)
+        add(acc.agrad_time, L["time_agrad"], on_t)
+        add(acc.wgrad_flops, L["wgrad"], on_t)
+        add(acc.wgrad_flops_time, L["flops_time_wgrad"], on_t)
+        add(acc.wgrad_mem, L["mem_wgrad"], on_t)
+        add(acc.wgrad_mem_time, L["mem_time_wgrad"], on_t)
+        add(acc.wgrad_time, L["time_wgrad"], on_t)
+        add(acc.optim_flops, L["optim_flops"], on_t)
+        add(acc.optim_flops_time, L["flops_time_optim"], on_t)
+        add(acc.optim_mem, L["mem_optim"], on_t)
+        add(acc.optim_mem_time, L["mem_time_optim"], on_t)
+        add(acc.optim_time, L["time_optim"], on_t)
+        add(acc.useful_bw, L["agrad"] + L["wgrad"], on_t)
+        acc.tp_bw_req = np.maximum(acc.tp_bw_req, np.where(pt, L["tp_bw_req_agrad"], 0.0))
+        add(acc.weight_space, L["weight_b"])
+        add(acc.act_working, L["act_b"], _rows_of(p & ~L["reused"]))
+        add(acc.act_storage, L["act_b"])
+        add(acc.act_storage, -L["out_b"], _rows_of(pt & ~L["out_stored"]))
+        add(acc.act_storage, -L["act_b"], _rows_of(pt & ~L["stored"]))
         if "keep_b" in L:       # intermediates a kernel keeps beyond Calculon's count
-            add("act_storage", L["keep_b"])
-            add("act_working", L["keep_b"])
-        add("wgrad_space", L["wgrad_sh"], on_t)
-        add("wgrad_space_full", L["wgrad_full"], on_t)
-        add("act_grad_space", L["agrad_b"], on_t)
-        add("optimizer_space", L["optimizer"], on_t)
+            add(acc.act_storage, L["keep_b"])
+            add(acc.act_working, L["keep_b"])
+        add(acc.wgrad_space, L["wgrad_sh"], on_t)
+        add(acc.wgrad_space_full, L["wgrad_full"], on_t)
+        add(acc.act_grad_space, L["agrad_b"], on_t)
+        add(acc.optimizer_space, L["optimizer"], on_t)
         if L["expert"]:
-            add("x_weight_space", L["weight_b"])
-            add("x_wgrad_space", L["wgrad_sh"], on_t)
-            add("x_optimizer_space", L["optimizer"], on_t)
+            add(acc.x_weight_space, L["weight_b"])
+            add(acc.x_wgrad_space, L["wgrad_sh"], on_t)
+            add(acc.x_optimizer_space, L["optimizer"], on_t)
         if "ep_link_total" in L:
-            add("ep_link", np.where(tr, L["ep_link_total"], L["ep_link_total"] / 2))
-            add("ep_exposed", np.where(tr, L["ep_exposed_total"], L["time_fw"]))
+            add(acc.ep_link, np.where(tr, L["ep_link_total"], L["ep_link_total"] / 2))
+            add(acc.ep_exposed, np.where(tr, L["ep_exposed_total"], L["time_fw"]))
     # What a block keeps when it does not recompute (for recompute_layers).
-    acc["act_storage_all"] = acc["act_storage"]
-    acc["act_storage"] = np.where(recompute_full, 0.0, acc["act_storage"])
+    acc.act_storage_all = acc.act_storage
+    acc.act_storage = np.where(recompute_full, 0.0, acc.act_storage)
     return acc
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autopar.model.block_sums import BlockSums
 from autopar.model.context import LayoutContext, choose, grad_scale, masked
 from autopar.model.hardware import NetworkTier
 from autopar.model.layers import STAGES, layer
@@ -250,7 +251,7 @@ def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: dict, networks):
     return fw_bytes, bw_bytes, net.time("p2p", fw_bytes, 2), net.time("p2p", bw_bytes, 2)
 
 
-def weight_gathers(ctx: LayoutContext, cols: dict, sums: dict, sched, networks) -> dict:
+def weight_gathers(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, networks) -> dict:
     """ZeRO-3 / FSDP: every block's weights are all-gathered from their
     shards before its forward and again before its backward, for every
     micro-batch; the gather of the next block is prefetched while the current
@@ -265,10 +266,10 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: dict, sched, networks) 
         return {"link": 0.0, "exposed": 0.0}
     dp = cols["data_par"]
     net = NetworkTier(networks, np.where(dp > 1, cols["data_par_net"], cols["context_par_net"]))
-    g = net.time("all_gather", sums["weight_space_full"],
+    g = net.time("all_gather", sums.weight_space_full,
                  np.maximum(np.where(on, ws, ctx.optim_shards), 2))
-    fw_hidden = np.maximum(g - sums["fw_time"], 0.0)
-    bw_hidden = np.maximum(g - (sums["agrad_time"] + sums["wgrad_time"] + sums["re_time"]), 0.0)
+    fw_hidden = np.maximum(g - sums.fw_time, 0.0)
+    bw_hidden = np.maximum(g - (sums.agrad_time + sums.wgrad_time + sums.re_time), 0.0)
     micro = sched.microbatches
     blocks = sched.blocks_per_stage
     link = np.where(on, micro * blocks * 2 * g, 0.0)
@@ -279,7 +280,7 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: dict, sched, networks) 
     return {"link": link, "exposed": exposed}
 
 
-def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
+def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, chunk,
                        p2p_bw_time, networks) -> dict:
     """Gradient synchronisation over data_par: its link time, the part not
     hidden behind backward compute, and the bandwidth overlap would need.
@@ -296,18 +297,18 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     sharded = cols["optimizer_sharding"]
     base = sched.base_blocks
     # Time of a block's backward in which the sync can hide (not memory-bound work).
-    optim_free = np.where(sharded, 0.0, sums["optim_time"] - sums["optim_mem_time"])
+    optim_free = np.where(sharded, 0.0, sums.optim_time - sums.optim_mem_time)
     grad_mem = chunk["grad_mem_time"]
-    base_window = chunk["bw_base"] - (grad_mem + sums["re_mem_time"]) + optim_free
-    edge_window = chunk["bw_edge"] - (grad_mem + sums["re_mem_time"]) + optim_free
-    block_compute = (sums["agrad_flops_time"] + sums["wgrad_flops_time"]
-                     + sums["re_flops_time"] + np.where(sharded, 0.0, sums["optim_flops_time"]))
+    base_window = chunk["bw_base"] - (grad_mem + sums.re_mem_time) + optim_free
+    edge_window = chunk["bw_edge"] - (grad_mem + sums.re_mem_time) + optim_free
+    block_compute = (sums.agrad_flops_time + sums.wgrad_flops_time
+                     + sums.re_flops_time + np.where(sharded, 0.0, sums.optim_flops_time))
     # Sharing the tensor-parallel tier, it waits for the TP traffic.
     same_tp = cols["data_par_net"] == cols["tensor_par_net"]
     base_window = base_window - np.where(
-        same_tp, sums["base_recomm_time"] + sums["base_agrad_tp_time"], 0.0)
+        same_tp, sums.base_recomm_time + sums.base_agrad_tp_time, 0.0)
     edge_window = edge_window - np.where(
-        same_tp, sums["edge_recomm_time"] + sums["edge_agrad_tp_time"], 0.0)
+        same_tp, sums.edge_recomm_time + sums.edge_agrad_tp_time, 0.0)
     chunk_window = base * base_window + 1.0 * edge_window
     chunk_compute = sched.blocks_per_chunk * block_compute
 
@@ -327,9 +328,9 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     peers = np.maximum(group, 2)
     active = (group > 1) & training
     # Routed experts' gradients sync over the expert-data-parallel group instead.
-    expert_bytes = sums["x_weight_space"] if "x_weight_space" in sums else 0.0
-    block_bytes = masked(sums.get("weight_space_full", sums["weight_space"]) - expert_bytes,
-                         active)
+    expert_bytes = sums.x_weight_space if sums.x_weight_space is not None else 0.0
+    full = sums.weight_space_full if sums.weight_space_full is not None else sums.weight_space
+    block_bytes = masked(full - expert_bytes, active)
     wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
                           net.scale("all_reduce"))
     if not extended:

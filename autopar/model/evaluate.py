@@ -25,6 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -32,6 +33,7 @@ import numpy as np
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.block import BlockCache, activation_sizes, head_memory, head_time
+from autopar.model.block_sums import CALCULON, BlockSums
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
@@ -92,27 +94,10 @@ STATS: tuple[str, ...] = (
 
 
 # Per-block statistics: Calculon's name -> the block sum it reports.
-_BLOCK_STATS = {f"block_{name}_{what}": f"{key}_{suffix}"
-                for name, key in (("fw", "fw"), ("re", "re"), ("agrad", "agrad"),
-                                  ("wgrad", "wgrad"), ("optim", "optim"))
-                for what, suffix in (("flops", "flops"), ("flops_time", "flops_time"),
-                                     ("mem_accessed", "mem"), ("mem_time", "mem_time"),
-                                     ("time", "time"))}
-for _edge in ("base", "edge"):
-    _BLOCK_STATS.update({
-        f"{_edge}block_fw_tp_time": f"{_edge}_fw_tp_time",
-        f"{_edge}block_fw_tp_time_exposed": f"{_edge}_fw_tp_exp",
-        f"{_edge}block_recomm_time": f"{_edge}_recomm_time",
-        f"{_edge}block_recomm_time_exposed": f"{_edge}_recomm_exp",
-        f"{_edge}block_agrad_tp_time": f"{_edge}_agrad_tp_time",
-        f"{_edge}block_agrad_tp_time_exposed": f"{_edge}_agrad_tp_exp",
-        f"{_edge}block_fw_tp_size": f"{_edge}_fw_tp_size",
-        f"{_edge}block_bw_tp_size": f"{_edge}_agrad_tp_size",
-        f"{_edge}block_recomm_size": f"{_edge}_recomm_size"})
-_BLOCK_STATS["tp_bw_overlap_req"] = "tp_bw_req"
+_BLOCK_STATS = CALCULON
 
 
-def batch_memory(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
+def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: dict, system: SystemSpec,
                  stage_sums: tuple | None, sched: Schedule) -> tuple[dict, np.ndarray]:
     """The memory statistics of one batch per row (``footprints``: the
     per-block and per-stage footprints, ``MEMORY_PARTS`` and the need on each
@@ -133,7 +118,7 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system:
     return S, checkpoint
 
 
-def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
+def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: dict, system: SystemSpec,
                head_per_mb, sched: Schedule, checkpoint) -> dict:
     """Every statistic of one batch per row but the memory ones
     (``batch_memory``) and the per-block sums (``_BLOCK_STATS``): times,
@@ -148,12 +133,12 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
     S = {}
 
     # Communication of the whole batch.
-    tp_fw = per_batch(sched, sums["base_fw_tp_time"], sums["edge_fw_tp_time"])
-    tp_fw_exposed = per_batch(sched, sums["base_fw_tp_exp"], sums["edge_fw_tp_exp"])
-    tp_bw = per_batch(sched, sums["base_agrad_tp_time"], sums["edge_agrad_tp_time"])
-    tp_bw_exposed = per_batch(sched, sums["base_agrad_tp_exp"], sums["edge_agrad_tp_exp"])
-    recomm = per_batch(sched, sums["base_recomm_time"], sums["edge_recomm_time"])
-    recomm_exposed = per_batch(sched, sums["base_recomm_exp"], sums["edge_recomm_exp"])
+    tp_fw = per_batch(sched, sums.base_fw_tp_time, sums.edge_fw_tp_time)
+    tp_fw_exposed = per_batch(sched, sums.base_fw_tp_exp, sums.edge_fw_tp_exp)
+    tp_bw = per_batch(sched, sums.base_agrad_tp_time, sums.edge_agrad_tp_time)
+    tp_bw_exposed = per_batch(sched, sums.base_agrad_tp_exp, sums.edge_agrad_tp_exp)
+    recomm = per_batch(sched, sums.base_recomm_time, sums.edge_recomm_time)
+    recomm_exposed = per_batch(sched, sums.base_recomm_exp, sums.edge_recomm_exp)
     p2p_fw_bytes, p2p_bw_bytes, p2p_fw, p2p_bw = pipeline_p2p(ctx, cols, acts, system.networks)
     S["block_fw_pp_size"] = p2p_fw_bytes
     S["block_bw_pp_size"] = p2p_bw_bytes
@@ -172,22 +157,22 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
 
     # Times of the whole batch.
     passes = sched.blocks_per_stage * micro       # block passes per stage
-    fw_time = passes * sums["fw_time"]
-    bw_time = passes * (sums["agrad_time"] + sums["wgrad_time"])
-    optim_time = sched.blocks_per_stage * sums["optim_time"]
+    fw_time = passes * sums.fw_time
+    bw_time = passes * (sums.agrad_time + sums.wgrad_time)
+    optim_time = sched.blocks_per_stage * sums.optim_time
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
     bw_offload = ctx.if_training(per_batch(sched, chunk["bw_base_offload"],
                                            chunk["bw_edge_offload"]))
     # Full recompute of only recompute_layers blocks of each stage.
     share = recompute_share(cols, recompute_full, sched.blocks_per_stage)
-    recompute_time = passes * sums["re_time"] * share
+    recompute_time = passes * sums.re_time * share
     recomm_exposed = ctx.if_training(recomm_exposed * share)
     # Context parallelism's K/V exchange; ZeRO-3 / FSDP weight gathers.
     if (cols["context_par"] > 1).any():
-        S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
-            training, sums["cp_bw_link"], 0.0))
-        cp_exposed = passes * (sums["cp_fw_exp"] + np.where(
-            training, sums["cp_bw_exp"] + sums["cp_re_exp"] * share, 0.0))
+        S["cp_comm_link_time"] = passes * (sums.cp_fw_link + np.where(
+            training, sums.cp_bw_link, 0.0))
+        cp_exposed = passes * (sums.cp_fw_exp + np.where(
+            training, sums.cp_bw_exp + sums.cp_re_exp * share, 0.0))
     else:
         S["cp_comm_link_time"] = cp_exposed = 0.0
     S["cp_comm_exposed_time"] = cp_exposed
@@ -223,11 +208,11 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
     S["pp_comm_exposed_time"] = pp_link + pp_sync
     total = total + pp_sync
     S["total_time"] = total
-    S["ep_comm_link_time"] = passes * sums["ep_link"]
-    S["ep_comm_exposed_time"] = passes * sums["ep_exposed"]
+    S["ep_comm_link_time"] = passes * sums.ep_link
+    S["ep_comm_exposed_time"] = passes * sums.ep_exposed
     S.update(offload_bandwidth(ctx, sums, chunk, offload))
 
-    useful = sums["useful_fw"] + sums["useful_bw"] + sums["optim_flops"]
+    useful = sums.useful_fw + sums.useful_bw + sums.optim_flops
     compute_time = fw_time + bw_time + optim_time
     perfect = passes * useful / ctx.matrix.peak
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -322,13 +307,14 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                         sub = _subset(part, fit)
                         sub_ctx = LayoutContext(model, system, sub, datatypes, None if shards
                                                 is None else tuple(c.take(fit) for c in shards))
-                        sums = _pace_sums(model, sub, _subset(foot, fit), blocks, moe_blocks,
-                                          timed, direct)
+                        foot_fit = BlockSums(**_subset(foot.given(), fit))
+                        sums = _pace_sums(model, sub, foot_fit, blocks, moe_blocks, timed,
+                                          direct)
                         times = batch_time(sub_ctx, sub, sums, _subset(acts, fit),
                                            system, None if head is None else head.take(fit),
                                            rows_sched.rows(fit), checkpoint.take(fit))
                 if times is not None and not direct:
-                    times.update({name: sums[key] for name, key in _BLOCK_STATS.items()})
+                    times.update({name: getattr(sums, key) for name, key in _BLOCK_STATS.items()})
                 _write(table, kept, mem, times, names, ext,
                        _spans(rows, sl, n, every, failed, fit),
                        (blocks.sum_tables(), timed) if direct else None)
@@ -502,7 +488,7 @@ def _write(table, kept, mem, times, names, ext, span, block_sums=None) -> None:
             np.take(buf, index, out=table[j, lo:hi], mode="wrap")
 
 
-def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None,
+def _stage_sums(model: ModelSpec, cols: dict, dense: BlockSums, moe: BlockSums | None,
                 stages: bool = True):
     """Per-block sums of the pacing stage, and (first, last) stage sums for
     memory (with ``stages``); a model whose blocks are all alike (no MoE, no
@@ -527,16 +513,15 @@ def _block_stats_direct(model: ModelSpec) -> bool:
     return model.moe is None and not model.mtp
 
 
-def _pace_sums(model: ModelSpec, cols: dict, foot: dict, blocks: BlockCache,
-               moe_blocks: BlockCache | None, at, direct: bool = False) -> dict:
+def _pace_sums(model: ModelSpec, cols: dict, foot: BlockSums, blocks: BlockCache,
+               moe_blocks: BlockCache | None, at, direct: bool = False) -> BlockSums:
     """The pacing stage's per-block sums of the rows ``at`` (``cols``): its
     footprint sums ``foot`` (already gathered for memory) and the others
     (``direct``: only those the batch level computes with)."""
     part = "batch" if direct else "rest"
     rest, _ = _stage_sums(model, cols, blocks.rows(at, part),
                           moe_blocks.rows(at, part) if moe_blocks else None, stages=False)
-    rest.update(foot)
-    return rest
+    return replace(rest, **foot.given())
 
 
 def evaluate_one(model: ModelSpec, system: SystemSpec, execution: Mapping) -> dict:

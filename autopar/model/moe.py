@@ -44,6 +44,7 @@ from functools import partial
 import numpy as np
 
 from autopar.model.block_inputs import BlockInputs
+from autopar.model.block_sums import MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
@@ -300,20 +301,16 @@ def stage_counts(model, stages: np.ndarray) -> dict:
     return out
 
 
-# Sums that combine by the larger value, not by adding.
-_MAX_SUMS = ("tp_bw_req",)
-
-
-def mix(dense: dict, moe: dict, n_dense, n_moe, per_stage) -> dict:
+def mix(dense: BlockSums, moe: BlockSums, n_dense, n_moe, per_stage) -> BlockSums:
     """Per-block sums of a stage holding ``n_dense`` dense and ``n_moe`` MoE
     blocks, as the average block of its ``per_stage`` block slots (so that
     the batch composition's ``blocks_per_stage`` multiples give the stage's
     totals)."""
     out = {}
-    for key, d in dense.items():
-        e = moe[key]
-        if key in _MAX_SUMS:
+    for key, d in dense.given().items():
+        e = getattr(moe, key)
+        if key in MAX_SUMS:
             out[key] = np.maximum(np.where(n_dense > 0, d, 0.0), np.where(n_moe > 0, e, 0.0))
         else:
             out[key] = (n_dense * d + n_moe * e) / per_stage
-    return out
+    return BlockSums(**out)
