@@ -22,9 +22,6 @@ a ``reason_code`` (index into ``REASONS``) and NaN statistics.
 """
 from __future__ import annotations
 
-import mmap
-import os
-import weakref
 from dataclasses import replace
 from typing import Mapping
 
@@ -32,7 +29,7 @@ import numpy as np
 
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
-from autopar.model.block import BlockCache, activation_sizes, head_memory, head_time
+from autopar.model.block import activation_sizes, head_memory, head_time
 from autopar.model.block_sums import CALCULON, BlockSums
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext, masked
@@ -41,6 +38,8 @@ from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, o
 from autopar.model.moe import mix, stage_counts
 from autopar.model.pipeline import Schedule, bubble, chunk_times, per_batch, schedule
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
+from autopar.model.speedups import (CHUNK, BlockCache, direct_block_stats, distinct_codes,
+                                    result_table, spans, subset, take_rows, write_chunk)
 
 # Statistics reported, by Calculon's names, in Calculon's order.
 STATS: tuple[str, ...] = (
@@ -224,7 +223,6 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: dict, syst
     return S
 
 
-CHUNK = 1 << 16
 _MEM1 = REASON_CODE["infeasible: mem tier1 capacity exceeded"]
 _MEM2 = REASON_CODE["infeasible: mem tier2 capacity exceeded"]
 _MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
@@ -253,7 +251,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     rows = np.flatnonzero(code == 0)
     every = len(rows) == n
     # One (statistic, layout) table; each statistic is a contiguous row of it.
-    table = _table(len(names), n)
+    table = result_table(len(names), n)
     out = dict(zip(names, table))
     if not len(rows):
         table.fill(np.nan)
@@ -262,8 +260,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         # memory parts, so that the reason can say how much it needs; the
         # other statistics are NaN where the layout cannot run.
         kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
-        valid = _typed_columns(cols if every else _take_rows(cols, rows))
-        datatypes = _codes(valid["datatype"])
+        valid = _typed_columns(cols if every else take_rows(cols, rows))
+        datatypes = distinct_codes(valid["datatype"])
         m = len(rows)
         ext = np.empty(min(CHUNK, m) + 1)          # a chunk's values, then NaN
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -271,7 +269,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
             moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
                           if model.moe is not None else None)
             sched = schedule(valid, model.num_blocks)
-            direct = _block_stats_direct(model)
+            direct = direct_block_stats(model)
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 part = {f: v[sl] for f, v in valid.items()}
@@ -304,188 +302,23 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                     fit = np.flatnonzero(~failed)
                     timed = sl.start + fit
                     if len(fit):
-                        sub = _subset(part, fit)
+                        sub = subset(part, fit)
                         sub_ctx = LayoutContext(model, system, sub, datatypes, None if shards
                                                 is None else tuple(c.take(fit) for c in shards))
-                        foot_fit = BlockSums(**_subset(foot.given(), fit))
+                        foot_fit = BlockSums(**subset(foot.given(), fit))
                         sums = _pace_sums(model, sub, foot_fit, blocks, moe_blocks, timed,
                                           direct)
-                        times = batch_time(sub_ctx, sub, sums, _subset(acts, fit),
+                        times = batch_time(sub_ctx, sub, sums, subset(acts, fit),
                                            system, None if head is None else head.take(fit),
                                            rows_sched.rows(fit), checkpoint.take(fit))
                 if times is not None and not direct:
                     times.update({name: getattr(sums, key) for name, key in _BLOCK_STATS.items()})
-                _write(table, kept, mem, times, names, ext,
-                       _spans(rows, sl, n, every, failed, fit),
-                       (blocks.sum_tables(), timed) if direct else None)
+                write_chunk(table, kept, mem, times, names, ext,
+                            spans(rows, sl, n, every, failed, fit),
+                            (blocks.sum_tables(), timed) if direct else None)
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
-
-
-# Tables of at least this many bytes are mapped with their pages in place,
-# and the mapping of one that is no longer used, up to _SPARE_BYTES (a
-# sixteenth of the machine's memory), is kept for the next; a larger one goes
-# back to the system when it is freed.
-_POPULATE_BYTES = 1 << 26
-_SPARE: list = []
-
-
-def _physical_bytes() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return 1 << 32
-
-
-_SPARE_BYTES = _physical_bytes() // 16
-
-
-def _table(k: int, n: int) -> np.ndarray:
-    """An uninitialised (k, n) float64 table (every entry is written after).
-
-    A large one is an anonymous mapping whose pages the kernel provides at
-    once (MAP_POPULATE, Linux): faulting them in one by one as the table is
-    first written cost 0.3 s for 104 x 1M, or over 1 s where numpy's
-    transparent-huge-page advice made the kernel compact memory first;
-    populated, 0.26 s.  When a table of up to ``_SPARE_BYTES`` is freed its
-    mapping is kept (one at most) and the next large table that fits in it
-    reuses it, its pages already in place: evaluating chunk after chunk pays
-    for them once, and at most a sixteenth of the memory stays held between
-    calls (1.5 GiB on the 24 GiB development machine)."""
-    nbytes = k * n * 8
-    populate = getattr(mmap, "MAP_POPULATE", None)
-    if nbytes < _POPULATE_BYTES or populate is None:
-        return np.empty((k, n))
-    try:
-        buf = _SPARE.pop()
-    except IndexError:
-        buf = None
-    if buf is None or not nbytes <= len(buf) <= 2 * nbytes:
-        try:
-            buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-        except (OSError, ValueError):
-            return np.empty((k, n))
-    # (rows of it have the table as their base, as with np.empty: frame.py
-    # wraps the table itself)
-    table = np.ndarray((k, n), dtype=np.float64, buffer=buf)
-    weakref.finalize(table, _keep, buf).atexit = False
-    return table
-
-
-def _keep(buf) -> None:
-    """A freed table's mapping, kept for the next table (one at most, of up
-    to ``_SPARE_BYTES``)."""
-    if not _SPARE and len(buf) <= _SPARE_BYTES:
-        _SPARE.append(buf)
-
-
-def _take_rows(cols: dict, rows: np.ndarray) -> dict:
-    """The columns at ``rows`` (``_subset``); a column of one value (a
-    default, or a field the table fixes) becomes a read-only view of that
-    value instead of a copy."""
-    return _subset({f: np.broadcast_to(v[:1], v.shape) if v.strides != (0,)
-                    and v[0] == v[-1] and (v == v[0]).all() else v
-                    for f, v in cols.items()}, rows)
-
-
-def _codes(col: np.ndarray) -> list[int]:
-    """The distinct values of a column of codes, sorted (a column of one
-    value, a view of it, is not sorted to find it)."""
-    if col.strides == (0,):
-        return [int(col[0])]
-    return np.unique(col).tolist()
-
-
-def _subset(cols: dict, fit: np.ndarray) -> dict:
-    """The columns (or per-row values) at the positions ``fit``; a column of
-    one value (a view of it) stays a view, a scalar stays itself."""
-    out = {}
-    k = len(fit)
-    for f, v in cols.items():
-        if np.ndim(v) == 0:
-            out[f] = v
-        elif v.strides == (0,):
-            out[f] = np.broadcast_to(v[:1], (k,))
-        else:
-            out[f] = v.take(fit)
-    return out
-
-
-def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit):
-    """Where a chunk of computed rows (``rows[sl]``) goes in the table: the
-    columns ``lo:hi`` (the chunk's rows and the uncomputed ones before the
-    next chunk's), the chunk's length ``L``, for the statistics kept on a
-    memory failure (``where``) and for the other memory statistics
-    (``failed``) each column's position in the chunk (``L``: NaN), or None
-    where the columns are the chunk in order; and for the time statistics,
-    computed only for the chunk's rows at ``fit`` (None: all of them), the
-    number ``F`` of those rows and each column's position among them
-    (``timed``; ``F``: NaN)."""
-    L = sl.stop - sl.start
-    if every:
-        lo, hi = sl.start, sl.stop
-        if fit is None:
-            return lo, hi, L, None, None, L, None
-        failed = np.arange(L)
-        failed[memory_failed] = L
-        F = len(fit)
-        timed = np.full(L, F, dtype=np.intp)
-        timed[fit] = np.arange(F)
-        return lo, hi, L, None, failed, F, timed
-    lo = 0 if sl.start == 0 else int(rows[sl.start])
-    hi = n if sl.stop == len(rows) else int(rows[sl.stop])
-    at = rows[sl] - lo
-    where = np.full(hi - lo, L, dtype=np.intp)
-    where[at] = np.arange(L)
-    if fit is None:
-        return lo, hi, L, where, where, L, where
-    failed = where.copy()
-    failed[at[memory_failed]] = L
-    F = len(fit)
-    position = np.full(L + 1, F, dtype=np.intp)
-    position[fit] = np.arange(F)
-    return lo, hi, L, where, failed, F, position.take(where)
-
-
-def _write(table, kept, mem, times, names, ext, span, block_sums=None) -> None:
-    """A chunk's statistics into their table rows, each row's columns written
-    once: a contiguous copy, or a gather through the span's positions from
-    the chunk's values (``mem``, the memory statistics of every row;
-    ``times``, the others, of the rows that fit, None where none does)
-    followed by a NaN (``ext``, a buffer).  ``block_sums``: the block
-    table's sums (``BlockCache.sum_tables``) and the rows that fit (their
-    positions among the computed rows), from which the per-block statistics
-    are gathered instead (None: they are in ``times``)."""
-    lo, hi, L, where, failed, F, timed = span
-    through = {}         # per distinct-block index: each column's block, or NaN
-    for j, name in enumerate(names):
-        if name in mem:
-            values, index, k = mem[name], where if kept[j] else failed, L
-        elif times is None:
-            table[j, lo:hi] = np.nan
-            continue
-        elif block_sums is not None and name in _BLOCK_STATS:
-            row, inv = block_sums[0][_BLOCK_STATS[name]]
-            index = through.get(id(inv))
-            if index is None:
-                index = inv[block_sums[1]]
-                if timed is not None:
-                    index = np.append(index, len(row) - 1).take(timed)
-                through[id(inv)] = index
-            np.take(row, index, out=table[j, lo:hi], mode="wrap")
-            continue
-        else:
-            values, index, k = times[name], timed, F
-        if index is None:
-            table[j, lo:hi] = values
-        else:
-            buf = ext[:k + 1]
-            buf[:k] = values
-            buf[k] = np.nan
-            # (every position is in range: "wrap" never wraps, and gathers
-            # a tenth faster than "clip", which tests each index's bounds)
-            np.take(buf, index, out=table[j, lo:hi], mode="wrap")
 
 
 def _stage_sums(model: ModelSpec, cols: dict, dense: BlockSums, moe: BlockSums | None,
@@ -503,14 +336,6 @@ def _stage_sums(model: ModelSpec, cols: dict, dense: BlockSums, moe: BlockSums |
                          if w == "pace" or stages else None
                          for w in ("pace", "first", "last"))
     return pace, (first, last) if stages else None
-
-
-def _block_stats_direct(model: ModelSpec) -> bool:
-    """Whether the per-block statistics are gathered straight from the block
-    table into the result: for a model whose blocks are all alike (they are
-    the table's); one of dense and MoE blocks, or with MTP, reports the mix
-    of its pacing stage (``_stage_sums``)."""
-    return model.moe is None and not model.mtp
 
 
 def _pace_sums(model: ModelSpec, cols: dict, foot: BlockSums, blocks: BlockCache,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
-from autopar.model.block import BlockCache
 from autopar.model.evaluate import _typed_columns
 from autopar.model.rules import normalize
+from autopar.model.speedups import BlockCache
 
 
 def _one_processor() -> dict:
