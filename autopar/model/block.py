@@ -25,9 +25,8 @@ from functools import partial
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES
 from autopar.io.specs import MemoryOverhead, SystemSpec
-from autopar.model.block_inputs import BlockInputs, block_inputs
+from autopar.model.block_inputs import ActivationSizes, BlockInputs, block_inputs
 from autopar.model.block_sums import BlockSums
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext
@@ -163,18 +162,6 @@ def _mlp(ctx: LayoutContext, x: BlockInputs, f: float) -> list:
              overlapped),
         ]
     return seq
-
-
-def activation_sizes(ctx: LayoutContext, cols: dict) -> dict:
-    """Activation sizes (elements) of one micro-batch and the recompute flag."""
-    B = cols["microbatch_size"].astype(float) * ctx.model.seq_size / ctx.cp
-    A = B * ctx.model.hidden
-    # (B and tensor_par are whole numbers below 2^53 for a layout that passes
-    # the rules, so the floor of their rounded quotient is the exact floor
-    # that np.floor_divide gives through fmod, at a tenth of its time)
-    A_split = np.floor(B / ctx.tp) * ctx.model.hidden
-    recompute_full = cols["activation_recompute"] == CHOICES["activation_recompute"].index("full")
-    return dict(B=B, A=A, A_split=A_split, recompute_full=recompute_full)
 
 
 # The sums the layers add up (the others are set after the sum: the K/V
@@ -328,7 +315,8 @@ def head_time(ctx: LayoutContext, microbatches, stages, per_mb):
     return (microbatches + stages - 1) * per_mb
 
 
-def head_memory(ctx: LayoutContext, cols: dict, acts: dict, stages, system: SystemSpec):
+def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
+                system: SystemSpec):
     """Memory of the embedding and the output layer with its loss.
 
     Only for models that give ``vocab_size`` (Calculon models none).  The
@@ -341,7 +329,7 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: dict, stages, system: Syst
         return {"first": 0.0, "last": 0.0,
                 "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
     tp, b = ctx.tp, ctx.elem_bytes
-    B = acts["B"]
+    B = acts.B
     mtp = ctx.model.mtp
     params = V * ctx.model.hidden / tp
     grad_b = b

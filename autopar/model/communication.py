@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autopar.model.block_inputs import ActivationSizes
 from autopar.model.block_sums import BlockSums
 from autopar.model.context import LayoutContext, choose, grad_scale, masked
 from autopar.model.hardware import NetworkTier
@@ -239,12 +240,12 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
 # ----------------------------------------------------------------------------
 # Pipeline point-to-point and data-parallel gradient synchronisation.
 
-def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: dict, networks):
+def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: ActivationSizes, networks):
     """Bytes one block boundary sends to the next stage (forward, backward)
     and the p2p time of one chunk boundary on the pipeline's network tier."""
     stages = cols["pipeline_par"]
     sequence_split = ctx.tp_rs_ag | ctx.tp_p2p
-    fw_bytes = masked(np.where(sequence_split, acts["A_split"], acts["A"]) * ctx.elem_bytes,
+    fw_bytes = masked(np.where(sequence_split, acts.A_split, acts.A) * ctx.elem_bytes,
                       stages > 1)
     bw_bytes = ctx.if_training(fw_bytes)
     net = NetworkTier(networks, cols["pipeline_par_net"])

@@ -29,7 +29,8 @@ import numpy as np
 
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
-from autopar.model.block import activation_sizes, head_memory, head_time
+from autopar.model.block import head_memory, head_time
+from autopar.model.block_inputs import ActivationSizes, activation_sizes
 from autopar.model.block_sums import CALCULON, BlockSums
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext, masked
@@ -96,8 +97,9 @@ STATS: tuple[str, ...] = (
 _BLOCK_STATS = CALCULON
 
 
-def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: dict, system: SystemSpec,
-                 stage_sums: tuple | None, sched: Schedule) -> tuple[dict, np.ndarray]:
+def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: ActivationSizes,
+                 system: SystemSpec, stage_sums: tuple | None,
+                 sched: Schedule) -> tuple[dict, np.ndarray]:
     """The memory statistics of one batch per row (``footprints``: the
     per-block and per-stage footprints, ``MEMORY_PARTS`` and the need on each
     tier) and the per-block activation checkpoint, from the per-block sums
@@ -105,10 +107,10 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: dict, sy
     blocks differ, ``stage_sums``: those of the first and of the last stage;
     ``sched``: the rows' ``schedule``.  Computed for every row that passes
     the rules, before ``batch_time`` (only for the rows that fit)."""
-    recompute_full = acts["recompute_full"]
-    kept = acts["A"]
+    recompute_full = acts.recompute_full
+    kept = acts.A
     if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
-        kept = np.where(ctx.tp_rs_ag, acts["A_split"], kept)
+        kept = np.where(ctx.tp_rs_ag, acts.A_split, kept)
     checkpoint = masked(kept * ctx.elem_bytes, ctx.training & recompute_full)
     first, last = stage_sums if stage_sums is not None else (sums, None)
     S = footprints(ctx, cols, first, sched, checkpoint, recompute_full,
@@ -117,8 +119,8 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: dict, sy
     return S, checkpoint
 
 
-def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: dict, system: SystemSpec,
-               head_per_mb, sched: Schedule, checkpoint) -> dict:
+def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: ActivationSizes,
+               system: SystemSpec, head_per_mb, sched: Schedule, checkpoint) -> dict:
     """Every statistic of one batch per row but the memory ones
     (``batch_memory``) and the per-block sums (``_BLOCK_STATS``): times,
     communication, the bubble, offloading,
@@ -128,7 +130,7 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: dict, syst
     per-block activation checkpoint (``batch_memory``)."""
     training = ctx.training
     stages, micro = sched.stages, sched.microbatches
-    recompute_full = acts["recompute_full"]
+    recompute_full = acts.recompute_full
     S = {}
 
     # Communication of the whole batch.
@@ -308,7 +310,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                         foot_fit = BlockSums(**subset(foot.given(), fit))
                         sums = _pace_sums(model, sub, foot_fit, blocks, moe_blocks, timed,
                                           direct)
-                        times = batch_time(sub_ctx, sub, sums, subset(acts, fit),
+                        acts_fit = ActivationSizes(**subset(vars(acts), fit))
+                        times = batch_time(sub_ctx, sub, sums, acts_fit,
                                            system, None if head is None else head.take(fit),
                                            rows_sched.rows(fit), checkpoint.take(fit))
                 if times is not None and not direct:

@@ -32,7 +32,8 @@ import weakref
 import numpy as np
 
 from autopar.io.specs import ModelSpec
-from autopar.model.block import activation_sizes, block, head_microbatch_time
+from autopar.model.block import block, head_microbatch_time
+from autopar.model.block_inputs import activation_sizes
 from autopar.model.block_sums import CALCULON, BlockSums
 from autopar.model.context import LayoutContext, grad_scale, masked, shard_counts
 from autopar.model.lookup import distinct, pack
@@ -105,7 +106,7 @@ class BlockCache:
         if n <= _FEW:        # a handful of layouts: no deduplication to win
             ctx = LayoutContext(model, system, cols, datatypes)
             sums = block(ctx, cols, kind).given()
-            self._head = (head_microbatch_time(ctx, activation_sizes(ctx, cols)["B"])
+            self._head = (head_microbatch_time(ctx, activation_sizes(ctx, cols).B)
                           if head else None)
             self._n1 = [name for name in sums if name not in OPTIM_SUMS]
             self._t1 = np.stack([np.broadcast_to(sums[name], (n,)) for name in self._n1])
@@ -167,7 +168,7 @@ class BlockCache:
         ctx = LayoutContext(model, system, both, datatypes)
         sums = {name: np.broadcast_to(v, (k,))
                 for name, v in block(ctx, both, kind).given().items()}
-        self._head = (head_microbatch_time(ctx, activation_sizes(ctx, both)["B"])[:k1][inv1]
+        self._head = (head_microbatch_time(ctx, activation_sizes(ctx, both).B)[:k1][inv1]
                       if head else None)
         # Sums stacked as (sum, distinct block) tables, gathered per chunk.
         self._n1 = [name for name in sums if name not in OPTIM_SUMS]
