@@ -74,8 +74,10 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
             continue
         attn_fw += np.where(present, L["time_fw"], 0.0)
         attn_bw += np.where(present, L["time_agrad"] + L["time_wgrad"], 0.0)
-    return replace(acc, **context_exchange(ctx, cols, x.mbs, x.sq, q_width, kv_width,
-                                           attn_fw, attn_bw, x.recompute_attn))
+    cx = context_exchange(ctx, cols, x.mbs, x.sq, q_width, kv_width, attn_fw, attn_bw,
+                          x.recompute_attn)
+    return replace(acc, cp_fw_link=cx.fw_link, cp_fw_exp=cx.fw_exp, cp_bw_link=cx.bw_link,
+                   cp_bw_exp=cx.bw_exp, cp_re_exp=cx.re_exp, cp_fw_size=cx.fw_size)
 
 
 def _attention(ctx: LayoutContext, x: BlockInputs):

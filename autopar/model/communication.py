@@ -12,6 +12,8 @@ sync are batch-level: see ``pipeline_p2p`` and ``data_parallel_sync``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from autopar.model.block_inputs import ActivationSizes
@@ -189,8 +191,21 @@ def finish_tp_overlapped(ctx: LayoutContext, L: dict):
                                              L[f"comm_bytes_{s}_edge"] / t / fts_tile)
 
 
+@dataclass(frozen=True)
+class ContextExchange:
+    """Context parallelism's K/V exchange per block and micro-batch: link and
+    exposed seconds of the forward, the backward and the recompute, and the
+    bytes a forward moves."""
+    fw_link: np.ndarray
+    fw_exp: np.ndarray
+    bw_link: np.ndarray
+    bw_exp: np.ndarray
+    re_exp: np.ndarray
+    fw_size: np.ndarray
+
+
 def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
-                     attn_fw, attn_bw, recompute_attn) -> dict:
+                     attn_fw, attn_bw, recompute_attn) -> ContextExchange:
     """K/V exchange of context parallelism, per block and micro-batch.
 
     Ring (``context_par_comm: p2p``, Megatron's default): in context_par - 1
@@ -206,8 +221,7 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
     multi = cp > 1
     if not multi.any():
         z = ctx.zeros
-        return {"cp_fw_link": z, "cp_fw_exp": z, "cp_bw_link": z, "cp_bw_exp": z,
-                "cp_re_exp": z, "cp_fw_size": z}
+        return ContextExchange(fw_link=z, fw_exp=z, bw_link=z, bw_exp=z, re_exp=z, fw_size=z)
     b, net = ctx.elem_bytes, ctx.cp_net
     steps = cp - 1
     chunk = 2 * mbs * sq * kv_width * b                     # local K and V
@@ -224,10 +238,11 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
     fw_exp = np.where(a2a, a2a_t, ring_fw_exp)
     bw_exp = np.where(a2a, a2a_t, ring_bw_exp)
     z = ctx.zeros
-    return {"cp_fw_link": np.where(multi, fw_link, z), "cp_fw_exp": np.where(multi, fw_exp, z),
-            "cp_bw_link": np.where(multi, bw_link, z), "cp_bw_exp": np.where(multi, bw_exp, z),
-            "cp_re_exp": np.where(multi & recompute_attn, fw_exp, z),
-            "cp_fw_size": np.where(multi, np.where(a2a, qkvo, steps * chunk), z)}
+    return ContextExchange(
+        fw_link=np.where(multi, fw_link, z), fw_exp=np.where(multi, fw_exp, z),
+        bw_link=np.where(multi, bw_link, z), bw_exp=np.where(multi, bw_exp, z),
+        re_exp=np.where(multi & recompute_attn, fw_exp, z),
+        fw_size=np.where(multi, np.where(a2a, qkvo, steps * chunk), z))
 
 
 # ----------------------------------------------------------------------------
