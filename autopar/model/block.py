@@ -62,7 +62,7 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     f = float(m.moe.shared_feedforward) if moe else float(m.feedforward)
     seq += _mlp(ctx, x, f)
     if moe:
-        seq += routed_experts(ctx, cols, x.llama, x.full, partial(fp8_gemm, ctx))
+        seq += routed_experts(ctx, cols, x)
     if not x.llama:
         seq.append((dropout(ctx, x.A_tp, **x.full), True))
     seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))

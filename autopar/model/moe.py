@@ -173,10 +173,11 @@ def _finish_host_sync(ctx: LayoutContext, L: dict):
     L["time_agrad"] = z + ctx.moe_host_s * (1.0 - _HOST_FW_SHARE)
 
 
-def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=None) -> list:
+def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     """The routed part of an MoE block's feed-forward, as (layer, present)
-    pairs; ``g`` marks the experts' GEMMs fp8 where the layout's recipe says so."""
-    g = g or (lambda L: L)
+    pairs; the experts' GEMMs fp8 where the layout's recipe says so."""
+    g = partial(fp8_gemm, ctx)
+    llama, full = x.llama, x.full
     moe = ctx.model.moe
     h = float(ctx.model.hidden)
     E = float(moe.experts)
@@ -194,7 +195,7 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=No
     # Local permutation of the token copies (before and after the transfer).
     permute = layer(ctx, inputs=T * h, outputs=M * h, act_grads=M * h, **full)
     fc1 = g(grouped_linear(ctx, groups, M, h, fc1_width, **full))
-    act_fn = (swiglu if llama else gelu)(ctx, M * ffe, cols["fused_activation"], **full)
+    act_fn = (swiglu if llama else gelu)(ctx, M * ffe, x.fused, **full)
     fc2 = g(grouped_linear(ctx, groups, M, ffe, h, **full))
     # The weighted sum keeps the experts' outputs for the gradient of the scores.
     combine = layer(ctx, fw=2 * M * h, agrad=3 * M * h, inputs=M * h, outputs=T * h,
@@ -208,12 +209,12 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=No
     half = {s: v / 2 for s, v in hide.items()}
     sent = T * k * moe.load * h * b
     own = T * h * b
-    dispatch = _ep_comm(ctx, sent, own, half, full["recompute"], combine=False)
-    back = _ep_comm(ctx, sent, own, half, full["recompute"], combine=True)
+    dispatch = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=False)
+    back = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=True)
     seq = [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
            (act_fn, True), (fc2, True), (back, True), (combine, True)]
     if ctx.moe_host_s > 0:
-        seq.insert(2, (host_sync(ctx, full["recompute"]), True))
+        seq.insert(2, (host_sync(ctx, x.recompute_full), True))
     return seq
 
 
