@@ -425,3 +425,20 @@ def test_block_statistics_from_the_block_table_equal_the_pacing_sums(repo_root, 
         a, b = direct[name], mixed[name]
         assert np.array_equal(a.view(np.int64)[~np.isnan(a)], b.view(np.int64)[~np.isnan(b)]) \
             and np.array_equal(np.isnan(a), np.isnan(b)), name
+
+
+def test_block_sums_name_the_calculon_statistics_they_report():
+    """Every Calculon statistic a BlockSums field reports (its metadata) is a
+    statistic of STATS, each from a field of its own, and every per-block
+    time statistic of STATS is one of them."""
+    from dataclasses import fields
+
+    from autopar.model.block_sums import CALCULON, BlockSums
+    names = {f.name for f in fields(BlockSums)}
+    assert set(CALCULON) <= set(M.STATS)
+    assert set(CALCULON.values()) <= names
+    assert len(set(CALCULON.values())) == len(CALCULON)
+    timed = {s for s in M.STATS if s.startswith(("block_", "baseblock_", "edgeblock_"))
+             and s.endswith(("_time", "_exposed", "_flops", "_mem_accessed"))
+             and "_pp_" not in s}
+    assert len(timed) == 37 and timed <= set(CALCULON)
