@@ -314,7 +314,7 @@ def _keep(buf) -> None:
 
 
 def take_rows(cols: dict, rows: np.ndarray) -> dict:
-    """The columns at ``rows`` (``_subset``); a column of one value (a
+    """The columns at ``rows`` (``subset``); a column of one value (a
     default, or a field the table fixes) becomes a read-only view of that
     value instead of a copy."""
     return subset({f: np.broadcast_to(v[:1], v.shape) if v.strides != (0,)
@@ -425,5 +425,5 @@ def direct_block_stats(model: ModelSpec) -> bool:
     """Whether the per-block statistics are gathered straight from the block
     table into the result: for a model whose blocks are all alike (they are
     the table's); one of dense and MoE blocks, or with MTP, reports the mix
-    of its pacing stage (``_stage_sums``)."""
+    of its pacing stage (``evaluate._stage_sums``)."""
     return model.moe is None and not model.mtp
