@@ -57,7 +57,7 @@ class BlockInputs:
     norm: Callable              # rms_norm or layer_norm
     # sizes of one micro-batch
     mbs: np.ndarray             # micro-batch (sequences)
-    sq: float                   # local queries of a sequence (seq_size / context_par)
+    sq: np.ndarray              # local queries of a sequence (seq_size / context_par)
     B: np.ndarray               # tokens
     A: np.ndarray               # B x hidden
     A_tp: np.ndarray            # A, or A split over tensor_par with rs_ag
