@@ -58,3 +58,27 @@ def test_imports_point_down_only():
             if own is not None and layer is not None and layer > own:
                 upward.append(f"{module} imports {target}")
     assert upward == []
+
+
+def test_model_functions_take_no_keyword_catch_alls():
+    """The model's stages pass their inputs explicitly (issue #26): no call
+    spreads ``**locals()``, and a ``**name`` parameter is only forwarded
+    whole to a call (a layer constructor's options to ``layer``, which
+    names every keyword it takes), never swallowed as ``**_``."""
+    found = []
+    for path in sorted((PKG / "model").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                for kw in node.keywords:
+                    if kw.arg is None and isinstance(kw.value, ast.Call) \
+                            and getattr(kw.value.func, "id", "") in ("locals", "vars"):
+                        found.append(f"{path.name}:{node.lineno} spreads **{kw.value.func.id}()")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.kwarg:
+                name = node.args.kwarg.arg
+                forwarded = any(isinstance(c, ast.Call) and any(
+                    k.arg is None and isinstance(k.value, ast.Name) and k.value.id == name
+                    for k in c.keywords) for c in ast.walk(node))
+                if not forwarded:
+                    found.append(f"{path.name}:{node.lineno} {node.name} drops **{name}")
+    assert found == []

@@ -263,7 +263,7 @@ def test_large_table_equals_small_calls(tiny_system):
     fail on memory) give exactly what calls of 7,000 rows give, also when the
     table reuses the mapping of an earlier one with other values; the
     statistics are rows of one (statistic, layout) table (frame.py wraps it)."""
-    from autopar.model import evaluate as E
+    from autopar.model import speedups
     m = load_model(dict(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32,
                         attn_size=128, num_blocks=8))
     n = 90_000
@@ -272,13 +272,13 @@ def test_large_table_equals_small_calls(tiny_system):
     cols["microbatch_size"] = rng.choice([1, 2, 4, 8, 16, 3], n)     # 3: invalid
     cols["activation_recompute"] = rng.integers(0, 3, n).astype(np.int8)
     cols["tensor_par"] = np.where(rng.random(n) < 0.2, 2, 1)        # 2: invalid
-    E._SPARE.clear()
+    speedups._SPARE.clear()
     other = M.evaluate_columns(m, tiny_system, dict(cols, microbatch_size=np.ones(n, int)))
-    assert not E._SPARE and not np.isnan(other["total_time"]).all()
+    assert not speedups._SPARE and not np.isnan(other["total_time"]).all()
     del other                   # its mapping is kept and reused by the next
-    assert len(E._SPARE) == 1
+    assert len(speedups._SPARE) == 1
     whole = M.evaluate_columns(m, tiny_system, cols)
-    assert not E._SPARE
+    assert not speedups._SPARE
     assert whole[M.STATS[0]].base.shape == (len(M.STATS), n)
     code = whole["reason_code"]
     assert (code == 0).any() and (code == M.REASON_CODE[
@@ -345,22 +345,22 @@ def test_a_large_freed_table_is_not_kept(tiny_system, monkeypatch):
     """A freed table's mapping is kept for the next call only up to
     _SPARE_BYTES: a larger one is not held between calls."""
     import mmap
-    from autopar.model import evaluate as E
+    from autopar.model import speedups
     m = load_model(dict(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32,
                         attn_size=128, num_blocks=8))
     n = 90_000
     cols = {f: np.repeat(v, n) for f, v in to_columns([_exe(batch_size=16)]).items()}
-    E._SPARE.clear()
-    monkeypatch.setattr(E, "_SPARE_BYTES", len(M.STATS) * n * 8 - 1)
+    speedups._SPARE.clear()
+    monkeypatch.setattr(speedups, "_SPARE_BYTES", len(M.STATS) * n * 8 - 1)
     out = M.evaluate_columns(m, tiny_system, cols)
     assert isinstance(out["total_time"].base.base, mmap.mmap)
     del out
-    assert not E._SPARE
-    monkeypatch.setattr(E, "_SPARE_BYTES", len(M.STATS) * n * 8)
+    assert not speedups._SPARE
+    monkeypatch.setattr(speedups, "_SPARE_BYTES", len(M.STATS) * n * 8)
     out = M.evaluate_columns(m, tiny_system, cols)
     del out
-    assert len(E._SPARE) == 1
-    E._SPARE.clear()
+    assert len(speedups._SPARE) == 1
+    speedups._SPARE.clear()
 
 
 @pytest.mark.parametrize("values", [(1, 2, 4, 8), (-3, -1, 0, 1, 2, 5, 7), (1, 3, 1 << 20)])
@@ -419,9 +419,26 @@ def test_block_statistics_from_the_block_table_equal_the_pacing_sums(repo_root, 
     direct = M.evaluate_columns(model, system, cols)
     code = direct["reason_code"]
     assert (code == 0).sum() > 1000 and (code != 0).sum() > 1000
-    monkeypatch.setattr(E, "_block_stats_direct", lambda model: False)
+    monkeypatch.setattr(E, "direct_block_stats", lambda model: False)
     mixed = M.evaluate_columns(model, system, cols)
     for name in M.STATS:
         a, b = direct[name], mixed[name]
         assert np.array_equal(a.view(np.int64)[~np.isnan(a)], b.view(np.int64)[~np.isnan(b)]) \
             and np.array_equal(np.isnan(a), np.isnan(b)), name
+
+
+def test_block_sums_name_the_calculon_statistics_they_report():
+    """Every Calculon statistic a BlockSums field reports (its metadata) is a
+    statistic of STATS, each from a field of its own, and every per-block
+    time statistic of STATS is one of them."""
+    from dataclasses import fields
+
+    from autopar.model.block_sums import CALCULON, BlockSums
+    names = {f.name for f in fields(BlockSums)}
+    assert set(CALCULON) <= set(M.STATS)
+    assert set(CALCULON.values()) <= names
+    assert len(set(CALCULON.values())) == len(CALCULON)
+    timed = {s for s in M.STATS if s.startswith(("block_", "baseblock_", "edgeblock_"))
+             and s.endswith(("_time", "_exposed", "_flops", "_mem_accessed"))
+             and "_pp_" not in s}
+    assert len(timed) == 37 and timed <= set(CALCULON)

@@ -12,8 +12,12 @@ sync are batch-level: see ``pipeline_p2p`` and ``data_parallel_sync``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from autopar.model.block_inputs import ActivationSizes
+from autopar.model.block_sums import BlockSums
 from autopar.model.context import LayoutContext, choose, grad_scale, masked
 from autopar.model.hardware import NetworkTier
 from autopar.model.layers import STAGES, layer
@@ -187,8 +191,21 @@ def finish_tp_overlapped(ctx: LayoutContext, L: dict):
                                              L[f"comm_bytes_{s}_edge"] / t / fts_tile)
 
 
+@dataclass(frozen=True)
+class ContextExchange:
+    """Context parallelism's K/V exchange per block and micro-batch: link and
+    exposed seconds of the forward, the backward and the recompute, and the
+    bytes a forward moves."""
+    fw_link: np.ndarray
+    fw_exp: np.ndarray
+    bw_link: np.ndarray
+    bw_exp: np.ndarray
+    re_exp: np.ndarray
+    fw_size: np.ndarray
+
+
 def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
-                     attn_fw, attn_bw, recompute_attn) -> dict:
+                     attn_fw, attn_bw, recompute_attn) -> ContextExchange:
     """K/V exchange of context parallelism, per block and micro-batch.
 
     Ring (``context_par_comm: p2p``, Megatron's default): in context_par - 1
@@ -204,8 +221,7 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
     multi = cp > 1
     if not multi.any():
         z = ctx.zeros
-        return {"cp_fw_link": z, "cp_fw_exp": z, "cp_bw_link": z, "cp_bw_exp": z,
-                "cp_re_exp": z, "cp_fw_size": z}
+        return ContextExchange(fw_link=z, fw_exp=z, bw_link=z, bw_exp=z, re_exp=z, fw_size=z)
     b, net = ctx.elem_bytes, ctx.cp_net
     steps = cp - 1
     chunk = 2 * mbs * sq * kv_width * b                     # local K and V
@@ -222,10 +238,11 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
     fw_exp = np.where(a2a, a2a_t, ring_fw_exp)
     bw_exp = np.where(a2a, a2a_t, ring_bw_exp)
     z = ctx.zeros
-    return {"cp_fw_link": np.where(multi, fw_link, z), "cp_fw_exp": np.where(multi, fw_exp, z),
-            "cp_bw_link": np.where(multi, bw_link, z), "cp_bw_exp": np.where(multi, bw_exp, z),
-            "cp_re_exp": np.where(multi & recompute_attn, fw_exp, z),
-            "cp_fw_size": np.where(multi, np.where(a2a, qkvo, steps * chunk), z)}
+    return ContextExchange(
+        fw_link=np.where(multi, fw_link, z), fw_exp=np.where(multi, fw_exp, z),
+        bw_link=np.where(multi, bw_link, z), bw_exp=np.where(multi, bw_exp, z),
+        re_exp=np.where(multi & recompute_attn, fw_exp, z),
+        fw_size=np.where(multi, np.where(a2a, qkvo, steps * chunk), z))
 
 
 # ----------------------------------------------------------------------------
@@ -238,19 +255,19 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
 # ----------------------------------------------------------------------------
 # Pipeline point-to-point and data-parallel gradient synchronisation.
 
-def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: dict, networks):
+def pipeline_p2p(ctx: LayoutContext, cols: dict, acts: ActivationSizes, networks):
     """Bytes one block boundary sends to the next stage (forward, backward)
     and the p2p time of one chunk boundary on the pipeline's network tier."""
     stages = cols["pipeline_par"]
     sequence_split = ctx.tp_rs_ag | ctx.tp_p2p
-    fw_bytes = masked(np.where(sequence_split, acts["A_split"], acts["A"]) * ctx.elem_bytes,
+    fw_bytes = masked(np.where(sequence_split, acts.A_split, acts.A) * ctx.elem_bytes,
                       stages > 1)
     bw_bytes = ctx.if_training(fw_bytes)
     net = NetworkTier(networks, cols["pipeline_par_net"])
     return fw_bytes, bw_bytes, net.time("p2p", fw_bytes, 2), net.time("p2p", bw_bytes, 2)
 
 
-def weight_gathers(ctx: LayoutContext, cols: dict, sums: dict, sched, networks) -> dict:
+def weight_gathers(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, networks) -> dict:
     """ZeRO-3 / FSDP: every block's weights are all-gathered from their
     shards before its forward and again before its backward, for every
     micro-batch; the gather of the next block is prefetched while the current
@@ -265,10 +282,10 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: dict, sched, networks) 
         return {"link": 0.0, "exposed": 0.0}
     dp = cols["data_par"]
     net = NetworkTier(networks, np.where(dp > 1, cols["data_par_net"], cols["context_par_net"]))
-    g = net.time("all_gather", sums["weight_space_full"],
+    g = net.time("all_gather", sums.weight_space_full,
                  np.maximum(np.where(on, ws, ctx.optim_shards), 2))
-    fw_hidden = np.maximum(g - sums["fw_time"], 0.0)
-    bw_hidden = np.maximum(g - (sums["agrad_time"] + sums["wgrad_time"] + sums["re_time"]), 0.0)
+    fw_hidden = np.maximum(g - sums.fw_time, 0.0)
+    bw_hidden = np.maximum(g - (sums.agrad_time + sums.wgrad_time + sums.re_time), 0.0)
     micro = sched.microbatches
     blocks = sched.blocks_per_stage
     link = np.where(on, micro * blocks * 2 * g, 0.0)
@@ -279,7 +296,7 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: dict, sched, networks) 
     return {"link": link, "exposed": exposed}
 
 
-def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
+def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, chunk,
                        p2p_bw_time, networks) -> dict:
     """Gradient synchronisation over data_par: its link time, the part not
     hidden behind backward compute, and the bandwidth overlap would need.
@@ -296,18 +313,18 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     sharded = cols["optimizer_sharding"]
     base = sched.base_blocks
     # Time of a block's backward in which the sync can hide (not memory-bound work).
-    optim_free = np.where(sharded, 0.0, sums["optim_time"] - sums["optim_mem_time"])
+    optim_free = np.where(sharded, 0.0, sums.optim_time - sums.optim_mem_time)
     grad_mem = chunk["grad_mem_time"]
-    base_window = chunk["bw_base"] - (grad_mem + sums["re_mem_time"]) + optim_free
-    edge_window = chunk["bw_edge"] - (grad_mem + sums["re_mem_time"]) + optim_free
-    block_compute = (sums["agrad_flops_time"] + sums["wgrad_flops_time"]
-                     + sums["re_flops_time"] + np.where(sharded, 0.0, sums["optim_flops_time"]))
+    base_window = chunk["bw_base"] - (grad_mem + sums.re_mem_time) + optim_free
+    edge_window = chunk["bw_edge"] - (grad_mem + sums.re_mem_time) + optim_free
+    block_compute = (sums.agrad_flops_time + sums.wgrad_flops_time
+                     + sums.re_flops_time + np.where(sharded, 0.0, sums.optim_flops_time))
     # Sharing the tensor-parallel tier, it waits for the TP traffic.
     same_tp = cols["data_par_net"] == cols["tensor_par_net"]
     base_window = base_window - np.where(
-        same_tp, sums["base_recomm_time"] + sums["base_agrad_tp_time"], 0.0)
+        same_tp, sums.base_recomm_time + sums.base_agrad_tp_time, 0.0)
     edge_window = edge_window - np.where(
-        same_tp, sums["edge_recomm_time"] + sums["edge_agrad_tp_time"], 0.0)
+        same_tp, sums.edge_recomm_time + sums.edge_agrad_tp_time, 0.0)
     chunk_window = base * base_window + 1.0 * edge_window
     chunk_compute = sched.blocks_per_chunk * block_compute
 
@@ -327,9 +344,9 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: dict, sched, chunk,
     peers = np.maximum(group, 2)
     active = (group > 1) & training
     # Routed experts' gradients sync over the expert-data-parallel group instead.
-    expert_bytes = sums["x_weight_space"] if "x_weight_space" in sums else 0.0
-    block_bytes = masked(sums.get("weight_space_full", sums["weight_space"]) - expert_bytes,
-                         active)
+    expert_bytes = sums.x_weight_space if sums.x_weight_space is not None else 0.0
+    full = sums.weight_space_full if sums.weight_space_full is not None else sums.weight_space
+    block_bytes = masked(full - expert_bytes, active)
     wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
                           net.scale("all_reduce"))
     if not extended:

@@ -22,16 +22,16 @@ a ``reason_code`` (index into ``REASONS``) and NaN statistics.
 """
 from __future__ import annotations
 
-import mmap
-import os
-import weakref
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
 
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
-from autopar.model.block import BlockCache, activation_sizes, head_memory, head_time
+from autopar.model.block import head_memory, head_time
+from autopar.model.block_inputs import ActivationSizes, activation_sizes
+from autopar.model.block_sums import CALCULON, BlockSums
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
@@ -40,6 +40,8 @@ from autopar.model.moe import mix, stage_counts
 from autopar.model.overhead import launch_time
 from autopar.model.pipeline import Schedule, bubble, chunk_times, per_batch, schedule
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
+from autopar.model.speedups import (CHUNK, BlockCache, direct_block_stats, distinct_codes,
+                                    result_table, spans, subset, take_rows, write_chunk)
 
 # Statistics reported, by Calculon's names, in Calculon's order.
 STATS: tuple[str, ...] = (
@@ -93,28 +95,12 @@ STATS: tuple[str, ...] = (
 
 
 # Per-block statistics: Calculon's name -> the block sum it reports.
-_BLOCK_STATS = {f"block_{name}_{what}": f"{key}_{suffix}"
-                for name, key in (("fw", "fw"), ("re", "re"), ("agrad", "agrad"),
-                                  ("wgrad", "wgrad"), ("optim", "optim"))
-                for what, suffix in (("flops", "flops"), ("flops_time", "flops_time"),
-                                     ("mem_accessed", "mem"), ("mem_time", "mem_time"),
-                                     ("time", "time"))}
-for _edge in ("base", "edge"):
-    _BLOCK_STATS.update({
-        f"{_edge}block_fw_tp_time": f"{_edge}_fw_tp_time",
-        f"{_edge}block_fw_tp_time_exposed": f"{_edge}_fw_tp_exp",
-        f"{_edge}block_recomm_time": f"{_edge}_recomm_time",
-        f"{_edge}block_recomm_time_exposed": f"{_edge}_recomm_exp",
-        f"{_edge}block_agrad_tp_time": f"{_edge}_agrad_tp_time",
-        f"{_edge}block_agrad_tp_time_exposed": f"{_edge}_agrad_tp_exp",
-        f"{_edge}block_fw_tp_size": f"{_edge}_fw_tp_size",
-        f"{_edge}block_bw_tp_size": f"{_edge}_agrad_tp_size",
-        f"{_edge}block_recomm_size": f"{_edge}_recomm_size"})
-_BLOCK_STATS["tp_bw_overlap_req"] = "tp_bw_req"
+_BLOCK_STATS = CALCULON
 
 
-def batch_memory(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
-                 stage_sums: tuple | None, sched: Schedule) -> tuple[dict, np.ndarray]:
+def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: ActivationSizes,
+                 system: SystemSpec, stage_sums: tuple | None,
+                 sched: Schedule) -> tuple[dict, np.ndarray]:
     """The memory statistics of one batch per row (``footprints``: the
     per-block and per-stage footprints, ``MEMORY_PARTS`` and the need on each
     tier) and the per-block activation checkpoint, from the per-block sums
@@ -122,10 +108,10 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system:
     blocks differ, ``stage_sums``: those of the first and of the last stage;
     ``sched``: the rows' ``schedule``.  Computed for every row that passes
     the rules, before ``batch_time`` (only for the rows that fit)."""
-    recompute_full = acts["recompute_full"]
-    kept = acts["A"]
+    recompute_full = acts.recompute_full
+    kept = acts.A
     if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
-        kept = np.where(ctx.tp_rs_ag, acts["A_split"], kept)
+        kept = np.where(ctx.tp_rs_ag, acts.A_split, kept)
     checkpoint = masked(kept * ctx.elem_bytes, ctx.training & recompute_full)
     first, last = stage_sums if stage_sums is not None else (sums, None)
     S = footprints(ctx, cols, first, sched, checkpoint, recompute_full,
@@ -134,8 +120,8 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system:
     return S, checkpoint
 
 
-def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: SystemSpec,
-               head_per_mb, sched: Schedule, checkpoint) -> dict:
+def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: ActivationSizes,
+               system: SystemSpec, head_per_mb, sched: Schedule, checkpoint) -> dict:
     """Every statistic of one batch per row but the memory ones
     (``batch_memory``) and the per-block sums (``_BLOCK_STATS``): times,
     communication, the bubble, offloading,
@@ -145,16 +131,16 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
     per-block activation checkpoint (``batch_memory``)."""
     training = ctx.training
     stages, micro = sched.stages, sched.microbatches
-    recompute_full = acts["recompute_full"]
+    recompute_full = acts.recompute_full
     S = {}
 
     # Communication of the whole batch.
-    tp_fw = per_batch(sched, sums["base_fw_tp_time"], sums["edge_fw_tp_time"])
-    tp_fw_exposed = per_batch(sched, sums["base_fw_tp_exp"], sums["edge_fw_tp_exp"])
-    tp_bw = per_batch(sched, sums["base_agrad_tp_time"], sums["edge_agrad_tp_time"])
-    tp_bw_exposed = per_batch(sched, sums["base_agrad_tp_exp"], sums["edge_agrad_tp_exp"])
-    recomm = per_batch(sched, sums["base_recomm_time"], sums["edge_recomm_time"])
-    recomm_exposed = per_batch(sched, sums["base_recomm_exp"], sums["edge_recomm_exp"])
+    tp_fw = per_batch(sched, sums.base_fw_tp_time, sums.edge_fw_tp_time)
+    tp_fw_exposed = per_batch(sched, sums.base_fw_tp_exp, sums.edge_fw_tp_exp)
+    tp_bw = per_batch(sched, sums.base_agrad_tp_time, sums.edge_agrad_tp_time)
+    tp_bw_exposed = per_batch(sched, sums.base_agrad_tp_exp, sums.edge_agrad_tp_exp)
+    recomm = per_batch(sched, sums.base_recomm_time, sums.edge_recomm_time)
+    recomm_exposed = per_batch(sched, sums.base_recomm_exp, sums.edge_recomm_exp)
     p2p_fw_bytes, p2p_bw_bytes, p2p_fw, p2p_bw = pipeline_p2p(ctx, cols, acts, system.networks)
     S["block_fw_pp_size"] = p2p_fw_bytes
     S["block_bw_pp_size"] = p2p_bw_bytes
@@ -173,22 +159,22 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
 
     # Times of the whole batch.
     passes = sched.blocks_per_stage * micro       # block passes per stage
-    fw_time = passes * sums["fw_time"]
-    bw_time = passes * (sums["agrad_time"] + sums["wgrad_time"])
-    optim_time = sched.blocks_per_stage * sums["optim_time"]
+    fw_time = passes * sums.fw_time
+    bw_time = passes * (sums.agrad_time + sums.wgrad_time)
+    optim_time = sched.blocks_per_stage * sums.optim_time
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
     bw_offload = ctx.if_training(per_batch(sched, chunk["bw_base_offload"],
                                            chunk["bw_edge_offload"]))
     # Full recompute of only recompute_layers blocks of each stage.
     share = recompute_share(cols, recompute_full, sched.blocks_per_stage)
-    recompute_time = passes * sums["re_time"] * share
+    recompute_time = passes * sums.re_time * share
     recomm_exposed = ctx.if_training(recomm_exposed * share)
     # Context parallelism's K/V exchange; ZeRO-3 / FSDP weight gathers.
     if (cols["context_par"] > 1).any():
-        S["cp_comm_link_time"] = passes * (sums["cp_fw_link"] + np.where(
-            training, sums["cp_bw_link"], 0.0))
-        cp_exposed = passes * (sums["cp_fw_exp"] + np.where(
-            training, sums["cp_bw_exp"] + sums["cp_re_exp"] * share, 0.0))
+        S["cp_comm_link_time"] = passes * (sums.cp_fw_link + np.where(
+            training, sums.cp_bw_link, 0.0))
+        cp_exposed = passes * (sums.cp_fw_exp + np.where(
+            training, sums.cp_bw_exp + sums.cp_re_exp * share, 0.0))
     else:
         S["cp_comm_link_time"] = cp_exposed = 0.0
     S["cp_comm_exposed_time"] = cp_exposed
@@ -227,11 +213,11 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
     S["pp_comm_exposed_time"] = pp_link + pp_sync
     total = total + pp_sync
     S["total_time"] = total
-    S["ep_comm_link_time"] = passes * sums["ep_link"]
-    S["ep_comm_exposed_time"] = passes * sums["ep_exposed"]
+    S["ep_comm_link_time"] = passes * sums.ep_link
+    S["ep_comm_exposed_time"] = passes * sums.ep_exposed
     S.update(offload_bandwidth(ctx, sums, chunk, offload))
 
-    useful = sums["useful_fw"] + sums["useful_bw"] + sums["optim_flops"]
+    useful = sums.useful_fw + sums.useful_bw + sums.optim_flops
     compute_time = fw_time + bw_time + optim_time
     perfect = passes * useful / ctx.matrix.peak
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -243,7 +229,6 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: dict, acts: dict, system: S
     return S
 
 
-CHUNK = 1 << 16
 _MEM1 = REASON_CODE["infeasible: mem tier1 capacity exceeded"]
 _MEM2 = REASON_CODE["infeasible: mem tier2 capacity exceeded"]
 _MEM_REQ = ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req")
@@ -272,7 +257,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     rows = np.flatnonzero(code == 0)
     every = len(rows) == n
     # One (statistic, layout) table; each statistic is a contiguous row of it.
-    table = _table(len(names), n)
+    table = result_table(len(names), n)
     out = dict(zip(names, table))
     if not len(rows):
         table.fill(np.nan)
@@ -281,8 +266,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         # memory parts, so that the reason can say how much it needs; the
         # other statistics are NaN where the layout cannot run.
         kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
-        valid = _typed_columns(cols if every else _take_rows(cols, rows))
-        datatypes = _codes(valid["datatype"])
+        valid = _typed_columns(cols if every else take_rows(cols, rows))
+        datatypes = distinct_codes(valid["datatype"])
         m = len(rows)
         ext = np.empty(min(CHUNK, m) + 1)          # a chunk's values, then NaN
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -290,7 +275,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
             moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
                           if model.moe is not None else None)
             sched = schedule(valid, model.num_blocks)
-            direct = _block_stats_direct(model)
+            direct = direct_block_stats(model)
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 part = {f: v[sl] for f, v in valid.items()}
@@ -323,190 +308,27 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                     fit = np.flatnonzero(~failed)
                     timed = sl.start + fit
                     if len(fit):
-                        sub = _subset(part, fit)
+                        sub = subset(part, fit)
                         sub_ctx = LayoutContext(model, system, sub, datatypes, None if shards
                                                 is None else tuple(c.take(fit) for c in shards))
-                        sums = _pace_sums(model, sub, _subset(foot, fit), blocks, moe_blocks,
-                                          timed, direct)
-                        times = batch_time(sub_ctx, sub, sums, _subset(acts, fit),
+                        foot_fit = BlockSums(**subset(foot.given(), fit))
+                        sums = _pace_sums(model, sub, foot_fit, blocks, moe_blocks, timed,
+                                          direct)
+                        acts_fit = ActivationSizes(**subset(vars(acts), fit))
+                        times = batch_time(sub_ctx, sub, sums, acts_fit,
                                            system, None if head is None else head.take(fit),
                                            rows_sched.rows(fit), checkpoint.take(fit))
                 if times is not None and not direct:
-                    times.update({name: sums[key] for name, key in _BLOCK_STATS.items()})
-                _write(table, kept, mem, times, names, ext,
-                       _spans(rows, sl, n, every, failed, fit),
-                       (blocks.sum_tables(), timed) if direct else None)
+                    times.update({name: getattr(sums, key) for name, key in _BLOCK_STATS.items()})
+                write_chunk(table, kept, mem, times, names, ext,
+                            spans(rows, sl, n, every, failed, fit),
+                            (blocks.sum_tables(), timed) if direct else None)
     out["feasible"] = code == 0
     out["reason_code"] = code
     return out
 
 
-# Tables of at least this many bytes are mapped with their pages in place,
-# and the mapping of one that is no longer used, up to _SPARE_BYTES (a
-# sixteenth of the machine's memory), is kept for the next; a larger one goes
-# back to the system when it is freed.
-_POPULATE_BYTES = 1 << 26
-_SPARE: list = []
-
-
-def _physical_bytes() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return 1 << 32
-
-
-_SPARE_BYTES = _physical_bytes() // 16
-
-
-def _table(k: int, n: int) -> np.ndarray:
-    """An uninitialised (k, n) float64 table (every entry is written after).
-
-    A large one is an anonymous mapping whose pages the kernel provides at
-    once (MAP_POPULATE, Linux): faulting them in one by one as the table is
-    first written cost 0.3 s for 104 x 1M, or over 1 s where numpy's
-    transparent-huge-page advice made the kernel compact memory first;
-    populated, 0.26 s.  When a table of up to ``_SPARE_BYTES`` is freed its
-    mapping is kept (one at most) and the next large table that fits in it
-    reuses it, its pages already in place: evaluating chunk after chunk pays
-    for them once, and at most a sixteenth of the memory stays held between
-    calls (1.5 GiB on the 24 GiB development machine)."""
-    nbytes = k * n * 8
-    populate = getattr(mmap, "MAP_POPULATE", None)
-    if nbytes < _POPULATE_BYTES or populate is None:
-        return np.empty((k, n))
-    try:
-        buf = _SPARE.pop()
-    except IndexError:
-        buf = None
-    if buf is None or not nbytes <= len(buf) <= 2 * nbytes:
-        try:
-            buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-        except (OSError, ValueError):
-            return np.empty((k, n))
-    # (rows of it have the table as their base, as with np.empty: frame.py
-    # wraps the table itself)
-    table = np.ndarray((k, n), dtype=np.float64, buffer=buf)
-    weakref.finalize(table, _keep, buf).atexit = False
-    return table
-
-
-def _keep(buf) -> None:
-    """A freed table's mapping, kept for the next table (one at most, of up
-    to ``_SPARE_BYTES``)."""
-    if not _SPARE and len(buf) <= _SPARE_BYTES:
-        _SPARE.append(buf)
-
-
-def _take_rows(cols: dict, rows: np.ndarray) -> dict:
-    """The columns at ``rows`` (``_subset``); a column of one value (a
-    default, or a field the table fixes) becomes a read-only view of that
-    value instead of a copy."""
-    return _subset({f: np.broadcast_to(v[:1], v.shape) if v.strides != (0,)
-                    and v[0] == v[-1] and (v == v[0]).all() else v
-                    for f, v in cols.items()}, rows)
-
-
-def _codes(col: np.ndarray) -> list[int]:
-    """The distinct values of a column of codes, sorted (a column of one
-    value, a view of it, is not sorted to find it)."""
-    if col.strides == (0,):
-        return [int(col[0])]
-    return np.unique(col).tolist()
-
-
-def _subset(cols: dict, fit: np.ndarray) -> dict:
-    """The columns (or per-row values) at the positions ``fit``; a column of
-    one value (a view of it) stays a view, a scalar stays itself."""
-    out = {}
-    k = len(fit)
-    for f, v in cols.items():
-        if np.ndim(v) == 0:
-            out[f] = v
-        elif v.strides == (0,):
-            out[f] = np.broadcast_to(v[:1], (k,))
-        else:
-            out[f] = v.take(fit)
-    return out
-
-
-def _spans(rows, sl: slice, n: int, every: bool, memory_failed, fit):
-    """Where a chunk of computed rows (``rows[sl]``) goes in the table: the
-    columns ``lo:hi`` (the chunk's rows and the uncomputed ones before the
-    next chunk's), the chunk's length ``L``, for the statistics kept on a
-    memory failure (``where``) and for the other memory statistics
-    (``failed``) each column's position in the chunk (``L``: NaN), or None
-    where the columns are the chunk in order; and for the time statistics,
-    computed only for the chunk's rows at ``fit`` (None: all of them), the
-    number ``F`` of those rows and each column's position among them
-    (``timed``; ``F``: NaN)."""
-    L = sl.stop - sl.start
-    if every:
-        lo, hi = sl.start, sl.stop
-        if fit is None:
-            return lo, hi, L, None, None, L, None
-        failed = np.arange(L)
-        failed[memory_failed] = L
-        F = len(fit)
-        timed = np.full(L, F, dtype=np.intp)
-        timed[fit] = np.arange(F)
-        return lo, hi, L, None, failed, F, timed
-    lo = 0 if sl.start == 0 else int(rows[sl.start])
-    hi = n if sl.stop == len(rows) else int(rows[sl.stop])
-    at = rows[sl] - lo
-    where = np.full(hi - lo, L, dtype=np.intp)
-    where[at] = np.arange(L)
-    if fit is None:
-        return lo, hi, L, where, where, L, where
-    failed = where.copy()
-    failed[at[memory_failed]] = L
-    F = len(fit)
-    position = np.full(L + 1, F, dtype=np.intp)
-    position[fit] = np.arange(F)
-    return lo, hi, L, where, failed, F, position.take(where)
-
-
-def _write(table, kept, mem, times, names, ext, span, block_sums=None) -> None:
-    """A chunk's statistics into their table rows, each row's columns written
-    once: a contiguous copy, or a gather through the span's positions from
-    the chunk's values (``mem``, the memory statistics of every row;
-    ``times``, the others, of the rows that fit, None where none does)
-    followed by a NaN (``ext``, a buffer).  ``block_sums``: the block
-    table's sums (``BlockCache.sum_tables``) and the rows that fit (their
-    positions among the computed rows), from which the per-block statistics
-    are gathered instead (None: they are in ``times``)."""
-    lo, hi, L, where, failed, F, timed = span
-    through = {}         # per distinct-block index: each column's block, or NaN
-    for j, name in enumerate(names):
-        if name in mem:
-            values, index, k = mem[name], where if kept[j] else failed, L
-        elif times is None:
-            table[j, lo:hi] = np.nan
-            continue
-        elif block_sums is not None and name in _BLOCK_STATS:
-            row, inv = block_sums[0][_BLOCK_STATS[name]]
-            index = through.get(id(inv))
-            if index is None:
-                index = inv[block_sums[1]]
-                if timed is not None:
-                    index = np.append(index, len(row) - 1).take(timed)
-                through[id(inv)] = index
-            np.take(row, index, out=table[j, lo:hi], mode="wrap")
-            continue
-        else:
-            values, index, k = times[name], timed, F
-        if index is None:
-            table[j, lo:hi] = values
-        else:
-            buf = ext[:k + 1]
-            buf[:k] = values
-            buf[k] = np.nan
-            # (every position is in range: "wrap" never wraps, and gathers
-            # a tenth faster than "clip", which tests each index's bounds)
-            np.take(buf, index, out=table[j, lo:hi], mode="wrap")
-
-
-def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None,
+def _stage_sums(model: ModelSpec, cols: dict, dense: BlockSums, moe: BlockSums | None,
                 stages: bool = True):
     """Per-block sums of the pacing stage, and (first, last) stage sums for
     memory (with ``stages``); a model whose blocks are all alike (no MoE, no
@@ -523,24 +345,15 @@ def _stage_sums(model: ModelSpec, cols: dict, dense: dict, moe: dict | None,
     return pace, (first, last) if stages else None
 
 
-def _block_stats_direct(model: ModelSpec) -> bool:
-    """Whether the per-block statistics are gathered straight from the block
-    table into the result: for a model whose blocks are all alike (they are
-    the table's); one of dense and MoE blocks, or with MTP, reports the mix
-    of its pacing stage (``_stage_sums``)."""
-    return model.moe is None and not model.mtp
-
-
-def _pace_sums(model: ModelSpec, cols: dict, foot: dict, blocks: BlockCache,
-               moe_blocks: BlockCache | None, at, direct: bool = False) -> dict:
+def _pace_sums(model: ModelSpec, cols: dict, foot: BlockSums, blocks: BlockCache,
+               moe_blocks: BlockCache | None, at, direct: bool = False) -> BlockSums:
     """The pacing stage's per-block sums of the rows ``at`` (``cols``): its
     footprint sums ``foot`` (already gathered for memory) and the others
     (``direct``: only those the batch level computes with)."""
     part = "batch" if direct else "rest"
     rest, _ = _stage_sums(model, cols, blocks.rows(at, part),
                           moe_blocks.rows(at, part) if moe_blocks else None, stages=False)
-    rest.update(foot)
-    return rest
+    return replace(rest, **foot.given())
 
 
 def evaluate_one(model: ModelSpec, system: SystemSpec, execution: Mapping) -> dict:

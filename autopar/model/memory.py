@@ -18,38 +18,39 @@ from __future__ import annotations
 
 import numpy as np
 
+from autopar.model.block_sums import BlockSums
 from autopar.model.context import LayoutContext, choose, masked, pick
 from autopar.model.pipeline import Schedule
 
 
-def offload_traffic(ctx: LayoutContext, cols: dict, sums: dict, checkpoint,
+def offload_traffic(ctx: LayoutContext, cols: dict, sums: BlockSums, checkpoint,
                     recompute_full) -> dict:
     """Bytes a block moves to or from tier 2 in forward and backward, and the time."""
     weights, acts, optim = (cols["weight_offload"], cols["activations_offload"],
                             cols["optimizer_offload"])
-    act_bytes = np.where(recompute_full, checkpoint, sums["act_storage"])
-    fw_bytes = np.maximum(masked(sums["weight_space"], weights), masked(act_bytes, acts))
-    bw_bytes = ctx.if_training(masked(sums["weight_space"], weights)
+    act_bytes = np.where(recompute_full, checkpoint, sums.act_storage)
+    fw_bytes = np.maximum(masked(sums.weight_space, weights), masked(act_bytes, acts))
+    bw_bytes = ctx.if_training(masked(sums.weight_space, weights)
                                + masked(act_bytes, acts)
-                               + masked(sums["optimizer_space"], optim))
+                               + masked(sums.optimizer_space, optim))
     return {"act_bytes": act_bytes, "fw_bytes": fw_bytes, "bw_bytes": bw_bytes,
             "fw_time": ctx.mem2.time(fw_bytes),
             "bw_time": ctx.if_training(ctx.mem2.time(bw_bytes))}
 
 
-def offload_bandwidth(ctx: LayoutContext, sums: dict, chunk: dict, offload: dict) -> dict:
+def offload_bandwidth(ctx: LayoutContext, sums: BlockSums, chunk: dict, offload: dict) -> dict:
     """Tier-2 bandwidth each offload needs to hide behind a block's compute."""
     training = ctx.training
     with np.errstate(divide="ignore", invalid="ignore"):
         fw_window = np.minimum(chunk["fw_base_no_offload"], chunk["fw_edge_no_offload"]) \
-            - sums["fw_mem_time"]
+            - sums.fw_mem_time
         bw_window = np.minimum(chunk["bw_base_no_offload"], chunk["bw_edge_no_offload"]) \
             - chunk["grad_mem_time"]
         return {
             "act_offload_bw_req": offload["act_bytes"] / fw_window,
-            "weight_offload_bw_req": sums["weight_space"] / fw_window,
+            "weight_offload_bw_req": sums.weight_space / fw_window,
             "optim_offload_bw_req": np.where(
-                training, (sums["wgrad_space"] + sums["optimizer_space"]) / bw_window, 0.0),
+                training, (sums.wgrad_space + sums.optimizer_space) / bw_window, 0.0),
             "offload_mem_bw_req": np.where(
                 training, np.maximum(offload["fw_bytes"] / fw_window,
                                      offload["bw_bytes"] / bw_window),
@@ -86,8 +87,8 @@ def last_stage_in_flight(sched: Schedule):
     return np.minimum((v - 1) * p + 1, np.maximum(m, 1.0) * v) / v
 
 
-def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
-               recompute_full, head: dict, overhead, sums_last: dict | None = None) -> dict:
+def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
+               recompute_full, head: dict, overhead, sums_last: BlockSums | None = None) -> dict:
     """Every memory statistic (Calculon's names) and the need on each tier.
 
     ``sums`` are the first stage's per-block sums; ``sums_last`` the last
@@ -112,22 +113,22 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
     return S
 
 
-def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
+def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
            recompute_full, head: dict):
     """Statistics, static and tier-2 footprints, and the transient footprint
     of the first and of the last stage, from one stage's per-block sums."""
     training = ctx.training
     blocks = sched.blocks_per_stage
     stages, interleaving = sched.stages, sched.interleaving
-    S = {"block_weight_space": sums["weight_space"],
-         "block_act_working_space": sums["act_working"],
-         "block_act_storage_space": sums["act_storage"],
+    S = {"block_weight_space": sums.weight_space,
+         "block_act_working_space": sums.act_working,
+         "block_act_storage_space": sums.act_storage,
          "block_act_checkpoint_size": checkpoint,
-         "block_weight_grad_space": sums["wgrad_space"],
-         "block_weight_grad_space_no_sharding": sums["wgrad_space_full"],
-         "block_act_grad_space": sums["act_grad_space"],
-         "block_optimizer_space": sums["optimizer_space"]}
-    weight_space = sums["weight_space"] * blocks
+         "block_weight_grad_space": sums.wgrad_space,
+         "block_weight_grad_space_no_sharding": sums.wgrad_space_full,
+         "block_act_grad_space": sums.act_grad_space,
+         "block_optimizer_space": sums.optimizer_space}
+    weight_space = sums.weight_space * blocks
     # Micro-batches in flight on the first stage (more with interleaving).
     in_flight = np.minimum(sched.microbatches, stages).astype(float)
     # (the factor is exactly 1 without interleaving: x * 0 added to 1)
@@ -139,28 +140,28 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
 
     def stage_activations(micro_batches):
         """Activations and checkpoints of a stage with ``micro_batches`` in flight."""
-        act = sums["act_working"] + masked(sums["act_storage"] * (blocks * micro_batches - 1),
+        act = sums.act_working + masked(sums.act_storage * (blocks * micro_batches - 1),
                                            training & ~recompute_full)
         # (the checkpoint is 0 where the block is not recomputed in training)
         ckpt = blocks * checkpoint * micro_batches
         if partial:
             # Blocks that do not recompute keep their activations.
             kept = blocks * (1 - share) * micro_batches
-            act = act + masked(sums["act_storage_all"] * kept, training & recompute_full)
+            act = act + masked(sums.act_storage_all * kept, training & recompute_full)
             ckpt = ckpt * share
         return act, ckpt
 
     act_first, ckpt_first = stage_activations(in_flight_first)
     act_last, ckpt_last = stage_activations(last_stage_in_flight(sched))
-    act_grad = ctx.if_training(sums["act_grad_space"])
-    wgrad_space = ctx.if_training(sums["wgrad_space_full"] + sums["wgrad_space"] * (blocks - 1))
-    optimizer_space = ctx.if_training(sums["optimizer_space"] * blocks)
+    act_grad = ctx.if_training(sums.act_grad_space)
+    wgrad_space = ctx.if_training(sums.wgrad_space_full + sums.wgrad_space * (blocks - 1))
+    optimizer_space = ctx.if_training(sums.optimizer_space * blocks)
     # With offloading, tier 1 keeps two blocks' worth (double buffering).
-    weight_min = sums["weight_space"] * 2
-    act_min = sums["act_working"] + masked(sums["act_storage"], ~recompute_full)
+    weight_min = sums.weight_space * 2
+    act_min = sums.act_working + masked(sums.act_storage, ~recompute_full)
     ckpt_min = ctx.if_training(checkpoint * 2, np.nan)
-    wgrad_min = ctx.if_training(sums["wgrad_space_full"] + sums["wgrad_space"])
-    optim_min = ctx.if_training(sums["optimizer_space"] * 2)
+    wgrad_min = ctx.if_training(sums.wgrad_space_full + sums.wgrad_space)
+    optim_min = ctx.if_training(sums.optimizer_space * 2)
     S.update({
         "weight_space_with_offload": weight_min, "act_space_with_offload": act_min,
         "act_checkpoint_size_with_offload": ckpt_min, "act_grad_space_with_offload": act_grad,
@@ -174,9 +175,9 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     weights_off, acts_off, optim_off = (cols["weight_offload"], cols["activations_offload"],
                                         cols["optimizer_offload"])
     static = pick(weights_off, weight_min, weight_space)
-    if "weight_space_full" in sums and np.any(ctx.weight_shards > 1):
+    if sums.weight_space_full is not None and np.any(ctx.weight_shards > 1):
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
-        static = static + masked(2 * sums["weight_space_full"], ctx.weight_shards > 1)
+        static = static + masked(2 * sums.weight_space_full, ctx.weight_shards > 1)
     tier2 = masked(weight_space, weights_off)
     ckpt_offloaded = (np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
                       if np.any(acts_off) else 0.0)
@@ -187,7 +188,7 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     if np.any(acts_off):
         tier2 = tier2 + masked(np.where(recompute_full, ckpt_first, act_first), acts_off)
     static = static + pick(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
-    tier2 = tier2 + masked(sums["wgrad_space"] * blocks + optimizer_space, optim_off)
+    tier2 = tier2 + masked(sums.wgrad_space * blocks + optimizer_space, optim_off)
     return S, static, tier2, transient_first, transient_last
 
 

@@ -39,14 +39,17 @@ and ``mix`` weights the two blocks' sums by those counts.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
+from autopar.model.block_inputs import BlockInputs
+from autopar.model.block_sums import MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
-                                  gelu, grouped_linear, layer, linear, no_tp_comm, rms_norm,
-                                  rotary, softmax, swiglu)
+                                  fp8_gemm, gelu, grouped_linear, layer, linear, no_tp_comm,
+                                  rms_norm, rotary, softmax, swiglu)
 
 # Vector FLOPs per score of the router: the score function (softmax: exp,
 # sum, divide; sigmoid: exp, add, divide, plus normalising the chosen ones)
@@ -170,10 +173,11 @@ def _finish_host_sync(ctx: LayoutContext, L: dict):
     L["time_agrad"] = z + ctx.moe_host_s * (1.0 - _HOST_FW_SHARE)
 
 
-def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=None) -> list:
+def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     """The routed part of an MoE block's feed-forward, as (layer, present)
-    pairs; ``g`` marks the experts' GEMMs fp8 where the layout's recipe says so."""
-    g = g or (lambda L: L)
+    pairs; the experts' GEMMs fp8 where the layout's recipe says so."""
+    g = partial(fp8_gemm, ctx)
+    llama, full = x.llama, x.full
     moe = ctx.model.moe
     h = float(ctx.model.hidden)
     E = float(moe.experts)
@@ -198,7 +202,7 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=No
     # Local permutation of the token copies (before and after the transfer).
     permute = layer(ctx, inputs=T * h, outputs=M * h, act_grads=M * h, **full)
     fc1 = g(grouped_linear(ctx, groups, M, h, fc1_width, **full))
-    act_fn = (swiglu if llama else gelu)(ctx, M * ffe, cols["fused_activation"], **full)
+    act_fn = (swiglu if llama else gelu)(ctx, M * ffe, x.fused, **full)
     fc2 = g(grouped_linear(ctx, groups, M, ffe, h, **full))
     # The weighted sum keeps the experts' outputs for the gradient of the scores.
     combine = layer(ctx, fw=2 * M * h, agrad=3 * M * h, inputs=M * h, outputs=T * h,
@@ -212,21 +216,19 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=No
     half = {s: v / 2 for s, v in hide.items()}
     sent = T * k * moe.load * h * b
     own = T * h * b
-    dispatch = _ep_comm(ctx, sent, own, half, full["recompute"], combine=False)
-    back = _ep_comm(ctx, sent, own, half, full["recompute"], combine=True)
+    dispatch = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=False)
+    back = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=True)
     seq = [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
            (act_fn, True), (fc2, True), (back, True), (combine, True)]
     if ctx.moe_host_s > 0:
-        seq.insert(2, (host_sync(ctx, full["recompute"]), True))
+        seq.insert(2, (host_sync(ctx, x.recompute_full), True))
     return seq
 
 
-def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, sq, norm, full, attn,
-                  shared_input, regather_attn, recompute_attn, flash, core, impl,
-                  fused_norm, g):
+def mla_attention(ctx: LayoutContext, x: BlockInputs):
     """DeepSeek's multi-head latent attention, up to its output projection's
     collective (TP communication as separate collectives): the layers, those
-    of its core, and the query and key widths per processor.  ``sq``: the
+    of its core, and the query and key widths per processor.  ``x.sq``: the
     local queries (context parallelism), attending to all ``seq_size`` keys."""
     m, a = ctx.model, ctx.model.mla
     h, s, H = float(m.hidden), float(m.seq_size), float(m.attn_heads)
@@ -234,37 +236,39 @@ def mla_attention(ctx: LayoutContext, cols: dict, *, A, A_tp, B, mbs, sq, norm, 
     heads_tp = H / tp
     dqk, dv, rope = float(a.qk_head_dim), float(a.v_head_dim), float(a.qk_rope_head_dim)
     kvr, qr = float(a.kv_lora_rank), float(a.q_lora_rank)
+    A, B, mbs, sq = x.A, x.B, x.mbs, x.sq
+    full, attn, shared_input = x.full, x.attn, x.shared_input
+    g = partial(fp8_gemm, ctx)          # a GEMM of the block: fp8 where the recipe says so
     seq = [
-        (fork(ctx, A_tp, 2, **full, stored=True), True),
-        (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
-        (tp_collective(ctx, A, False, recomm=regather_attn), True),
-        (fork(ctx, A, 2, recompute=regather_attn, stored=~regather_attn), True),
+        (fork(ctx, x.A_tp, 2, **full, stored=True), True),
+        (x.norm(ctx, x.A_tp, h, x.fused_norm, **full, **shared_input), True),
+        (tp_collective(ctx, A, False, recomm=x.regather_attn), True),
+        (fork(ctx, A, 2, recompute=x.regather_attn, stored=~x.regather_attn), True),
     ]
     if qr > 0:
         seq += [(g(linear(ctx, B, h, qr, **full, **shared_input)), True),
-                (rms_norm(ctx, B * qr, qr, fused_norm, **full), True),
+                (rms_norm(ctx, B * qr, qr, x.fused_norm, **full), True),
                 (g(linear(ctx, B, qr, heads_tp * dqk, **full)), True)]
     else:
         seq.append((g(linear(ctx, B, h, heads_tp * dqk, **full, **shared_input)), True))
     seq += [
         (g(linear(ctx, B, h, kvr + rope, **full, **shared_input)), True),
-        (rms_norm(ctx, B * kvr, kvr, fused_norm, **full), True),
+        (rms_norm(ctx, B * kvr, kvr, x.fused_norm, **full), True),
         (g(linear(ctx, B, kvr, heads_tp * (a.qk_nope_head_dim + dv), **full)), True),
         (rotary(ctx, B * (heads_tp * rope + rope), **attn), True),
     ]
+    core, kept = x.core, ~x.recompute_attn
     core_layers = [
-        (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=~recompute_attn),
-         core),
-        (softmax(ctx, heads_tp * sq * s * mbs, impl, True, **attn,
-                 out_stored=~recompute_attn), core),
+        (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=kept), core),
+        (softmax(ctx, heads_tp * sq * s * mbs, x.impl, True, **attn, out_stored=kept), core),
         (batched_matmul(ctx, mbs * heads_tp, sq, s, dv, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, impl, sk=s, dv=dv,
-                         kv_v=heads_tp * dv, **full), flash),
+        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, x.impl, sk=s, dv=dv,
+                         kv_v=heads_tp * dv, **full), x.flash),
     ]
     seq += core_layers
     seq += [
         (g(linear(ctx, B, heads_tp * dv, h, **full)), True),
-        (tp_collective(ctx, A, True, recomm=full["recompute"], stored=False), True),
+        (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), True),
     ]
     return seq, core_layers, heads_tp * dqk, heads_tp * dqk
 
@@ -305,20 +309,16 @@ def stage_counts(model, stages: np.ndarray) -> dict:
     return out
 
 
-# Sums that combine by the larger value, not by adding.
-_MAX_SUMS = ("tp_bw_req",)
-
-
-def mix(dense: dict, moe: dict, n_dense, n_moe, per_stage) -> dict:
+def mix(dense: BlockSums, moe: BlockSums, n_dense, n_moe, per_stage) -> BlockSums:
     """Per-block sums of a stage holding ``n_dense`` dense and ``n_moe`` MoE
     blocks, as the average block of its ``per_stage`` block slots (so that
     the batch composition's ``blocks_per_stage`` multiples give the stage's
     totals)."""
     out = {}
-    for key, d in dense.items():
-        e = moe[key]
-        if key in _MAX_SUMS:
+    for key, d in dense.given().items():
+        e = getattr(moe, key)
+        if key in MAX_SUMS:
             out[key] = np.maximum(np.where(n_dense > 0, d, 0.0), np.where(n_moe > 0, e, 0.0))
         else:
             out[key] = (n_dense * d + n_moe * e) / per_stage
-    return out
+    return BlockSums(**out)

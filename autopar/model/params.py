@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
-from autopar.model.block import BlockCache
 from autopar.model.evaluate import _typed_columns
 from autopar.model.rules import normalize
+from autopar.model.speedups import BlockCache
 
 
 def _one_processor() -> dict:
@@ -34,14 +34,14 @@ def parameter_counts(model: ModelSpec, system: SystemSpec) -> dict:
     cols = _typed_columns(normalize(to_columns([_one_processor()])))
     fp32 = [3]                                  # CHOICES["datatype"].index("float32")
     dense = BlockCache(model, system, cols, fp32).rows(slice(0, 1))
-    per_dense = float(dense["weight_space"][0]) / 4
+    per_dense = float(dense.weight_space[0]) / 4
     n_dense = model.num_blocks if model.moe is None else model.moe.first_dense
     out = {"dense_block": per_dense, "moe_block": 0.0, "routed": 0.0}
     total = active = n_dense * per_dense
     if model.moe is not None:
         moe = BlockCache(model, system, cols, fp32, kind="moe").rows(slice(0, 1))
-        per_moe = float(moe["weight_space"][0]) / 4
-        routed = float(moe["x_weight_space"][0]) / 4
+        per_moe = float(moe.weight_space[0]) / 4
+        routed = float(moe.x_weight_space[0]) / 4
         shared = per_moe - routed
         blocks = model.num_blocks - n_dense + model.mtp
         total += blocks * per_moe

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from autopar.model.block_sums import BlockSums
 from autopar.model.lookup import Ranges, by_value
 
 
@@ -76,7 +77,7 @@ def per_batch(sched: Schedule, base_value, edge_value):
     return sched.chunk_passes * (sched.base_blocks * base_value + edge_value)
 
 
-def chunk_times(sums: dict, sched: Schedule, p2p_fw_time, p2p_bw_time,
+def chunk_times(sums: BlockSums, sched: Schedule, p2p_fw_time, p2p_bw_time,
                 offload_fw_time, offload_bw_time) -> dict:
     """Forward and backward time of a base and an edge block, and of a chunk.
 
@@ -85,14 +86,14 @@ def chunk_times(sums: dict, sched: Schedule, p2p_fw_time, p2p_bw_time,
     block, the difference is an overhead (``*_offload``).  ``*_no_offload``
     are the times before it.
     """
-    fw_base = sums["fw_time"] + sums["base_fw_tp_exp"]
-    fw_edge = sums["fw_time"] + sums["edge_fw_tp_exp"] + p2p_fw_time
-    fw_base_offload = np.maximum(0.0, offload_fw_time + sums["fw_mem_time"] - fw_base)
-    fw_edge_offload = np.maximum(0.0, offload_fw_time + sums["fw_mem_time"] - fw_edge)
-    bw_common = sums["re_time"] + sums["agrad_time"] + sums["wgrad_time"]
-    bw_base = bw_common + sums["base_recomm_exp"] + sums["base_agrad_tp_exp"]
-    bw_edge = bw_common + sums["edge_recomm_exp"] + sums["edge_agrad_tp_exp"] + p2p_bw_time
-    grad_mem_time = sums["agrad_mem_time"] + sums["wgrad_mem_time"]
+    fw_base = sums.fw_time + sums.base_fw_tp_exp
+    fw_edge = sums.fw_time + sums.edge_fw_tp_exp + p2p_fw_time
+    fw_base_offload = np.maximum(0.0, offload_fw_time + sums.fw_mem_time - fw_base)
+    fw_edge_offload = np.maximum(0.0, offload_fw_time + sums.fw_mem_time - fw_edge)
+    bw_common = sums.re_time + sums.agrad_time + sums.wgrad_time
+    bw_base = bw_common + sums.base_recomm_exp + sums.base_agrad_tp_exp
+    bw_edge = bw_common + sums.edge_recomm_exp + sums.edge_agrad_tp_exp + p2p_bw_time
+    grad_mem_time = sums.agrad_mem_time + sums.wgrad_mem_time
     bw_base_offload = np.maximum(0.0, offload_bw_time + grad_mem_time - bw_base)
     bw_edge_offload = np.maximum(0.0, offload_bw_time + grad_mem_time - bw_edge)
     t = {"fw_base_no_offload": fw_base, "fw_edge_no_offload": fw_edge,
