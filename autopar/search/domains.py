@@ -132,14 +132,31 @@ def _r_ppint(c, s):
 # first/last_stage_blocks are proposed up to the even share ceil(blocks / pp)
 # (the use of them: room for the embedding and the loss).
 
-def _split_ok(c, s, first=0, last=0, embedding=None, loss=None):
+def _split(c, s, first=0, last=0, embedding=None, loss=None, balanced=None):
+    """The stages' blocks of a split (``stage_split``; Calculon's ceil split
+    where every field is at its default), or None where it cannot be built."""
     e = s.get("embedding_in_split", False) if embedding is None else embedding
     l_ = s.get("loss_in_split", False) if loss is None else loss
-    p, v, bal = s["pipeline_par"], s["pipeline_interleaving"], s["pipeline_layout"] == "balanced"
+    bal = s["pipeline_layout"] == "balanced" if balanced is None else balanced
+    p, v = s["pipeline_par"], s["pipeline_interleaving"]
     if not (first or last or e or l_ or bal):
-        share = -(-c.blocks // p)
-        return share % v == 0 and v <= share
-    return not isinstance(stage_split(c.blocks, p, v, first, last, e, l_, bal), str)
+        return _calculon_split(c.blocks, p) if -(-c.blocks // p) % v == 0 else None
+    per = stage_split(c.blocks, p, v, first, last, e, l_, bal)
+    return None if isinstance(per, str) else per
+
+
+@lru_cache(maxsize=1024)
+def _calculon_split(blocks: int, p: int) -> list:
+    share = -(-blocks // p)
+    return [min((i + 1) * share, blocks) - min(i * share, blocks) for i in range(p)]
+
+
+def _new_split(c, s, **kw) -> bool:
+    """Whether a split that sets a field can be built and gives the stages
+    blocks the default split does not (the same blocks are the same layout
+    for the model: proposed once, at the defaults)."""
+    per = _split(c, s, **kw)
+    return per is not None and per != _split(c, s, 0, 0, False, False, False)
 
 
 def _r_layout(c, s):
@@ -152,8 +169,8 @@ def _r_layout(c, s):
 def _r_embedding(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
-    return tuple(e for e in _TF if not e or _split_ok(c, s, embedding=True, loss=False)
-                 or _split_ok(c, s, embedding=True, loss=True)), None
+    return tuple(e for e in _TF if not e or _split(c, s, embedding=True, loss=False)
+                 or _split(c, s, embedding=True, loss=True)), None
 
 
 def _r_loss(c, s):
@@ -161,7 +178,7 @@ def _r_loss(c, s):
         return (False,), "needs pipeline_par > 1"
     e = s["embedding_in_split"]
     return tuple(x for x in _TF if (not (x or e) and s["pipeline_layout"] == "even")
-                 or _split_ok(c, s, loss=x)), None
+                 or _new_split(c, s, loss=x)), None
 
 
 def _stage_block_values(c, s):
@@ -180,11 +197,11 @@ def _r_first(c, s):
 def _r_last(c, s):
     if s["pipeline_par"] == 1 or s["pipeline_layout"] == "balanced" \
             or s["embedding_in_split"] or s["loss_in_split"]:
-        return ((0,) if _split_ok(c, s) else ()), \
-            "needs pipeline_layout even without the embedding or loss in the split"
+        return (0,), "needs pipeline_layout even without the embedding or loss in the split"
     first = s["first_stage_blocks"]
     return tuple(x for x in (0,) + _stage_block_values(c, s)
-                 if _split_ok(c, s, first=first, last=x)), None
+                 if (_split(c, s, first, x) is not None if not (first or x)
+                     else _new_split(c, s, first=first, last=x))), None
 
 
 def _r_recompute(c, s):
