@@ -110,12 +110,11 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
     ``sums`` are the first stage's per-block sums; ``sums_last`` the last
     stage's where its blocks differ (a mixture-of-experts model with dense
     first blocks, multi-token prediction); the statistics describe the first.
-    With an uneven split (``sched.blocks_first`` is not
-    ``blocks_per_stage``) each stage counts its own blocks, and the second
-    stage (``sums_second``) is weighed too: ``mem_*_first`` are the fuller of
-    the first two stages.
+    With an uneven split (``sched.uneven``) each stage counts its own
+    blocks, and the second stage (``sums_second``) is weighed too:
+    ``mem_*_first`` are the fuller of the first two stages.
     """
-    even = sched.blocks_first is sched.blocks_per_stage
+    even = not sched.uneven
     S, static, tier2, transient_first, transient_last = _stage(
         ctx, cols, sums, sched, checkpoint, recompute_full, head, sched.blocks_first)
     static_last = static

@@ -50,10 +50,12 @@ class Schedule:
     blocks_first: np.ndarray
     blocks_second: np.ndarray
     blocks_last: np.ndarray
+    uneven: bool = False          # whether some row splits the pipeline unevenly
 
     def rows(self, sl) -> "Schedule":
         """The schedule of the rows ``sl`` (a slice, or positions)."""
-        return Schedule(**{f.name: getattr(self, f.name)[sl] for f in fields(self)})
+        return Schedule(**{f.name: getattr(self, f.name)[sl] for f in fields(self)
+                           if f.name != "uneven"}, uneven=self.uneven)
 
 
 def schedule(cols: dict, num_blocks: int) -> Schedule:
@@ -101,7 +103,7 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
         blocks_per_chunk=blocks_per_chunk, chunks=chunks,
         base_blocks=base_blocks, chunk_passes=microbatches * chunks,
         leftover=microbatches % stages, blocks_first=first, blocks_second=second,
-        blocks_last=last)
+        blocks_last=last, uneven=split is not None)
 
 
 def _put(col, rows, values):
@@ -288,7 +290,7 @@ def last_stage_slack(sched: Schedule, chunk: dict):
     and its loss run (Megatron's ``num_layers_in_last_pipeline_stage`` /
     ``account_for_loss_in_pipeline_split`` exist to give it this room); None
     where every stage is even."""
-    if sched.blocks_last is sched.blocks_per_stage:
+    if not sched.uneven:
         return None
     fewer = sched.blocks_per_stage - sched.blocks_last
     return fewer * (chunk["fw"] + chunk["bw"]) / sched.blocks_per_chunk
