@@ -285,3 +285,40 @@ def test_exhaustive_finds_an_uneven_split():
     # the search proposes each split once: no two of the top rows are the
     # same layout with the split fields at other values giving the same stages
     assert found["layouts"] > plain["layouts"]
+
+
+def test_moe_stage_counts_follow_an_uneven_split():
+    """DeepSeek-V3 (3 dense blocks first, 1 MTP module on the last stage) on
+    PP 4 with first 13 / last 12: the middle stages hold (61 - 25) / 2 = 18."""
+    from autopar.model.moe import stage_counts
+    model = load_model(ROOT / "models" / "deepseek-v3.json")
+    cols = {"pipeline_par": np.array([4, 4]), "pipeline_interleaving": np.array([1, 1]),
+            "first_stage_blocks": np.array([13, 0]), "last_stage_blocks": np.array([12, 0]),
+            "embedding_in_split": np.array([False, False]),
+            "loss_in_split": np.array([False, False]), "pipeline_layout": np.array([0, 0])}
+    c = stage_counts(model, cols["pipeline_par"], cols)
+    # the uneven row: first 3 dense + 10 MoE, second 18 MoE, last 12 MoE + MTP
+    assert (c["first_dense"][0], c["first_moe"][0]) == (3, 10)
+    assert (c["second_dense"][0], c["second_moe"][0]) == (0, 18)
+    assert (c["last_dense"][0], c["last_moe"][0]) == (0, 13)
+    assert (c["pace_dense"][0], c["pace_moe"][0]) == (0, 18)
+    assert [c[f"{w}_blocks"][0] for w in ("first", "second", "last", "pace")] == [13, 18, 12, 18]
+    # the default row beside it: Calculon's ceil(61 / 4) = 16 a stage, 13 on the last
+    assert (c["first_dense"][1], c["first_moe"][1]) == (3, 13)
+    assert (c["last_dense"][1], c["last_moe"][1]) == (0, 13 + 1)
+    assert c["first_blocks"][1] == 16
+    alone = stage_counts(model, np.array([4]))
+    assert (alone["first_moe"][0], alone["last_moe"][0], alone["pace_moe"][0]) == (13, 14, 16)
+
+
+def test_calculon_format_refuses_a_space_that_searches_the_split():
+    from autopar.io.export import check_calculon_run
+    from autopar.search.space import load_space
+    gpt = load_model(ROOT / "models" / "gpt3-13B.json")
+    import yaml
+    small = yaml.safe_load((ROOT / "search_spaces" / "small.yaml").read_text())
+    check_calculon_run("calculon", gpt, load_space(small))
+    for field, value in (("pipeline_layout", "derived"), ("first_stage_blocks", [0, 4])):
+        space = dict(small, params={**small["params"], field: value})
+        with pytest.raises(SpecError, match=f"searches {field}"):
+            check_calculon_run("calculon", gpt, load_space(space))
