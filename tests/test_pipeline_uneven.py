@@ -322,3 +322,22 @@ def test_calculon_format_refuses_a_space_that_searches_the_split():
         space = dict(small, params={**small["params"], field: value})
         with pytest.raises(SpecError, match=f"searches {field}"):
             check_calculon_run("calculon", gpt, load_space(space))
+
+
+def test_a_virtual_stage_holding_only_the_embedding(h100):
+    """6 blocks with the embedding and loss counted over 2 x 4 virtual
+    stages: one layer each, so the first virtual stage holds only the
+    embedding and the last only the loss (Megatron builds 0 blocks there);
+    each stage runs 3 chunks of blocks: the same as 3 virtual stages of one
+    block each."""
+    shape = json.loads((ROOT / "models" / "llama2-7B.json").read_text())
+    shape["num_blocks"] = 6
+    model = load_model(shape)
+    assert stage_split(6, 2, 4, 0, 0, True, True, True) == [3, 3]
+    run = dict(pipeline_par=2, data_par=64, pipeline_layout="balanced")
+    four = evaluate_one(model, h100, dense_layout(pipeline_interleaving=4, embedding_in_split=True,
+                                                  loss_in_split=True, **run))
+    three = evaluate_one(model, h100, dense_layout(pipeline_interleaving=3, **run))
+    assert four["feasible"] and three["feasible"]
+    assert four["total_time"] == pytest.approx(three["total_time"], rel=1e-12)
+    assert four["bubble_time"] > 0

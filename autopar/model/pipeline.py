@@ -92,9 +92,11 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
         counts = split_counts(cols, num_blocks, rows)
         pace, first, second, last = (_put(blocks_per_stage, rows, c) for c in counts)
         missing = _put(missing, rows, stages[rows] * counts[0] - num_blocks)
-        chunks = _put(chunks, rows, interleaving[rows])
-        blocks_per_chunk = _put(blocks_per_chunk.astype(float), rows,
-                                counts[0] / interleaving[rows])
+        # (a virtual stage may hold only the embedding or the loss: chunks
+        # with blocks, at most the pacing stage's blocks)
+        v = np.minimum(interleaving[rows], np.maximum(counts[0], 1))
+        chunks = _put(chunks, rows, v)
+        blocks_per_chunk = _put(blocks_per_chunk.astype(float), rows, counts[0] / v)
         base_blocks = blocks_per_chunk - 1.0
         blocks_per_stage = pace
     return Schedule(
