@@ -6,6 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from autopar.model.block_sums import BlockSums
+
 from autopar.io.errors import SpecError
 from autopar.io.layouts import CHOICES, to_columns
 from autopar.io.specs import TimeOverhead, load_model, load_system, system_to_json
@@ -72,8 +74,9 @@ def test_launch_time_by_hand():
     """A pass exposes what issuing its kernels takes beyond its GPU time."""
     m = gpt()
     cols = normalize(to_columns([BASE, dict(BASE, activation_recompute="full")]))
-    sums = {"fw_time": np.array([50e-6, 50e-6]), "agrad_time": np.array([100e-6, 100e-6]),
-            "wgrad_time": np.array([50e-6, 50e-6]), "re_time": np.array([0.0, 60e-6])}
+    times = {"fw_time": np.array([50e-6, 50e-6]), "agrad_time": np.array([100e-6, 100e-6]),
+             "wgrad_time": np.array([50e-6, 50e-6]), "re_time": np.array([0.0, 60e-6])}
+    sums = BlockSums(**times)
     share = np.array([0.0, 1.0])
     t = launch_time(m, cols, sums, share, np.array([10, 10]), 10e-6)
     # fw: 12 x 10 us - 50 = 70 us; bw: 23 x 10 - 150 = 80 us; 10 passes.
@@ -81,7 +84,7 @@ def test_launch_time_by_hand():
     # recompute: bw 35 x 10 - (150 + 60) = 140 us.
     assert t[1] == pytest.approx(10 * (70e-6 + 140e-6))
     # Long passes hide the host; 0 s per kernel is Calculon's meaning.
-    slow = {k: v * 100 for k, v in sums.items()}
+    slow = BlockSums(**{k: v * 100 for k, v in times.items()})
     assert np.all(launch_time(m, cols, slow, share, np.array([10, 10]), 10e-6) == 0)
     assert launch_time(m, cols, sums, share, np.array([10, 10]), 0.0) == 0.0
 

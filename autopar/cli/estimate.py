@@ -257,7 +257,9 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
     flags += [f for f in ("unsharded_grads", "weight_sharding", "fp32_grads",
                           "param_gather_overlap") if e.get(f)]
     flags += [f"{f}={e[f]}" for f in ("sharding_group", "recompute_layers", "fp8_recipe",
-                                      "attention_impl") if f in e]
+                                      "attention_impl", "pipeline_layout",
+                                      "first_stage_blocks", "last_stage_blocks") if f in e]
+    flags += [f for f in ("embedding_in_split", "loss_in_split") if e.get(f)]
     add("        " + ", ".join(flags))
     if e.get("expert_par", 1) > 1 or e.get("expert_tensor_par", 1) > 1:
         add(f"        EP {e.get('expert_par', 1)} (net {e.get('expert_par_net', 0)}) x ETP "

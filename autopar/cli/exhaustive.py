@@ -206,7 +206,10 @@ def _layout_text(best: dict) -> str:
             f"mbs={ex['microbatch_size']} ppint={ex['pipeline_interleaving']} "
             f"recompute={ex['activation_recompute']} comm={ex['tensor_par_comm_type']}"
             + "".join(f" {k}={ex[k]}" for k in ("context_par", "weight_sharding", "sharding_group",
-                                                 "fp8_recipe", "expert_par", "expert_tensor_par")
+                                                 "fp8_recipe", "expert_par", "expert_tensor_par",
+                                                 "pipeline_layout", "embedding_in_split",
+                                                 "loss_in_split", "first_stage_blocks",
+                                                 "last_stage_blocks")
                       if k in ex))
 
 

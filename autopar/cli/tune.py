@@ -134,9 +134,11 @@ def _layout_line(row) -> str:
             f"comm={row['tensor_par_comm_type']}"
             + "".join(f" {k}={row[k]}" for k in ("context_par", "weight_sharding",
                                                  "sharding_group", "fp8_recipe", "expert_par",
-                                                 "expert_tensor_par")
+                                                 "expert_tensor_par", "pipeline_layout",
+                                                 "embedding_in_split", "loss_in_split",
+                                                 "first_stage_blocks", "last_stage_blocks")
                       if k in row and row[k] == row[k]
-                      and str(row[k]) not in ("1", "False", "0", "none")))
+                      and str(row[k]) not in ("1", "False", "0", "none", "even")))
 
 
 def fitting_trials(table, system, headroom: float):

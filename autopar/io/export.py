@@ -61,9 +61,22 @@ def check_calculon_run(fmt: str, model, space=None, source: str = "command line"
                 raise SpecError(source, field, f"calculon: space {space.name} fixes "
                                 f"{f}={space.fixed[f]}; {ADVICE}")
             allowed = space.allowed.get(f)
-            if allowed is not None and any(allowed.ok(v) for v in _others(f, default)):
+            if allowed is not None and _allows_other(allowed, f, default):
                 raise SpecError(source, field, f"calculon: space {space.name} searches "
                                 f"{f}; {ADVICE}")
+
+
+def _allows_other(allowed, field: str, default) -> bool:
+    """Whether a space's ``allowed`` values of ``field`` hold one other than
+    its default (integer fields by their list or range: a count such as
+    first_stage_blocks is not a flag)."""
+    from autopar.io.layouts import BOOL_FIELDS, CHOICES
+    if field in CHOICES or field in BOOL_FIELDS:
+        return any(allowed.ok(v) for v in _others(field, default))
+    if allowed.values is not None:
+        return any(v != default for v in allowed.values)
+    return allowed.high is None or allowed.high != default \
+        or (allowed.low is not None and allowed.low != default)
 
 
 def _others(field: str, default) -> tuple:

@@ -127,6 +127,31 @@ CHOICES["moe_dispatcher"] = ("alltoall", "allgather", "deepep")
 BOOL_FIELDS = BOOL_FIELDS | {"moe_overlap"}
 EXT_INT_FIELDS = EXT_INT_FIELDS | {"expert_par", "expert_tensor_par", "expert_par_net",
                                    "expert_tensor_par_net"}
+# Uneven pipelines (issue 24), as Megatron-Core splits the blocks
+# (megatron/core/transformer/transformer_block.py ``get_num_layers_to_build``,
+# transformer_config.py's checks): ``first_stage_blocks`` /
+# ``last_stage_blocks`` > 0 give the first / last stage that many blocks and
+# spread the rest evenly over the stages between
+# (``num_layers_in_first_pipeline_stage`` / ``..._last_...``; 0: not set);
+# ``embedding_in_split`` / ``loss_in_split`` count the embedding / the output
+# layer with its loss as one block of the split, so the first / last stage
+# builds one block fewer (``account_for_embedding_in_pipeline_split`` /
+# ``account_for_loss_in_pipeline_split``); ``pipeline_layout: balanced``
+# spreads the blocks (with the embedding and loss where they count) over the
+# ``pipeline_par * pipeline_interleaving`` virtual stages as evenly as they
+# go, the earlier virtual stages one block more where they do not divide: a
+# ``pipeline_model_parallel_layout`` (pipeline_parallel_layer_layout.py) of
+# that form, so that virtual stages need not divide the blocks.  ``even``
+# (the default) is Calculon's split and its rules.
+EXT_DEFAULTS.update({"first_stage_blocks": 0, "last_stage_blocks": 0,
+                     "embedding_in_split": False, "loss_in_split": False,
+                     "pipeline_layout": "even"})
+CHOICES["pipeline_layout"] = ("even", "balanced")
+BOOL_FIELDS = BOOL_FIELDS | {"embedding_in_split", "loss_in_split"}
+EXT_INT_FIELDS = EXT_INT_FIELDS | {"first_stage_blocks", "last_stage_blocks"}
+# The fields of the pipeline split (all at their defaults: Calculon's).
+SPLIT_FIELDS = ("first_stage_blocks", "last_stage_blocks", "embedding_in_split",
+                "loss_in_split", "pipeline_layout")
 ALL_FIELDS: tuple[str, ...] = FIELDS + tuple(EXT_DEFAULTS)
 
 

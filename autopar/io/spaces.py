@@ -26,6 +26,9 @@ PARAMS: tuple[str, ...] = (
     # the last one depended on are walked in Python (the prefix)
     "expert_par", "expert_tensor_par",
     "pipeline_interleaving",
+    # uneven pipelines (issue 24): how the blocks split over the stages
+    "pipeline_layout", "embedding_in_split", "loss_in_split", "first_stage_blocks",
+    "last_stage_blocks",
     "activation_recompute", "recompute_layers", "optimizer_sharding", "weight_sharding",
     "sharding_group", "tensor_par_comm_type",
     "seq_par_ag_redo", "data_par_overlap", "tensor_par_overlap",
@@ -51,7 +54,8 @@ DEFAULT_SKELETON = ("tensor_par", "pipeline_par", "microbatch_size")
 NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
               "expert_par_net", "expert_tensor_par_net")
 # Integer parameters whose smallest value is 0.
-_ZERO_OK = NET_FIELDS + ("sharding_group", "recompute_layers")
+_ZERO_OK = NET_FIELDS + ("sharding_group", "recompute_layers", "first_stage_blocks",
+                         "last_stage_blocks")
 
 
 

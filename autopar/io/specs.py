@@ -806,6 +806,31 @@ def system_to_json(system: SystemSpec) -> dict:
 # --------------------------------------------------------------------------
 # Execution
 
+def _check_split(c: "_Checker", out: dict, model: ModelSpec | None) -> None:
+    """The pipeline split fields (uneven pipelines) that no layout can use:
+    the combinations Megatron-Core's TransformerConfig refuses
+    (transformer_config.py ``__post_init__``: first/last stage blocks with the
+    embedding or loss counted, a layout with first/last stage blocks), a
+    split without a pipeline, and more stage blocks than the model has."""
+    first, last = out.get("first_stage_blocks", 0), out.get("last_stage_blocks", 0)
+    counted = [f for f in ("embedding_in_split", "loss_in_split") if out.get(f)]
+    named = [f for f in ("first_stage_blocks", "last_stage_blocks") if out.get(f)]
+    if named and counted:
+        c.fail(named[0], f"cannot be set with {counted[0]} (Megatron refuses "
+                         f"num_layers_in_first/last_pipeline_stage with "
+                         f"account_for_embedding/loss_in_pipeline_split)")
+    if named and out.get("pipeline_layout", "even") != "even":
+        c.fail("pipeline_layout", f"{out['pipeline_layout']!r} cannot be set with {named[0]} "
+                                  f"(a layout fixes every stage)")
+    split = named + counted + (["pipeline_layout"] if out.get("pipeline_layout", "even")
+                               != "even" else [])
+    if split and out["pipeline_par"] == 1:
+        c.fail(split[0], "needs pipeline_par > 1 (a split of the blocks over pipeline stages)")
+    if model is not None and first + last > model.num_blocks:
+        c.fail(named[0], f"first_stage_blocks + last_stage_blocks = {first + last} exceeds "
+                         f"the model's {model.num_blocks} blocks")
+
+
 def load_execution(path_or_dict, system: SystemSpec | None = None,
                    source: str | None = None, model: ModelSpec | None = None) -> dict:
     """An execution file or dict -> dict of the 23 fields in FIELDS order,
@@ -897,6 +922,7 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
             out[f] = c.int(v, f, minimum=1 if f in _COUNT_FIELDS else 0)
         if f in EXT_DEFAULTS and out[f] == EXT_DEFAULTS[f]:
             del out[f]
+    _check_split(c, out, model)
     if system is not None:
         if "datatype" in out and out["datatype"] not in system.datatypes:
             where = system.source if system.source != "dict" else "the system"

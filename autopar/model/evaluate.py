@@ -38,7 +38,8 @@ from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, o
                                   recompute_share)
 from autopar.model.moe import mix, stage_counts
 from autopar.model.overhead import launch_time
-from autopar.model.pipeline import Schedule, bubble, chunk_times, per_batch, schedule
+from autopar.model.pipeline import (Schedule, bubble, chunk_times, last_stage_slack, per_batch,
+                                    schedule)
 from autopar.model.rules import REASON_CODE, REASONS, check, normalize  # noqa: F401
 from autopar.model.speedups import (CHUNK, BlockCache, direct_block_stats, distinct_codes,
                                     result_table, spans, subset, take_rows, write_chunk)
@@ -105,7 +106,8 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activati
     per-block and per-stage footprints, ``MEMORY_PARTS`` and the need on each
     tier) and the per-block activation checkpoint, from the per-block sums
     ``sums`` (of the stage that paces the pipeline) and, for a model whose
-    blocks differ, ``stage_sums``: those of the first and of the last stage;
+    blocks differ, ``stage_sums``: those of the first and of the last stage
+    (and of the second, with an uneven split);
     ``sched``: the rows' ``schedule``.  Computed for every row that passes
     the rules, before ``batch_time`` (only for the rows that fit)."""
     recompute_full = acts.recompute_full
@@ -113,10 +115,11 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activati
     if system.memory_overhead is not None and system.memory_overhead.checkpoint_split:
         kept = np.where(ctx.tp_rs_ag, acts.A_split, kept)
     checkpoint = masked(kept * ctx.elem_bytes, ctx.training & recompute_full)
-    first, last = stage_sums if stage_sums is not None else (sums, None)
+    first, last, *second = stage_sums if stage_sums is not None else (sums, None)
     S = footprints(ctx, cols, first, sched, checkpoint, recompute_full,
                    head_memory(ctx, cols, acts, sched.stages, system),
-                   system.memory_overhead, sums_last=last)
+                   system.memory_overhead, sums_last=last,
+                   sums_second=second[0] if second else None)
     return S, checkpoint
 
 
@@ -202,6 +205,10 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
                                   or cols["weight_sharding"].any()
                                   or cols["param_gather_overlap"].any()):
         total = total + cp_exposed + S["weight_gather_exposed_time"]
+    slack = last_stage_slack(sched, chunk)
+    if slack is not None and head_per_mb is not None:
+        # An uneven last stage runs the output layer in its spare time.
+        head_per_mb = np.maximum(head_per_mb - slack, 0.0)
     total = total + head_time(ctx, micro, stages, head_per_mb)
     # An eager framework's host time where block passes are shorter than it.
     launch_s = system.time_overhead.launch_s if system.time_overhead else 0.0
@@ -337,12 +344,16 @@ def _stage_sums(model: ModelSpec, cols: dict, dense: BlockSums, moe: BlockSums |
         return dense, None
     if moe is None:
         moe = dense
-    counts = stage_counts(model, cols["pipeline_par"])
+    counts = stage_counts(model, cols["pipeline_par"], cols)
     per_stage = -(-model.num_blocks // cols["pipeline_par"])
-    pace, first, last = (mix(dense, moe, counts[f"{w}_dense"], counts[f"{w}_moe"], per_stage)
-                         if w == "pace" or stages else None
-                         for w in ("pace", "first", "last"))
-    return pace, (first, last) if stages else None
+    # (an uneven split: each stage's sums over its own blocks, and the second
+    # stage's too)
+    whos = ("pace", "first", "last") + (("second",) if "second_moe" in counts else ())
+    pace, first, last, *second = (
+        mix(dense, moe, counts[f"{w}_dense"], counts[f"{w}_moe"],
+            counts.get(f"{w}_blocks", per_stage))
+        if w == "pace" or stages else None for w in whos)
+    return pace, ((first, last) + tuple(second) if stages else None)
 
 
 def _pace_sums(model: ModelSpec, cols: dict, foot: BlockSums, blocks: BlockCache,
@@ -369,16 +380,18 @@ def _typed_columns(c: dict) -> dict:
               "pipeline_interleaving", "batch_size", "num_procs",
               "tensor_par_net", "pipeline_par_net", "data_par_net", "context_par",
               "context_par_net", "sharding_group", "recompute_layers",
-              "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net"):
+              "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
+              "first_stage_blocks", "last_stage_blocks"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
               "optimizer_offload", "training", "fused_norm", "unsharded_grads",
-              "weight_sharding", "fp32_grads", "param_gather_overlap", "moe_overlap"):
+              "weight_sharding", "fp32_grads", "param_gather_overlap", "moe_overlap",
+              "embedding_in_split", "loss_in_split"):
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe",
-              "moe_dispatcher"):
+              "moe_dispatcher", "pipeline_layout"):
         typed[f] = c[f].astype(np.int8, copy=False)
     return typed
 

@@ -87,21 +87,54 @@ def last_stage_in_flight(sched: Schedule):
     return np.minimum((v - 1) * p + 1, np.maximum(m, 1.0) * v) / v
 
 
+def second_stage_in_flight(sched: Schedule):
+    """Micro-batches whose activations the second stage (rank 1) holds at its
+    peak, in units of a whole stage's blocks: Megatron's 1F1B schedule
+    (megatron/core/pipeline_parallel/schedules.py,
+    ``forward_backward_pipelining_without_interleaving``: ``p - r - 1``
+    warm-up forwards and one in the steady state, at most the ``m`` there
+    are; with ``v`` chunks the interleaved schedule's warm-up as in
+    ``last_stage_in_flight``)."""
+    p = sched.stages.astype(float)
+    v = sched.interleaving.astype(float)
+    m = np.maximum(sched.microbatches, 1).astype(float)
+    plain = np.minimum(m, p - 1)
+    chunked = np.minimum((p - 2) * 2 + (v - 1) * p + 1, m * v) / v
+    return np.where(v > 1, chunked, plain)
+
+
 def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
-               recompute_full, head: dict, overhead, sums_last: BlockSums | None = None) -> dict:
+               recompute_full, head: dict, overhead, sums_last: BlockSums | None = None,
+               sums_second: BlockSums | None = None) -> dict:
     """Every memory statistic (Calculon's names) and the need on each tier.
 
     ``sums`` are the first stage's per-block sums; ``sums_last`` the last
     stage's where its blocks differ (a mixture-of-experts model with dense
     first blocks, multi-token prediction); the statistics describe the first.
+    With an uneven split (``sched.uneven``) each stage counts its own
+    blocks, and the second stage (``sums_second``) is weighed too:
+    ``mem_*_first`` are the fuller of the first two stages.
     """
+    even = not sched.uneven
     S, static, tier2, transient_first, transient_last = _stage(
-        ctx, cols, sums, sched, checkpoint, recompute_full, head)
+        ctx, cols, sums, sched, checkpoint, recompute_full, head, sched.blocks_first)
     static_last = static
-    if sums_last is not None:
+    if sums_last is not None or not even:
         _, static_last, tier2_last, _, transient_last = _stage(
-            ctx, cols, sums_last, sched, checkpoint, recompute_full, head)
+            ctx, cols, sums if sums_last is None else sums_last, sched, checkpoint,
+            recompute_full, head, sched.blocks_last)
         tier2 = np.maximum(tier2, tier2_last)
+    if not even:
+        # An uneven split: the second stage, with more blocks than the first
+        # and one micro-batch fewer in flight, can hold the most; where it
+        # does, it stands for the stages before the last.
+        _, static_2, tier2_2, transient_2, _ = _stage(
+            ctx, cols, sums if sums_second is None else sums_second, sched, checkpoint,
+            recompute_full, head, sched.blocks_second, rank=1)
+        fuller = (static_2 + transient_2 > static + transient_first) & (sched.stages > 2)
+        static = pick(fuller, static_2, static)
+        transient_first = pick(fuller, transient_2, transient_first)
+        tier2 = np.maximum(tier2, tier2_2)
     logits = head["logits"]
     parts = {"mem_static_first": static + head["first"], "mem_transient_first": transient_first,
              "mem_static_last": static_last + head["last"],
@@ -114,11 +147,11 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
 
 
 def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
-           recompute_full, head: dict):
+           recompute_full, head: dict, blocks, rank: int = 0):
     """Statistics, static and tier-2 footprints, and the transient footprint
-    of the first and of the last stage, from one stage's per-block sums."""
+    of the first (or, ``rank`` 1, the second) and of the last stage, from one
+    stage's per-block sums and ``blocks`` blocks."""
     training = ctx.training
-    blocks = sched.blocks_per_stage
     stages, interleaving = sched.stages, sched.interleaving
     S = {"block_weight_space": sums.weight_space,
          "block_act_working_space": sums.act_working,
@@ -151,6 +184,8 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
             ckpt = ckpt * share
         return act, ckpt
 
+    if rank:
+        in_flight_first = second_stage_in_flight(sched)
     act_first, ckpt_first = stage_activations(in_flight_first)
     act_last, ckpt_last = stage_activations(last_stage_in_flight(sched))
     act_grad = ctx.if_training(sums.act_grad_space)

@@ -47,6 +47,7 @@ from autopar.model.block_inputs import BlockInputs
 from autopar.model.block_sums import MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
+from autopar.model.pipeline import distinct_splits, uneven_rows
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
                                   fp8_gemm, gelu, grouped_linear, layer, linear, no_tp_comm,
                                   rms_norm, rotary, softmax, swiglu)
@@ -276,36 +277,63 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
 # ----------------------------------------------------------------------------
 # Which blocks a stage holds.
 
-def stage_counts(model, stages: np.ndarray) -> dict:
+def stage_counts(model, stages: np.ndarray, cols: dict | None = None) -> dict:
     """Dense and MoE blocks of the first stage, the last stage and the
     stage that paces the pipeline (the most MoE blocks, then the most
     blocks), per row.  Stage i holds blocks [i * bps, (i + 1) * bps) with
     ``bps = ceil(num_blocks / stages)``; the dense blocks are the first
     ``first_dense``; the last stage also runs the ``mtp`` modules (an MoE
-    block each, as DeepSeek-V3's)."""
+    block each, as DeepSeek-V3's).  Rows of ``cols`` that split the pipeline
+    unevenly (``autopar.model.pipeline.stage_split``) hold their stages'
+    blocks in order instead, and then the second stage's counts and each
+    stage's blocks (``{w}_blocks``, without the mtp modules) are given too."""
     N = model.num_blocks
     k = model.moe.first_dense if model.moe is not None else N
     mtp = model.mtp
-    out = {f"{w}_{t}": np.zeros(len(stages)) for w in ("first", "last", "pace")
-           for t in ("dense", "moe")}
+    split = uneven_rows(cols) if cols is not None else None
+    whos = ("first", "last", "pace") + (("second",) if split is not None else ())
+    out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in ("dense", "moe")}
+    groups = []
     for pp in np.unique(stages):
         rows = stages == pp
-        bps = -(-N // int(pp))
-        counts = []
-        for i in range(int(pp)):
-            lo, hi = min(i * bps, N), min((i + 1) * bps, N)
+        if split is not None:
+            rows = rows & ~split
+        groups.append((rows, [-(-N // int(pp))] * int(pp)))
+    if split is not None:
+        out.update({f"{w}_blocks": (-(-N // np.maximum(stages, 1))).astype(float)
+                    for w in whos})
+        at = np.flatnonzero(split)
+        splits, inv = distinct_splits(cols, N, at)
+        for j, per in enumerate(splits):
+            rows = np.zeros(len(stages), dtype=bool)
+            rows[at[inv == j]] = True
+            groups.append((rows, per))
+    for rows, per in groups:
+        if not rows.any():
+            continue
+        counts, lo = [], 0
+        for i, n in enumerate(per):
+            hi = min(lo + n, N)
             dense = max(0, min(hi, k) - lo)
             moe = (hi - lo) - dense
-            if i == int(pp) - 1:
+            if i == len(per) - 1:
                 if model.moe is not None:
                     moe += mtp
                 else:
                     dense += mtp
             counts.append((dense, moe))
+            lo = hi
         pace = max(counts, key=lambda c: (c[1], c[0] + c[1]))
-        for w, (d, e) in (("first", counts[0]), ("last", counts[-1]), ("pace", pace)):
+        picked = {"first": counts[0], "last": counts[-1], "pace": pace,
+                  "second": counts[min(1, len(counts) - 1)]}
+        for w in whos:
+            d, e = picked[w]
             out[f"{w}_dense"][rows] = d
             out[f"{w}_moe"][rows] = e
+            if split is not None and split[rows].any():
+                n = {"first": per[0], "last": per[-1], "second": per[min(1, len(per) - 1)],
+                     "pace": max(per)}[w]
+                out[f"{w}_blocks"][rows] = max(n, 1)
     return out
 
 

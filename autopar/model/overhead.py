@@ -106,7 +106,7 @@ def launch_time(model, cols, sums, share, passes, launch_s: float):
     if not launch_s:
         return 0.0
     k_fw, k_bw = block_kernels(model, cols)
-    gpu_bw = sums["agrad_time"] + sums["wgrad_time"] + sums["re_time"] * share
-    fw = np.maximum(k_fw * launch_s - sums["fw_time"], 0.0)
+    gpu_bw = sums.agrad_time + sums.wgrad_time + sums.re_time * share
+    fw = np.maximum(k_fw * launch_s - sums.fw_time, 0.0)
     bw = np.where(cols["training"], np.maximum(k_bw * launch_s - gpu_bw, 0.0), 0.0)
     return passes * (fw + bw)

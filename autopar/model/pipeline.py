@@ -10,6 +10,17 @@ variant, split collectives; the others are *base* blocks.  Every
 micro-batch passes every chunk; the bubble is ``pipeline_par - 1`` chunk
 times, shortened by the missing blocks and lengthened when interleaving
 meets micro-batches that do not fill the pipeline.
+
+Uneven splits (issue 24; the ``SPLIT_FIELDS`` of ``autopar.io.layouts``)
+follow Megatron-Core: ``stage_split`` gives each stage's blocks (or the rule
+the split breaks).  The stage with the most blocks paces the pipeline
+(``blocks_per_stage``), the others lack ``missing_blocks`` between them, so
+the bubble is Calculon's with that count; ``blocks_first``,
+``blocks_second`` and ``blocks_last`` are the blocks of the stages whose
+memory can be the largest (the first holds the most micro-batches in
+flight, the second the most after it, the last the output layer); a chunk
+holds ``blocks_per_stage / chunks`` blocks on average.  At the defaults all
+are Calculon's ``ceil(num_blocks / stages)``.
 """
 from __future__ import annotations
 
@@ -17,8 +28,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from autopar.io.layouts import SPLIT_FIELDS
 from autopar.model.block_sums import BlockSums
-from autopar.model.lookup import Ranges, by_value
+from autopar.model.lookup import Ranges, by_value, distinct, pack
 
 
 @dataclass(frozen=True)
@@ -34,10 +46,17 @@ class Schedule:
     base_blocks: np.ndarray       # blocks of a chunk but its edge block (float)
     chunk_passes: np.ndarray      # microbatches * chunks: chunk passes per stage
     leftover: np.ndarray          # microbatches % stages
+    # Blocks of the first, second and last stage (uneven splits; else
+    # blocks_per_stage itself).
+    blocks_first: np.ndarray
+    blocks_second: np.ndarray
+    blocks_last: np.ndarray
+    uneven: bool = False          # whether some row splits the pipeline unevenly
 
     def rows(self, sl) -> "Schedule":
         """The schedule of the rows ``sl`` (a slice, or positions)."""
-        return Schedule(**{f.name: getattr(self, f.name)[sl] for f in fields(self)})
+        return Schedule(**{f.name: getattr(self, f.name)[sl] for f in fields(self)
+                           if f.name != "uneven"}, uneven=self.uneven)
 
 
 def schedule(cols: dict, num_blocks: int) -> Schedule:
@@ -63,12 +82,156 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
         microbatches = cols["batch_size"] // (dp * mbs)
     else:
         microbatches = cols["batch_size"] // dp // mbs
+    base_blocks = (blocks_per_chunk - 1).astype(float)
+    first = second = last = blocks_per_stage
+    split = uneven_rows(cols)
+    if split is not None:
+        # Megatron's splits (only where a row asks for one): the pacing
+        # stage's blocks, the missing ones, the three stages' blocks; chunks
+        # of blocks_per_stage / interleaving blocks on average.
+        rows = np.flatnonzero(split)
+        counts = split_counts(cols, num_blocks, rows)
+        pace, first, second, last = (_put(blocks_per_stage, rows, c) for c in counts)
+        missing = _put(missing, rows, stages[rows] * counts[0] - num_blocks)
+        # (a virtual stage may hold only the embedding or the loss: chunks
+        # with blocks, at most the pacing stage's blocks)
+        v = np.minimum(interleaving[rows], np.maximum(counts[0], 1))
+        chunks = _put(chunks, rows, v)
+        blocks_per_chunk = _put(blocks_per_chunk.astype(float), rows, counts[0] / v)
+        base_blocks = blocks_per_chunk - 1.0
+        blocks_per_stage = pace
     return Schedule(
         stages=stages, interleaving=interleaving, microbatches=microbatches,
         blocks_per_stage=blocks_per_stage, missing_blocks=missing,
         blocks_per_chunk=blocks_per_chunk, chunks=chunks,
-        base_blocks=(blocks_per_chunk - 1).astype(float), chunk_passes=microbatches * chunks,
-        leftover=microbatches % stages)
+        base_blocks=base_blocks, chunk_passes=microbatches * chunks,
+        leftover=microbatches % stages, blocks_first=first, blocks_second=second,
+        blocks_last=last, uneven=split is not None)
+
+
+def _put(col, rows, values):
+    """``col`` with ``values`` at ``rows`` (a copy, in the values' dtype where
+    they are floats)."""
+    out = np.array(col, dtype=np.result_type(col, values))
+    out[rows] = values
+    return out
+
+
+def uneven_rows(cols: dict):
+    """The rows that set a field of the pipeline split (``SPLIT_FIELDS``),
+    or None where none does (every default is 0: one ``any`` a column)."""
+    present = [cols[f] for f in SPLIT_FIELDS if f in cols and cols[f].any()]
+    if not present:
+        return None
+    mask = present[0] != 0
+    for c in present[1:]:
+        mask = mask | (c != 0)
+    return mask
+
+
+def stage_split(num_blocks: int, p: int, v: int, first: int, last: int, embedding: bool,
+                loss: bool, balanced: bool):
+    """The blocks of each of the ``p`` stages, as Megatron-Core builds them,
+    or the reason (a ``REASONS`` text of ``autopar.model.rules``) the split
+    cannot be built.
+
+    * ``first`` / ``last`` > 0 (``num_layers_in_first_pipeline_stage`` /
+      ``..._last_...``): those stages hold that many blocks, the stages
+      between share the rest evenly
+      (transformer_block.py ``get_num_layers_to_build``); transformer_config.py
+      (``__post_init__``) requires them divisible by the virtual size, the rest
+      divisible by the middle stages (and there to be middle blocks exactly
+      where there are middle stages), each middle stage's share divisible by
+      the virtual size, and refuses them together with the embedding or loss
+      counted.
+    * ``embedding`` / ``loss`` (``account_for_embedding_in_pipeline_split`` /
+      ``account_for_loss_...``): the embedding / loss counts as a block of the
+      even split; ``num_blocks + embedding + loss`` must divide by ``p`` and
+      each stage's share by ``v``; the first / last stage builds one block
+      fewer (``get_num_layers_to_build``).
+    * ``balanced``: a ``pipeline_model_parallel_layout``
+      (pipeline_parallel_layer_layout.py) whose ``p * v`` virtual stages, in
+      order (virtual stage ``k`` on stage ``k % p``), hold ``q`` or ``q + 1``
+      of the ``num_blocks + embedding + loss`` layers, the earlier ones the
+      more; the embedding in the first virtual stage and the loss in the
+      last, as the layout requires.  Layouts conflict with first/last
+      (transformer_config.py); every virtual stage holds a layer.
+    """
+    e, l_ = int(embedding), int(loss)
+    if min(first, last) < 0:
+        return "invalid: first_stage_blocks and last_stage_blocks must be >= 0"
+    if p <= 1:
+        return "invalid: pipeline split fields need pipeline_par > 1"
+    if (first or last) and (e or l_):
+        return ("invalid: first_stage_blocks and last_stage_blocks cannot be set with "
+                "embedding_in_split or loss_in_split")
+    if balanced:
+        if first or last:
+            return ("invalid: pipeline_layout balanced cannot be set with first_stage_blocks "
+                    "or last_stage_blocks")
+        layers, k = num_blocks + e + l_, p * v
+        q, r = divmod(layers, k)
+        if q < 1:
+            return "infeasible: pipeline_layout balanced needs a block for every virtual stage"
+        per = [sum(q + (j * p + s < r) for j in range(v)) for s in range(p)]
+        per[0] -= e
+        per[-1] -= l_
+        return per
+    if first or last:
+        if first % v or last % v:
+            return ("infeasible: first_stage_blocks and last_stage_blocks must be divisible "
+                    "by pipeline_interleaving")
+        rest, middle = num_blocks - first - last, p - bool(first) - bool(last)
+        if rest < 0 or bool(rest) != bool(middle) or (middle and rest % middle):
+            return ("infeasible: the middle stages must share the blocks first_stage_blocks "
+                    "and last_stage_blocks leave evenly")
+        share = rest // middle if middle else 0
+        if share % v:
+            return ("infeasible: the middle stages' blocks must be divisible by "
+                    "pipeline_interleaving")
+        per = [share] * p
+        if first:
+            per[0] = first
+        if last:
+            per[-1] = last
+        return per
+    layers = num_blocks + e + l_
+    if layers % p:
+        return ("infeasible: blocks with the embedding and loss counted must be divisible "
+                "by pipeline_par")
+    if (layers // p) % v:
+        return ("infeasible: blocks per stage with the embedding and loss counted must be "
+                "divisible by pipeline_interleaving")
+    per = [layers // p] * p
+    per[0] -= e
+    per[-1] -= l_
+    return per
+
+
+def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool = False):
+    """The distinct splits of the ``rows`` (positions): each one's stage
+    blocks (``stage_split``; for a split the rules flag, whose rows are not
+    computed, all 0, or with ``reasons`` the reason) and each row's split
+    among them."""
+    keys = [np.asarray(cols[f])[rows].astype(np.int64)
+            for f in ("pipeline_par", "pipeline_interleaving") + SPLIT_FIELDS]
+    idx, inv = distinct(*pack(keys))
+    splits = []
+    for i in idx.tolist():
+        p, v, first, last, e, l_, bal = (int(c[i]) for c in keys)
+        per = stage_split(num_blocks, p, max(v, 1), first, last, bool(e), bool(l_), bool(bal))
+        splits.append(per if reasons or not isinstance(per, str) else [0] * max(p, 1))
+    return splits, inv
+
+
+def split_counts(cols: dict, num_blocks: int, rows: np.ndarray):
+    """For the ``rows`` (that set a split field and pass the rules): the
+    blocks of the pacing stage (the most), of the first, the second and the
+    last stage."""
+    splits, inv = distinct_splits(cols, num_blocks, rows)
+    table = np.array([(max(per), per[0], per[min(1, len(per) - 1)], per[-1])
+                      for per in splits], dtype=np.int64).T
+    return tuple(table[k].take(inv) for k in range(4))
 
 
 def per_batch(sched: Schedule, base_value, edge_value):
@@ -121,3 +284,16 @@ def bubble(sched: Schedule, chunk: dict):
     leftover = sched.leftover
     extra = np.where(leftover != 0, (sched.interleaving - 1) * (stages - leftover), 0)
     return (stages - 1) * chunk_time + (extra * chunk_time - saved)
+
+
+def last_stage_slack(sched: Schedule, chunk: dict):
+    """Seconds per micro-batch the last stage has to spare against the
+    pacing stage (its ``blocks_per_stage - blocks_last`` fewer blocks at the
+    average block's forward and backward time), in which the output layer
+    and its loss run (Megatron's ``num_layers_in_last_pipeline_stage`` /
+    ``account_for_loss_in_pipeline_split`` exist to give it this room); None
+    where every stage is even."""
+    if not sched.uneven:
+        return None
+    fewer = sched.blocks_per_stage - sched.blocks_last
+    return fewer * (chunk["fw"] + chunk["bw"]) / sched.blocks_per_chunk

@@ -13,11 +13,12 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS
+from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS, SPLIT_FIELDS
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
 from autopar.model.context import choose
 from autopar.model.lookup import Ranges, by_value
+from autopar.model.pipeline import distinct_splits, uneven_rows
 
 # Why a layout cannot run.  "invalid": the layout breaks a rule of its own;
 # "infeasible": well formed, but the system cannot run it.
@@ -68,6 +69,26 @@ REASONS = REASONS + (
     "tensor_par_comm_type rs_ag (sequence parallelism)",
     "invalid: shared_feedforward must be divisible by tensor_par",
     "invalid: latent attention (mla) is modelled with tensor_par_overlap none",
+)
+# Uneven pipelines as Megatron-Core splits them (issue 24;
+# ``autopar.model.pipeline.stage_split`` says which source states each).
+REASONS = REASONS + (
+    "invalid: first_stage_blocks and last_stage_blocks must be >= 0",
+    "invalid: pipeline split fields need pipeline_par > 1",
+    "invalid: first_stage_blocks and last_stage_blocks cannot be set with "
+    "embedding_in_split or loss_in_split",
+    "invalid: pipeline_layout balanced cannot be set with first_stage_blocks "
+    "or last_stage_blocks",
+    "infeasible: first_stage_blocks and last_stage_blocks must be divisible "
+    "by pipeline_interleaving",
+    "infeasible: the middle stages must share the blocks first_stage_blocks "
+    "and last_stage_blocks leave evenly",
+    "infeasible: the middle stages' blocks must be divisible by pipeline_interleaving",
+    "infeasible: blocks with the embedding and loss counted must be divisible "
+    "by pipeline_par",
+    "infeasible: blocks per stage with the embedding and loss counted must be "
+    "divisible by pipeline_interleaving",
+    "infeasible: pipeline_layout balanced needs a block for every virtual stage",
 )
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
@@ -191,12 +212,31 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     nb = model.num_blocks
     blocks_per_stage = by_value(lambda p: -(-nb // p), pp1, ranges=ranges)
     interleaving = at_least_1(cols["pipeline_interleaving"])
-    flag(interleaving > blocks_per_stage,
+    split = uneven_rows(cols)
+    even = True if split is None else ~split
+    flag(even & (interleaving > blocks_per_stage),
          "infeasible: pipeline_interleaving exceeds the blocks per processor")
-    flag(by_value(lambda p, v: -(-nb // p) % v != 0, pp1, interleaving, ranges=ranges),
+    flag(even & by_value(lambda p, v: -(-nb // p) % v != 0, pp1, interleaving, ranges=ranges),
          "infeasible: pipeline_interleaving must divide the blocks per processor")
+    fewest = blocks_per_stage
+    if split is not None:
+        # Megatron's uneven splits (``autopar.model.pipeline.stage_split``)
+        # instead of Calculon's interleaving rules; offloading by the stage
+        # with the fewest blocks.
+        at = np.flatnonzero(split)
+        splits, inv = distinct_splits({"pipeline_par": pp1, "pipeline_interleaving": interleaving,
+                                       **{f: cols[f] for f in SPLIT_FIELDS}}, nb, at,
+                                      reasons=True)
+        for j, per in enumerate(splits):
+            if isinstance(per, str):
+                mask = np.zeros(n, dtype=bool)
+                mask[at[inv == j]] = True
+                flag(mask, per)
+        least = np.array([0 if isinstance(per, str) else min(per) for per in splits])
+        fewest = blocks_per_stage.copy()
+        fewest[at] = least.take(inv)
     flag((cols["weight_offload"] | cols["activations_offload"] | cols["optimizer_offload"])
-         & (blocks_per_stage <= 2),
+         & (fewest <= 2),
          "infeasible: offloading requires each processor to handle at least 3 blocks")
     p2p = cols["tensor_par_comm_type"] == CHOICES["tensor_par_comm_type"].index("p2p_rs_ag")
     flag((rs | p2p) & by_value(lambda u, c, x: (u * (model.seq_size // c)) % x != 0,

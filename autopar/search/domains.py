@@ -18,6 +18,7 @@ from typing import Callable
 
 from autopar.io.layouts import CHOICES
 from autopar.io.spaces import DERIVED, PARAMS
+from autopar.model.pipeline import stage_split
 
 @lru_cache(maxsize=4096)
 def divisors(n: int) -> tuple[int, ...]:
@@ -42,6 +43,10 @@ def _r_tp(c, s):
 
 
 def _r_pp(c, s):
+    if c.uneven:
+        # Uneven splits: any pipeline size up to the blocks (the split's
+        # rules decide, below).
+        return tuple(d for d in divisors(c.num_procs // s["tensor_par"]) if d <= c.blocks), None
     return divisors(math.gcd(c.num_procs // s["tensor_par"], c.blocks)), None
 
 
@@ -116,7 +121,87 @@ def _r_ppint(c, s):
     pp = s["pipeline_par"]
     if pp == 1:
         return (1,), "must be 1 when pipeline_par is 1"
+    if c.uneven:
+        return tuple(range(1, c.blocks // pp + 1)), None
     return divisors(c.blocks // pp), None
+
+
+# Uneven pipelines (the space searches or fixes a split field: ``c.uneven``):
+# the split's values that Megatron builds (``stage_split``); where every
+# split field stays at its default, Calculon's rule on the interleaving.
+# first/last_stage_blocks are proposed up to the even share ceil(blocks / pp)
+# (the use of them: room for the embedding and the loss).
+
+def _split(c, s, first=0, last=0, embedding=None, loss=None, balanced=None):
+    """The stages' blocks of a split (``stage_split``; Calculon's ceil split
+    where every field is at its default), or None where it cannot be built."""
+    e = s.get("embedding_in_split", False) if embedding is None else embedding
+    l_ = s.get("loss_in_split", False) if loss is None else loss
+    bal = s["pipeline_layout"] == "balanced" if balanced is None else balanced
+    p, v = s["pipeline_par"], s["pipeline_interleaving"]
+    if not (first or last or e or l_ or bal):
+        return _calculon_split(c.blocks, p) if -(-c.blocks // p) % v == 0 else None
+    per = stage_split(c.blocks, p, v, first, last, e, l_, bal)
+    return None if isinstance(per, str) else per
+
+
+@lru_cache(maxsize=1024)
+def _calculon_split(blocks: int, p: int) -> list:
+    share = -(-blocks // p)
+    return [min((i + 1) * share, blocks) - min(i * share, blocks) for i in range(p)]
+
+
+def _new_split(c, s, **kw) -> bool:
+    """Whether a split that sets a field can be built and gives the stages
+    blocks the default split does not (the same blocks are the same layout
+    for the model: proposed once, at the defaults)."""
+    per = _split(c, s, **kw)
+    return per is not None and per != _split(c, s, 0, 0, False, False, False)
+
+
+def _r_layout(c, s):
+    if s["pipeline_par"] == 1:
+        return ("even",), "needs pipeline_par > 1"
+    return tuple(x for x in CHOICES["pipeline_layout"]
+                 if x == "even" or c.blocks >= s["pipeline_par"] * s["pipeline_interleaving"]), None
+
+
+def _r_embedding(c, s):
+    if s["pipeline_par"] == 1:
+        return (False,), "needs pipeline_par > 1"
+    return tuple(e for e in _TF if not e or _split(c, s, embedding=True, loss=False)
+                 or _split(c, s, embedding=True, loss=True)), None
+
+
+def _r_loss(c, s):
+    if s["pipeline_par"] == 1:
+        return (False,), "needs pipeline_par > 1"
+    e = s["embedding_in_split"]
+    return tuple(x for x in _TF if (not (x or e) and s["pipeline_layout"] == "even")
+                 or _new_split(c, s, loss=x)), None
+
+
+def _stage_block_values(c, s):
+    share = -(-c.blocks // s["pipeline_par"])
+    v = s["pipeline_interleaving"]
+    return tuple(range(v, share + 1, v))
+
+
+def _r_first(c, s):
+    if s["pipeline_par"] == 1 or s["pipeline_layout"] == "balanced" \
+            or s["embedding_in_split"] or s["loss_in_split"]:
+        return (0,), "needs pipeline_layout even without the embedding or loss in the split"
+    return (0,) + _stage_block_values(c, s), None
+
+
+def _r_last(c, s):
+    if s["pipeline_par"] == 1 or s["pipeline_layout"] == "balanced" \
+            or s["embedding_in_split"] or s["loss_in_split"]:
+        return (0,), "needs pipeline_layout even without the embedding or loss in the split"
+    first = s["first_stage_blocks"]
+    return tuple(x for x in (0,) + _stage_block_values(c, s)
+                 if (_split(c, s, first, x) is not None if not (first or x)
+                     else _new_split(c, s, first=first, last=x))), None
 
 
 def _r_recompute(c, s):
@@ -259,6 +344,20 @@ RULES: tuple[Rule, ...] = (
           "dividing tensor_par*data_par*context_par"),
     Rule("pipeline_interleaving", ("pipeline_par",), _r_ppint,
           "must divide num_blocks/pipeline_par"),
+    Rule("pipeline_layout", ("pipeline_par", "pipeline_interleaving"), _r_layout,
+          "balanced needs a block per virtual stage"),
+    Rule("embedding_in_split", ("pipeline_par", "pipeline_interleaving", "pipeline_layout"),
+          _r_embedding, "the blocks with the embedding counted must split as Megatron does"),
+    Rule("loss_in_split", ("pipeline_par", "pipeline_interleaving", "pipeline_layout",
+                           "embedding_in_split"), _r_loss,
+          "the blocks with the loss counted must split as Megatron does"),
+    Rule("first_stage_blocks", ("pipeline_par", "pipeline_interleaving", "pipeline_layout",
+                                "embedding_in_split", "loss_in_split"), _r_first,
+          "0 or a multiple of pipeline_interleaving up to ceil(num_blocks/pipeline_par)"),
+    Rule("last_stage_blocks", ("pipeline_par", "pipeline_interleaving", "pipeline_layout",
+                               "embedding_in_split", "loss_in_split", "first_stage_blocks"),
+          _r_last, "0 or a multiple of pipeline_interleaving up to ceil(num_blocks/"
+          "pipeline_par), leaving the middle stages an even share"),
     Rule("activation_recompute", (), _r_recompute, ""),
     Rule("recompute_layers", ("pipeline_par", "activation_recompute"), _r_reclayers,
           "fewer than the blocks per stage"),

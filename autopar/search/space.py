@@ -26,7 +26,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS
+from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, SPLIT_FIELDS
 from autopar.io.spaces import (BATCH_POLICIES, DEFAULT_SKELETON, DERIVED,  # noqa: F401
                                NET_FIELDS, OPTIONAL, PARAMS, Allowed, SpaceSpec, read_space,
                                value_kind)
@@ -67,6 +67,7 @@ class _Ctx:
     experts: int = 0      # routed experts (0: a dense model)
     expert_ff: int = 0    # an expert's feed-forward size
     mla: bool = False     # latent attention (TP communication not overlapped)
+    uneven: bool = False  # the space searches or fixes a pipeline split field
 
 
 def _check_case(case: Case, source: str = "case") -> None:
@@ -115,7 +116,9 @@ def _ctx(case: Case, space: "Space") -> _Ctx:
                           if FP8_MATRIX[r] in s.matrix),
                 experts=int(m.moe.experts) if getattr(m, "moe", None) else 0,
                 expert_ff=int(m.moe.expert_feedforward) if getattr(m, "moe", None) else 0,
-                mla=getattr(m, "mla", None) is not None)
+                mla=getattr(m, "mla", None) is not None,
+                uneven=any(f in space.allowed or space.fixed.get(f, EXT_DEFAULTS[f])
+                           != EXT_DEFAULTS[f] for f in SPLIT_FIELDS))
 
 
 # --------------------------------------------------------------------------
