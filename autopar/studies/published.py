@@ -247,14 +247,18 @@ def cases(table: Table) -> list[tuple[int, "PublishedCase | Skip"]]:
     return out
 
 
-def predict(table: Table, rank: bool = True, space=None) -> pd.DataFrame:
+def predict(table: Table, rank: bool = True, space=None, transform=None) -> pd.DataFrame:
     """One row per kept CSV row: label, status (predicted | skipped), reason,
     measured and predicted tokens/s/GPU and peak memory, errors, feasibility,
-    and (with ``rank``) the published layout's rank among autopar's layouts."""
+    and (with ``rank``) the published layout's rank among autopar's layouts.
+    ``transform(case) -> case`` changes each case before it is predicted
+    (``autopar.studies.crossval``: a constant set back to its unfitted value)."""
     from autopar.model import evaluate_one
 
     recs = []
     for idx, c in cases(table):
+        if transform is not None and isinstance(c, PublishedCase):
+            c = transform(c)
         if isinstance(c, Skip):
             recs.append({"row": idx, "label": c.label, "status": "skipped",
                          "reason": c.reason})
