@@ -26,6 +26,13 @@ def register(subparsers) -> None:
                    help="published: skip ranking the published layouts among autopar's")
     p.add_argument("--rows", action="store_true",
                    help="published: also print every row's prediction")
+    p.add_argument("--cross-validate", action="store_true",
+                   help="published: refit every fitted constant without each table (and the "
+                        "LLaMA sweeps' calibration without each model size) and print "
+                        "in-sample against left-out errors")
+    p.add_argument("--write-errors", default=None, metavar="PATH",
+                   help="with --cross-validate: write the model's error distributions "
+                        "(JSON; the shipped one is autopar/data/errors.json)")
     p.add_argument("--system", default=None,
                    help="system JSON (default for megatron: systems/a100_80g.json)")
     p.add_argument("--models", default=None,
@@ -64,6 +71,10 @@ def run(args) -> int:
         if args.output:
             write_atomic_csv(table, args.output)
         return 0
+    if args.target == "published" and getattr(args, "cross_validate", False):
+        return _cross_validate(args)
+    if getattr(args, "write_errors", None):
+        raise SpecError("command line", "--write-errors", "needs 'published --cross-validate'")
     if args.target == "published":
         return _published(args)
     if not args.system:
@@ -84,6 +95,39 @@ def run(args) -> int:
     if args.output:
         write_atomic_csv(rows, args.output)
     return 0 if len(rows) else 1
+
+
+def _cross_validate(args) -> int:
+    import json
+
+    from autopar.cli import output_path
+    from autopar.io.writers import write_atomic_csv
+    from autopar.studies import crossval
+
+    out = output_path("--write-errors", args.write_errors) if args.write_errors else None
+    cv = crossval.cross_validate(args.table)
+    print(crossval.text(cv))
+    doc = crossval.errors_document(cv)
+    for fam, e in doc["families"].items():
+        t, m = e.get("time"), e.get("memory")
+        parts = []
+        if t:
+            parts.append(f"tokens/s log(measured/predicted) median {t['quantiles']['0.5']:+.3f}, "
+                         f"5-95% [{t['quantiles']['0.05']:+.3f}, {t['quantiles']['0.95']:+.3f}] "
+                         f"({t['n']} rows)")
+        if m:
+            parts.append(f"peak memory mu {m['mu']:+.3f} sigma {m['sigma']:.3f}"
+                         + (f" (borrowed from {m['borrowed_from']})" if "borrowed_from" in m
+                            else f" ({m['n_exact']} measured, {m['n_censored']} censored)"))
+        print(f"{fam}: " + "; ".join(parts))
+    if out is not None:
+        tmp = out.with_name(f".{out.name}.partial")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(out)
+        print(f"wrote {out}")
+    if args.output:
+        write_atomic_csv(cv.residuals, args.output)
+    return 0
 
 
 def _published(args) -> int:

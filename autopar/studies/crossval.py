@@ -31,10 +31,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from autopar.search.risk import FAMILIES, family_of, log_normal_cdf
 from autopar.studies import published as P
 from autopar.studies import published_moe  # noqa: F401  (registers the MoE rows' host time)
 
-FAMILIES = ("megatron", "fsdp", "moe")
 # The LLaMA sweeps and the systems their constants were fitted from.
 SWEEP_CSV = Path("measured/llama-sweeps/llama_13B_65B_a100.csv")
 SWEEP_BASE = "a100_80g_dgx_hdr200_base"
@@ -43,12 +43,8 @@ SWEEP_NAME = "llama_sweeps"
 
 
 def family(case: "P.PublishedCase") -> str:
-    """The framework family whose errors a case shares: MoE for a model with
-    experts, FSDP for sharded weights (ZeRO-3: torchtitan's FSDP2), else
-    Megatron-family (Megatron-LM, Megatron-Core, NeMo)."""
-    if case.model.moe is not None:
-        return "moe"
-    return "fsdp" if case.execution.get("weight_sharding") else "megatron"
+    """A case's framework family (``autopar.search.risk.family_of``)."""
+    return family_of(case.model, case.execution)
 
 
 # ----------------------------------------------------------------------------
@@ -230,11 +226,19 @@ def sweep_folds(reference: Path):
     return row, res, fits
 
 
-def cross_validate(names=None, sweeps: bool = True, reference: Path | None = None):
-    """Every published table (or ``names``) in sample and left out, and with
-    ``sweeps`` the LLaMA sweeps by model size."""
-    rows, res = published_folds(names)
-    if sweeps:
+def cross_validate(names=None, reference: Path | None = None):
+    """Every published table and the LLaMA sweeps (by model size), or the
+    ``names`` among them (``llama_sweeps`` names the sweeps)."""
+    from autopar.io.errors import SpecError
+
+    known = list(P.TABLES) + [SWEEP_NAME]
+    names = known if names is None else list(names)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SpecError("command line", "--table",
+                        f"unknown table {unknown[0]!r} (one of: {', '.join(known)})")
+    rows, res = published_folds([n for n in names if n != SWEEP_NAME])
+    if SWEEP_NAME in names:
         ref = reference or P.published_dir().parent.parent
         got = sweep_folds(Path(ref))
         if got is not None:
@@ -249,31 +253,28 @@ def cross_validate(names=None, sweeps: bool = True, reference: Path | None = Non
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
-def _normal_cdf(z):
-    from scipy.special import ndtr
-    return ndtr(z)
-
-
 def censored_normal(exact, at_most, more_than) -> tuple[float, float]:
     """(mu, sigma) of a normal that makes the exact values and the censored
-    bounds (value <= bound, value > bound) most likely: a grid of sigma on a
-    log scale and mu in steps of 0.0025, refined once."""
-    from scipy.stats import norm
+    bounds (value <= bound, value > bound) most likely: a grid of mu and
+    log sigma, then a finer grid around the best point."""
     exact, at_most, more_than = (np.asarray(x, float) for x in (exact, at_most, more_than))
 
     def nll(mu, sd):
         mu, sd = mu[:, None], sd[:, None]
-        v = -norm.logpdf(exact[None, :], mu, sd).sum(axis=1)
-        v -= norm.logcdf((at_most[None, :] - mu) / sd).sum(axis=1)
-        v -= norm.logsf((more_than[None, :] - mu) / sd).sum(axis=1)
+        v = (0.5 * ((exact[None, :] - mu) / sd) ** 2 + np.log(sd)).sum(axis=1)
+        v -= log_normal_cdf((at_most[None, :] - mu) / sd).sum(axis=1)
+        v -= log_normal_cdf((mu - more_than[None, :]) / sd).sum(axis=1)
         return v
 
-    mus = np.arange(-0.4, 0.4001, 0.0025)
-    sds = np.exp(np.linspace(math.log(0.003), math.log(0.5), 120))
-    M, S = np.meshgrid(mus, sds, indexing="ij")
-    v = nll(M.ravel(), S.ravel())
-    i = int(np.argmin(v))
-    return float(M.ravel()[i]), float(S.ravel()[i])
+    mu_c, lsd_c, mstep, lstep = 0.0, math.log(0.05), 0.02, 0.15
+    for _ in range(3):
+        mus = mu_c + mstep * np.arange(-20, 21)
+        lsds = lsd_c + lstep * np.arange(-20, 21)
+        M, S = np.meshgrid(mus, np.exp(lsds), indexing="ij")
+        i = int(np.argmin(nll(M.ravel(), S.ravel())))
+        mu_c, lsd_c = float(M.ravel()[i]), math.log(float(S.ravel()[i]))
+        mstep, lstep = mstep / 10, lstep / 10
+    return mu_c, math.exp(lsd_c)
 
 
 def error_distributions(cv: CrossValidation) -> dict:
