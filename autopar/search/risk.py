@@ -68,7 +68,7 @@ _erfc = np.frompyfunc(math.erfc, 1, 1)
 def normal_cdf(z):
     """Phi(z), elementwise."""
     z = np.asarray(z, dtype=float)
-    return (0.5 * _erfc(-z / SQRT2)).astype(float)
+    return np.asarray(0.5 * _erfc(-z / SQRT2), dtype=float)
 
 
 def log_normal_cdf(z):
@@ -203,3 +203,27 @@ def risk_of(args, allowed=RISKS) -> Risk:
 
 def fits_text(p: float) -> str:
     return f"P(fits) {p:.3f}" if p == p else "P(fits) -"
+
+
+def layout_risk(model, system: SystemSpec, execution: dict, peak_bytes, rate,
+                risk: Risk | None = None) -> dict:
+    """One layout's risk figures: its family, ``p_fits``, the rate's 5%,
+    50% and 95% quantiles, the expected rate (rate x P(fits)) and whether it
+    meets ``risk.min_p_fits``."""
+    err = load_errors(family_of(model, execution))
+    p = float(p_fits(peak_bytes, system.mem1.GiB, err)) if peak_bytes else float("nan")
+    q = rate_quantiles(rate, err) if rate == rate and rate else {}
+    risk = risk or Risk()
+    return {"family": err.family, "p_fits": p,
+            "rate_p05": q.get(0.05), "rate_p50": q.get(0.5), "rate_p95": q.get(0.95),
+            "expected_rate": float(rate) * p if p == p and rate == rate else None,
+            "min_p_fits": risk.min_p_fits, "meets_min_p_fits": bool(p >= risk.min_p_fits)}
+
+
+def risk_text(r: dict) -> str:
+    """'P(fits) 0.973 (megatron errors); rate 5-95% 1.2-1.5 samples/s'."""
+    s = f"{fits_text(r['p_fits'])} ({r['family']} errors)"
+    if r.get("rate_p05") is not None:
+        s += (f"; rate 5%-95% {r['rate_p05']:.4g}-{r['rate_p95']:.4g} samples/s, "
+              f"expected {r['expected_rate']:.4g}")
+    return s
