@@ -1,0 +1,185 @@
+"""Risk-aware recommendations: P(fits) from the model's own error, the
+searches' risk choice, and leave-one-table-out cross-validation."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autopar.io.errors import SpecError
+from autopar.io.specs import load_system
+from autopar.search import risk as R
+
+GIB = 1024 ** 3
+CASE = ("models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json", "--num-procs", 8,
+        "--max-batch-size", 64, "--datatype", "bfloat16", "--space", "llama")
+
+
+@pytest.fixture(scope="module")
+def errors():
+    return R.load_errors("megatron")
+
+
+def test_p_fits_falls_with_the_peak_and_is_half_at_the_median(errors):
+    cap = 80.0
+    peaks = np.linspace(40, 120, 81) * GIB
+    p = R.p_fits(peaks, cap, errors)
+    assert np.all(np.diff(p) <= 0)                # saturates at 1 far below capacity
+    near = (peaks >= 60 * GIB) & (peaks <= 110 * GIB)
+    assert np.all(np.diff(p[near]) < 0)
+    assert p[0] > 0.99 and p[-1] < 0.01
+    # The true peak is predicted x exp(mu) in the median: a predicted peak of
+    # cap / exp(mu) fits half the time.
+    median_peak = cap * GIB / math.exp(errors.memory_mu)
+    assert float(R.p_fits(median_peak, cap, errors)) == pytest.approx(0.5, abs=1e-6)
+    assert np.isnan(R.p_fits(0.0, cap, errors))
+
+
+def test_safe_headroom_is_where_p_fits_meets_the_threshold(errors):
+    system = load_system("systems/a100_80g_dgx_hdr200.json")
+    for q in (0.5, 0.9, 0.95, 0.99):
+        h = R.risk_headroom_gib(system, errors, q)
+        at = (system.mem1.GiB - h) * GIB
+        assert float(R.p_fits(at, system.mem1.GiB, errors)) == pytest.approx(q, abs=1e-6)
+    assert R.risk_headroom_gib(system, errors, 0.99) > R.risk_headroom_gib(system, errors, 0.9)
+
+
+def test_normal_quantile_and_cdf_agree():
+    for p in (0.01, 0.25, 0.5, 0.95):
+        assert float(R.normal_cdf(R.normal_quantile(p))) == pytest.approx(p, abs=1e-9)
+
+
+def test_censored_normal_recovers_a_known_distribution():
+    from autopar.studies.crossval import censored_normal
+    rng = np.random.default_rng(0)
+    true = rng.normal(0.03, 0.08, 4000)
+    bounds = rng.uniform(-0.2, 0.25, 4000)        # a capacity per observation
+    ran = true <= bounds
+    mu, sd = censored_normal(true[:20], bounds[ran], bounds[~ran])
+    assert mu == pytest.approx(0.03, abs=0.01) and sd == pytest.approx(0.08, abs=0.01)
+
+
+def test_shipped_errors_name_their_tables():
+    doc = json.loads((R.resources.files("autopar") / R.ERRORS_FILE).read_text())
+    fams = doc["families"]
+    assert set(fams) == set(R.FAMILIES)
+    assert "llama_sweeps" in fams["megatron"]["memory"]["tables"]
+    assert fams["megatron"]["memory"]["n_censored"] > 0
+    assert fams["fsdp"]["memory"]["borrowed_from"] == "megatron"
+    assert fams["fsdp"]["time"]["tables"] == ["torchtitan"]
+
+
+def test_family_of():
+    class M:
+        moe = None
+    assert R.family_of(M(), {"weight_sharding": True}) == "fsdp"
+    assert R.family_of(M(), {"weight_sharding": False}) == "megatron"
+    M.moe = object()
+    assert R.family_of(M(), {}) == "moe"
+
+
+@pytest.mark.parametrize("bad", [("--risk", "bold"), ("--min-p-fits", "0"),
+                                 ("--min-p-fits", "1"), ("--min-p-fits", "often"),
+                                 ("--risk", "expected")])
+def test_bad_risk_options_exit_2_with_one_line(cli, bad):
+    r = cli("exhaustive", *CASE, *bad)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and bad[0] in lines[0] and "Traceback" not in r.stderr
+
+
+def test_parse_risk_raises_spec_error():
+    with pytest.raises(SpecError, match="--min-p-fits"):
+        R.parse_risk("safe", "-0.5")
+    assert R.parse_risk() == R.Risk("safe", 0.95)
+
+
+def test_exhaustive_prints_the_safe_and_the_fast_pick(cli, tmp_path):
+    # LLaMA 13B on 8 GPUs without headroom: the fastest layout is predicted
+    # at 79.7 GiB of 80 (P(fits) about 0.5); the safe pick leaves room.
+    s = tmp_path / "s.json"
+    r = cli("exhaustive", *CASE, "--memory-headroom", 0, "--summary", s)
+    assert r.returncode == 0, r.stderr
+    summ = json.loads(s.read_text())
+    safe, fast = summ["safe_pick"], summ["fast_pick"]
+    assert safe["execution"] != fast["execution"]
+    assert safe["p_fits"] >= 0.95 > fast["p_fits"]
+    assert fast["sample_rate"] > safe["sample_rate"]
+    assert summ["risk"]["choice"] == "safe"
+    assert "fast pick:" in r.stdout and "safe pick" in r.stdout
+    assert f"P(fits) {safe['p_fits']:.3f}" in r.stdout
+    assert f"P(fits) {fast['p_fits']:.3f}" in r.stdout
+    # --risk fast recommends the fast pick and names no other.
+    f = tmp_path / "f.json"
+    r = cli("exhaustive", *CASE, "--memory-headroom", 0, "--risk", "fast", "--summary", f)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(f.read_text())["best"]["execution"] == fast["execution"]
+    assert "fast pick" not in r.stdout
+    # A looser threshold lets the fast pick through.
+    lo = tmp_path / "lo.json"
+    r = cli("exhaustive", *CASE, "--memory-headroom", 0, "--min-p-fits", 0.3, "--summary", lo)
+    assert r.returncode == 0 and "fast pick:" not in r.stdout
+    assert json.loads(lo.read_text())["safe_pick"]["execution"] == fast["execution"]
+
+
+def test_tune_reports_p_fits_and_the_expected_pick(cli, tmp_path):
+    args = (*CASE, "--sampler", "random", "--trials", 60, "--seed", 3, "--memory-headroom", 0)
+    r = cli("tune", *args, "--risk", "expected", "--trials-out", tmp_path / "t.csv",
+            "--output", tmp_path / "best.json")
+    assert r.returncode == 0, r.stderr
+    t = pd.read_csv(tmp_path / "t.csv")
+    done = t[t.state == "COMPLETE"]
+    assert done.p_fits.between(0, 1).all()
+    want = done.loc[(done.sample_rate * done.p_fits).idxmax()]
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert (best["tensor_par"], best["pipeline_par"], best["microbatch_size"]) == \
+        (want.tensor_par, want.pipeline_par, want.microbatch_size)
+    assert "ranked by rate x P(fits)" in r.stdout
+
+
+def test_estimate_reports_p_fits(cli, tmp_path):
+    s = tmp_path / "s.json"
+    assert cli("exhaustive", *CASE, "--memory-headroom", 0, "--summary", s).returncode == 0
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps(json.loads(s.read_text())["fast_pick"]["execution"]))
+    e = cli("estimate", *CASE[:2], fast, "--json")
+    got = json.loads(e.stdout)
+    assert got["p_fits"] < 0.95 and got["meets_min_p_fits"] is False
+    assert got["rate_p05"] < got["sample_rate"] * 1.0001 or got["rate_p05"] < got["rate_p95"]
+    assert got["rate_p05"] < got["rate_p50"] < got["rate_p95"]
+    e = cli("estimate", *CASE[:2], fast)
+    assert "risk: P(fits)" in e.stdout and "below the safe threshold 0.95" in e.stdout
+
+
+def test_cross_validate_on_one_table(cli, tmp_path, reference):
+    out = tmp_path / "errors.json"
+    r = cli("validate", "published", "--cross-validate", "--table", "mcore_h100",
+            "--write-errors", out)
+    assert r.returncode == 0, r.stderr
+    row = [line for line in r.stdout.splitlines() if line.startswith("mcore_h100")]
+    assert len(row) == 1
+    # in-sample, left-out, their ratio, and the fallback it took
+    assert "micro-batch 1" in row[0] and ">1.5" in row[0]
+    assert "nothing left to fit on" in r.stdout
+    doc = json.loads(out.read_text())
+    meg = doc["families"]["megatron"]
+    assert meg["time"]["tables"] == ["mcore_h100"] and meg["time"]["n"] == 9
+    bad = cli("validate", "published", "--cross-validate", "--table", "nope")
+    assert bad.returncode == 2 and "--table" in bad.stderr
+    bad = cli("validate", "published", "--write-errors", out)
+    assert bad.returncode == 2 and "--write-errors" in bad.stderr
+
+
+def test_left_out_constant_falls_back_to_its_default(reference):
+    from autopar.studies import crossval as X
+    from autopar.studies import published as P
+    t, fallbacks = X.left_out_transform("bridge_qwen3_moe")
+    assert fallbacks and "0 ms" in fallbacks[0]
+    c = next(c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
+             if isinstance(c, P.PublishedCase))
+    assert c.system.time_overhead.moe_block_s > 0
+    assert t(c).system.time_overhead.moe_block_s == 0
+    assert X.left_out_transform("nemo_h100") == (None, [])
