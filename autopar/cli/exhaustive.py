@@ -162,8 +162,12 @@ def run(args) -> int:
                   f"space {summary['space']}: {why}", file=sys.stderr)
             return 1
         top = top_json(table, args.top_n)
+        from autopar.search.headroom import PEAK
+        from autopar.search.risk import p_fits
         for entry in top.values():
             entry["execution"] = export_execution(entry["execution"], fmt)
+            peak = entry["stats"].get(PEAK)
+            entry["p_fits"] = float(p_fits(peak, system.mem1.GiB, errors)) if peak else None
         if outs["--output"] is not None:
             temps.append((_write_json(outs["--output"], export_execution(best["execution"], fmt)),
                           outs["--output"]))
