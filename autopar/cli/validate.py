@@ -118,7 +118,9 @@ def _cross_validate(args) -> int:
         if m:
             parts.append(f"peak memory mu {m['mu']:+.3f} sigma {m['sigma']:.3f}"
                          + (f" (borrowed from {m['borrowed_from']})" if "borrowed_from" in m
-                            else f" ({m['n_exact']} measured, {m['n_censored']} censored)"))
+                            else f" ({m['n_exact']} measured, {m['n_censored']} censored)")
+                         + (f"; own sigma {m['own_sigma']:.3f} widened to the Megatron "
+                            f"family's" if "own_sigma" in m else ""))
         print(f"{fam}: " + "; ".join(parts))
     if out is not None:
         tmp = out.with_name(f".{out.name}.partial")
