@@ -81,14 +81,16 @@ def test_family_of():
     assert R.family_of(M(), {}) == "moe"
 
 
-@pytest.mark.parametrize("bad", [("--risk", "bold"), ("--min-p-fits", "0"),
-                                 ("--min-p-fits", "1"), ("--min-p-fits", "often"),
-                                 ("--risk", "expected")])
+@pytest.mark.parametrize("bad", [("exhaustive", *CASE, "--risk", "bold"),
+                                 ("exhaustive", *CASE, "--min-p-fits", "0"),
+                                 ("exhaustive", *CASE, "--min-p-fits", "1"),
+                                 ("tune", *CASE, "--min-p-fits", "often"),
+                                 ("compare", "experiments/none.yaml", "--risk", "expected")])
 def test_bad_risk_options_exit_2_with_one_line(cli, bad):
-    r = cli("exhaustive", *CASE, *bad)
+    r = cli(*bad)
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and bad[0] in lines[0] and "Traceback" not in r.stderr
+    assert len(lines) == 1 and bad[-2] in lines[0] and "Traceback" not in r.stderr
 
 
 def test_parse_risk_raises_spec_error():
@@ -127,6 +129,24 @@ def test_exhaustive_prints_the_safe_and_the_fast_pick(cli, tmp_path):
     r = cli("exhaustive", *CASE, "--memory-headroom", 0, "--min-p-fits", 0.3, "--summary", lo)
     assert r.returncode == 0 and "fast pick:" not in r.stdout
     assert json.loads(lo.read_text())["safe_pick"]["execution"] == fast["execution"]
+
+
+def test_exhaustive_expected_pick_is_the_best_of_every_layout(cli, tmp_path, errors):
+    rows, s = tmp_path / "rows.csv", tmp_path / "s.json"
+    r = cli("exhaustive", *CASE, "--memory-headroom", 0, "--risk", "fast", "--all", rows)
+    assert r.returncode == 0, r.stderr
+    every = pd.read_csv(rows)
+    every = every[every.feasible]
+    score = every.sample_rate * R.p_fits(every.proc_mem_tier1_cap_req, 80.0, errors)
+    want = every.loc[score.idxmax()]
+    r = cli("exhaustive", *CASE, "--memory-headroom", 0, "--risk", "expected", "--summary", s)
+    assert r.returncode == 0, r.stderr
+    summ = json.loads(s.read_text())
+    got = summ["best"]
+    assert got["sample_rate"] * got["p_fits"] == pytest.approx(score.max(), rel=1e-9)
+    assert got["sample_rate"] == pytest.approx(want.sample_rate, rel=1e-9)
+    assert summ["fast_pick"]["sample_rate"] == pytest.approx(every.sample_rate.max())
+    assert "the expected pick" in r.stdout and "fast pick:" in r.stdout
 
 
 def test_tune_reports_p_fits_and_the_expected_pick(cli, tmp_path):

@@ -113,7 +113,7 @@ def run(args) -> int:
     system = load_system(args.system)
     headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
     from autopar.search.risk import family_of, load_errors, risk_headroom_gib, risk_of
-    risk = risk_of(args, allowed=("fast", "safe"))
+    risk = risk_of(args)
     errors = load_errors(family_of(model))
     # safe: the fastest layout with P(fits) >= min_p_fits, a search with the
     # headroom that probability sets (or the one asked for, if larger); the
@@ -132,7 +132,13 @@ def run(args) -> int:
         _remove_stale_partials(p)
     temps: list[tuple[Path, Path]] = []
     try:
-        table, summary = exhaustive(
+        search = exhaustive
+        if risk.choice == "expected":
+            from functools import partial
+
+            from autopar.search.risk import expected_search
+            search = partial(expected_search, err=errors, capacity_gib=system.mem1.GiB)
+        table, summary = search(
             model, with_headroom(system, headroom), args.num_procs, args.max_batch_size, args.datatype,
             space=space, batch_policy=args.batch_policy, top_n=args.top_n,
             address=args.address, progress=args.progress,
@@ -143,7 +149,9 @@ def run(args) -> int:
             raise SpecError(getattr(space, "source", "space"), "space",
                             f"has no layout for this case ({args.num_procs} procs, "
                             f"batch {args.max_batch_size})")
-        if headroom > user_headroom:
+        if risk.choice == "expected":
+            unhedged = summary["fast_pick"]
+        elif headroom > user_headroom:
             unhedged = _without_headroom(model, system, space, args, headroom, summary,
                                          other=user_headroom)
         else:
@@ -194,13 +202,15 @@ def run(args) -> int:
           + (f" with {headroom:g} GiB memory headroom" if headroom > 0 else "")
           + f", {summary['seconds']:.1f} s")
     from autopar.search.risk import fits_text
-    pick = "safe pick" if risk.choice == "safe" else "best"
+    pick = {"safe": "safe pick", "expected": "expected pick"}.get(risk.choice, "best")
+    how = {"safe": f"the safe pick: the fastest with P(fits) >= {risk.min_p_fits:g}",
+           "expected": "the expected pick: the highest rate x P(fits)",
+           "fast": "--risk fast: ranked by rate"}[risk.choice]
     print(f"best: {_layout_text(best)}")
-    print(f"      {fits_text(best['p_fits'])} ({errors.family} errors)"
-          + (f"; the safe pick: the fastest with P(fits) >= {risk.min_p_fits:g}"
-             if risk.choice == "safe" else "; --risk fast: ranked by rate"))
-    other = ("fast pick" if headroom > user_headroom else "fastest without headroom")
-    if headroom > 0:
+    print(f"      {fits_text(best['p_fits'])} ({errors.family} errors); {how}")
+    other = ("fast pick" if headroom > user_headroom or risk.choice == "expected"
+             else "fastest without headroom")
+    if headroom > 0 or risk.choice == "expected":
         from autopar.search.headroom import difference_text, peak_text
         print(f"      peak {peak_text(best['peak_bytes'], system, headroom)}")
         if unhedged is not None and unhedged["execution"] != best["execution"]:
@@ -209,7 +219,8 @@ def run(args) -> int:
                   f"{fits_text(unhedged['p_fits'])}; "
                   f"{difference_text(best['sample_rate'], unhedged['sample_rate'])}"
                   .replace("without the headroom", f"than the {pick}"
-                           if other == "fast pick" else "without the headroom"))
+                           if other == "fast pick" else "without the headroom")
+                  .replace("no layout fits with the headroom", f"the {pick} has rate 0"))
         elif unhedged is not None:
             print(f"{other}: the same layout")
     return 0

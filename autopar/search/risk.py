@@ -24,8 +24,9 @@ The user's risk choice (``--risk``):
   run: a layout that runs out of memory costs a failed job and a second
   try, a few percent of rate does not.
 - ``expected``: rank by rate x P(fits) (the expected rate when an
-  out-of-memory run yields nothing); needs every candidate's peak, so
-  ``autopar tune`` and ``estimate`` offer it, ``exhaustive`` does not.
+  out-of-memory run yields nothing): ``exhaustive`` exactly
+  (``expected_search``), ``tune`` over its trials, ``estimate`` reports it;
+  ``compare`` refuses it (its samplers rank by rate).
 """
 from __future__ import annotations
 
@@ -227,3 +228,37 @@ def risk_text(r: dict) -> str:
         s += (f"; rate 5%-95% {r['rate_p05']:.4g}-{r['rate_p95']:.4g} samples/s, "
               f"expected {r['expected_rate']:.4g}")
     return s
+
+
+def expected_search(model, system: SystemSpec, num_procs: int, max_batch_size: int,
+                    datatype: str, err: Errors, capacity_gib: float, top_n: int = 1,
+                    start: int = 64, **kw):
+    """The layouts of the highest expected rate (rate x P(fits)), exactly:
+    exhaustive searches keeping the best ``k`` layouts by rate, ``k``
+    growing eightfold until the k-th rate is at most the best expected rate
+    found (a layout outside the k scores at most its rate, so none scores
+    more).  ``capacity_gib``: the tier-1 capacity P(fits) is taken against
+    (``system`` may carry a headroom).  Returns ``(table, summary)`` as
+    ``exhaustive``: the table by expected rate with ``p_fits`` and
+    ``expected_rate``, ``summary['best']`` the expected pick,
+    ``summary['fast_pick']`` the fastest, ``summary['expected_candidates']``
+    the k of the last search."""
+    from autopar.search.exhaustive import exhaustive, execution_of
+    k = max(int(start), int(top_n))
+    while True:
+        table, summary = exhaustive(model, system, num_procs, max_batch_size, datatype,
+                                    top_n=k, **kw)
+        if not len(table):
+            return table, summary
+        p = p_fits(table["proc_mem_tier1_cap_req"].to_numpy(), capacity_gib, err)
+        score = table["sample_rate"].to_numpy() * np.nan_to_num(p)
+        if len(table) < k or table["sample_rate"].min() <= score.max():
+            break
+        k *= 8
+    table = table.assign(p_fits=p, expected_rate=score)
+    summary["fast_pick"] = summary["best"]
+    table = table.iloc[np.argsort(-score, kind="stable")]
+    row = table.iloc[0]
+    summary["best"] = {"execution": execution_of(row), "sample_rate": float(row.sample_rate)}
+    summary["expected_candidates"] = k
+    return table.head(top_n), summary
