@@ -222,3 +222,21 @@ def test_left_out_constant_falls_back_to_its_default(reference):
     assert c.system.time_overhead.moe_block_s > 0
     assert t(c).system.time_overhead.moe_block_s == 0
     assert X.left_out_transform("nemo_h100") == (None, [])
+
+
+@pytest.mark.parametrize("top_n", [5, 3000])
+def test_safe_picks_are_a_search_with_the_safe_headroom(cli, tmp_path, errors, top_n):
+    # 5: the safe picks are found among the fast search's best 64 by rate;
+    # 3000: too few of those fit, so a second search runs.  Either way they
+    # are the best of a search with the headroom the threshold sets.
+    system = load_system("systems/a100_80g_dgx_hdr200.json")
+    h = math.ceil(100 * R.risk_headroom_gib(system, errors, 0.95)) / 100
+    safe, plain = tmp_path / "safe.json", tmp_path / "plain.json"
+    r = cli("exhaustive", *CASE, "--memory-headroom", 0, "--top", safe, "--top-n", top_n)
+    assert r.returncode == 0, r.stderr
+    r = cli("exhaustive", *CASE, "--memory-headroom", h, "--risk", "fast", "--top", plain,
+            "--top-n", top_n)
+    assert r.returncode == 0, r.stderr
+    a, b = json.loads(safe.read_text()), json.loads(plain.read_text())
+    assert len(a) == len(b) == min(top_n, len(b))
+    assert [e["execution"] for e in a.values()] == [e["execution"] for e in b.values()]

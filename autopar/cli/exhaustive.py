@@ -132,14 +132,17 @@ def run(args) -> int:
         _remove_stale_partials(p)
     temps: list[tuple[Path, Path]] = []
     try:
-        search = exhaustive
+        from functools import partial
+        search, searched = exhaustive, headroom
         if risk.choice == "expected":
-            from functools import partial
-
             from autopar.search.risk import expected_search
             search = partial(expected_search, err=errors, capacity_gib=system.mem1.GiB)
+        elif headroom > user_headroom:
+            from autopar.search.risk import safe_search
+            search = partial(safe_search, base=system, safe_headroom=headroom)
+            searched = user_headroom
         table, summary = search(
-            model, with_headroom(system, headroom), args.num_procs, args.max_batch_size, args.datatype,
+            model, with_headroom(system, searched), args.num_procs, args.max_batch_size, args.datatype,
             space=space, batch_policy=args.batch_policy, top_n=args.top_n,
             address=args.address, progress=args.progress,
             chunk_size=args.chunk_size or DEFAULT_CHUNK, all_path=all_tmp)
@@ -149,11 +152,9 @@ def run(args) -> int:
             raise SpecError(getattr(space, "source", "space"), "space",
                             f"has no layout for this case ({args.num_procs} procs, "
                             f"batch {args.max_batch_size})")
-        if risk.choice == "expected":
+        if risk.choice == "expected" or headroom > user_headroom:
             unhedged = summary["fast_pick"]
-        elif headroom > user_headroom:
-            unhedged = _without_headroom(model, system, space, args, headroom, summary,
-                                         other=user_headroom)
+            summary["memory_headroom_GiB"] = headroom
         else:
             unhedged = _without_headroom(model, system, space, args, headroom, summary)
         _add_risk(model, system, summary, errors, risk, headroom)
@@ -197,9 +198,10 @@ def run(args) -> int:
             tmp.unlink(missing_ok=True)
         if all_tmp is not None and all_tmp.exists():
             all_tmp.unlink()
+    counted = summary.get("searched_headroom_GiB", headroom)
     print(f"space {summary['space']}: {summary['layouts']:,} layouts, "
           f"{summary['feasible']:,} feasible"
-          + (f" with {headroom:g} GiB memory headroom" if headroom > 0 else "")
+          + (f" with {counted:g} GiB memory headroom" if counted > 0 else "")
           + f", {summary['seconds']:.1f} s")
     from autopar.search.risk import fits_text
     pick = {"safe": "safe pick", "expected": "expected pick"}.get(risk.choice, "best")
@@ -257,19 +259,15 @@ def _add_risk(model, system, summary: dict, errors, risk, headroom: float) -> No
         summary["safe_pick"] = summary.get("best")
 
 
-def _without_headroom(model, system, space, args, headroom: float, summary: dict,
-                      other: float | None = None):
+def _without_headroom(model, system, space, args, headroom: float, summary: dict):
     """With a headroom: the fastest layout without it (a second search of the
-    space, keeping the best only), recorded in the summary with both peaks.
-    With ``other`` (the safe risk's larger headroom was searched): the fastest
-    with ``other`` GiB of headroom instead, the fast pick."""
+    space, keeping the best only), recorded in the summary with both peaks."""
     from autopar.search.exhaustive import DEFAULT_CHUNK, exhaustive
-    from autopar.search.headroom import with_headroom
     from autopar.model import evaluate_one
 
     if headroom <= 0:
         return None
-    _, plain = exhaustive(model, with_headroom(system, other or 0.0), args.num_procs,
+    _, plain = exhaustive(model, system, args.num_procs,
                           args.max_batch_size, args.datatype,
                           space=space, batch_policy=args.batch_policy, top_n=1,
                           address=args.address, progress=args.progress,
@@ -279,5 +277,5 @@ def _without_headroom(model, system, space, args, headroom: float, summary: dict
         b["peak_bytes"] = float(evaluate_one(model, system, b["execution"])
                                 ["proc_mem_tier1_cap_req"])
     summary["memory_headroom_GiB"] = headroom
-    summary["fast_pick" if other is not None else "best_without_headroom"] = plain["best"]
+    summary["best_without_headroom"] = plain["best"]
     return plain["best"]

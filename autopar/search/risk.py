@@ -262,3 +262,40 @@ def expected_search(model, system: SystemSpec, num_procs: int, max_batch_size: i
     summary["best"] = {"execution": execution_of(row), "sample_rate": float(row.sample_rate)}
     summary["expected_candidates"] = k
     return table.head(top_n), summary
+
+
+def safe_search(model, system: SystemSpec, num_procs: int, max_batch_size: int,
+                datatype: str, base: SystemSpec, safe_headroom: float, top_n: int = 1,
+                start: int = 64, **kw):
+    """The fastest layouts that fit with ``safe_headroom`` GiB below
+    ``base``'s capacity (P(fits) >= a threshold, ``risk_headroom_gib``) and
+    the fastest on ``system`` (``base`` with the headroom asked for, the fast
+    pick), from one search where it can: the search keeps the best ``k`` by
+    rate on ``system``; when ``top_n`` of them fit with the safe headroom (or
+    the k hold every feasible layout) they are the safe picks, as every layout
+    outside is slower; else a second search with the safe headroom.  Returns
+    ``(table, summary)`` as ``exhaustive`` with ``summary['fast_pick']`` and
+    ``summary['searched_headroom_GiB']`` (the headroom its counts are for)."""
+    from autopar.search.exhaustive import exhaustive, execution_of
+    from autopar.search.headroom import fits, with_headroom
+    k = max(int(start), int(top_n))
+    table, summary = exhaustive(model, system, num_procs, max_batch_size, datatype,
+                                top_n=k, **kw)
+    fast = summary["best"]
+    summary["searched_headroom_GiB"] = base.mem1.GiB - system.mem1.GiB
+    ok = fits(table["proc_mem_tier1_cap_req"].to_numpy(), base, safe_headroom)
+    if int(ok.sum()) < top_n and len(table) == k:
+        kw.pop("all_path", None)             # every row was written by the first search
+        table, second = exhaustive(model, with_headroom(base, safe_headroom), num_procs,
+                                   max_batch_size, datatype, top_n=top_n, **kw)
+        second["fast_pick"] = fast
+        second["searched_headroom_GiB"] = safe_headroom
+        second["seconds"] = round(second["seconds"] + summary["seconds"], 3)
+        return table, second
+    table = table[ok].head(top_n)
+    summary["best"] = None if not len(table) else {
+        "execution": execution_of(table.iloc[0]),
+        "sample_rate": float(table.iloc[0].sample_rate)}
+    summary["fast_pick"] = fast
+    summary["safe_candidates"] = k
+    return table, summary
