@@ -240,3 +240,24 @@ def test_safe_picks_are_a_search_with_the_safe_headroom(cli, tmp_path, errors, t
     a, b = json.loads(safe.read_text()), json.loads(plain.read_text())
     assert len(a) == len(b) == min(top_n, len(b))
     assert [e["execution"] for e in a.values()] == [e["execution"] for e in b.values()]
+
+
+def test_validate_sweep_scores_the_risk_favourites(cli, tmp_path, reference):
+    sweep = reference / "measured/llama-sweeps/llama_13B_65B_a100.csv"
+    out = {}
+    for risk in ("fast", "safe"):
+        csv = tmp_path / f"{risk}.csv"
+        r = cli("validate", sweep, "--system", "systems/a100_80g_dgx_hdr200.json",
+                "--risk", risk, "--output", csv)
+        assert r.returncode == 0, r.stderr
+        out[risk] = pd.read_csv(csv)
+    safe = out["safe"]
+    # the safe favourites are chosen among rows with P(fits) >= 0.95 only
+    assert (safe.p_fits[safe.pred_fits_headroom] >= 0.95).all()
+    assert safe.p_fits.between(0, 1).all()
+    ran = safe[safe.status.isin(["ok", "oom"])]
+    # P(fits) ranks the labels: layouts that ran have higher P(fits)
+    assert ran[ran.status == "ok"].p_fits.mean() > ran[ran.status == "oom"].p_fits.mean() + 0.5
+    bad = cli("validate", sweep, "--system", "systems/a100_80g_dgx_hdr200.json",
+              "--risk", "reckless")
+    assert bad.returncode == 2 and "--risk" in bad.stderr

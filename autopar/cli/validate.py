@@ -43,6 +43,12 @@ def register(subparsers) -> None:
                    help="a sweep's favourite (top-1 regret) is the fastest layout predicted "
                         "to fit with this much of tier 1 free (default: the system's "
                         "memory_headroom, else 0)")
+    p.add_argument("--risk", default=None, metavar="{fast,safe,expected}",
+                   help="a sweep's favourite: fast = the fastest predicted to fit with the "
+                        "headroom (default here, the model's figure); safe = the fastest with "
+                        "P(fits) >= --min-p-fits; expected = the highest rate x P(fits)")
+    p.add_argument("--min-p-fits", default=None, metavar="P",
+                   help="safe: the least chance to fit (default 0.95)")
     p.set_defaults(func=run)
 
 
@@ -86,10 +92,17 @@ def run(args) -> int:
     headroom = headroom_gib(system, args.memory_headroom)
     from autopar.io.shipped import resolve, shipped_dir
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
+    from autopar.search.risk import parse_risk
+    risk = parse_risk(args.risk or "fast", args.min_p_fits)
     rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom)
+    _risk_favourites(rows, system, risk)
     report = sweep_report(rows)
     print(report.to_string(float_format=lambda x: f"{x:.3f}"))
-    if headroom > 0:
+    if risk.choice == "safe":
+        print(f"favourites: the fastest layouts with P(fits) >= {risk.min_p_fits:g}")
+    elif risk.choice == "expected":
+        print("favourites: the layouts of the highest rate x P(fits)")
+    elif headroom > 0:
         print(f"favourites: the fastest layouts predicted to fit with {headroom:g} GiB of "
               f"memory headroom")
     if args.output:
@@ -130,6 +143,24 @@ def _cross_validate(args) -> int:
     if args.output:
         write_atomic_csv(cv.residuals, args.output)
     return 0
+
+
+def _risk_favourites(rows, system, risk) -> None:
+    """Each row's P(fits) (``p_fits``), and the rows a favourite is chosen
+    from under ``risk`` (``pred_fits_headroom``; for expected, the one row of
+    the highest rate x P(fits) per sweep)."""
+    import numpy as np
+
+    from autopar.search.risk import load_errors, p_fits
+    err = load_errors("megatron")        # the sweeps' format is Megatron's
+    rows["p_fits"] = p_fits(rows["pred_mem_gib"].to_numpy() * 1024 ** 3, system.mem1.GiB, err)
+    ok = rows["pred_feasible"].astype(bool)
+    if risk.choice == "safe":
+        rows["pred_fits_headroom"] = ok & (rows["p_fits"] >= risk.min_p_fits)
+    elif risk.choice == "expected":
+        score = (rows["p_fits"] / rows["pred_step_time_s"]).where(ok)
+        best = score.groupby(rows["sweep"]).transform("max")
+        rows["pred_fits_headroom"] = ok & np.isclose(score, best) & score.notna()
 
 
 def _published(args) -> int:
