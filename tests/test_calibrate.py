@@ -182,14 +182,17 @@ def test_system_headroom_field_checked(repo_root, tmp_path, cli):
 
 CASE = ("models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json", "--num-procs", 8,
         "--max-batch-size", 64, "--datatype", "bfloat16", "--space", "llama")
+# The headroom tests rank by rate alone (--risk fast, the ranking before risk
+# was counted); tests/test_risk.py tests the safe default.
+FAST = ("--risk", "fast")
 
 
 def test_exhaustive_headroom_changes_the_recommendation(cli, tmp_path):
     # LLaMA 13B on 8 GPUs: the fastest layout needs 79.7 GiB of 80; with
     # 5 GiB of headroom the recommendation is another layout that needs less.
     s0, s5 = tmp_path / "s0.json", tmp_path / "s5.json"
-    r0 = cli("exhaustive", *CASE, "--memory-headroom", 0, "--summary", s0)
-    r5 = cli("exhaustive", *CASE, "--memory-headroom", 5, "--summary", s5,
+    r0 = cli("exhaustive", *CASE, *FAST, "--memory-headroom", 0, "--summary", s0)
+    r5 = cli("exhaustive", *CASE, *FAST, "--memory-headroom", 5, "--summary", s5,
              "--output", tmp_path / "best.json")
     assert r0.returncode == 0 and r5.returncode == 0, r0.stderr + r5.stderr
     plain, hedged = json.loads(s0.read_text()), json.loads(s5.read_text())
@@ -222,7 +225,7 @@ def test_tune_recommends_a_trial_that_fits_with_headroom(cli, tmp_path):
     # A seeded random search, first without headroom; then the same search
     # with a headroom that the fastest trial's peak does not leave but
     # another trial's does: the recommendation is that other trial.
-    args = (*CASE, "--sampler", "random", "--trials", 60, "--seed", 3)
+    args = (*CASE, *FAST, "--sampler", "random", "--trials", 60, "--seed", 3)
     r = cli("tune", *args, "--memory-headroom", 0, "--trials-out", tmp_path / "t0.csv")
     assert r.returncode == 0, r.stderr
     t0 = pd.read_csv(tmp_path / "t0.csv")

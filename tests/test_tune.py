@@ -254,7 +254,8 @@ def test_best_export_is_the_best_trial(tmp_path, cli):
             "--output", out, "--trials-out", csv)
     assert r.returncode == 0, r.stderr
     table = pd.read_csv(csv, keep_default_na=False, na_values=[""])
-    assert list(table.columns) == list(TRIAL_COLUMNS)
+    # the command adds each trial's chance to fit (autopar.search.risk)
+    assert list(table.columns) == list(TRIAL_COLUMNS) + ["p_fits"]
     assert len(table) == 25
     best = json.loads(out.read_text())
     row = table.loc[table["sample_rate"].idxmax()]

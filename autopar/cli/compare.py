@@ -32,6 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--memory-headroom", type=float, default=None, metavar="GiB",
                    help="layouts must leave this much of tier 1 free (default: the system's "
                         "memory_headroom, else 0); the fastest layout without it is named too")
+    from autopar.search.risk import add_arguments
+    add_arguments(p)
     p.add_argument("--trials", type=int, default=None,
                    help="trials per run (overrides the file; budgets above it are dropped)")
     p.add_argument("--seeds", type=int, default=None,
@@ -47,7 +49,7 @@ def register(subparsers) -> None:
 
 def run_experiment(path, output_dir=None, address=None, progress=None, data=None,
                    fmt: str = DEFAULT_FORMAT, memory_headroom=None,
-                   overrides=None) -> int:
+                   overrides=None, risk=None) -> int:
     """Run one comparison file and print its summary; the exit code.
 
     ``autopar run`` calls this for ``kind: compare`` files (``data``: the
@@ -68,7 +70,7 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     check_calculon_run(fmt, exp.case.model, exp.case.space)
     try:
         result = compare(exp, out, address=address, progress=progress, execution_format=fmt,
-                         memory_headroom=memory_headroom)
+                         memory_headroom=memory_headroom, risk=risk)
     except (BeatsOptimum, BestMismatch) as err:        # a bug, not bad input: say it on one line
         print(f"autopar: error: {err}", file=sys.stderr)
         return 1
@@ -80,6 +82,8 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
 
 def run(args) -> int:
     from autopar.cli import positive
+    from autopar.search.risk import risk_of
+    risk = risk_of(args, allowed=("fast", "safe"))
     overrides = {}
     if getattr(args, "trials", None) is not None:
         positive("--trials", args.trials)
@@ -91,4 +95,4 @@ def run(args) -> int:
         overrides["samplers"] = [s.strip() for s in args.samplers.split(",") if s.strip()]
     return run_experiment(args.experiment, args.output_dir, args.address, args.progress,
                           fmt=args.format, memory_headroom=args.memory_headroom,
-                          overrides=overrides or None)
+                          overrides=overrides or None, risk=risk)

@@ -63,6 +63,8 @@ def register(subparsers) -> None:
                    help="partial layouts: the values each unknown field may take, as this "
                         "space file allows them (default: every value autopar's rules "
                         "allow)")
+    from autopar.search.risk import add_arguments
+    add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -92,13 +94,17 @@ def run(args) -> int:
                         "or null or \"?\" for a field)")
     execution = load_execution(args.execution, system=system, model=model)
     from autopar.search.headroom import band_gib, fits, headroom_gib
+    from autopar.search.risk import layout_risk, risk_of
     headroom = headroom_gib(system, args.memory_headroom)
+    risk = risk_of(args)
     result = estimate(model, system, execution)
     peak = result.get("proc_mem_tier1_cap_req")
     result["memory_headroom_GiB"] = headroom
     result["memory_band_GiB"] = band_gib(system)
     result["fits_with_headroom"] = bool(result["feasible"] and peak is not None
                                         and fits(peak, system, headroom))
+    if result["feasible"]:
+        result.update(layout_risk(model, system, execution, peak, result["sample_rate"], risk))
     if args.json:
         print(json.dumps(result, indent=2))
     elif result["feasible"]:
@@ -276,6 +282,10 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
     add(f"  {'capacity':<26}{system.mem1.GiB:>12.2f}{system.mem2.GiB:>12.2f}")
     from autopar.search.headroom import peak_text
     add(f"  predicted peak {peak_text(_get(stats, 'proc_mem_tier1_cap_req'), system, headroom)}")
+    if "p_fits" in stats:
+        from autopar.search.risk import risk_text
+        ok = "meets" if stats["meets_min_p_fits"] else "below"
+        add(f"  risk: {risk_text(stats)}; {ok} the safe threshold {stats['min_p_fits']:g}")
 
     total = _get(stats, "total_time")
     add("")

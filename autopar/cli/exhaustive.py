@@ -19,6 +19,7 @@ reasons on one line), 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import os
 import sys
@@ -63,6 +64,8 @@ def register(subparsers) -> None:
                    help="the best layout must leave this much of tier 1 free (default: the "
                         "system's memory_headroom, else 0); the fastest layout without the "
                         "headroom is named too")
+    from autopar.search.risk import add_arguments
+    add_arguments(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.set_defaults(func=run)
@@ -113,6 +116,15 @@ def run(args) -> int:
     model = load_model(args.model)
     system = load_system(args.system)
     headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
+    from autopar.search.risk import family_of, load_errors, risk_headroom_gib, risk_of
+    risk = risk_of(args)
+    errors = load_errors(family_of(model))
+    # safe: the fastest layout with P(fits) >= min_p_fits, a search with the
+    # headroom that probability sets (or the one asked for, if larger); the
+    # fast pick (today's ranking) is searched too when they differ.
+    user_headroom = headroom
+    if risk.choice == "safe":
+        headroom = max(headroom, math.ceil(100 * risk_headroom_gib(system, errors, risk.min_p_fits)) / 100)
     space = load_space(args.space if args.space is not None else DEFAULT_SPACE)
     fmt = getattr(args, "format", DEFAULT_FORMAT)
     check_calculon_run(fmt, model, space)
@@ -124,8 +136,17 @@ def run(args) -> int:
         _remove_stale_partials(p)
     temps: list[tuple[Path, Path]] = []
     try:
-        table, summary = exhaustive(
-            model, with_headroom(system, headroom), args.num_procs, args.max_batch_size, args.datatype,
+        from functools import partial
+        search, searched = exhaustive, headroom
+        if risk.choice == "expected":
+            from autopar.search.risk import expected_search
+            search = partial(expected_search, err=errors, capacity_gib=system.mem1.GiB)
+        elif headroom > user_headroom:
+            from autopar.search.risk import safe_search
+            search = partial(safe_search, base=system, safe_headroom=headroom)
+            searched = user_headroom
+        table, summary = search(
+            model, with_headroom(system, searched), args.num_procs, args.max_batch_size, args.datatype,
             space=space, batch_policy=args.batch_policy, top_n=args.top_n,
             address=args.address, progress=args.progress,
             chunk_size=args.chunk_size or DEFAULT_CHUNK, all_path=all_tmp)
@@ -135,18 +156,31 @@ def run(args) -> int:
             raise SpecError(getattr(space, "source", "space"), "space",
                             f"has no layout for this case ({args.num_procs} procs, "
                             f"batch {args.max_batch_size})")
-        unhedged = _without_headroom(model, system, space, args, headroom, summary)
+        if risk.choice == "expected" or headroom > user_headroom:
+            unhedged = summary["fast_pick"]
+            summary["memory_headroom_GiB"] = headroom
+        else:
+            unhedged = _without_headroom(model, system, space, args, headroom, summary)
+        _add_risk(model, system, summary, errors, risk, headroom)
         if best is None:
             reasons = list(summary["infeasible"].items())[:3]
             why = "; ".join(f"{r} ({n:,})" for r, n in reasons) or "the space is empty"
             if headroom > 0:
                 why += f" (with {headroom:g} GiB memory headroom)"
+            if risk.choice == "safe":
+                why += f"; no layout has P(fits) >= {risk.min_p_fits:g}"
+                if unhedged is not None:
+                    why += f"; fast pick: {_layout_text(unhedged)}"
             print(f"autopar: no feasible layout among {summary['layouts']:,} layouts of "
                   f"space {summary['space']}: {why}", file=sys.stderr)
             return 1
         top = top_json(table, args.top_n)
+        from autopar.search.headroom import PEAK
+        from autopar.search.risk import p_fits
         for entry in top.values():
             entry["execution"] = export_execution(entry["execution"], fmt)
+            peak = entry["stats"].get(PEAK)
+            entry["p_fits"] = float(p_fits(peak, system.mem1.GiB, errors)) if peak else None
         if outs["--output"] is not None:
             temps.append((_write_json(outs["--output"], export_execution(best["execution"], fmt)),
                           outs["--output"]))
@@ -163,7 +197,8 @@ def run(args) -> int:
         # the answer is printed (and flushed: a full disk under `> log` shows
         # here) before any output is put in place
         try:
-            _print_answer(summary, best, headroom, unhedged, system)
+            _print_answer(summary, best, headroom, unhedged, system, risk, errors,
+                          user_headroom)
             sys.stdout.flush()
         except OSError as err:
             err.filename = err.filename or "stdout"
@@ -182,21 +217,35 @@ def run(args) -> int:
     return 0
 
 
-def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system) -> None:
+def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system, risk, errors,
+                  user_headroom: float) -> None:
+    counted = summary.get("searched_headroom_GiB", headroom)
     print(f"space {summary['space']}: {summary['layouts']:,} layouts, "
           f"{summary['feasible']:,} feasible"
-          + (f" with {headroom:g} GiB memory headroom" if headroom > 0 else "")
+          + (f" with {counted:g} GiB memory headroom" if counted > 0 else "")
           + f", {summary['seconds']:.1f} s")
+    from autopar.search.risk import fits_text
+    pick = {"safe": "safe pick", "expected": "expected pick"}.get(risk.choice, "best")
+    how = {"safe": f"the safe pick: the fastest with P(fits) >= {risk.min_p_fits:g}",
+           "expected": "the expected pick: the highest rate x P(fits)",
+           "fast": "--risk fast: ranked by rate"}[risk.choice]
     print(f"best: {_layout_text(best)}")
-    if headroom > 0:
+    print(f"      {fits_text(best['p_fits'])} ({errors.family} errors); {how}")
+    other = ("fast pick" if headroom > user_headroom or risk.choice == "expected"
+             else "fastest without headroom")
+    if headroom > 0 or risk.choice == "expected":
         from autopar.search.headroom import difference_text, peak_text
         print(f"      peak {peak_text(best['peak_bytes'], system, headroom)}")
         if unhedged is not None and unhedged["execution"] != best["execution"]:
-            print(f"fastest without headroom: {_layout_text(unhedged)}")
+            print(f"{other}: {_layout_text(unhedged)}")
             print(f"      peak {peak_text(unhedged['peak_bytes'], system, headroom)}; "
-                  f"{difference_text(best['sample_rate'], unhedged['sample_rate'])}")
+                  f"{fits_text(unhedged['p_fits'])}; "
+                  f"{difference_text(best['sample_rate'], unhedged['sample_rate'])}"
+                  .replace("without the headroom", f"than the {pick}"
+                           if other == "fast pick" else "without the headroom")
+                  .replace("no layout fits with the headroom", f"the {pick} has rate 0"))
         elif unhedged is not None:
-            print("fastest without headroom: the same layout")
+            print(f"{other}: the same layout")
 
 
 def _layout_text(best: dict) -> str:
@@ -213,6 +262,26 @@ def _layout_text(best: dict) -> str:
                       if k in ex))
 
 
+def _add_risk(model, system, summary: dict, errors, risk, headroom: float) -> None:
+    """P(fits) of the picks, and the risk asked for, in the summary."""
+    from autopar.model import evaluate_one
+    from autopar.search.risk import p_fits
+
+    picks = [summary.get("best"), summary.get("best_without_headroom"),
+             summary.get("fast_pick")]
+    for b in picks:
+        if b is not None and "p_fits" not in b:
+            if "peak_bytes" not in b:
+                b["peak_bytes"] = float(evaluate_one(model, system, b["execution"])
+                                        ["proc_mem_tier1_cap_req"])
+            b["p_fits"] = float(p_fits(b["peak_bytes"], system.mem1.GiB, errors))
+    summary["risk"] = {"choice": risk.choice, "min_p_fits": risk.min_p_fits,
+                       "family": errors.family, "headroom_GiB": round(headroom, 3),
+                       "memory_error": {"mu": errors.memory_mu, "sigma": errors.memory_sigma}}
+    if risk.choice == "safe":
+        summary["safe_pick"] = summary.get("best")
+
+
 def _without_headroom(model, system, space, args, headroom: float, summary: dict):
     """With a headroom: the fastest layout without it (a second search of the
     space, keeping the best only), recorded in the summary with both peaks."""
@@ -221,7 +290,8 @@ def _without_headroom(model, system, space, args, headroom: float, summary: dict
 
     if headroom <= 0:
         return None
-    _, plain = exhaustive(model, system, args.num_procs, args.max_batch_size, args.datatype,
+    _, plain = exhaustive(model, system, args.num_procs,
+                          args.max_batch_size, args.datatype,
                           space=space, batch_policy=args.batch_policy, top_n=1,
                           address=args.address, progress=args.progress,
                           chunk_size=args.chunk_size or DEFAULT_CHUNK)

@@ -71,6 +71,8 @@ def register(subparsers) -> None:
                    help="the recommended layout is the fastest trial that leaves this much of "
                         "tier 1 free (default: the system's memory_headroom, else 0); the "
                         "fastest trial without it is named too")
+    from autopar.search.risk import add_arguments
+    add_arguments(p)
     p.add_argument("--address", default=None,
                    help="Ray cluster address (backend ray; default: $RAY_ADDRESS, else "
                         "a local Ray on loopback)")
@@ -167,18 +169,68 @@ def headroom_lines(table, system, headroom: float) -> list[str]:
     return lines
 
 
-def summary_lines(table, label: str, system=None, headroom: float = 0.0) -> list[str]:
+def risk_recommend(table, system, headroom: float, risk, errors):
+    """The trials the recommendation is the best of, under ``risk``: fast,
+    those that fit with ``headroom``; safe, those with P(fits) >= the
+    threshold (as a headroom); expected, the one trial of the highest rate x
+    P(fits).  Adds the ``p_fits`` column to ``table``."""
+    import math
+
+    from autopar.search.headroom import PEAK
+    from autopar.search.risk import p_fits, risk_headroom_gib
+    if PEAK not in table:
+        return fitting_trials(table, system, headroom)
+    table["p_fits"] = p_fits(table[PEAK], system.mem1.GiB, errors)
+    if risk.choice == "safe":
+        h = math.ceil(100 * risk_headroom_gib(system, errors, risk.min_p_fits)) / 100
+        return fitting_trials(table, system, max(headroom, h))
+    fit = fitting_trials(table, system, headroom)
+    if risk.choice == "expected":
+        done = fit[fit["state"] == "COMPLETE"]
+        if len(done):
+            return done.loc[[(done["sample_rate"] * done["p_fits"]).idxmax()]]
+    return fit
+
+
+def risk_lines(table, recommend, system, headroom: float, risk) -> list[str]:
+    """The recommendation's P(fits) and, when it differs, the fast pick."""
+    from autopar.search.headroom import difference_text
+    from autopar.search.risk import fits_text
+    from autopar.search.tune import best_trial
+    rec = best_trial(recommend)
+    if rec is None or "p_fits" not in table:
+        return []
+    how = {"fast": "--risk fast: ranked by rate",
+           "safe": f"the safe pick: the fastest with P(fits) >= {risk.min_p_fits:g}",
+           "expected": "ranked by rate x P(fits)"}[risk.choice]
+    lines = [f"      {fits_text(rec['p_fits'])}; {how}"]
+    fast = best_trial(fitting_trials(table, system, headroom))
+    if risk.choice != "fast" and fast is not None and fast["trial"] != rec["trial"]:
+        lines.append(f"fast pick: {_layout_line(fast)}")
+        lines.append(f"      {fits_text(fast['p_fits'])}; "
+                     + difference_text(rec["sample_rate"], fast["sample_rate"])
+                     .replace("without the headroom", f"than the {risk.choice} pick"))
+    return lines
+
+
+def summary_lines(table, label: str, system=None, headroom: float = 0.0,
+                  recommend=None, risk=None) -> list[str]:
     """What a run printed: counts and the best layout (with ``headroom`` GiB
-    of memory to spare, and then the fastest without it)."""
+    of memory to spare, and then the fastest without it); with ``risk``, the
+    best of ``recommend``, its P(fits) and the fast pick."""
     from autopar.search.tune import best_trial
     n = len(table)
     pruned = int((table["state"] == "PRUNED").sum())
     lines = [f"{label}: {n} trials, {n - pruned} complete, {pruned} pruned "
              f"({table['elapsed_s'].max():.1f} s)" if n else f"{label}: no trials"]
-    row = best_trial(table if system is None else fitting_trials(table, system, headroom))
+    if recommend is None:
+        recommend = table if system is None else fitting_trials(table, system, headroom)
+    row = best_trial(recommend)
     if row is not None:
         lines.append(f"best: {_layout_line(row)}"
                      + (f" (fits with {headroom:g} GiB headroom)" if headroom > 0 else ""))
+    if risk is not None:
+        lines += risk_lines(table, recommend, system, headroom, risk)
     if system is not None:
         lines += headroom_lines(table, system, headroom)
     return lines
@@ -270,6 +322,10 @@ def run(args) -> int:
     from autopar.search.headroom import headroom_gib
     system = load_system(args.system)
     headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
+    from autopar.io.specs import load_model
+    from autopar.search.risk import family_of, load_errors, risk_of
+    risk = risk_of(args)
+    errors = load_errors(family_of(load_model(args.model)))
     table = tune(args.model, system, args.num_procs, args.max_batch_size, args.datatype,
                  sampler=args.sampler, trials=args.trials,
                  space=args.space if args.space is not None else DEFAULT_SPACE,
@@ -277,7 +333,7 @@ def run(args) -> int:
                  address=args.address, concurrency=args.concurrency, encoding=args.encoding,
                  progress=args.progress, study_name=args.study_name,
                  batch_policy=args.batch_policy, **_ray_options(args))
-    recommend = fitting_trials(table, system, headroom)
+    recommend = risk_recommend(table, system, headroom, risk, errors)
     best = write_results(table, output, trials_out, fmt, recommend)
     if "study_name" in table.attrs:
         where = f" in {args.storage}" if args.storage else " (in memory)"
@@ -289,7 +345,8 @@ def run(args) -> int:
         print(f"all {table.attrs['skeletons']:,} skeletons of the space evaluated "
               f"(asked for {args.trials} trials, which covers them all: "
               f"no sampler needed, no new trial possible)")
-    for line in summary_lines(table, f"tune {args.sampler} ({args.backend})", system, headroom):
+    for line in summary_lines(table, f"tune {args.sampler} ({args.backend})", system, headroom,
+                              recommend, risk):
         print(line)
     if best is None:
         print(no_feasible_line(table), file=sys.stderr)

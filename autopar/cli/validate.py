@@ -35,6 +35,13 @@ def register(subparsers) -> None:
                         "(with --rows) the fields it chose; a sweep: rows may leave "
                         "microbatch_size, checkpointing, kernel or sequence_parallel blank, "
                         "and are predicted over their completions")
+    p.add_argument("--cross-validate", action="store_true",
+                   help="published: refit every fitted constant without each table (and the "
+                        "LLaMA sweeps' calibration without each model size) and print "
+                        "in-sample against left-out errors")
+    p.add_argument("--write-errors", default=None, metavar="PATH",
+                   help="with --cross-validate: write the model's error distributions "
+                        "(JSON; the shipped one is autopar/data/errors.json)")
     p.add_argument("--system", default=None,
                    help="system JSON (default for megatron: systems/a100_80g.json)")
     p.add_argument("--models", default=None,
@@ -45,6 +52,12 @@ def register(subparsers) -> None:
                    help="a sweep's favourite (top-1 regret) is the fastest layout predicted "
                         "to fit with this much of tier 1 free (default: the system's "
                         "memory_headroom, else 0)")
+    p.add_argument("--risk", default=None, metavar="{fast,safe,expected}",
+                   help="a sweep's favourite: fast = the fastest predicted to fit with the "
+                        "headroom (default here, the model's figure); safe = the fastest with "
+                        "P(fits) >= --min-p-fits; expected = the highest rate x P(fits)")
+    p.add_argument("--min-p-fits", default=None, metavar="P",
+                   help="safe: the least chance to fit (default 0.95)")
     p.set_defaults(func=run)
 
 
@@ -73,6 +86,10 @@ def run(args) -> int:
         if args.output:
             write_atomic_csv(table, args.output)
         return 0
+    if args.target == "published" and getattr(args, "cross_validate", False):
+        return _cross_validate(args)
+    if getattr(args, "write_errors", None):
+        raise SpecError("command line", "--write-errors", "needs 'published --cross-validate'")
     if args.target == "published":
         return _published(args)
     if not args.system:
@@ -84,8 +101,11 @@ def run(args) -> int:
     headroom = headroom_gib(system, args.memory_headroom)
     from autopar.io.shipped import resolve, shipped_dir
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
+    from autopar.search.risk import parse_risk
+    risk = parse_risk(args.risk or "fast", args.min_p_fits)
     rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom,
                           partial=args.partial)
+    _risk_favourites(rows, system, risk)
     report = sweep_report(rows)
     print(report.to_string(float_format=lambda x: f"{x:.3f}"))
     if args.partial:
@@ -94,12 +114,69 @@ def run(args) -> int:
               f"({int(part.pred_feasible.sum())} fit for some completion)")
         for idx, r in part.iterrows():
             print(f"  row {idx}: {r.pred_chosen or r.pred_reason}")
-    if headroom > 0:
+    if risk.choice == "safe":
+        print(f"favourites: the fastest layouts with P(fits) >= {risk.min_p_fits:g}")
+    elif risk.choice == "expected":
+        print("favourites: the layouts of the highest rate x P(fits)")
+    elif headroom > 0:
         print(f"favourites: the fastest layouts predicted to fit with {headroom:g} GiB of "
               f"memory headroom")
     if args.output:
         write_atomic_csv(rows, args.output)
     return 0 if len(rows) else 1
+
+
+def _cross_validate(args) -> int:
+    import json
+
+    from autopar.cli import output_path
+    from autopar.io.writers import write_atomic_csv
+    from autopar.studies import crossval
+
+    out = output_path("--write-errors", args.write_errors) if args.write_errors else None
+    cv = crossval.cross_validate(args.table)
+    print(crossval.text(cv))
+    doc = crossval.errors_document(cv)
+    for fam, e in doc["families"].items():
+        t, m = e.get("time"), e.get("memory")
+        parts = []
+        if t:
+            parts.append(f"tokens/s log(measured/predicted) median {t['quantiles']['0.5']:+.3f}, "
+                         f"5-95% [{t['quantiles']['0.05']:+.3f}, {t['quantiles']['0.95']:+.3f}] "
+                         f"({t['n']} rows)")
+        if m:
+            parts.append(f"peak memory mu {m['mu']:+.3f} sigma {m['sigma']:.3f}"
+                         + (f" (borrowed from {m['borrowed_from']})" if "borrowed_from" in m
+                            else f" ({m['n_exact']} measured, {m['n_censored']} censored)")
+                         + (f"; own sigma {m['own_sigma']:.3f} widened to the Megatron "
+                            f"family's" if "own_sigma" in m else ""))
+        print(f"{fam}: " + "; ".join(parts))
+    if out is not None:
+        tmp = out.with_name(f".{out.name}.partial")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(out)
+        print(f"wrote {out}")
+    if args.output:
+        write_atomic_csv(cv.residuals, args.output)
+    return 0
+
+
+def _risk_favourites(rows, system, risk) -> None:
+    """Each row's P(fits) (``p_fits``), and the rows a favourite is chosen
+    from under ``risk`` (``pred_fits_headroom``; for expected, the one row of
+    the highest rate x P(fits) per sweep)."""
+    import numpy as np
+
+    from autopar.search.risk import load_errors, p_fits
+    err = load_errors("megatron")        # the sweeps' format is Megatron's
+    rows["p_fits"] = p_fits(rows["pred_mem_gib"].to_numpy() * 1024 ** 3, system.mem1.GiB, err)
+    ok = rows["pred_feasible"].astype(bool)
+    if risk.choice == "safe":
+        rows["pred_fits_headroom"] = ok & (rows["p_fits"] >= risk.min_p_fits)
+    elif risk.choice == "expected":
+        score = (rows["p_fits"] / rows["pred_step_time_s"]).where(ok)
+        best = score.groupby(rows["sweep"]).transform("max")
+        rows["pred_fits_headroom"] = ok & np.isclose(score, best) & score.notna()
 
 
 def _published(args) -> int:

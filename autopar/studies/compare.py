@@ -228,7 +228,7 @@ class _Progress:
 
 def compare(experiment, output_dir=None, *, address: str | None = None,
             progress: bool | None = None, execution_format: str = "autopar",
-            memory_headroom: float | None = None,
+            memory_headroom: float | None = None, risk=None,
             **overrides) -> CompareResult:
     """Run a comparison experiment; returns a ``CompareResult``.
 
@@ -240,6 +240,8 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     on stderr (None: when stderr is a terminal).  ``execution_format``: how
     optimum.json's execution is written (``autopar.io.export``: autopar, or
     calculon, refused before any work for what Calculon cannot represent).
+    ``risk`` (``autopar.search.risk.Risk``; default safe): with safe, the
+    optimum is the fastest layout with P(fits) >= its threshold (a headroom).
     """
     from autopar.io.export import check_calculon_run, export_execution
     from autopar.studies import regret
@@ -260,7 +262,8 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     show = sys.stderr.isatty() if progress is None else bool(progress)
 
     t0 = time.perf_counter()
-    exp, plain = _headroom_case(exp, memory_headroom, address if parallel == "ray" else None)
+    exp, plain = _headroom_case(exp, memory_headroom, address if parallel == "ray" else None,
+                                risk)
     case = exp.case
     _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
                          case.datatype, space=case.space, batch_policy=case.batch_policy,
@@ -355,23 +358,32 @@ def write_outputs(result: CompareResult, out_dir) -> tuple[Path, ...]:
 # --------------------------------------------------------------------------
 # The summary as text
 
-def _headroom_case(exp, memory_headroom, address):
-    """With a memory headroom (asked, else the system's default): the
-    experiment on the system whose first tier is that much smaller (samplers
-    and optimum then fit with headroom), and what is needed to name the
-    fastest layout without it; else ``(exp, None)``."""
+def _headroom_case(exp, memory_headroom, address, risk=None):
+    """With a memory headroom (asked, else the system's default; with the
+    safe risk, at least the one its P(fits) threshold sets): the experiment on
+    the system whose first tier is that much smaller (samplers and optimum
+    then fit with headroom), and what is needed to name the fastest layout
+    without it; else ``(exp, None)``."""
+    import math
     from dataclasses import replace
 
     from autopar.search.exhaustive import exhaustive
     from autopar.search.headroom import headroom_gib, with_headroom
+    from autopar.search.risk import Risk, family_of, load_errors, risk_headroom_gib
     case = exp.case
     h = headroom_gib(case.system, memory_headroom)
+    risk = risk or Risk()
+    errors = load_errors(family_of(case.model))
+    if risk.choice == "safe":
+        h = max(h, math.ceil(100 * risk_headroom_gib(case.system, errors,
+                                                     risk.min_p_fits)) / 100)
     if h <= 0:
         return exp, None
     _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
                          case.datatype, space=case.space, batch_policy=case.batch_policy,
                          address=address)
-    plain = {"headroom": h, "system": case.system, "model": case.model, "best": summ["best"]}
+    plain = {"headroom": h, "system": case.system, "model": case.model, "best": summ["best"],
+             "errors": errors, "risk": risk}
     return replace(exp, case=replace(case, system=with_headroom(case.system, h))), plain
 
 
@@ -380,18 +392,26 @@ def _headroom_record(plain: dict, best) -> dict:
     peak with its band, the fastest layout without headroom and the gap."""
     from autopar.model import evaluate_one
     from autopar.search.headroom import band_gib
+    from autopar.search.risk import p_fits
     system, model = plain["system"], plain["model"]
 
     def peak(ex):
         return evaluate_one(model, system, ex)["proc_mem_tier1_cap_req"] / 1024 ** 3
 
+    def fits(gib):
+        return float(p_fits(gib * 1024 ** 3, system.mem1.GiB, plain["errors"]))
+
     rec = {"memory_headroom_GiB": plain["headroom"], "memory_band_GiB": band_gib(system),
-           "peak_GiB": peak(best["execution"])}
+           "peak_GiB": peak(best["execution"]),
+           "risk": {"choice": plain["risk"].choice, "min_p_fits": plain["risk"].min_p_fits}}
+    rec["p_fits"] = fits(rec["peak_GiB"])
     fast = plain["best"]
     if fast is not None:
         rec["fastest_without_headroom"] = {"execution": fast["execution"],
                                            "sample_rate": fast["sample_rate"],
                                            "peak_GiB": peak(fast["execution"])}
+        rec["fastest_without_headroom"]["p_fits"] = fits(rec["fastest_without_headroom"]
+                                                         ["peak_GiB"])
     return rec
 
 
@@ -427,13 +447,21 @@ def summary_text(result: CompareResult) -> str:
     if "memory_headroom_GiB" in opt:
         from autopar.search.headroom import difference_text
         band = f" +-{opt['memory_band_GiB']:.2f}" if opt["memory_band_GiB"] else ""
-        lines.insert(1, f"memory headroom {opt['memory_headroom_GiB']:g} GiB: the optimum's "
-                        f"predicted peak {opt['peak_GiB']:.2f} GiB{band}")
+        safe = opt.get("risk", {}).get("choice") == "safe"
+        lines.insert(1, f"memory headroom {opt['memory_headroom_GiB']:g} GiB"
+                        + (f" (safe pick: P(fits) >= {opt['risk']['min_p_fits']:g})"
+                           if safe else "")
+                        + f": the optimum's predicted peak {opt['peak_GiB']:.2f} GiB{band}"
+                        + (f", P(fits) {opt['p_fits']:.3f}" if "p_fits" in opt else ""))
         fast = opt.get("fastest_without_headroom")
         if fast is not None and fast["execution"] != opt["execution"]:
-            lines.insert(2, f"fastest without headroom: {fast['sample_rate']:.6g} samples/s, "
-                            f"peak {fast['peak_GiB']:.2f} GiB; "
-                            + difference_text(opt["sample_rate"], fast["sample_rate"]))
+            lines.insert(2, ("fast pick" if safe else "fastest without headroom")
+                            + f": {fast['sample_rate']:.6g} samples/s, "
+                            f"peak {fast['peak_GiB']:.2f} GiB"
+                            + (f", P(fits) {fast['p_fits']:.3f}" if "p_fits" in fast else "")
+                            + "; " + difference_text(opt["sample_rate"], fast["sample_rate"])
+                            .replace("without the headroom",
+                                     "than the safe pick" if safe else "without the headroom"))
     lines += [fmt(r) for r in rows]
     return "\n".join(lines)
 

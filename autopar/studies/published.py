@@ -252,10 +252,12 @@ def cases(table: Table) -> list[tuple[int, "PublishedCase | Skip"]]:
 
 
 def predict(table: Table, rank: bool = True, space=None, partial: bool = False,
-            options: dict | None = None) -> pd.DataFrame:
+            options: dict | None = None, transform=None) -> pd.DataFrame:
     """One row per kept CSV row: label, status (predicted | skipped), reason,
     measured and predicted tokens/s/GPU and peak memory, errors, feasibility,
     and (with ``rank``) the published layout's rank among autopar's layouts.
+    ``transform(case) -> case`` changes each case before it is predicted
+    (``autopar.studies.crossval``: a constant set back to its unfitted value).
 
     With ``partial``, each row is also predicted over every completion of the
     table's unstated fields (``Table.unstated``; ``options`` replaces their
@@ -266,6 +268,8 @@ def predict(table: Table, rank: bool = True, space=None, partial: bool = False,
 
     recs = []
     for idx, c in cases(table):
+        if transform is not None and isinstance(c, PublishedCase):
+            c = transform(c)
         if isinstance(c, Skip):
             recs.append({"row": idx, "label": c.label, "status": "skipped",
                          "reason": c.reason})
