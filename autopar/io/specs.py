@@ -642,51 +642,12 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     networks = tuple(_network(c, n, f"networks[{i}]") for i, n in enumerate(nets))
     name = c.str(data["name"], "name") if "name" in data else _stem(path_or_dict)
     desc = c.str(data.get("description", ""), "description")
-    overhead = None
-    if "memory_overhead" in data:
-        o = data["memory_overhead"]
-        c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction", "logits_fp32_copies",
-                                           "logits_gathered", "checkpoint_split",
-                                           "master_weight_bytes"))
-        reserved = c.number(o.get("reserved_GiB", 0.0), "memory_overhead.reserved_GiB")
-        fraction = c.number(o.get("fraction", 0.0), "memory_overhead.fraction")
-        if reserved < 0:
-            c.fail("memory_overhead.reserved_GiB", f"must be >= 0, got {reserved}")
-        if not 0 <= fraction < 1:
-            c.fail("memory_overhead.fraction", f"must be in [0, 1), got {fraction}")
-        copies = c.number(o.get("logits_fp32_copies", 1.0), "memory_overhead.logits_fp32_copies")
-        if copies < 0:
-            c.fail("memory_overhead.logits_fp32_copies", f"must be >= 0, got {copies}")
-        gathered = c.bool(o.get("logits_gathered", False), "memory_overhead.logits_gathered")
-        split = c.bool(o.get("checkpoint_split", False), "memory_overhead.checkpoint_split")
-        master = c.number(o.get("master_weight_bytes", 4.0), "memory_overhead.master_weight_bytes")
-        if not 0 <= master <= 4:
-            c.fail("memory_overhead.master_weight_bytes", f"must be in [0, 4], got {master}")
-        overhead = MemoryOverhead(reserved, fraction, copies, gathered, split, master)
-    time_overhead = None
-    if "time_overhead" in data:
-        o = data["time_overhead"]
-        c.keys(o, "time_overhead", (), ("pipeline_fraction", "moe_block_s"))
-        frac = c.number(o.get("pipeline_fraction", 0.0), "time_overhead.pipeline_fraction")
-        if not 0 <= frac < 1:
-            c.fail("time_overhead.pipeline_fraction", f"must be in [0, 1), got {frac}")
-        moe_s = c.number(o.get("moe_block_s", 0.0), "time_overhead.moe_block_s")
-        if not 0 <= moe_s < 1:
-            c.fail("time_overhead.moe_block_s", f"must be in [0, 1) seconds, got {moe_s}")
-        time_overhead = TimeOverhead(frac, moe_s)
-    headroom = None
-    if "memory_headroom" in data:
-        o = data["memory_headroom"]
-        c.keys(o, "memory_headroom", (), ("GiB", "band_GiB"))
-        vals = []
-        for k in ("GiB", "band_GiB"):
-            x = c.number(o.get(k, 0.0), f"memory_headroom.{k}")
-            if x < 0:
-                c.fail(f"memory_headroom.{k}", f"must be >= 0, got {x}")
-            vals.append(x)
-        if vals[0] >= mem1.GiB:
-            c.fail("memory_headroom.GiB", f"must be below mem1.GiB ({mem1.GiB}), got {vals[0]}")
-        headroom = MemoryHeadroom(*vals)
+    overhead = read_memory_overhead(c, data["memory_overhead"]) \
+        if "memory_overhead" in data else None
+    time_overhead = read_time_overhead(c, data["time_overhead"]) \
+        if "time_overhead" in data else None
+    headroom = read_memory_headroom(c, data["memory_headroom"], mem1.GiB) \
+        if "memory_headroom" in data else None
     spec = SystemSpec(matrix=matrix, vector=vector, mem1=mem1, mem2=mem2,
                       processing_mode=mode, networks=networks, name=name,
                       source=src, description=desc, memory_overhead=overhead,
@@ -730,26 +691,102 @@ def system_to_json(system: SystemSpec) -> dict:
                 "processing_mode": system.processing_mode,
                 "networks": [net(n) for n in system.networks]})
     if system.memory_overhead is not None:
-        o = system.memory_overhead
-        out["memory_overhead"] = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
-                                  "logits_fp32_copies": _num(o.logits_fp32_copies),
-                                  "logits_gathered": o.logits_gathered}
-        if o.checkpoint_split:
-            out["memory_overhead"]["checkpoint_split"] = True
-        if o.master_weight_bytes != 4.0:
-            out["memory_overhead"]["master_weight_bytes"] = _num(o.master_weight_bytes)
+        out["memory_overhead"] = memory_overhead_json(system.memory_overhead)
     if system.time_overhead is not None:
-        out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
-        if system.time_overhead.moe_block_s:
-            out["time_overhead"]["moe_block_s"] = _num(system.time_overhead.moe_block_s)
+        out["time_overhead"] = time_overhead_json(system.time_overhead)
     if system.memory_headroom is not None:
-        out["memory_headroom"] = {"GiB": _num(system.memory_headroom.GiB),
-                                  "band_GiB": _num(system.memory_headroom.band_GiB)}
+        out["memory_headroom"] = memory_headroom_json(system.memory_headroom)
     return out
 
 
 # --------------------------------------------------------------------------
+# The software records a system file may carry and a framework file carries
+# (autopar.io.frameworks): read once here, for both.
+
+def read_memory_overhead(c: "_Checker", o, path: str = "memory_overhead") -> MemoryOverhead:
+    """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
+    c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
+                         "logits_gathered", "checkpoint_split", "master_weight_bytes"))
+    reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
+    fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
+    if reserved < 0:
+        c.fail(f"{path}.reserved_GiB", f"must be >= 0, got {reserved}")
+    if not 0 <= fraction < 1:
+        c.fail(f"{path}.fraction", f"must be in [0, 1), got {fraction}")
+    copies = c.number(o.get("logits_fp32_copies", 1.0), f"{path}.logits_fp32_copies")
+    if copies < 0:
+        c.fail(f"{path}.logits_fp32_copies", f"must be >= 0, got {copies}")
+    gathered = c.bool(o.get("logits_gathered", False), f"{path}.logits_gathered")
+    split = c.bool(o.get("checkpoint_split", False), f"{path}.checkpoint_split")
+    master = c.number(o.get("master_weight_bytes", 4.0), f"{path}.master_weight_bytes")
+    if not 0 <= master <= 4:
+        c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
+    return MemoryOverhead(reserved, fraction, copies, gathered, split, master)
+
+
+def read_time_overhead(c: "_Checker", o, path: str = "time_overhead") -> TimeOverhead:
+    """A ``time_overhead`` object -> TimeOverhead."""
+    c.keys(o, path, (), ("pipeline_fraction", "moe_block_s"))
+    frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
+    if not 0 <= frac < 1:
+        c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
+    moe_s = c.number(o.get("moe_block_s", 0.0), f"{path}.moe_block_s")
+    if not 0 <= moe_s < 1:
+        c.fail(f"{path}.moe_block_s", f"must be in [0, 1) seconds, got {moe_s}")
+    return TimeOverhead(frac, moe_s)
+
+
+def read_memory_headroom(c: "_Checker", o, capacity_GiB: float | None = None,
+                         path: str = "memory_headroom") -> MemoryHeadroom:
+    """A ``memory_headroom`` object -> MemoryHeadroom; with ``capacity_GiB``
+    (tier 1's), the headroom must be below it."""
+    c.keys(o, path, (), ("GiB", "band_GiB"))
+    vals = []
+    for k in ("GiB", "band_GiB"):
+        x = c.number(o.get(k, 0.0), f"{path}.{k}")
+        if x < 0:
+            c.fail(f"{path}.{k}", f"must be >= 0, got {x}")
+        vals.append(x)
+    if capacity_GiB is not None and vals[0] >= capacity_GiB:
+        c.fail(f"{path}.GiB", f"must be below mem1.GiB ({capacity_GiB}), got {vals[0]}")
+    return MemoryHeadroom(*vals)
+
+
+def memory_overhead_json(o: MemoryOverhead) -> dict:
+    out = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
+           "logits_fp32_copies": _num(o.logits_fp32_copies),
+           "logits_gathered": o.logits_gathered}
+    if o.checkpoint_split:
+        out["checkpoint_split"] = True
+    if o.master_weight_bytes != 4.0:
+        out["master_weight_bytes"] = _num(o.master_weight_bytes)
+    return out
+
+
+def time_overhead_json(t: TimeOverhead) -> dict:
+    out = {"pipeline_fraction": _num(t.pipeline_fraction)}
+    if t.moe_block_s:
+        out["moe_block_s"] = _num(t.moe_block_s)
+    return out
+
+
+def memory_headroom_json(h: MemoryHeadroom) -> dict:
+    return {"GiB": _num(h.GiB), "band_GiB": _num(h.band_GiB)}
+
+
+# --------------------------------------------------------------------------
 # Execution
+
+def execution_value(c: "_Checker", f: str, v, path: str | None = None):
+    """One value of execution field ``f`` checked as a file's would be: a
+    choice, a flag, or an integer (>= 1 for counts, >= 0 for tiers)."""
+    path = path or f
+    if f in CHOICES:
+        return c.choice(v, path, CHOICES[f])
+    if f in BOOL_FIELDS:
+        return c.bool(v, path)
+    return c.int(v, path, minimum=1 if f in _COUNT_FIELDS else 0)
+
 
 def load_execution(path_or_dict, system: SystemSpec | None = None,
                    source: str | None = None, model: ModelSpec | None = None) -> dict:
@@ -783,13 +820,7 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     for f in ALL_FIELDS:
         if f not in data:
             continue
-        v = data[f]
-        if f in CHOICES:
-            out[f] = c.choice(v, f, CHOICES[f])
-        elif f in BOOL_FIELDS:
-            out[f] = c.bool(v, f)
-        else:
-            out[f] = c.int(v, f, minimum=1 if f in _COUNT_FIELDS else 0)
+        out[f] = execution_value(c, f, data[f])
         if f in EXT_DEFAULTS and out[f] == EXT_DEFAULTS[f]:
             del out[f]
     if system is not None:
