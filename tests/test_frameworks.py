@@ -112,3 +112,115 @@ def test_defaults_and_options():
     assert e.value.field == "tensor_par" and "llm-foundry" in str(e.value)
     check_options(None, {"tensor_par": 2}, "ex.json")
     assert with_defaults(None, {"a": 1}) == {"a": 1}
+
+
+# ----------------------------------------------------------------------------
+# Applying a framework: evaluate, the commands, experiment files.
+
+LAYOUT = {"num_procs": 8, "tensor_par": 2, "pipeline_par": 2, "data_par": 2,
+          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+          "batch_size": 64, "microbatch_size": 1, "datatype": "bfloat16",
+          "fused_activation": True, "attention_type": "multihead",
+          "activation_recompute": "full", "pipeline_interleaving": 1,
+          "optimizer_sharding": True, "tensor_par_comm_type": "rs_ag",
+          "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": True,
+          "weight_offload": False, "activations_offload": False,
+          "optimizer_offload": False, "training": True}
+
+
+def test_no_framework_is_bit_identical_and_a_framework_is_its_system():
+    import autopar
+    from autopar.io.specs import load_model
+    model = load_model("models/llama-13B.json")
+    hw = load_system("systems/a100_80g_dgx_hdr200.json")
+    plain = autopar.evaluate(model, hw, [LAYOUT])
+    again = autopar.evaluate(model, hw, [LAYOUT], framework=None)
+    assert plain.drop(columns="reason").equals(again.drop(columns="reason"))
+    # framework= is the same as evaluating on the system under it
+    fw = load_framework("megatron-llama-sweeps")
+    a = autopar.evaluate(model, hw, [LAYOUT], framework="megatron-llama-sweeps")
+    b = autopar.evaluate(model, with_framework(hw, fw), [LAYOUT])
+    assert a.drop(columns="reason").equals(b.drop(columns="reason"))
+    # and its records act: more memory than the hardware alone
+    assert a.proc_mem_tier1_cap_req[0] > plain.proc_mem_tier1_cap_req[0] + 3 * 2 ** 30
+
+
+def test_recipe_defaults_fill_unstated_fields():
+    import autopar
+    from autopar.io.specs import load_model
+    model = load_model("models/llama-13B.json")
+    hw = load_system("systems/h100_80g_nvl8.json")
+    core = autopar.evaluate(model, hw, [LAYOUT], framework="megatron-core")
+    explicit = autopar.evaluate(model, hw, [{**LAYOUT, "fp32_grads": True,
+                                             "attention_impl": "flash_v2", "fused_norm": True}])
+    assert core.drop(columns="reason").equals(explicit.drop(columns="reason"))
+    # a stated field wins over the recipe's default
+    stated = autopar.evaluate(model, hw, [{**LAYOUT, "fp32_grads": False}],
+                              framework="megatron-core")
+    assert stated.weight_grad_space[0] < core.weight_grad_space[0]
+    import pandas as pd
+    frame = autopar.evaluate(model, hw, pd.DataFrame([LAYOUT]), framework="megatron-core")
+    assert frame.drop(columns="reason").equals(core.drop(columns="reason"))
+    with pytest.raises(SpecError, match="llm-foundry cannot run tensor_par"):
+        autopar.evaluate(model, hw, [LAYOUT], framework="llm-foundry")
+
+
+def test_framework_option_on_the_commands(cli, tmp_path, repo_root):
+    ex = tmp_path / "ex.json"
+    ex.write_text(json.dumps(LAYOUT))
+    args = ("estimate", "models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json", ex, "--json")
+    plain, fw = cli(*args), cli(*args, "--framework", "megatron-llama-sweeps")
+    assert plain.returncode == 0 and fw.returncode == 0, plain.stderr + fw.stderr
+    p, f = json.loads(plain.stdout), json.loads(fw.stdout)
+    assert p["memory_headroom_GiB"] == 0 and f["memory_headroom_GiB"] == 5
+    assert f["proc_mem_tier1_cap_req"] > p["proc_mem_tier1_cap_req"]
+    by_path = cli(*args, "--framework", repo_root / "frameworks" / "megatron-llama-sweeps.json")
+    assert json.loads(by_path.stdout) == f
+    # bad framework input: one line naming the file and the field, exit 2
+    bad = tmp_path / "fw.json"
+    bad.write_text(json.dumps({"name": "x", "memory_overhead": {"fraction": 2}}))
+    r = cli(*args, "--framework", bad)
+    assert r.returncode == 2 and "fw.json" in r.stderr and "memory_overhead.fraction" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli(*args, "--framework", "no-such-framework")
+    assert r.returncode == 2 and "no-such-framework" in r.stderr
+    r = cli(*args, "--framework", "llm-foundry")
+    assert r.returncode == 2 and "tensor_par" in r.stderr and "ex.json" in r.stderr
+    # exhaustive: the framework's headroom and memory records reach the search
+    space = ("--num-procs", 8, "--max-batch-size", 64, "--datatype", "bfloat16",
+             "--space", "llama")
+    s0, s1 = tmp_path / "s0.json", tmp_path / "s1.json"
+    r0 = cli("exhaustive", "models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json",
+             *space, "--summary", s0)
+    r1 = cli("exhaustive", "models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json",
+             *space, "--framework", "megatron-llama-sweeps", "--summary", s1)
+    assert r0.returncode == 0 and r1.returncode == 0, r0.stderr + r1.stderr
+    a, b = json.loads(s0.read_text()), json.loads(s1.read_text())
+    assert b["memory_headroom_GiB"] == 5 and b["feasible"] < a["feasible"]
+
+
+def test_framework_in_an_experiment_case(tmp_path, repo_root):
+    from autopar.io.experiment import parse_case
+    case = {"model": str(repo_root / "models/llama-13B.json"),
+            "system": str(repo_root / "systems/a100_80g_dgx_hdr200.json"),
+            "num_procs": 8, "max_batch_size": 64, "datatype": "bfloat16"}
+    plain = parse_case("exp.yaml", tmp_path, case)
+    assert plain.framework_file is None and plain.system.memory_overhead is None
+    named = parse_case("exp.yaml", tmp_path, {**case, "framework": "megatron-llama-sweeps"})
+    assert named.system.memory_overhead.reserved_GiB == 3
+    assert named.system.memory_headroom.GiB == 5
+    (tmp_path / "fw").mkdir()
+    (tmp_path / "fw/mine.json").write_text(json.dumps({"name": "mine",
+                                                       "time_overhead": {"pipeline_fraction": 0.1}}))
+    path = parse_case("exp.yaml", tmp_path, {**case, "framework": "fw/mine.json"})
+    assert path.system.time_overhead.pipeline_fraction == 0.1
+    with pytest.raises(SpecError) as e:
+        parse_case("exp.yaml", tmp_path, {**case, "framework": 3})
+    assert e.value.field == "case.framework"
+
+
+def test_shipped_systems_are_hardware_only():
+    for name in shipped.names("systems"):
+        s = load_system(name if "/" in name else f"systems/{name}.json")
+        assert s.memory_overhead is None and s.time_overhead is None, name
+        assert s.memory_headroom is None, name

@@ -6,6 +6,8 @@ on one line), 2 on bad input.
 """
 from __future__ import annotations
 
+from autopar.cli import framework_option
+
 import json
 
 from autopar.io.specs import load_execution, load_model, load_system
@@ -47,6 +49,7 @@ def register(subparsers) -> None:
                    help="memory margin a layout must leave below tier 1's capacity to be "
                         "recommended (default: the system's memory_headroom, else 0); "
                         "the report says whether the layout fits with it")
+    framework_option(p)
     p.set_defaults(func=run)
 
 
@@ -64,8 +67,12 @@ def estimate(model, system, execution) -> dict:
 
 def run(args) -> int:
     model = load_model(args.model)
-    system = load_system(args.system)
-    execution = load_execution(args.execution, system=system, model=model)
+    from autopar.io.frameworks import check_options, load_framework, with_framework
+    framework = load_framework(args.framework) if args.framework else None
+    system = with_framework(load_system(args.system), framework)
+    execution = load_execution(args.execution, system=system, model=model,
+                               defaults=framework.defaults if framework else None)
+    check_options(framework, execution, args.execution)
     from autopar.search.headroom import band_gib, fits, headroom_gib
     headroom = headroom_gib(system, args.memory_headroom)
     result = estimate(model, system, execution)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
-from autopar.cli import distinct_outputs, output_path, positive
+from autopar.cli import framework_option, distinct_outputs, output_path, positive
 
 
 
@@ -65,6 +65,7 @@ def register(subparsers) -> None:
                         "headroom is named too")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
+    framework_option(p)
     p.set_defaults(func=run)
 
 
@@ -107,7 +108,8 @@ def run(args) -> int:
     distinct_outputs(outs)
     from autopar.search.headroom import headroom_gib, with_headroom
     model = load_model(args.model)
-    system = load_system(args.system)
+    from autopar.io.frameworks import system_under
+    system = system_under(load_system(args.system), getattr(args, "framework", None))
     headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
     space = load_space(args.space if args.space is not None else DEFAULT_SPACE)
     fmt = getattr(args, "format", DEFAULT_FORMAT)

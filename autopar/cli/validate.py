@@ -9,6 +9,8 @@ training measurements (``autopar.studies.published``) and reports per table.
 """
 from __future__ import annotations
 
+from autopar.cli import framework_option
+
 import sys
 
 
@@ -36,6 +38,7 @@ def register(subparsers) -> None:
                    help="a sweep's favourite (top-1 regret) is the fastest layout predicted "
                         "to fit with this much of tier 1 free (default: the system's "
                         "memory_headroom, else 0)")
+    framework_option(p)
     p.set_defaults(func=run)
 
 
@@ -71,7 +74,8 @@ def run(args) -> int:
     from autopar.studies.validate import sweep_report, validate_sweep
 
     from autopar.search.headroom import headroom_gib
-    system = load_system(args.system)
+    from autopar.io.frameworks import system_under
+    system = system_under(load_system(args.system), args.framework)
     headroom = headroom_gib(system, args.memory_headroom)
     from autopar.io.shipped import resolve, shipped_dir
     models_dir = resolve(args.models) if args.models else shipped_dir("models")

@@ -204,3 +204,11 @@ def check_options(framework: FrameworkSpec | None, execution: Mapping, source: s
         if v is not None and v not in allowed:
             raise SpecError(source, f, f"{framework.name} cannot run {f} = {v!r} "
                                        f"(it can: {', '.join(map(str, allowed))})")
+
+
+def system_under(system, framework=None) -> SystemSpec:
+    """A system (spec, path or dict) under a framework (spec, name, path or
+    dict; None: none): what every command that takes ``--framework`` runs on."""
+    from autopar.io.specs import load_system
+    system = load_system(system)
+    return with_framework(system, None if framework is None else load_framework(framework))

@@ -789,7 +789,8 @@ def execution_value(c: "_Checker", f: str, v, path: str | None = None):
 
 
 def load_execution(path_or_dict, system: SystemSpec | None = None,
-                   source: str | None = None, model: ModelSpec | None = None) -> dict:
+                   source: str | None = None, model: ModelSpec | None = None,
+                   defaults: Mapping | None = None) -> dict:
     """An execution file or dict -> dict of the 23 fields in FIELDS order,
     followed by the extension fields that differ from their defaults.
 
@@ -801,13 +802,16 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     forks write: ``attention_type: "flash"`` (multi-head attention with a
     FlashAttention-2 kernel) and ``structure_type`` ("gpt" | "llama"), which
     must match the model's ``block`` when ``model`` is given.
+    ``defaults`` (a framework's recipe defaults, already checked) fill the
+    fields the file does not state.
     With ``system``, also checks that the datatype is one the system runs
     (listed in both matrix and vector) and that the network tiers exist.
     """
     data, src = _open(path_or_dict, source, "an execution")
     c = _Checker(src)
-    c.keys(data, "", FIELDS, tuple(EXT_DEFAULTS) + ("structure_type",))
-    data = dict(data)
+    c.keys(data, "", tuple(f for f in FIELDS if not defaults or f not in defaults),
+           tuple(EXT_DEFAULTS) + ("structure_type",) + tuple(defaults or ()))
+    data = {**(defaults or {}), **data}
     if data.get("attention_type") == "flash":
         data["attention_type"] = "multihead"
         data.setdefault("attention_impl", "flash_v2")
