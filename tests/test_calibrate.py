@@ -153,7 +153,7 @@ def test_calibrate_refuses_constants_that_cross_validate_worse(sweeps, repo_root
     pd.concat([a, b]).to_csv(csv, index=False)
     out = tmp_path / "never.json"
     r = cli("calibrate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
-            "--framework", "megatron-llama-sweeps", "--output", out, "--no-progress")
+            "--framework", "megatron-llama-sweeps-fitted", "--output", out, "--no-progress")
     assert r.returncode == 1
     assert "refusing" in r.stderr and "leave-one-sweep-out" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -191,8 +191,8 @@ def test_system_headroom_field_checked(repo_root, tmp_path, cli):
 # ----------------------------------------------------------------------------
 # Headroom in the searches.
 
-# The calibrated DGX A100 hardware under the sweeps' framework (its 5 GiB headroom).
-FW = ("--framework", "megatron-llama-sweeps")
+# The calibrated DGX A100 hardware under the sweeps' fitted framework (its 5 GiB headroom).
+FW = ("--framework", "megatron-llama-sweeps-fitted")
 CASE = ("models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json", "--num-procs", 8,
         "--max-batch-size", 64, "--datatype", "bfloat16", "--space", "llama", *FW)
 
@@ -266,7 +266,7 @@ def test_codesign_inner_search_keeps_the_headroom(cli, tmp_path, repo_root):
              "case": {"model": str(repo_root / "models" / "llama-13B.json"),
                       "system": str(repo_root / "systems" / "a100_80g_dgx_hdr200.json"),
                       "num_procs": 8, "max_batch_size": 64, "datatype": "bfloat16",
-                      "space": "llama", "framework": "megatron-llama-sweeps"},
+                      "space": "llama", "framework": "megatron-llama-sweeps-fitted"},
              "hardware": {"mem1.GiB": {"values": [80, 96], "cost": 20}},
              "cost": {"processor": 10000}, "objectives": ["sample_rate", "cost"],
              "output_dir": "out"}

@@ -249,7 +249,7 @@ def test_validate_sweep_on_measured_data(reference, repo_root, tmp_path, cli):
     csv = reference / "measured" / "llama-sweeps" / "llama_13B_65B_a100.csv"
     out = tmp_path / "pred.csv"
     r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
-            "--framework", "megatron-llama-sweeps", "--output", out)
+            "--framework", "megatron-llama-sweeps-fitted", "--output", out)
     assert r.returncode == 0, r.stderr
     import pandas as pd
     rows = pd.read_csv(out)
