@@ -315,3 +315,35 @@ def test_torchtitan_loss_counted_by_hand():
     tokens, V, tp = 2 * model.seq_size, model.vocab_size, LAYOUT["tensor_par"]
     assert two.proc_mem_tier1_cap_req - one.proc_mem_tier1_cap_req == \
         pytest.approx(4 * tokens * V / tp, rel=1e-12)
+
+
+def test_fsdp_reshard_policy_counted_by_hand():
+    """FSDP2 with reshard_after_forward=False (torchtitan's default under
+    pipeline parallelism) keeps every block's gathered weights from its
+    forward to its backward: (blocks per stage - 2) more whole blocks than
+    the gathered block and the prefetched next one; without pipeline stages
+    torchtitan reshards, and "always" is the count without the field."""
+    from autopar.io.specs import load_model
+    model = load_model("models/llama-13B.json")
+    hw = load_system("systems/h100_96g_nvl8.json")
+    titan = load_framework("torchtitan")
+    assert titan.memory_overhead.fsdp_reshard == "unless_pipelined"
+    sharded = {"weight_sharding": True, "optimizer_sharding": True, "data_par": 2,
+               "activation_recompute": "full"}
+
+    def need(policy, pp):
+        over = dataclasses.replace(titan.memory_overhead, fsdp_reshard=policy)
+        s = dataclasses.replace(hw, memory_overhead=over)
+        return _one_stage(model, s, pipeline_par=pp, num_procs=2 * pp * 2, **sharded)
+
+    blocks = model.num_blocks / 2
+    per_block = need("always", 2).weight_space / blocks * 2     # a whole (gathered) block
+    extra = need("unless_pipelined", 2).proc_mem_tier1_cap_req \
+        - need("always", 2).proc_mem_tier1_cap_req
+    assert extra == pytest.approx((blocks - 2) * per_block, rel=1e-9)
+    assert need("unless_pipelined", 1).proc_mem_tier1_cap_req == \
+        need("always", 1).proc_mem_tier1_cap_req
+    assert need("never", 1).proc_mem_tier1_cap_req > need("always", 1).proc_mem_tier1_cap_req
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "memory_overhead": {"fsdp_reshard": "sometimes"}})
+    assert e.value.field == "memory_overhead.fsdp_reshard"

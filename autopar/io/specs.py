@@ -151,6 +151,14 @@ class MemoryOverhead:
     # turns on for bf16 models): the fp32 master is the bf16 weight and its
     # remainder.
     master_weight_bytes: float = 4.0
+    # Weight sharding (ZeRO-3 / FSDP): when the gathered weights of a block
+    # are freed again.  "always": after the block's forward (and backward), so
+    # the gathered block and the prefetched next one are resident (FSDP2's
+    # reshard_after_forward=True; the count without this field); "never":
+    # kept from forward to backward, every block of the stage gathered;
+    # "unless_pipelined": "never" with pipeline stages, "always" without
+    # (torchtitan's default policy).
+    fsdp_reshard: str = "always"
 
 
 @dataclass(frozen=True)
@@ -227,6 +235,7 @@ SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks"
 SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhead",
                          "memory_headroom")
 PROCESSING_MODES = ("roofline", "no_overlap")
+FSDP_RESHARD = ("always", "never", "unless_pipelined")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
@@ -706,7 +715,8 @@ def system_to_json(system: SystemSpec) -> dict:
 def read_memory_overhead(c: "_Checker", o, path: str = "memory_overhead") -> MemoryOverhead:
     """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
-                         "logits_gathered", "checkpoint_split", "master_weight_bytes"))
+                         "logits_gathered", "checkpoint_split", "master_weight_bytes",
+                         "fsdp_reshard"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -721,7 +731,8 @@ def read_memory_overhead(c: "_Checker", o, path: str = "memory_overhead") -> Mem
     master = c.number(o.get("master_weight_bytes", 4.0), f"{path}.master_weight_bytes")
     if not 0 <= master <= 4:
         c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
-    return MemoryOverhead(reserved, fraction, copies, gathered, split, master)
+    reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
+    return MemoryOverhead(reserved, fraction, copies, gathered, split, master, reshard)
 
 
 def read_time_overhead(c: "_Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -760,6 +771,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["checkpoint_split"] = True
     if o.master_weight_bytes != 4.0:
         out["master_weight_bytes"] = _num(o.master_weight_bytes)
+    if o.fsdp_reshard != "always":
+        out["fsdp_reshard"] = o.fsdp_reshard
     return out
 
 

@@ -95,11 +95,11 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
     first blocks, multi-token prediction); the statistics describe the first.
     """
     S, static, tier2, transient_first, transient_last = _stage(
-        ctx, cols, sums, sched, checkpoint, recompute_full, head)
+        ctx, cols, sums, sched, checkpoint, recompute_full, head, overhead)
     static_last = static
     if sums_last is not None:
         _, static_last, tier2_last, _, transient_last = _stage(
-            ctx, cols, sums_last, sched, checkpoint, recompute_full, head)
+            ctx, cols, sums_last, sched, checkpoint, recompute_full, head, overhead)
         tier2 = np.maximum(tier2, tier2_last)
     logits = head["logits"]
     parts = {"mem_static_first": static + head["first"], "mem_transient_first": transient_first,
@@ -113,7 +113,7 @@ def footprints(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, chec
 
 
 def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoint,
-           recompute_full, head: dict):
+           recompute_full, head: dict, overhead=None):
     """Statistics, static and tier-2 footprints, and the transient footprint
     of the first and of the last stage, from one stage's per-block sums."""
     training = ctx.training
@@ -176,7 +176,14 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     static = pick(weights_off, weight_min, weight_space)
     if "weight_space_full" in sums and np.any(ctx.weight_shards > 1):
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
-        static = static + masked(2 * sums["weight_space_full"], ctx.weight_shards > 1)
+        gathered = 2 * sums["weight_space_full"]
+        kept = kept_gathered(overhead, sched, ctx)
+        if kept is not None:
+            # A framework that does not reshard after forward keeps every
+            # block of the stage gathered until its backward.
+            gathered = gathered + masked(sums["weight_space_full"]
+                                         * np.maximum(blocks - 2, 0), kept)
+        static = static + masked(gathered, ctx.weight_shards > 1)
     tier2 = masked(weight_space, weights_off)
     ckpt_offloaded = (np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
                       if np.any(acts_off) else 0.0)
@@ -189,6 +196,21 @@ def _stage(ctx: LayoutContext, cols: dict, sums: dict, sched: Schedule, checkpoi
     static = static + pick(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + masked(sums["wgrad_space"] * blocks + optimizer_space, optim_off)
     return S, static, tier2, transient_first, transient_last
+
+
+def kept_gathered(overhead, sched: Schedule, ctx: LayoutContext):
+    """The rows whose framework keeps a weight-sharded block's gathered
+    weights from its forward to its backward (``memory_overhead.fsdp_reshard``:
+    ``never`` reshards after forward, ``unless_pipelined`` only without
+    pipeline stages, as torchtitan's default policy; FSDP2's
+    ``reshard_after_forward=False``), or None where every row reshards after
+    forward (``always``, the default: one block gathered and the next one
+    prefetched)."""
+    policy = getattr(overhead, "fsdp_reshard", "always")
+    if policy == "always":
+        return None
+    keep = ctx.training if policy == "never" else ctx.training & (sched.stages > 1)
+    return keep if np.any(keep) else None
 
 
 # The parts of the need on tier 1 that a system's memory_overhead acts on
