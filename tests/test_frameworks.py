@@ -347,3 +347,22 @@ def test_fsdp_reshard_policy_counted_by_hand():
     with pytest.raises(SpecError) as e:
         load_framework({"name": "x", "memory_overhead": {"fsdp_reshard": "sometimes"}})
     assert e.value.field == "memory_overhead.fsdp_reshard"
+
+
+def test_tune_and_validate_take_the_framework(cli, tmp_path, reference):
+    case = ("models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json", "--num-procs", 8,
+            "--max-batch-size", 64, "--datatype", "bfloat16", "--space", "llama",
+            "--sampler", "random", "--trials", 8, "--seed", 1)
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    r0 = cli("tune", *case, "--trials-out", a)
+    r1 = cli("tune", *case, "--framework", "megatron-llama-sweeps", "--trials-out", b)
+    assert r0.returncode == 0 and r1.returncode == 0, r0.stderr + r1.stderr
+    import pandas as pd
+    t0, t1 = pd.read_csv(a), pd.read_csv(b)
+    both = t0.proc_mem_tier1_cap_req.notna() & t1.proc_mem_tier1_cap_req.notna()
+    assert both.any()
+    assert (t1.proc_mem_tier1_cap_req[both] > t0.proc_mem_tier1_cap_req[both]).all()
+    csv = reference / "measured" / "llama-sweeps" / "llama_13B_65B_a100.csv"
+    r = cli("validate", csv, "--system", "systems/a100_80g_dgx_hdr200.json", "--framework",
+            "megatron-llama-sweeps")
+    assert r.returncode == 0 and "17 GiB of memory headroom" in r.stdout
