@@ -10,7 +10,7 @@ import pytest
 from autopar.io import shipped
 from autopar.io.errors import SpecError
 from autopar.io.frameworks import (FrameworkSpec, check_options, framework_to_json,
-                                   load_framework, with_defaults, with_framework)
+                                   load_framework, with_framework)
 from autopar.io.layouts import ALL_FIELDS
 from autopar.io.specs import MemoryHeadroom, MemoryOverhead, TimeOverhead, load_system
 from tests.conftest import REPO_ROOT
@@ -104,14 +104,19 @@ def test_with_framework_replaces_the_software_records():
 
 def test_defaults_and_options():
     fw = load_framework("llm-foundry")
-    ex = with_defaults(fw, {"tensor_par": 1, "weight_sharding": False})
-    assert ex["weight_sharding"] is False and ex["optimizer_sharding"] is True
+    from autopar.io.specs import load_execution
+    ex = load_execution({**LAYOUT, "tensor_par": 1, "weight_sharding": False},
+                        defaults=fw.defaults)
+    assert "weight_sharding" not in ex and ex["optimizer_sharding"] is True   # stated wins
+    del ex["activation_recompute"]
+    assert load_execution(ex, defaults=fw.defaults)["activation_recompute"] == "none"
+    with pytest.raises(SpecError, match="activation_recompute"):
+        load_execution(ex)                 # without the recipe's default it is missing
     check_options(fw, {"tensor_par": 1}, "ex.json")
     with pytest.raises(SpecError) as e:
         check_options(fw, {"tensor_par": 2}, "ex.json")
     assert e.value.field == "tensor_par" and "llm-foundry" in str(e.value)
     check_options(None, {"tensor_par": 2}, "ex.json")
-    assert with_defaults(None, {"a": 1}) == {"a": 1}
 
 
 # ----------------------------------------------------------------------------

@@ -12,7 +12,8 @@ system file keeps the hardware.  Its records:
 * ``memory_headroom`` (optional): the margin a recommended layout keeps,
   as ``autopar calibrate`` writes it;
 * ``defaults``: execution fields the framework's recipe applies when a run
-  does not state them (checked against ``autopar.io.layouts``);
+  does not state them (checked against ``autopar.io.layouts``; applied by
+  ``load_execution(..., defaults=framework.defaults)``);
 * ``options``: per execution field, the values the framework can express
   (a field not listed: any value);
 * ``free``: the dotted record fields that are free constants, fitted by
@@ -184,14 +185,6 @@ def with_framework(system: SystemSpec, framework: FrameworkSpec | None) -> Syste
     return dataclasses.replace(system, memory_overhead=framework.memory_overhead,
                                time_overhead=framework.time_overhead,
                                memory_headroom=headroom)
-
-
-def with_defaults(framework: FrameworkSpec | None, execution: Mapping) -> dict:
-    """An execution dict with the framework's recipe defaults for the fields
-    it does not state."""
-    if framework is None:
-        return dict(execution)
-    return {**framework.defaults, **execution}
 
 
 def check_options(framework: FrameworkSpec | None, execution: Mapping, source: str) -> None:

@@ -397,7 +397,6 @@ def framework_result(framework, calibrated: SystemSpec, name: str, source_name: 
     """The framework spec ``autopar calibrate --framework`` writes: the
     framework with the calibrated system's memory, time and headroom records
     (its free constants fitted, the counted ones as they were)."""
-    from autopar.io.frameworks import FrameworkSpec  # noqa: F401  (the type returned)
     note = (f" Free constants fitted by `autopar calibrate` on {source_name} (with the "
             f"system {calibrated.name or calibrated.source}).")
     return dataclasses.replace(framework, name=name,
