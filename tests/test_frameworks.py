@@ -371,3 +371,19 @@ def test_tune_and_validate_take_the_framework(cli, tmp_path, reference):
     r = cli("validate", csv, "--system", "systems/a100_80g_dgx_hdr200.json", "--framework",
             "megatron-llama-sweeps")
     assert r.returncode == 0 and "17 GiB of memory headroom" in r.stdout
+
+
+def test_run_an_experiment_with_a_framework(cli, tmp_path, repo_root):
+    import yaml
+    exp = {"kind": "exhaustive", "name": "fw",
+           "case": {"model": str(repo_root / "models/llama-13B.json"),
+                    "system": str(repo_root / "systems/a100_80g_dgx_hdr200.json"),
+                    "num_procs": 8, "max_batch_size": 64, "datatype": "bfloat16",
+                    "space": "llama", "framework": "megatron-llama-sweeps"},
+           "summary": "out/summary.json"}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    r = cli("run", path, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["memory_headroom_GiB"] == 17            # the framework's headroom
