@@ -118,7 +118,9 @@ def test_usage_errors_exit_2(cli):
     for args in ((), ("estimate",), ("no-such-command",)):
         r = cli(*args)
         assert r.returncode == 2 and "Traceback" not in r.stderr
-        assert "usage: autopar" in r.stderr
+        # one line naming the command and where its usage is (issue 27)
+        assert len(r.stderr.strip().splitlines()) == 1 and "autopar" in r.stderr
+        assert "-h)" in r.stderr
 
 
 # ------------------------------------------------------------ real estimates

@@ -221,6 +221,8 @@ def test_driver_without_the_token_gets_one_line(cluster, tmp_path):
                 env={"RAY_AUTH_MODE": "disabled"})
     rc, _, err = _finish(p)
     assert rc == 2 and "Traceback" not in err
+    # one line: Ray's own connection retries (gcs_client) are not shown
+    assert len(err.strip().splitlines()) == 1, err
     assert "requires token authentication" in err.strip().splitlines()[-1]
 
 

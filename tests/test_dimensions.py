@@ -287,6 +287,35 @@ def test_master_weight_bytes_keeps_remainders(gpt, h100):
         load_system(data)
 
 
+def test_autograd_inputs_counts_gemm_inputs_once(gpt, h100):
+    """``memory_overhead.autograd_inputs`` (hand counts; PyTorch's own in
+    tests/test_torch_memory.py): with sequence parallelism and the gathered
+    input kept, the all-gathers' shards (attention and MLP, B/t x h each)
+    are not kept beside it; under attn_only without sequence parallelism the
+    QKV GEMMs' input (B x h) is; with the gather redone nothing moves."""
+    import json
+    from autopar.io.specs import MemoryOverhead
+    on = dataclasses.replace(h100, memory_overhead=MemoryOverhead(autograd_inputs=True))
+    B, h, b, t = 2048, 1024, 2, 8              # exe(): micro-batch 1, bf16
+    sp = dict(tensor_par=8, data_par=1, tensor_par_comm_type="rs_ag")
+    d = run(gpt, h100, **sp)["block_act_storage_space"] - \
+        run(gpt, on, **sp)["block_act_storage_space"]
+    assert d == 2 * B // t * h * b
+    redo = dict(sp, seq_par_ag_redo=True)
+    assert run(gpt, h100, **redo)["block_act_storage_space"] == \
+        run(gpt, on, **redo)["block_act_storage_space"]
+    sel = dict(activation_recompute="attn_only")
+    assert run(gpt, on, **sel)["block_act_storage_space"] - \
+        run(gpt, h100, **sel)["block_act_storage_space"] == B * h * b
+    assert run(gpt, on)["block_act_storage_space"] == run(gpt, h100)["block_act_storage_space"]
+    from autopar.io.specs import system_to_json
+    assert load_system(system_to_json(on)).memory_overhead == on.memory_overhead
+    data = json.loads((REPO_ROOT / "systems" / "h100_80g_nvl8.json").read_text())
+    data["memory_overhead"] = {"autograd_inputs": "yes"}
+    with pytest.raises(SpecError, match="memory_overhead.autograd_inputs"):
+        load_system(data)
+
+
 def test_published_bars(reference):
     """The issue's bars on the dense tables: every published layout predicted
     to fit, median |tokens/s error| within 10% per table, B200 peak memory

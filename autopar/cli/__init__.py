@@ -27,7 +27,9 @@ SOURCE = "command line"    # what SpecError names for a bad argument
 
 # Counts beyond these are not layouts anyone runs, and the divisor searches
 # over them would take hours (processors, batch) or overflow 64-bit columns.
-LIMITS = {"--num-procs": 1 << 24, "--max-batch-size": 1 << 32, "--trials": 1 << 31,
+from autopar.io.errors import MAX_BATCH, MAX_PROCS  # noqa: E402
+
+LIMITS = {"--num-procs": MAX_PROCS, "--max-batch-size": MAX_BATCH, "--trials": 1 << 31,
           "--top-n": 1 << 31, "--chunk-size": 1 << 31, "--concurrency": 1 << 16,
           "--workers": 1 << 12}
 SEED_MAX = 2 ** 32 - 1             # numpy's and Optuna's samplers take 32-bit seeds
@@ -66,6 +68,12 @@ def output_path(name: str, path: str | None):
     if path is None:
         return None
     p = Path(path)
+    try:
+        os.stat(p)
+    except OSError as e:
+        import errno
+        if e.errno == errno.ELOOP:
+            raise SpecError(SOURCE, name, f"{path} is a symlink loop") from None
     if os.path.exists(p) and not os.path.isfile(p) and not os.path.isdir(p):
         raise SpecError(SOURCE, name, f"{path} is not a regular file (a device, FIFO, pipe "
                         "or socket); autopar writes whole files only")
@@ -89,14 +97,27 @@ def distinct_outputs(outs: dict) -> None:
     for name, p in outs.items():
         if p is None:
             continue
-        key = p.resolve()
+        try:
+            key = p.resolve()
+        except (RuntimeError, OSError):     # a symlink loop names no file
+            raise SpecError(SOURCE, name, f"{p} is a symlink loop") from None
         if key in seen:
             raise SpecError(SOURCE, name, f"{p} is also {seen[key]}'s file")
         seen[key] = name
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with autopar's one-line errors: a bad option or value ends
+    with one line naming it and exit 2, not the whole usage text (``-h``
+    still prints it).  Subcommand parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, error_line(SpecError(SOURCE, self.prog, f"{message} (see: {self.prog} -h)"))
+                  + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="autopar",
         description="Plan large-model training layouts with an analytical "
                     "performance model (Calculon's method).")
@@ -111,6 +132,11 @@ def error_line(err: SpecError) -> str:
     """The one line printed for bad input."""
     text = f"autopar: error: {err.source}: {err.field}: {err.message}"
     return " ".join(text.split())   # never more than one line
+
+
+def _refuse_without_stdout() -> None:
+    if stdout_gone():
+        raise BrokenPipeError("stdout closed by its reader")
 
 
 def _terminated(signum, frame):
@@ -131,25 +157,82 @@ def entry() -> int:
             os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
         except OSError:         # cannot start again: run as we are
             pass
-    return main()
+    try:
+        return main()
+    except KeyboardInterrupt:   # a second interrupt while the first was being handled
+        _ignore_interrupts()
+        print("autopar: interrupted", file=sys.stderr)
+        return 130
+
+
+def _ignore_interrupts() -> None:
+    """Once a run is ending on an interrupt, further SIGINT/SIGTERM do not cut
+    its clean-up short (nor kill the process by the signal: exit stays 130)."""
+    import signal
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:        # not the main thread
+            pass
+
+
+def stdout_gone() -> str | None:
+    """Why standard output cannot take the answer, or None: closed at start
+    (``>&-``), or a pipe whose reader has gone away (``| true``; poll says
+    POLLERR for such a pipe's writer).  Checked before any work and before
+    each output file is put in place, so that a run whose answer cannot be
+    printed leaves nothing behind."""
+    import io
+    import os
+    import select
+    import stat as stat_
+    if sys.stdout is None:
+        return "closed"
+    try:
+        fd = sys.stdout.fileno()
+    except (io.UnsupportedOperation, AttributeError):
+        return None              # a replaced stdout (tests, notebooks): not ours to judge
+    except (OSError, ValueError):
+        return "closed"
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return "closed"
+    if not stat_.S_ISFIFO(mode) or not hasattr(select, "poll"):
+        return None
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    if any(ev & select.POLLERR for _, ev in poller.poll(0)):
+        return "closed by its reader"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     import signal
+    from autopar.io import writers
     parser = build_parser()
     args = parser.parse_args(argv)
+    gone = stdout_gone()
+    if gone:
+        print(f"autopar: error: stdout: {gone}", file=sys.stderr)
+        return 2
+    writers.before_commit = _refuse_without_stdout
     try:
         signal.signal(signal.SIGTERM, _terminated)
     except ValueError:            # not the main thread
         pass
     try:
-        code = int(args.func(args) or 0)
-        sys.stdout.flush()        # a closed pipe shows here, not at exit
+        # every output of the command is put in place when it succeeds, none
+        # (nor a folder made for them) when it fails
+        with writers.all_or_nothing():
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()    # a closed pipe shows here, not at exit
         return code
     except SpecError as err:
         print(error_line(err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _ignore_interrupts()
         print("autopar: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -3,6 +3,13 @@
 Predicts the batch time, memory and efficiency of one execution of one model
 on one system.  Exit 0 when the layout can run, 1 when it cannot (the reason
 on one line), 2 on bad input.
+
+A partial layout (a field given as ``null`` or ``"?"``, or, with
+``--partial``, any of Calculon's fields left out) is predicted over every
+completion of its unknown fields (``autopar.search.partial``): the stated
+fields, each unknown field's value in the best completion, whether some
+completion fits, and the spread; exit 0 when some completion fits, 1 when
+none does.
 """
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from autopar.cli import framework_option
 
 import json
 
-from autopar.io.specs import load_execution, load_model, load_system
+from autopar.io.specs import load_execution, load_model, load_partial_execution, load_system
 
 GiB = 1024 ** 3
 
@@ -49,6 +56,15 @@ def register(subparsers) -> None:
                    help="memory margin a layout must leave below tier 1's capacity to be "
                         "recommended (default: the system's memory_headroom, else 0); "
                         "the report says whether the layout fits with it")
+    p.add_argument("--partial", action="store_true",
+                   help="a field the execution leaves out is unknown, as one given as null "
+                        "or \"?\": predict every completion of the unknown fields and "
+                        "report whether any fits, the best and the spread (exit 0 when "
+                        "some completion fits)")
+    p.add_argument("--space", default=None, metavar="FILE",
+                   help="partial layouts: the values each unknown field may take, as this "
+                        "space file allows them (default: every value autopar's rules "
+                        "allow)")
     framework_option(p)
     p.set_defaults(func=run)
 
@@ -70,8 +86,17 @@ def run(args) -> int:
     from autopar.io.frameworks import check_options, load_framework, with_framework
     framework = load_framework(args.framework) if args.framework else None
     system = with_framework(load_system(args.system), framework)
-    execution = load_execution(args.execution, system=system, model=model,
-                               defaults=framework.defaults if framework else None)
+    defaults = framework.defaults if framework is not None else None
+    stated, unknown = load_partial_execution(args.execution, system=system, model=model,
+                                             missing_unknown=args.partial, defaults=defaults)
+    if unknown or args.partial:
+        return run_partial(args, model, system, stated, unknown, framework)
+    if args.space is not None:
+        from autopar.io.specs import SpecError
+        raise SpecError("command line", "--space", "gives the options of a partial layout's "
+                        "unknown fields; this execution states every field (use --partial, "
+                        "or null or \"?\" for a field)")
+    execution = load_execution(args.execution, system=system, model=model, defaults=defaults)
     check_options(framework, execution, args.execution)
     from autopar.search.headroom import band_gib, fits, headroom_gib
     headroom = headroom_gib(system, args.memory_headroom)
@@ -88,6 +113,76 @@ def run(args) -> int:
     else:
         print(result["reason"])
     return 0 if result["feasible"] else 1
+
+
+def run_partial(args, model, system, stated: dict, unknown: tuple, framework=None) -> int:
+    """``estimate`` of a partial layout: every completion of its unknown fields
+    (with a framework: of the values it can express, its recipe's default
+    first, so that it wins ties)."""
+    from autopar.search.headroom import headroom_gib
+    from autopar.search.partial import complete, default_options, defaults_first
+
+    headroom = headroom_gib(system, args.memory_headroom)
+    options = default_options(unknown, args.space)
+    if framework is not None:
+        options.update({f: framework.options[f] for f in unknown
+                        if f in framework.options and args.space is None})
+        options = defaults_first(options, framework.defaults)
+    res = complete(model, system, stated, unknown, options, source=str(args.execution),
+                   options_source=str(args.space or "options"))
+    if args.json:
+        out = {"partial": True, **res.to_json()}
+        if res.best is not None:
+            out["best_stats"] = estimate(model, system, res.best.execution)
+        print(json.dumps(out, indent=2))
+    else:
+        print(partial_report(res))
+        if res.best is not None:
+            print()
+            print("best completion:")
+            print(report(model, system, res.best.execution,
+                         estimate(model, system, res.best.execution), headroom))
+    return 0 if res.fits else 1
+
+
+def _values(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def partial_report(res) -> str:
+    """The summary of a partial layout's completions."""
+    from autopar.io.layouts import EXT_DEFAULTS
+    stated = {k: v for k, v in res.stated.items()
+              if k not in EXT_DEFAULTS or v != EXT_DEFAULTS[k]}
+    lines = [f"stated   {_values(stated)}"]
+    # each unknown field's value in the best completion, else (none fits) in
+    # the memory-lowest one
+    pick = res.best if res.best is not None else res.lowest_memory
+    which = "the best completion" if res.best is not None else "the memory-lowest completion"
+    for f in res.unknown:
+        got = pick.chosen[f] if pick is not None else "-"
+        if f not in res.options:          # derived (data_par)
+            lines.append(f"unknown  {f}: {got} (derived from the others)")
+            continue
+        o = res.options.get(f)
+        opts = "every value the rules allow" if o is None else (
+            ", ".join(map(str, o)) if isinstance(o, tuple) else str(o))
+        lines.append(f"unknown  {f}: {got} in {which} (options: {opts})")
+    lines.append(f"fits     {'yes' if res.fits else 'no'}: {res.feasible} of "
+                 f"{res.completions} completions predicted to fit")
+    if res.fits:
+        r, m = res.spread["sample_rate"], res.spread["mem_gib"]
+        lines.append(f"spread   sample rate {r[0]:.4g} / {r[1]:.4g} / {r[2]:.4g} samples/s, "
+                     f"tier-1 memory {m[0]:.2f} / {m[1]:.2f} / {m[2]:.2f} GiB "
+                     f"(min / median / max over the fitting completions)")
+    low = res.lowest_memory
+    if low is not None:
+        lines.append(f"lowest   memory: {_values(low.chosen) or 'the stated layout'}: "
+                     f"{low.mem_gib:.2f} GiB"
+                     + ("" if low.feasible else f" ({low.reason})"))
+    if not res.fits:
+        lines.append(res.reason)
+    return "\n".join(lines)
 
 
 def _get(stats: dict, key: str) -> float:

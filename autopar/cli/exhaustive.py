@@ -72,7 +72,11 @@ def register(subparsers) -> None:
 def _write_json(path: Path, data) -> Path:
     """Write JSON to a temporary file next to ``path``; returns it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+    except BaseException:          # a full disk: no half-written temporary left
+        tmp.unlink(missing_ok=True)
+        raise
     return tmp
 
 
@@ -158,6 +162,17 @@ def run(args) -> int:
             temps.append((_write_json(outs["--summary"], summary), outs["--summary"]))
         if all_tmp is not None:
             temps.append((all_tmp, outs["--all"]))
+        # the answer is printed (and flushed: a full disk under `> log` shows
+        # here) before any output is put in place
+        try:
+            _print_answer(summary, best, headroom, unhedged, system)
+            sys.stdout.flush()
+        except OSError as err:
+            err.filename = err.filename or "stdout"
+            raise
+        from autopar.io import writers
+        if writers.before_commit is not None:
+            writers.before_commit()
         for tmp, final in temps:
             os.replace(tmp, final)
         temps = []
@@ -166,6 +181,10 @@ def run(args) -> int:
             tmp.unlink(missing_ok=True)
         if all_tmp is not None and all_tmp.exists():
             all_tmp.unlink()
+    return 0
+
+
+def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system) -> None:
     print(f"space {summary['space']}: {summary['layouts']:,} layouts, "
           f"{summary['feasible']:,} feasible"
           + (f" with {headroom:g} GiB memory headroom" if headroom > 0 else "")
@@ -180,7 +199,6 @@ def run(args) -> int:
                   f"{difference_text(best['sample_rate'], unhedged['sample_rate'])}")
         elif unhedged is not None:
             print("fastest without headroom: the same layout")
-    return 0
 
 
 def _layout_text(best: dict) -> str:

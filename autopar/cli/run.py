@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Mapping
 
 from autopar.io.errors import SpecError
+from autopar.io.writers import make_folder
 from autopar.io.experiment import STUDY_KINDS, parse_command_file, read
 
 # The module whose ``run_experiment(path, output_dir, address, progress, data)``
@@ -82,17 +83,15 @@ def run_file(path, *, address: str | None = None, progress: bool | None = None,
     ns.progress = progress
     if address is not None:
         ns.address = address
-    # the folders the file names for its outputs are made (files are written whole)
+    # the folders the file names for its outputs are made (files are written
+    # whole; on failure the command line removes the folders it made)
     outs = [getattr(ns, k, None) for k in ("output", "trials_out", "top", "summary", "all_rows")]
     storage = getattr(ns, "storage", None)
     if storage and storage.startswith("sqlite:///"):
         outs.append(storage[len("sqlite:///"):])
-    made: list[Path] = []
     for p in outs:
         if p:
-            missing = [d for d in (Path(p).parent, *Path(p).parent.parents) if not d.exists()]
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
-            made += missing
+            make_folder(Path(p).parent)
     if kind == "tune":
         from autopar.cli.tune import run
     else:
@@ -102,11 +101,6 @@ def run_file(path, *, address: str | None = None, progress: bool | None = None,
     try:
         return run(ns)
     except SpecError as e:
-        for d in made:                     # bad input: leave no folder behind
-            try:
-                d.rmdir()
-            except OSError:
-                pass
-        if e.source == "command line":     # the command's check of a value the file gave
+        if e.source in ("command line", "arguments"):   # a check of a value the file gave
             raise SpecError(src, e.field.lstrip("-").replace("-", "_"), e.message) from None
         raise

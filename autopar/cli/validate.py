@@ -5,7 +5,9 @@ figures of Korthikanti et al. (memory by recompute mode, time per batch).
 ``autopar validate SWEEP.csv --system FILE`` predicts a measured sweep (the
 column format of the LLaMA sweeps) and scores the model on it.
 ``autopar validate published [--table NAME]`` predicts the published
-training measurements (``autopar.studies.published``) and reports per table.
+training measurements (``autopar.studies.published``) and reports per table;
+with ``--partial`` each row is also predicted over every completion of the
+fields its source does not state (``Table.unstated``).
 """
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ def register(subparsers) -> None:
                    help="published: skip ranking the published layouts among autopar's")
     p.add_argument("--rows", action="store_true",
                    help="published: also print every row's prediction")
+    p.add_argument("--partial", action="store_true",
+                   help="published: also predict each row over every completion of the "
+                        "execution fields its source does not state (docs/validation.md): "
+                        "rows some completion fits, the best completion's error, and "
+                        "(with --rows) the fields it chose; a sweep: rows may leave "
+                        "microbatch_size, checkpointing, kernel or sequence_parallel blank, "
+                        "and are predicted over their completions")
     p.add_argument("--system", default=None,
                    help="system JSON (default for megatron: systems/a100_80g.json)")
     p.add_argument("--models", default=None,
@@ -79,9 +88,16 @@ def run(args) -> int:
     headroom = headroom_gib(system, args.memory_headroom)
     from autopar.io.shipped import resolve, shipped_dir
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
-    rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom)
+    rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom,
+                          partial=args.partial)
     report = sweep_report(rows)
     print(report.to_string(float_format=lambda x: f"{x:.3f}"))
+    if args.partial:
+        part = rows[rows.pred_partial.astype(bool)]
+        print(f"{len(part)} rows with blank cells, predicted over their completions "
+              f"({int(part.pred_feasible.sum())} fit for some completion)")
+        for idx, r in part.iterrows():
+            print(f"  row {idx}: {r.pred_chosen or r.pred_reason}")
     if headroom > 0:
         print(f"favourites: the fastest layouts predicted to fit with {headroom:g} GiB of "
               f"memory headroom")
@@ -96,11 +112,13 @@ def _published(args) -> int:
     from autopar.io.writers import write_atomic_csv
     from autopar.studies.published import report
 
-    summary, rows = report(args.table, rank=not args.no_rank)
+    summary, rows = report(args.table, rank=not args.no_rank, partial=args.partial)
     pct = lambda x: f"{100 * x:.1f}%" if x == x else "-"     # noqa: E731
     show = summary.copy()
-    for c in ("median_abs_tok_error", "worst_abs_tok_error", "median_abs_mem_error"):
-        show[c] = show[c].map(pct)
+    for c in ("median_abs_tok_error", "worst_abs_tok_error", "median_abs_mem_error",
+              "median_abs_best_tok_error", "worst_abs_best_tok_error"):
+        if c in show:
+            show[c] = show[c].map(pct)
     print(show.to_string())
     for name, r in rows.items():
         skipped = r[r.status == "skipped"]
@@ -111,6 +129,10 @@ def _published(args) -> int:
         bad = r[(r.status == "predicted") & ~r.feasible.astype(bool)]
         for _, b in bad.iterrows():
             print(f"  predicted not to run: {b.label}: {b.reason}")
+        if args.partial:
+            none = r[(r.status == "predicted") & ~r.feasible_any.astype(bool)]
+            for _, b in none.iterrows():
+                print(f"  no completion fits: {b.label}: {b.chosen}")
         if args.rows:
             print(f"\n{name}:")
             print(r[r.status == "predicted"].drop(columns=["status"]).to_string(

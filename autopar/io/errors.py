@@ -2,6 +2,16 @@
 from __future__ import annotations
 
 
+# Counts beyond these are not layouts anyone runs, and the divisor searches
+# over them would take hours or overflow 64-bit columns: the command line and
+# every file that gives such a count hold it to these.
+MAX_PROCS = 1 << 24
+MAX_BATCH = 1 << 32
+# Points of one co-design or cliffs range, and systems of a whole hardware grid.
+MAX_RANGE_POINTS = 100_000
+MAX_GRID_SYSTEMS = 1_000_000
+
+
 def brief(v) -> str:
     """A value as an error message quotes it: its repr, cut to 40 characters."""
     s = repr(v)

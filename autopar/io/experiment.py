@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.io.errors import SpecError, brief
+from autopar.io.errors import MAX_BATCH, MAX_PROCS, SpecError, brief
 from autopar.io.hardware import Hardware, parse_dim, parse_hardware
 from autopar.io.spaces import BATCH_POLICIES, SpaceSpec, read_space
 from autopar.io.frameworks import load_framework, with_framework
@@ -165,10 +165,13 @@ def open_spec(spec, source: str | None, base_dir, kind: str,
                     f"expected a file path or a mapping, got {type(spec).__name__}")
 
 
-def integer(src: str, fld: str, v, minimum: int) -> int:
-    """An integer field of an experiment file, at least ``minimum``."""
+def integer(src: str, fld: str, v, minimum: int, maximum: int | None = None) -> int:
+    """An integer field of an experiment file, at least ``minimum`` (and at
+    most ``maximum`` when given)."""
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise SpecError(src, fld, f"expected an integer >= {minimum}, got {brief(v)}")
+    if maximum is not None and v > maximum:
+        raise SpecError(src, fld, f"must be at most {maximum:,}, got {brief(v)}")
     return int(v)
 
 
@@ -289,8 +292,8 @@ def parse_case(src: str, base: Path, case, need_procs: bool = True) -> CaseSpec:
         system = with_framework(system, load_framework(framework_file))
     num_procs = case.get("num_procs")
     if num_procs is not None:
-        num_procs = integer(src, "case.num_procs", num_procs, 1)
-    max_batch = integer(src, "case.max_batch_size", case["max_batch_size"], 1)
+        num_procs = integer(src, "case.num_procs", num_procs, 1, MAX_PROCS)
+    max_batch = integer(src, "case.max_batch_size", case["max_batch_size"], 1, MAX_BATCH)
     datatype = case["datatype"]
     if datatype not in system.datatypes:
         raise SpecError(src, "case.datatype", f"{brief(datatype)} is not supported by "
@@ -430,7 +433,8 @@ def parse_inner(src: str, v) -> Inner:
         raise SpecError(src, "inner.seed", f"expected an integer >= 0, got {seed!r}")
     headroom = v.get("memory_headroom")
     if headroom is not None and (isinstance(headroom, bool)
-                                 or not isinstance(headroom, (int, float)) or headroom < 0):
+                                 or not isinstance(headroom, (int, float))
+                                 or not 0 <= headroom < float("inf")):
         raise SpecError(src, "inner.memory_headroom", f"expected a number >= 0 (GiB), "
                                                       f"got {headroom!r}")
     return Inner(search, int(trials), seed,

@@ -34,7 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from autopar.io.errors import SpecError, brief
+from autopar.io.errors import (MAX_GRID_SYSTEMS, MAX_PROCS, MAX_RANGE_POINTS, SpecError,
+                               brief)
 from autopar.io.specs import SystemSpec, load_system
 
 PROCS = "num_procs"
@@ -115,10 +116,16 @@ def _grid(src, fld, lo, hi, step, num, log, integer) -> tuple:
         if not _number(step) or step <= 0:
             raise SpecError(src, f"{fld}.step", f"expected a number > 0, got {brief(step)}")
         k = int(math.floor((hi - lo) / step + 1e-9))
+        if k + 1 > MAX_RANGE_POINTS:
+            raise SpecError(src, f"{fld}.step", f"makes {k + 1:,} points; at most "
+                                                f"{MAX_RANGE_POINTS:,} a range")
         vals = [lo + i * step for i in range(k + 1)]
     else:
         if isinstance(num, bool) or not isinstance(num, int) or num < 1:
             raise SpecError(src, f"{fld}.num", f"expected an integer >= 1, got {brief(num)}")
+        if num > MAX_RANGE_POINTS:
+            raise SpecError(src, f"{fld}.num", f"at most {MAX_RANGE_POINTS:,} points a range, "
+                                               f"got {num:,}")
         if num == 1:
             vals = [lo]
         elif log:
@@ -161,6 +168,8 @@ def parse_dim(src: str, name: str, spec, integer: bool, minimum: float | None) -
             raise SpecError(src, where, f"expected {kind}, got {brief(v)}")
         if minimum is not None and v < minimum:
             raise SpecError(src, where, f"must be >= {minimum:g}, got {brief(v)}")
+        if name == PROCS and v > MAX_PROCS:
+            raise SpecError(src, where, f"must be at most {MAX_PROCS:,}, got {brief(v)}")
         return v
 
     if "values" in spec:
@@ -358,6 +367,10 @@ def parse_hardware(src: str, hardware, cost, base_json: Mapping,
         raise SpecError(src, "case.num_procs", "given both here and as hardware.num_procs")
     if _NO_TIER2 in names:      # the tier-dependent ones come after mem2.GiB
         dims.sort(key=lambda d: (d.name != PROCS, d.name.startswith("mem2.") and d.name != _NO_TIER2))
+    grid = math.prod(len(d.values) for d in dims if d.discrete)
+    if grid > MAX_GRID_SYSTEMS:
+        raise SpecError(src, "hardware", f"a grid of {grid:,} systems; at most "
+                                         f"{MAX_GRID_SYSTEMS:,}")
     hw = Hardware(source=src, base=dict(base_json), dims=tuple(dims), num_procs=num_procs,
                   processor_cost=costs["processor"], fixed_cost=costs["fixed"])
     # Every value on its own must give a valid system.

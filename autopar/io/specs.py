@@ -23,6 +23,7 @@ import gzip
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -151,6 +152,15 @@ class MemoryOverhead:
     # turns on for bf16 models): the fp32 master is the bf16 weight and its
     # remainder.
     master_weight_bytes: float = 4.0
+    # Activations the tensor-parallel GEMMs and the MoE router keep counted
+    # as autograd keeps them (Megatron; measured with PyTorch,
+    # benchmarks/memory_torch.py): a GEMM's input once, the all-gather's
+    # shard only where the gather is redone in backward, the QKV GEMMs'
+    # input under selective recompute without sequence parallelism, and the
+    # router's input where no shared expert keeps it.  False: Calculon's
+    # count (the shard beside the gathered input; no QKV input under
+    # attn_only).
+    autograd_inputs: bool = False
     # Weight sharding (ZeRO-3 / FSDP): when the gathered weights of a block
     # are freed again.  "always": after the block's forward (and backward), so
     # the gathered block and the prefetched next one are resident (FSDP2's
@@ -262,10 +272,29 @@ def _unique_keys(pairs):
     return out
 
 
+def regular_input(path, source: str | None = None, field: str = "(file)") -> Path:
+    """An input path that names a regular file (a symlink's target counts), or
+    SpecError: a FIFO or a device would block the read or never end, and a
+    symlink loop names no file."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise SpecError(source or str(path), field, "no such file") from None
+    except OSError as e:
+        raise SpecError(source or str(path), field, f"cannot read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise SpecError(source or str(path), field, "is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError(source or str(path), field,
+                        "is not a regular file (a FIFO, device or socket)")
+    return p
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a JSON (or .json.gz) file; SpecError on any problem."""
     source = str(path)
-    p = Path(path)
+    p = regular_input(path)
     try:
         if p.suffix == ".gz":
             with gzip.open(p, "rt", encoding="utf-8") as fh:
@@ -294,6 +323,7 @@ def read_yaml(path: str | os.PathLike, source: str, field: str = "(file)",
     """Parse a YAML file; SpecError naming the line of a syntax error (or
     ``syntax_field`` when YAML gives none) or ``field`` when unreadable."""
     import yaml
+    regular_input(path, source, field)
     try:
         return yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as e:
@@ -716,7 +746,7 @@ def read_memory_overhead(c: "_Checker", o, path: str = "memory_overhead") -> Mem
     """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
-                         "fsdp_reshard"))
+                         "autograd_inputs", "fsdp_reshard"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -731,8 +761,10 @@ def read_memory_overhead(c: "_Checker", o, path: str = "memory_overhead") -> Mem
     master = c.number(o.get("master_weight_bytes", 4.0), f"{path}.master_weight_bytes")
     if not 0 <= master <= 4:
         c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
+    autograd = c.bool(o.get("autograd_inputs", False), f"{path}.autograd_inputs")
     reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
-    return MemoryOverhead(reserved, fraction, copies, gathered, split, master, reshard)
+    return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
+                          reshard)
 
 
 def read_time_overhead(c: "_Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -771,6 +803,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["checkpoint_split"] = True
     if o.master_weight_bytes != 4.0:
         out["master_weight_bytes"] = _num(o.master_weight_bytes)
+    if o.autograd_inputs:
+        out["autograd_inputs"] = True
     if o.fsdp_reshard != "always":
         out["fsdp_reshard"] = o.fsdp_reshard
     return out
@@ -821,10 +855,65 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     (listed in both matrix and vector) and that the network tiers exist.
     """
     data, src = _open(path_or_dict, source, "an execution")
+    if defaults:
+        data = {**defaults, **data}
+    return _check_execution(data, src, system, model)
+
+
+# A field of an execution file given as null or "?" is unknown (a partial
+# layout, ``load_partial_execution``).
+UNKNOWN_MARKS = (None, "?")
+# Fields a partial layout must state: they define the case (processors, batch,
+# datatype, training or inference), not how it is laid out.
+CASE_FIELDS = ("num_procs", "batch_size", "datatype", "training")
+
+
+def load_partial_execution(path_or_dict, system: SystemSpec | None = None,
+                           source: str | None = None, model: ModelSpec | None = None,
+                           missing_unknown: bool = False,
+                           defaults: Mapping | None = None) -> tuple[dict, tuple[str, ...]]:
+    """A partial execution file or dict -> (stated, unknown).
+
+    A field given as ``null`` or ``"?"`` is unknown; with ``missing_unknown``
+    so is every one of Calculon's 23 fields the file leaves out (extension
+    fields left out keep their defaults, as in a full execution).  ``stated``
+    holds the other fields, checked as ``load_execution`` checks them, with
+    every extension field not unknown at its value (defaults included);
+    ``unknown`` the unknown fields in ``ALL_FIELDS`` order.  The fields of
+    ``CASE_FIELDS`` cannot be unknown.  ``defaults`` (a framework's recipe
+    defaults) fill the fields the file leaves out that are not unknown.
+    """
+    data, src = _open(path_or_dict, source, "an execution")
+    unknown = {f for f, v in data.items() if v is None or (isinstance(v, str) and v == "?")}
+    if missing_unknown:
+        unknown |= {f for f in FIELDS if f not in data}
+    if defaults:
+        data = {**{f: v for f, v in defaults.items() if f not in unknown}, **data}
     c = _Checker(src)
-    c.keys(data, "", tuple(f for f in FIELDS if not defaults or f not in defaults),
-           tuple(EXT_DEFAULTS) + ("structure_type",) + tuple(defaults or ()))
-    data = {**(defaults or {}), **data}
+    for f in sorted(unknown, key=lambda f: (f not in ALL_FIELDS, f)):
+        if f not in ALL_FIELDS:
+            c.keys({f: None}, "", (), ALL_FIELDS + ("structure_type",))
+            c.fail(f, "cannot be unknown: only execution fields can")
+        if f in CASE_FIELDS:
+            c.fail(f, "cannot be unknown: it defines the case (processors, batch, datatype, "
+                      "training); state it")
+    known = {f: v for f, v in data.items() if f not in unknown}
+    out = _check_execution(known, src, system, model, required=tuple(
+        f for f in FIELDS if f not in unknown))
+    stated = {f: out.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS
+              if f not in unknown and (f in out or f in EXT_DEFAULTS)}
+    return stated, tuple(f for f in ALL_FIELDS if f in unknown)
+
+
+def _check_execution(data: dict, src: str, system: SystemSpec | None,
+                     model: ModelSpec | None, required: tuple = FIELDS) -> dict:
+    """The checks of ``load_execution`` on a parsed execution object: the
+    ``required`` fields present, every value typed, the system's datatype and
+    network tiers."""
+    c = _Checker(src)
+    c.keys(data, "", required, tuple(f for f in ALL_FIELDS if f not in required)
+           + ("structure_type",))
+    data = dict(data)
     if data.get("attention_type") == "flash":
         data["attention_type"] = "multihead"
         data.setdefault("attention_impl", "flash_v2")
@@ -841,7 +930,7 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
         if f in EXT_DEFAULTS and out[f] == EXT_DEFAULTS[f]:
             del out[f]
     if system is not None:
-        if out["datatype"] not in system.datatypes:
+        if "datatype" in out and out["datatype"] not in system.datatypes:
             where = system.source if system.source != "dict" else "the system"
             c.fail("datatype", f"{out['datatype']!r} is not supported by {where} "
                                f"(it runs: {', '.join(system.datatypes)})")

@@ -28,18 +28,90 @@ def target_of(path) -> Path:
     return path
 
 
+# Called before each output is put in place; raising there removes the
+# temporary file and leaves the target as it was.  The command line sets it
+# to refuse outputs once its stdout's reader has gone away.
+before_commit = None
+
+
+class _Outputs:
+    """The outputs of one run held back until it has succeeded: complete
+    temporary files waiting to be renamed over their targets, and the
+    folders made for them."""
+
+    def __init__(self):
+        self.pending: list[tuple[str, Path]] = []
+        self.folders: list[Path] = []
+
+    def commit(self) -> None:
+        if before_commit is not None and self.pending:
+            before_commit()
+        for tmp, path in self.pending:
+            os.replace(tmp, path)
+        self.pending = []
+
+    def discard(self) -> None:
+        for tmp, _ in self.pending:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        for d in reversed(self.folders):          # deepest first; only empty ones
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+_held: _Outputs | None = None
+
+
+@contextlib.contextmanager
+def all_or_nothing():
+    """Every output written inside (through ``atomic_path`` and
+    ``make_folder``) is put in place when the block ends without an error,
+    and none is when it raises: no file of a failed run, no folder made for
+    it.  (The command line runs each command inside one.)"""
+    global _held
+    if _held is not None:          # nested: the outer block decides
+        yield
+        return
+    _held = held = _Outputs()
+    try:
+        yield
+        held.commit()
+    except BaseException:
+        held.discard()
+        raise
+    finally:
+        _held = None
+
+
+def make_folder(folder) -> Path:
+    """Make ``folder`` and its missing parents; inside ``all_or_nothing``,
+    they are removed again (when empty) if the run fails."""
+    folder = Path(folder)
+    missing = [d for d in (folder, *folder.parents) if not d.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    if _held is not None:
+        _held.folders.extend(reversed(missing))   # outermost first
+    return folder
+
+
 @contextlib.contextmanager
 def atomic_path(path):
     """Yield a temporary path; on success it replaces ``path`` (see
-    ``target_of``: a symlink's target is written, the link kept)."""
+    ``target_of``: a symlink's target is written, the link kept), at once or,
+    inside ``all_or_nothing``, when that block ends."""
     path = target_of(path)
     if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())     # mkstemp makes 0600; outputs are ordinary files
+        if _held is not None:
+            _held.pending.append((tmp, path))
+            return
+        if before_commit is not None:
+            before_commit()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

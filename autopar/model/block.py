@@ -72,6 +72,23 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     ag_redo = cols["seq_par_ag_redo"]
     regather_attn = recompute_attn | ag_redo
     regather_mlp = recompute_full | ag_redo
+    # What the column-parallel GEMMs keep.  Calculon: the all-gather's shard
+    # (sequence parallelism) and the gathered input unless it is gathered
+    # again; under attention recompute not the QKV input, even without an
+    # all-gather to redo.  ``memory_overhead.autograd_inputs``: as autograd
+    # keeps them: Megatron's column-parallel GEMM keeps the shard when it
+    # gathers it again in backward, else the gathered input, never both
+    # (megatron/core/tensor_parallel/layers.py,
+    # LinearWithGradAccumulationAndAsyncCommunication); selective recompute
+    # checkpoints only the attention core (megatron/core/transformer/
+    # attention.py, _checkpointed_attention_forward), so without sequence
+    # parallelism the QKV GEMMs keep their input.  Measured with PyTorch:
+    # benchmarks/memory_torch.py, docs/validation.md.
+    keep_shard_attn, keep_shard_mlp = True, True
+    keep_qkv_input = ~regather_attn
+    if ctx.autograd_inputs:
+        keep_shard_attn, keep_shard_mlp = regather_attn, regather_mlp
+        keep_qkv_input = keep_qkv_input | (~ctx.tp_rs_ag & ~recompute_full)
     tp_separate = cols["tensor_par_overlap"] == 0     # TP comm as separate layers
     tp_overlapped = ~tp_separate
     multiquery = cols["attention_type"] == CHOICES["attention_type"].index("multiquery")
@@ -114,7 +131,8 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     ]
     if f > 0:
         seq += [
-            (tp_collective(ctx, A, False, recomm=regather_mlp), tp_separate),
+            (tp_collective(ctx, A, False, recomm=regather_mlp, stored=keep_shard_mlp),
+             tp_separate),
             (g(linear(ctx, B, h, ff_in / tp, recompute=recompute_mlp,
                       stored=~regather_mlp)), tp_separate),
             (g(tp_overlapped_linear(ctx, B, h, ff_in, False, recompute_mlp, regather_mlp)),
@@ -147,15 +165,16 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
 def _attention(ctx, A, A_tp, B, mbs, h, s, sq, H, d, KV, tp, llama, norm, full, attn,
                shared_input, regather_attn, recompute_full, recompute_attn, tp_separate,
                tp_overlapped, multiquery, kv_width, impl, flash, core, fused_norm,
-               scores, heads_tp, g, **_):
+               scores, heads_tp, g, keep_shard_attn, keep_qkv_input, **_):
     """The attention half of the block, up to (not including) its residual,
     and the layers of its core (which a K/V exchange can hide behind)."""
     seq = [
         # attention block
         (fork(ctx, A_tp, 2, **full, stored=True), True),
         (norm(ctx, A_tp, h, fused_norm, **full, **shared_input), True),
-        (tp_collective(ctx, A, False, recomm=regather_attn), tp_separate),
-        (fork(ctx, A, 3, recompute=regather_attn, stored=~regather_attn), tp_separate),
+        (tp_collective(ctx, A, False, recomm=regather_attn, stored=keep_shard_attn),
+         tp_separate),
+        (fork(ctx, A, 3, recompute=regather_attn, stored=keep_qkv_input), tp_separate),
         (g(linear(ctx, B, h, H * d / tp, **full, **shared_input)), tp_separate),
         (g(tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, recompute_full,
                                 regather_attn)), tp_overlapped & ~multiquery),

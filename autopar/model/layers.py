@@ -184,7 +184,11 @@ def layer_norm(ctx, size, hidden, fused_norm, **kw):
 
 # PyTorch's reference RMSNorm upcasts to fp32 and runs as separate kernels:
 # about this many extra bytes per element move through memory, and autograd
-# keeps an fp32 copy of the input and the normalized fp32 output.
+# keeps an fp32 copy of the input and the normalized fp32 output.  (Measured
+# with PyTorch, benchmarks/memory_torch.py: Hugging Face's LlamaRMSNorm keeps
+# 4 bytes per element beyond the fused kernel, in fp32 and bf16 alike; the
+# LLaMA sweeps' calibration rests on 8: docs/validation.md, "Memory measured
+# with PyTorch on CPU".)
 _RMS_UNFUSED_TRAFFIC = {"fw": 48.0, "agrad": 80.0}
 _RMS_UNFUSED_STORED = 8.0
 

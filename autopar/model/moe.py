@@ -184,7 +184,14 @@ def routed_experts(ctx: LayoutContext, cols: dict, llama: bool, full: dict, g=No
     M = expert_tokens(ctx, cols)
     groups = E / ctx.ep
     fc1_width = 2 * ffe if llama else ffe
-    router = linear(ctx, T, h, E, **full, stored=False, reused=True)
+    # The router's GEMM keeps its input (the norm's output) for its weight
+    # gradient (Megatron's router GEMM, megatron/core/transformer/moe/
+    # moe_utils.py RouterGatingLinearFunction, saves it); a shared expert's
+    # first GEMM keeps the same tensor, so with one it is counted there.
+    # Counted so under ``memory_overhead.autograd_inputs`` (measured with
+    # PyTorch: benchmarks/memory_torch.py).
+    keep = ctx.autograd_inputs and not moe.shared_feedforward
+    router = linear(ctx, T, h, E, **full, stored=keep, reused=True)
     score = float(_ROUTER_FLOPS[moe.router])
     scores = layer(ctx, fw=score * T * E, agrad=score * T * E, inputs=T * E, outputs=T * E,
                    act=T * E, act_grads=T * E, **full)

@@ -11,6 +11,7 @@ and the cluster's token, see docs/cluster.md).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -24,17 +25,62 @@ def package_env() -> dict:
     return {"py_modules": [str(Path(__file__).resolve().parent.parent)]}
 
 
-def reachable(address: str) -> None:
-    """Fail fast when a host:port address does not answer."""
+# The client's opening of an HTTP/2 connection (RFC 9113, section 3.4); a
+# gRPC server, as Ray's GCS is, answers it with a SETTINGS frame (type 4).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_H2_SETTINGS = 0x4
+
+
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast when a host:port address does not answer, or answers but is
+    no gRPC server (a port of another service: Ray would wait on it for
+    minutes)."""
     import socket
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "://" in address:
         return          # "auto", "ray://...", or something Ray interprets
     try:
-        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5).close()
+        conn = socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)),
+                                        timeout=timeout)
     except OSError as e:
         raise SpecError(SOURCE, "address",
                         f"no Ray cluster answers at {address}: {e.strerror or e}") from None
+    with conn:
+        try:
+            conn.sendall(_H2_PREFACE + bytes(9))     # the preface, then an empty SETTINGS
+            head = b""
+            while len(head) < 9:
+                chunk = conn.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        except OSError:
+            head = b""
+    if len(head) < 9 or head[3] != _H2_SETTINGS:
+        raise SpecError(SOURCE, "address", f"the service at {address} is not a Ray cluster "
+                                           "(it does not answer as Ray's GCS server does)")
+
+
+@contextlib.contextmanager
+def _stderr_held():
+    """Ray's core prints its connection retries (gcs_client, grpc) straight
+    to file descriptor 2; while connecting they go to a temporary file,
+    whose text is yielded in a list once the block ends."""
+    import os
+    import sys
+    import tempfile
+    caught: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield caught
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            caught.append(held.read().decode("utf-8", "replace"))
 
 
 def join(address: str) -> None:
@@ -42,14 +88,16 @@ def join(address: str) -> None:
     import ray
     reachable(address)
     try:
-        ray.init(address=address, runtime_env=package_env(), log_to_driver=False,
-                 logging_level=logging.WARNING)
+        with _stderr_held() as printed:
+            ray.init(address=address, runtime_env=package_env(), log_to_driver=False,
+                     logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        text, cause = str(e), e.__cause__ or e.__context__
+        text, cause = str(e) + "\n" + "".join(printed), e.__cause__ or e.__context__
         while cause is not None:          # Ray wraps the GCS error in a ConnectionError
             text += "\n" + str(cause)
             cause = cause.__cause__ or cause.__context__
-        if "InvalidAuthToken" in text or "AuthenticationError" in text:
+        if ("InvalidAuthToken" in text or "AuthenticationError" in text
+                or "UNAUTHENTICATED" in text):
             msg = ("the cluster requires token authentication: set RAY_AUTH_MODE=token and "
                    "provide its token (~/.ray/auth_token, RAY_AUTH_TOKEN or "
                    "RAY_AUTH_TOKEN_PATH)")

@@ -219,6 +219,12 @@ def resume(path: str, address: str | None = None):
     from autopar.search import tune_ray
     if not isinstance(path, str) or not path:
         _bad("resume", f"expected an experiment path, got {path!r}")
+    if "://" not in path:           # a local folder (Ray reads a relative one as a URI)
+        import os
+        path = os.path.abspath(path)
+        if not os.path.isdir(path):
+            _bad("resume", f"{path} is not a folder (expected STORAGE_PATH/NAME of an "
+                           "autopar tune --backend ray run)")
     if not tune_ray.can_resume(path):
         _bad("resume", f"{path} holds no Ray Tune experiment (expected "
                        "STORAGE_PATH/NAME of an autopar tune --backend ray run)")
@@ -233,6 +239,12 @@ def trials_table(rows: list[dict]):
     for c in (METRIC, *BREAKDOWN, "elapsed_s"):
         table[c] = table[c].astype(float)
     table["layouts"] = table["layouts"].fillna(1).astype("int64")
+    # integer layout fields stay integers (a pruned trial's unproposed field is
+    # <NA>, which would otherwise turn the column into floats: dp=128.0)
+    from autopar.io.layouts import EXT_INT_FIELDS, INT_FIELDS
+    for c in INT_FIELDS | EXT_INT_FIELDS:
+        if c in table.columns:
+            table[c] = pd.to_numeric(table[c]).round().astype("Int64")
     return table
 
 
@@ -301,7 +313,8 @@ def default_study_name(prob, sampler: str, seed: int | None) -> str:
     c = prob.case
     return (f"autopar-{c.model.name or 'model'}-{c.system.name or 'system'}-"
             f"n{c.num_procs}-b{c.max_batch_size}-{c.datatype}-{prob.space.name}-"
-            f"{sampler}-{prob.encoder.encoding}-seed{seed}-{prob.key[:8]}")
+            f"{sampler}-{prob.encoder.encoding}-"
+            + (f"seed{seed}-" if seed is not None else "unseeded-") + prob.key[:8])
 
 
 def _sqlite_storage(url: str):

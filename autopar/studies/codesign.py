@@ -307,9 +307,9 @@ def codesign(study, output_dir=None, *, address: str | None = None,
     st = with_run_options(load_study(study, overrides), address, parallel, workers)
     if memory_headroom is not None:
         from dataclasses import replace
-        if memory_headroom < 0:
+        if not memory_headroom >= 0 or memory_headroom == float("inf"):     # nan too
             raise SpecError("command line", "--memory-headroom",
-                            f"must be >= 0, got {memory_headroom}")
+                            f"must be a finite number >= 0, got {memory_headroom}")
         st = replace(st, inner=replace(st.inner, memory_headroom=float(memory_headroom)))
     from autopar.io.writers import NO_OUTPUT, output_dir_arg
     out_dir = output_dir_arg(output_dir) if output_dir is not None else st.output_dir

@@ -341,8 +341,8 @@ def write_outputs(result: CompareResult, out_dir) -> tuple[Path, ...]:
     """optimum.json, curves.csv, summary.csv and regret.png, each atomically."""
     from autopar.studies import regret
     from autopar.io.writers import write_atomic_csv, write_json
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from autopar.io.writers import make_folder
+    out_dir = make_folder(out_dir)
     exp, opt = result.experiment, result.optimum
     paths = tuple(out_dir / f for f in OUTPUT_FILES)
     write_json(opt, paths[0])

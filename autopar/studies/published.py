@@ -85,6 +85,10 @@ class Table:
     description: str = ""
     keep: Callable[[pd.DataFrame], pd.Series] | None = None   # rows the table uses
     search_space: dict = field(default_factory=dict)           # overrides for ranking
+    # Execution fields the source does not state, each with the values the
+    # framework can take for it (None: every value autopar's rules allow):
+    # ``predict(partial=True)`` searches them instead of the row's defaults.
+    unstated: dict = field(default_factory=dict)
 
 
 TABLES: dict[str, Table] = {}
@@ -249,10 +253,17 @@ def cases(table: Table) -> list[tuple[int, "PublishedCase | Skip"]]:
     return out
 
 
-def predict(table: Table, rank: bool = True, space=None) -> pd.DataFrame:
+def predict(table: Table, rank: bool = True, space=None, partial: bool = False,
+            options: dict | None = None) -> pd.DataFrame:
     """One row per kept CSV row: label, status (predicted | skipped), reason,
     measured and predicted tokens/s/GPU and peak memory, errors, feasibility,
-    and (with ``rank``) the published layout's rank among autopar's layouts."""
+    and (with ``rank``) the published layout's rank among autopar's layouts.
+
+    With ``partial``, each row is also predicted over every completion of the
+    table's unstated fields (``Table.unstated``; ``options`` replaces their
+    values per field, e.g. a framework's options): ``feasible_any`` (some
+    completion fits), the counts, the best completion's tokens/s/GPU, error
+    and tier-1 memory, and the fields it chose (``chosen``)."""
     from autopar.model import evaluate_one
 
     recs = []
@@ -276,11 +287,54 @@ def predict(table: Table, rank: bool = True, space=None) -> pd.DataFrame:
         rec["mem_error"] = (rec["pred_mem_gib"] - rec["peak_mem_gib"]) / rec["peak_mem_gib"]
         if rank and s["feasible"]:
             rec.update(_rank(table, c, s["sample_rate"], space))
+        if partial:
+            rec.update(_completions(table, c, options))
         recs.append(rec)
     cols = ["row", "label", "status", "reason", "feasible", "tokens_per_s_per_gpu",
             "pred_tokens_per_s_per_gpu", "tok_error", "peak_mem_gib", "pred_mem_gib",
             "mem_error", "rank", "layouts", "best_over_published"]
+    if partial:
+        cols += list(PARTIAL_COLUMNS)
     return pd.DataFrame(recs).reindex(columns=cols)
+
+
+PARTIAL_COLUMNS = ("feasible_any", "completions", "feasible_completions",
+                   "best_pred_tokens_per_s_per_gpu", "best_tok_error", "best_pred_mem_gib",
+                   "chosen")
+
+
+def partial_options(table: Table, options: dict | None = None) -> dict:
+    """The values each unstated field of ``table`` is searched over: the
+    table's own (``Table.unstated``), or ``options``' where it names the
+    field."""
+    options = options or {}
+    return {f: options.get(f, v) for f, v in table.unstated.items()}
+
+
+def _completions(table: Table, case: PublishedCase, options: dict | None) -> dict:
+    """A published row predicted over the completions of its table's unstated
+    fields (``autopar.search.partial.complete``)."""
+    from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS
+    from autopar.search.partial import complete
+
+    opts = partial_options(table, options)
+    ex = case.execution
+    stated = {f: ex.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS
+              if f not in opts and (f in ex or f in EXT_DEFAULTS)}
+    res = complete(case.model, case.system, stated, tuple(opts), opts,
+                   source=f"{table.csv}: {case.label}", options_source=f"table {table.name}")
+    tok = case.measured["tokens_per_s_per_gpu"]
+    out = {"feasible_any": res.fits, "completions": res.completions,
+           "feasible_completions": res.feasible, "best_pred_tokens_per_s_per_gpu": np.nan,
+           "best_tok_error": np.nan, "best_pred_mem_gib": np.nan, "chosen": ""}
+    if res.best is not None:
+        pred = res.best.sample_rate * case.model.seq_size / ex["num_procs"]
+        out.update(best_pred_tokens_per_s_per_gpu=pred, best_tok_error=(pred - tok) / tok,
+                   best_pred_mem_gib=res.best.mem_gib,
+                   chosen=", ".join(f"{f}={v}" for f, v in res.best.chosen.items()))
+    elif res.reason:
+        out["chosen"] = res.reason
+    return out
 
 
 def _reason(s: dict, system_: SystemSpec) -> str:
@@ -357,18 +411,27 @@ def summarize(rows: pd.DataFrame) -> dict:
     err = ok.tok_error.abs() if len(ok) else pd.Series(dtype=float)
     mem = ok.mem_error.abs().dropna() if len(ok) else pd.Series(dtype=float)
     ranks = ok["rank"].dropna() if len(ok) else pd.Series(dtype=float)
+    extra = {}
+    if "feasible_any" in rows:
+        # partial layouts: rows some completion fits, the best completion's error
+        fit = pred[pred.feasible_any.astype(bool)] if len(pred) else pred
+        best = fit.best_tok_error.abs() if len(fit) else pd.Series(dtype=float)
+        extra = {"feasible_any": len(fit),
+                 "median_abs_best_tok_error": float(best.median()) if len(best) else np.nan,
+                 "worst_abs_best_tok_error": float(best.max()) if len(best) else np.nan}
     return {"rows": len(rows), "skipped": int((rows.status == "skipped").sum()),
             "predicted": len(pred), "feasible": int(pred.feasible.astype(bool).sum()) if len(pred) else 0,
             "median_abs_tok_error": float(err.median()) if len(err) else np.nan,
             "worst_abs_tok_error": float(err.max()) if len(err) else np.nan,
             "median_abs_mem_error": float(mem.median()) if len(mem) else np.nan,
             "median_rank": float(ranks.median()) if len(ranks) else np.nan,
-            "rank1": int((ranks == 1).sum()) if len(ranks) else 0}
+            "rank1": int((ranks == 1).sum()) if len(ranks) else 0, **extra}
 
 
-def report(names=None, rank: bool = True) -> tuple[pd.DataFrame, dict]:
+def report(names=None, rank: bool = True, partial: bool = False,
+           options: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """Predictions of the named tables (all when None): the summary table and
-    the per-row tables by name."""
+    the per-row tables by name (``partial``, ``options``: as ``predict``)."""
     names = list(TABLES) if names is None else list(names)
     unknown = [n for n in names if n not in TABLES]
     if unknown:
@@ -376,7 +439,7 @@ def report(names=None, rank: bool = True) -> tuple[pd.DataFrame, dict]:
                         f"unknown table {unknown[0]!r} (one of: {', '.join(TABLES)})")
     rows, summ = {}, []
     for n in names:
-        r = predict(TABLES[n], rank=rank)
+        r = predict(TABLES[n], rank=rank, partial=partial, options=options)
         rows[n] = r
         summ.append({"table": n, **summarize(r)})
     return pd.DataFrame(summ).set_index("table"), rows
@@ -384,7 +447,17 @@ def report(names=None, rank: bool = True) -> tuple[pd.DataFrame, dict]:
 
 # ----------------------------------------------------------------------------
 # The tables.  Each row function states the framework defaults it assumes;
-# docs/validation.md lists them.
+# docs/validation.md lists them.  ``unstated``: the execution fields among
+# those assumptions, with the values the framework offers for each, searched
+# by ``validate published --partial`` (docs/validation.md, "Partial layouts").
+
+# Megatron's distributed optimizer (ZeRO-1) and its overlaps, where a source
+# does not say it ran them: sharded optimizer state or none, the gradient
+# reduce and the parameter gather each overlapped or not.
+DIST_OPT_OPTIONS = {"optimizer_sharding": (True, False), "unsharded_grads": (True,),
+                    "data_par_overlap": (True, False), "param_gather_overlap": (True, False)}
+# Megatron-Core's recompute choices (none, selective = attention core, full).
+MCORE_RECOMPUTE = ("none", "attn_only", "full")
 
 # NeMo 24.07 (H100 performance summary) -------------------------------------
 
@@ -434,7 +507,9 @@ register(Table(
     "nemo_h100", "nemo_2407_h100_perf_summary.csv", _nemo_perf, "NeMo 24.07",
     "NeMo 24.07 performance summary on DGX H100 (final version of the page): pre-training "
     "and SFT in FP8; LoRA rows skipped",
-    keep=lambda f: f.doc_version == "final"))
+    keep=lambda f: f.doc_version == "final",
+    unstated={"activation_recompute": MCORE_RECOMPUTE, **DIST_OPT_OPTIONS,
+              "tensor_par_overlap": ("ring", "none"), "fp32_grads": (False, True)}))
 
 
 # NeMo long-sequence context-parallel runs ------------------------------------
@@ -472,7 +547,10 @@ def _nemo_cp(row) -> PublishedCase | Skip:
 register(Table(
     "nemo_long_cp", "nemo_long_sequence_cp.csv", _nemo_cp, "NeMo 24.03 / 25.04",
     "NeMo long-sequence runs with context parallelism (Llama 2 7B on H100, Llama 3 8B on "
-    "B200), FP8; throughput from the reported TFLOP/s per GPU"))
+    "B200), FP8; throughput from the reported TFLOP/s per GPU",
+    unstated={"activation_recompute": MCORE_RECOMPUTE, **DIST_OPT_OPTIONS,
+              "tensor_par_overlap": ("ring", "none"), "fp32_grads": (False, True),
+              "microbatch_size": None, "context_par_comm": ("p2p", "a2a")}))
 
 
 # Megatron GPT weak scaling: Megatron-LM 2021 (A100), Megatron-Core r0.8 (H100)
@@ -521,7 +599,8 @@ register(Table(
             per_token=_paper_flops_2021, overrides={"attention_impl": "fused_softmax"}),
     "Megatron-LM 2021",
     "Megatron-LM's SC21 weak scaling (GPT 1.7B-1T on Selene A100), fp16, full recompute; "
-    "throughput from achieved TFLOP/s with the paper's FLOP count"))
+    "throughput from achieved TFLOP/s with the paper's FLOP count",
+    unstated={"attention_impl": ("fused_softmax", "unfused"), "fp32_grads": (False, True)}))
 
 
 # Megatron-Core r0.8 README runs: bf16 (the MFU implies the bf16 peak), no
@@ -545,7 +624,9 @@ register(Table(
             mbs=MCORE_MICRO_BATCH),
     "Megatron-Core r0.8",
     "Megatron-Core weak scaling on H100 (GPT 1.7B-462B), bf16; throughput from per-GPU "
-    "TFLOP/s with Megatron's FLOP count"))
+    "TFLOP/s with Megatron's FLOP count",
+    unstated={"microbatch_size": None, "activation_recompute": MCORE_RECOMPUTE,
+              **DIST_OPT_OPTIONS, "tensor_par_overlap": ("ring", "none")}))
 
 
 # torchtitan (FSDP2 + TP + PP + CP) on H100 / H200 ---------------------------
@@ -603,7 +684,8 @@ def _titan(row) -> PublishedCase | Skip:
 
 register(Table(
     "torchtitan", "torchtitan_benchmarks.csv", _titan, "torchtitan",
-    "torchtitan Llama 3 runs on H100 (FSDP2, TP, PP, CP, float8, async TP) and H200"))
+    "torchtitan Llama 3 runs on H100 (FSDP2, TP, PP, CP, float8, async TP) and H200",
+    unstated={"microbatch_size": None, "fp32_grads": (True, False)}))
 
 
 # SimuMax: B200 step time and peak memory per layout (Megatron-LM) -----------
@@ -644,7 +726,9 @@ def _simumax(row) -> PublishedCase | Skip:
 register(Table(
     "simumax_b200", "simumax_b200_measured.csv", _simumax, "Megatron-LM (SimuMax runs)",
     "Per-layout step time and peak allocated memory on 8 B200 (truncated-depth Llama 3 "
-    "70B/405B and DeepSeek-V2/V3 MoE with expert parallelism), bf16"))
+    "70B/405B and DeepSeek-V2/V3 MoE with expert parallelism), bf16",
+    unstated={"optimizer_sharding": (True, False), "unsharded_grads": (True,),
+              "moe_dispatcher": ("alltoall", "allgather")}))
 
 
 # Megatron-Bridge Qwen3 30B-A3B (MoE) ----------------------------------------
@@ -656,4 +740,8 @@ def _bridge_moe(row) -> PublishedCase | Skip:
 
 register(Table(
     "bridge_qwen3_moe", "megatron_bridge_qwen3_30b_a3b.csv", _bridge_moe, "Megatron-Bridge",
-    "Qwen3 30B-A3B (MoE, expert parallelism) on GB300/GB200/B300/B200/H100, fp8"))
+    "Qwen3 30B-A3B (MoE, expert parallelism) on GB300/GB200/B300/B200/H100, fp8",
+    unstated={"activation_recompute": ("none", "attn_only", "mlp_only", "full"),
+              "fp32_grads": (False, True), "moe_dispatcher": ("deepep", "alltoall", "allgather"),
+              "moe_overlap": (False, True), "data_par_overlap": (True, False),
+              "param_gather_overlap": (True, False)}))

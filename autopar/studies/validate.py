@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from autopar.model import evaluate_one
-from autopar.io.specs import SystemSpec, load_model
+from autopar.io.specs import SpecError, SystemSpec, load_model
 
 GIB = 1024 ** 3
 
@@ -87,6 +87,18 @@ KERNELS = {
     "flash_attention2 + RMS kernel": ("flash_v2", True),
 }
 CHECKPOINTING = {"disabled": "none", "every_layer": "full", "selective": "attn_only"}
+# Columns a sweep row may leave blank when predicted as a partial layout
+# (``validate_sweep(partial=True)``), the execution fields a blank leaves
+# unknown, and a placeholder that builds the rest of the row's execution.
+SWEEP_UNSTATED = {"microbatch_size": (("microbatch_size",), 1),
+                  "checkpointing": (("activation_recompute",), "disabled"),
+                  "kernel": (("attention_impl", "fused_norm"), "torch"),
+                  "sequence_parallel": (("tensor_par_comm_type",), False)}
+# The values the sweep's format can express for those fields.
+SWEEP_OPTIONS = {"microbatch_size": None,
+                 "activation_recompute": tuple(dict.fromkeys(CHECKPOINTING.values())),
+                 "attention_impl": tuple(dict.fromkeys(k[0] for k in KERNELS.values())),
+                 "fused_norm": (False, True), "tensor_par_comm_type": ("ar", "rs_ag")}
 
 
 def sweep_execution(row, system: SystemSpec) -> dict:
@@ -124,30 +136,52 @@ def _truthy(v) -> bool:
     return str(v).strip().lower() in ("true", "1", "yes")
 
 
-def read_sweep(path) -> pd.DataFrame:
-    from autopar.io.specs import SpecError
+def read_sweep(path, blanks: tuple = ()) -> pd.DataFrame:
+    """A measured sweep, checked; the columns of ``blanks`` may hold blank
+    cells (a partial layout's unstated fields)."""
+    from autopar.io.specs import regular_input
 
+    regular_input(path)
     try:
         frame = pd.read_csv(path)
     except FileNotFoundError:
         raise SpecError(str(path), "(file)", "no such file") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
+    frame.attrs["source"] = str(path)
     missing = [c for c in SWEEP_COLUMNS if c not in frame.columns]
     if missing:
         raise SpecError(str(path), missing[0], "missing column")
-    bad = ~frame["kernel"].isin(list(KERNELS))
+    def blank(col):
+        return frame[col].isna() if col in blanks else False
+
+    bad = ~frame["kernel"].isin(list(KERNELS)) & ~blank("kernel")
     if bad.any():
         raise SpecError(str(path), "kernel", f"unknown kernel {frame.kernel[bad].iloc[0]!r} "
                                               f"(one of: {', '.join(KERNELS)})")
-    bad = ~frame["checkpointing"].isin(list(CHECKPOINTING))
+    bad = ~frame["checkpointing"].isin(list(CHECKPOINTING)) & ~blank("checkpointing")
     if bad.any():
         raise SpecError(str(path), "checkpointing",
                         f"unknown value {frame.checkpointing[bad].iloc[0]!r}")
     for col in ("world_size", "tensor_par", "pipeline_par", "microbatch_size", "global_batch",
                 "seq_size"):
+        if col in blanks and frame[col].isna().any():
+            v = frame[col].dropna()
+            if v.dtype.kind not in "iuf" or (v <= 0).any() or (v != v.round()).any():
+                raise SpecError(str(path), col, "expected positive integers or blanks")
+            continue
         if frame[col].dtype.kind not in "iu" or (frame[col] <= 0).any():
             raise SpecError(str(path), col, "expected positive integers")
+    for col in ("step_time_s", "mfu"):
+        # measured figures: empty where the run did not finish, else a number > 0
+        given = frame[col].notna()
+        values = pd.to_numeric(frame[col], errors="coerce")
+        bad = given & ~(values > 0)
+        if bad.any():
+            at = int(np.flatnonzero(bad.to_numpy())[0])
+            raise SpecError(str(path), col, f"row {at + 2}: expected a positive number, "
+                                            f"got {frame[col].iloc[at]!r}")
+        frame[col] = values
     return frame
 
 
@@ -162,11 +196,26 @@ def sweep_groups(frame: pd.DataFrame, system: SystemSpec, models_dir="models"):
 
     groups = []
     for (mname, seq), rows in frame.groupby(["model", "seq_size"], sort=False):
-        model = load_model(Path(models_dir) / f"{mname}.json")
-        if model.seq_size != seq:
-            model = dataclasses.replace(model, seq_size=int(seq))
+        model = sweep_model(mname, seq, models_dir, frame.attrs.get("source", "sweep"),
+                            int(rows.index[0]) + 2)
         groups.append((rows, model, [sweep_execution(r, system) for r in rows.itertuples()]))
     return groups
+
+
+def sweep_model(name: str, seq: int, models_dir="models", source: str = "sweep",
+                row: int | None = None):
+    """A sweep's model file at the sweep's sequence length (SpecError naming
+    the sweep, its model column and ``row`` when autopar has no such file)."""
+    from pathlib import Path
+
+    path = Path(models_dir) / f"{name}.json"
+    if not path.is_file():
+        at = f"row {row}: " if row is not None else ""
+        raise SpecError(source, "model", f"{at}no model file {path} for {name!r}")
+    model = load_model(path)
+    if model.seq_size != seq:
+        model = dataclasses.replace(model, seq_size=int(seq))
+    return model
 
 
 def headroom_of(system: SystemSpec, headroom_gib=None) -> float:
@@ -177,26 +226,75 @@ def headroom_of(system: SystemSpec, headroom_gib=None) -> float:
 
 
 def validate_sweep(path, system: SystemSpec, models_dir="models",
-                   headroom_gib=None) -> pd.DataFrame:
+                   headroom_gib=None, partial: bool = False,
+                   options: dict | None = None) -> pd.DataFrame:
     """Predict every row of a measured sweep: adds pred_feasible, pred_reason,
     pred_step_time_s, pred_mem_gib and pred_fits_headroom (feasible with
-    ``headroom_gib`` to spare; default: the system's ``memory_headroom``)."""
+    ``headroom_gib`` to spare; default: the system's ``memory_headroom``).
+
+    With ``partial``, a row may leave the columns of ``SWEEP_UNSTATED``
+    blank: such a row is predicted over every completion of the fields its
+    blanks leave unknown (``SWEEP_OPTIONS``, or ``options`` per field), its
+    predictions are the best completion's (pred_feasible: some completion
+    fits), ``pred_partial`` marks it and ``pred_chosen`` names the values
+    chosen."""
     from autopar.model.frame import evaluate
 
-    frame = read_sweep(path)
+    frame = read_sweep(path, blanks=tuple(SWEEP_UNSTATED) if partial else ())
     out = []
-    for rows, model, exes in sweep_groups(frame, system, models_dir):
+    blank = (frame[list(SWEEP_UNSTATED)].isna().any(axis=1) if partial
+             else pd.Series(False, index=frame.index))
+    if blank.any():
+        out.append(_partial_rows(frame[blank], system, models_dir, options))
+    for rows, model, exes in sweep_groups(frame[~blank], system, models_dir):
         pred = evaluate(model, system, exes)
         part = rows.copy()
         part["pred_feasible"] = pred["feasible"].to_numpy()
         part["pred_reason"] = pred["reason"].astype(object).to_numpy()
         part["pred_step_time_s"] = pred["total_time"].to_numpy()
         part["pred_mem_gib"] = pred["proc_mem_tier1_cap_req"].to_numpy() / GIB
+        if partial:
+            part["pred_partial"], part["pred_chosen"] = False, ""
         out.append(part)
     rows = pd.concat(out).loc[frame.index]
     limit = system.mem1.GiB - headroom_of(system, headroom_gib)
     rows["pred_fits_headroom"] = rows["pred_feasible"] & (rows["pred_mem_gib"] <= limit)
     return rows
+
+
+def _partial_rows(frame: pd.DataFrame, system: SystemSpec, models_dir, options) -> pd.DataFrame:
+    """Sweep rows with blank cells, each predicted over the completions of
+    the fields its blanks leave unknown (``autopar.search.partial``)."""
+    from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS
+    from autopar.search.partial import complete
+
+    part = frame.copy()
+    cols = {"pred_feasible": [], "pred_reason": [], "pred_step_time_s": [],
+            "pred_mem_gib": [], "pred_chosen": []}
+    for _, row in frame.iterrows():
+        model = sweep_model(row.model, row.seq_size, models_dir,
+                            frame.attrs.get("source", "sweep"), int(row.name) + 2)
+        filled, unknown = row.copy(), []
+        for col, (fields, placeholder) in SWEEP_UNSTATED.items():
+            if pd.isna(row[col]):
+                filled[col] = placeholder
+                unknown += fields
+        ex = sweep_execution(filled, system)
+        stated = {f: ex.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS
+                  if f not in unknown and (f in ex or f in EXT_DEFAULTS)}
+        opts = {f: (options or {}).get(f, SWEEP_OPTIONS[f]) for f in unknown}
+        res = complete(model, system, stated, unknown, opts, source=f"sweep row {row.name}")
+        best = res.best
+        cols["pred_feasible"].append(res.fits)
+        cols["pred_reason"].append(res.reason)
+        cols["pred_step_time_s"].append(ex["batch_size"] / best.sample_rate if best else np.nan)
+        cols["pred_mem_gib"].append(best.mem_gib if best else np.nan)
+        cols["pred_chosen"].append(", ".join(f"{f}={v}" for f, v in best.chosen.items())
+                                   if best else "")
+    for k, v in cols.items():
+        part[k] = v
+    part["pred_partial"] = True
+    return part
 
 
 def sweep_report(rows: pd.DataFrame) -> pd.DataFrame:
