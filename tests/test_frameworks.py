@@ -387,3 +387,19 @@ def test_run_an_experiment_with_a_framework(cli, tmp_path, repo_root):
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "out/summary.json").read_text())
     assert summary["memory_headroom_GiB"] == 17            # the framework's headroom
+
+
+def test_partial_layout_draws_unknown_fields_from_the_framework(cli, tmp_path):
+    """estimate of a partial layout under a framework: the unknown fields
+    take the values the framework can express (llm-foundry: no tensor
+    parallelism), the fields left out its recipe's defaults."""
+    part = {**LAYOUT, "num_procs": 8, "tensor_par": "?", "pipeline_par": 1, "data_par": "?"}
+    path = tmp_path / "part.json"
+    path.write_text(json.dumps(part))
+    args = ("estimate", "models/llama-7B.json", "systems/a100_80g.json", path, "--json")
+    plain = json.loads(cli(*args).stdout)
+    foundry = json.loads(cli(*args, "--framework", "llm-foundry").stdout)
+    assert plain["options"] == {"tensor_par": None}
+    assert foundry["options"] == {"tensor_par": [1]}
+    assert foundry["stated"]["weight_sharding"] is True
+    assert plain["stated"]["weight_sharding"] is False
