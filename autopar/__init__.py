@@ -4,7 +4,8 @@ The public API::
 
     model = autopar.load_model(path_or_dict)       # Calculon application JSON
     system = autopar.load_system(path_or_dict)     # Calculon system JSON
-    table = autopar.evaluate(model, system, executions)
+    framework = autopar.load_framework(name_or_path)   # frameworks/ (optional)
+    table = autopar.evaluate(model, system, executions, framework=None)
     table, summary = autopar.exhaustive(model, system, num_procs=..., ...)
     trials = autopar.tune(model, system, num_procs=..., sampler=..., ...)
 
@@ -14,10 +15,11 @@ autopar`` stays light (no ray, no optuna).
 from __future__ import annotations
 
 
+from autopar.io.frameworks import load_framework
 from autopar.io.specs import SpecError, load_execution, load_model, load_system
 from autopar.model.frame import evaluate
 
-__all__ = ["SpecError", "load_model", "load_system", "load_execution",
+__all__ = ["SpecError", "load_model", "load_system", "load_execution", "load_framework",
            "evaluate", "exhaustive", "tune", "compare"]
 
 _LAZY = {

@@ -33,7 +33,10 @@ def main() -> int:
         return 1
     sweep = SWEEP
     t0, c0 = time.perf_counter(), time.process_time()
-    cal = calibrate(sweep, load_system(args.system), models_dir=ROOT / "models", progress=False)
+    from autopar.io.frameworks import load_framework, with_framework
+    fw = load_framework(args.framework)
+    cal = calibrate(sweep, with_framework(load_system(args.system), fw), models_dir=ROOT / "models",
+                    progress=False, copies="memory_overhead.logits_fp32_copies" in fw.free)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     k = cal.constants
     print(f"calibrate: {wall:.0f} s wall, {cpu:.0f} s CPU, {cal.evaluations} model evaluations")

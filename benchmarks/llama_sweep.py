@@ -14,10 +14,12 @@ SWEEP = ROOT.parent / "shared/reference/measured/llama-sweeps/llama_13B_65B_a100
 
 
 def arguments(description: str):
-    """The command line (``--system``, default the DGX base system), or None
-    after saying why when the sweep is absent."""
+    """The command line (``--system``, default the DGX base system, and
+    ``--framework``, default the sweeps' framework before calibration), or
+    None after saying why when the sweep is absent."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--system", default=str(ROOT / "systems/a100_80g_dgx_hdr200_base.json"))
+    p.add_argument("--framework", default="megatron-llama-sweeps-base")
     args = p.parse_args()
     if not SWEEP.is_file():
         print(f"no sweep at {SWEEP}", file=sys.stderr)
@@ -32,7 +34,7 @@ def load(description: str):
     if args is None:
         return None
     sys.path.insert(0, str(ROOT))
-    from autopar.io.specs import load_system
+    from autopar.io.frameworks import system_under
     from autopar.studies.calibrate import Sweep
-    system = load_system(args.system)
+    system = system_under(args.system, args.framework)
     return system, Sweep(SWEEP, system, ROOT / "models")

@@ -41,7 +41,9 @@ def test_calibrate_two_sweeps_fits_and_cross_validates(sweeps, base_system, tmp_
     csv = tmp_path / "two.csv"
     sweeps[sweeps.sweep.isin(SUBSET)].to_csv(csv, index=False)
     out = tmp_path / "cal.json"
-    r = cli("calibrate", csv, "--system", base_system, "--output", out, "--no-progress")
+    r = cli("calibrate", csv, "--system", base_system, "--framework",
+            "megatron-llama-sweeps-base", "--output", out, "--system-output",
+            tmp_path / "hw.json", "--no-progress")
     assert r.returncode == 0, r.stderr
     text = r.stdout
     assert "leave-one-sweep-out" in text and "leave-one-model-out" in text
@@ -54,15 +56,22 @@ def test_calibrate_two_sweeps_fits_and_cross_validates(sweeps, base_system, tmp_
     assert cal_cv["median_abs_error"] < 0.06
     assert cal_cv["spearman"] > base_cv["spearman"]
     assert cal_cv["top1_regret"] <= base_cv["top1_regret"]
-    system = load_system(out)
-    assert system.name == "cal"
-    assert system.memory_headroom is not None and system.memory_headroom.band_GiB > 0
-    assert system.memory_headroom.GiB >= system.memory_headroom.band_GiB
-    assert "Calibrated by `autopar calibrate` on two.csv" in system.description
+    from autopar.io.frameworks import load_framework
+    fw = load_framework(out)                  # the calibrated framework file
+    assert fw.name == "cal"
+    assert fw.memory_headroom is not None and fw.memory_headroom.band_GiB > 0
+    assert fw.memory_headroom.GiB >= fw.memory_headroom.band_GiB
+    assert (fw.memory_overhead.reserved_GiB, fw.memory_overhead.fraction) == (3, 0.15)
+    hardware = load_system(tmp_path / "hw.json")   # the fitted efficiencies, no software
+    assert hardware.memory_overhead is None and hardware.memory_headroom is None
+    assert hardware.networks != load_system(base_system).networks
+    assert "Calibrated by `autopar calibrate` on two.csv" in hardware.description
+    assert "fitted by `autopar calibrate` on two.csv" in fw.description
     # What calibrate printed in sample is what validate measures with the
-    # system it wrote.
+    # system and framework it wrote.
     insample = _figures(text.split("in sample:")[1], "calibrated")
-    v = cli("validate", csv, "--system", out, "--output", tmp_path / "rows.csv")
+    v = cli("validate", csv, "--system", tmp_path / "hw.json", "--framework", out,
+            "--output", tmp_path / "rows.csv")
     assert v.returncode == 0, v.stderr
     from autopar.studies.validate import sweep_report
     rep = sweep_report(pd.read_csv(tmp_path / "rows.csv")).loc["overall"]
@@ -83,7 +92,8 @@ def test_leave_one_model_out_meets_the_bars(reference, base_system, repo_root):
     from autopar.studies.calibrate import Sweep, base_constants, fit
     from autopar.studies.validate import sweep_report
     csv = reference / "measured" / "llama-sweeps" / "llama_13B_65B_a100.csv"
-    system = load_system(base_system)
+    from autopar.io.frameworks import system_under
+    system = system_under(base_system, "megatron-llama-sweeps-base")
     sweep = Sweep(csv, system, repo_root / "models")
     model = sweep.frame["model"].to_numpy()
     for train, test in (("llama-65B", "llama-13B"), ("llama-13B", "llama-65B")):
@@ -112,7 +122,8 @@ def test_memory_overheads_counted_unless_fitted(sweeps, base_system, repo_root, 
     from autopar.studies.calibrate import Sweep, _logistic_slopes, base_constants, fit_memory
     csv = tmp_path / "two.csv"
     sweeps[sweeps.sweep.isin(SUBSET)].to_csv(csv, index=False)
-    system = load_system(base_system)
+    from autopar.io.frameworks import system_under
+    system = system_under(base_system, "megatron-llama-sweeps-base")
     sweep = Sweep(csv, system, repo_root / "models")
     every = np.ones(len(sweep.frame), dtype=bool)
     base = base_constants(system)
@@ -142,7 +153,7 @@ def test_calibrate_refuses_constants_that_cross_validate_worse(sweeps, repo_root
     pd.concat([a, b]).to_csv(csv, index=False)
     out = tmp_path / "never.json"
     r = cli("calibrate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
-            "--output", out, "--no-progress")
+            "--framework", "megatron-llama-sweeps-fitted", "--output", out, "--no-progress")
     assert r.returncode == 1
     assert "refusing" in r.stderr and "leave-one-sweep-out" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -170,7 +181,7 @@ def test_calibrate_bad_input(sweeps, base_system, tmp_path, cli):
 
 def test_system_headroom_field_checked(repo_root, tmp_path, cli):
     data = json.loads((repo_root / "systems" / "a100_80g_dgx_hdr200.json").read_text())
-    data["memory_headroom"]["GiB"] = 80
+    data["memory_headroom"] = {"GiB": 80}
     bad = tmp_path / "sys.json"
     bad.write_text(json.dumps(data))
     r = cli("validate", "megatron", "--system", bad)
@@ -180,8 +191,10 @@ def test_system_headroom_field_checked(repo_root, tmp_path, cli):
 # ----------------------------------------------------------------------------
 # Headroom in the searches.
 
+# The calibrated DGX A100 hardware under the sweeps' fitted framework (its 5 GiB headroom).
+FW = ("--framework", "megatron-llama-sweeps-fitted")
 CASE = ("models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json", "--num-procs", 8,
-        "--max-batch-size", 64, "--datatype", "bfloat16", "--space", "llama")
+        "--max-batch-size", 64, "--datatype", "bfloat16", "--space", "llama", *FW)
 # The headroom tests rank by rate alone (--risk fast, the ranking before risk
 # was counted); tests/test_risk.py tests the safe default.
 FAST = ("--risk", "fast")
@@ -210,11 +223,11 @@ def test_exhaustive_headroom_changes_the_recommendation(cli, tmp_path):
     fast = tmp_path / "fast.json"
     fast.write_text(json.dumps(fastest["execution"]))
     for exe, fits in ((fast, False), (tmp_path / "best.json", True)):
-        e = cli("estimate", *CASE[:2], exe, "--json", "--memory-headroom", 5)
+        e = cli("estimate", *CASE[:2], exe, *FW, "--json", "--memory-headroom", 5)
         assert e.returncode == 0, e.stderr
         got = json.loads(e.stdout)
         assert got["fits_with_headroom"] is fits and got["memory_headroom_GiB"] == 5
-    e = cli("estimate", *CASE[:2], fast)
+    e = cli("estimate", *CASE[:2], fast, *FW)
     # The system's default headroom (5 GiB, from its calibration) applies.
     assert "headroom 5 GiB: does not fit" in e.stdout
     bad = cli("exhaustive", *CASE, "--memory-headroom", 90)
@@ -256,7 +269,7 @@ def test_codesign_inner_search_keeps_the_headroom(cli, tmp_path, repo_root):
              "case": {"model": str(repo_root / "models" / "llama-13B.json"),
                       "system": str(repo_root / "systems" / "a100_80g_dgx_hdr200.json"),
                       "num_procs": 8, "max_batch_size": 64, "datatype": "bfloat16",
-                      "space": "llama"},
+                      "space": "llama", "framework": "megatron-llama-sweeps-fitted"},
              "hardware": {"mem1.GiB": {"values": [80, 96], "cost": 20}},
              "cost": {"processor": 10000}, "objectives": ["sample_rate", "cost"],
              "output_dir": "out"}

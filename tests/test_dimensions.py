@@ -294,8 +294,8 @@ def test_autograd_inputs_counts_gemm_inputs_once(gpt, h100):
     are not kept beside it; under attn_only without sequence parallelism the
     QKV GEMMs' input (B x h) is; with the gather redone nothing moves."""
     import json
-    from autopar.studies.published import with_framework
-    on = with_framework(h100, autograd_inputs=True)
+    from autopar.io.specs import MemoryOverhead
+    on = dataclasses.replace(h100, memory_overhead=MemoryOverhead(autograd_inputs=True))
     B, h, b, t = 2048, 1024, 2, 8              # exe(): micro-batch 1, bf16
     sp = dict(tensor_par=8, data_par=1, tensor_par_comm_type="rs_ag")
     d = run(gpt, h100, **sp)["block_act_storage_space"] - \
@@ -322,7 +322,7 @@ def test_published_bars(reference):
     within 5% median (the Qwen3 MoE table, issue 14, is not held to them;
     issue 24's llm-foundry and NeMo-Launcher tables are held to the first
     only: their throughput is not yet within 10%, docs/validation.md)."""
-    from autopar.studies.published import TABLES, cases, report, with_framework
+    from autopar.studies.published import TABLES, cases, report
     summary, rows = report([n for n in TABLES if n != "bridge_qwen3_moe"], rank=False)
     assert (summary.feasible == summary.predicted).all(), summary
     within = summary.drop(index=["llm_foundry_mpt", "nemo_launcher_a100"])
@@ -334,7 +334,9 @@ def test_published_bars(reference):
     sft = rows["nemo_h100"].set_index("label").loc[label]
     assert sft.feasible and 75 < sft.pred_mem_gib < 80
     case = next(c for _, c in cases(TABLES["nemo_h100"]) if c.label == label)
-    fp32_masters = with_framework(case.system, master_weight_bytes=4.0)
+    assert case.system.memory_overhead.master_weight_bytes == 2.0      # frameworks/nemo1-apex
+    fp32_masters = dataclasses.replace(case.system, memory_overhead=dataclasses.replace(
+        case.system.memory_overhead, master_weight_bytes=4.0))
     assert not evaluate_one(case.model, fp32_masters, case.execution)["feasible"]
 
 

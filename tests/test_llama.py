@@ -249,7 +249,7 @@ def test_validate_sweep_on_measured_data(reference, repo_root, tmp_path, cli):
     csv = reference / "measured" / "llama-sweeps" / "llama_13B_65B_a100.csv"
     out = tmp_path / "pred.csv"
     r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
-            "--output", out)
+            "--framework", "megatron-llama-sweeps-fitted", "--output", out)
     assert r.returncode == 0, r.stderr
     import pandas as pd
     rows = pd.read_csv(out)
@@ -285,7 +285,9 @@ def test_validate_sweep_models_uneven_pipeline_stages(tmp_path, repo_root):
             "s,llama-30B,2048,2048,128,4,4,1,every_layer,flash_attention2,False,ok,100.0,0.5"]
     csv = tmp_path / "s.csv"
     csv.write_text(cols + "\n".join(rows) + "\n")
-    system = load_system(repo_root / "systems" / "a100_80g_dgx_hdr200.json")
+    from autopar.io.frameworks import system_under
+    system = system_under(repo_root / "systems" / "a100_80g_dgx_hdr200.json",
+                          "megatron-llama-sweeps")
     out = validate_sweep(csv, system, models_dir=repo_root / "models")
     assert out.pred_feasible.tolist() == [True, False, True]
     assert "divisible by tensor_par" in out.pred_reason[1]

@@ -384,8 +384,11 @@ def test_sweep_rows_with_blank_cells_are_partial(tmp_path, repo_root, cli):
     rows.append("s,llama-7B,2048,512,32,2,1,2,,flash_attention2,True,ok,10.0,0.5")
     csv = tmp_path / "s.csv"
     csv.write_text(SWEEP_HEAD + "\n".join(rows) + "\n")
-    system = load_system(repo_root / "systems" / "a100_80g_dgx_hdr200.json")
-    r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json")
+    from autopar.io.frameworks import system_under
+    system = system_under(repo_root / "systems" / "a100_80g_dgx_hdr200.json",
+                          "megatron-llama-sweeps-fitted")
+    r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
+            "--framework", "megatron-llama-sweeps-fitted")
     assert r.returncode == 2 and "checkpointing" in r.stderr       # blanks need --partial
     assert len(r.stderr.strip().splitlines()) == 1
     out = validate_sweep(csv, system, models_dir=repo_root / "models", partial=True)
@@ -402,6 +405,6 @@ def test_sweep_rows_with_blank_cells_are_partial(tmp_path, repo_root, cli):
     stated = float(out.pred_step_time_s[1])                    # every_layer at mbs 2
     assert out.pred_step_time_s[4] <= stated * (1 + 1e-9)
     r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
-            "--partial")
+            "--framework", "megatron-llama-sweeps-fitted", "--partial")
     assert r.returncode == 0, r.stderr
     assert "2 rows with blank cells" in r.stdout and "row 3: microbatch_size=" in r.stdout

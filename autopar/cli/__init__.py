@@ -35,6 +35,15 @@ LIMITS = {"--num-procs": MAX_PROCS, "--max-batch-size": MAX_BATCH, "--trials": 1
 SEED_MAX = 2 ** 32 - 1             # numpy's and Optuna's samplers take 32-bit seeds
 
 
+def framework_option(p) -> None:
+    """The ``--framework NAME|PATH`` option every command that runs the model takes."""
+    p.add_argument("--framework", default=None, metavar="NAME|PATH",
+                   help="training framework spec (a file of frameworks/ by name, e.g. "
+                        "megatron-core, or a path): its memory/time records replace the "
+                        "system's, its recipe defaults fill unstated execution fields "
+                        "(default: none, the system file's own records)")
+
+
 def positive(name: str, v) -> None:
     """A count given on the command line must be at least 1 (None: not given)
     and at most ``LIMITS[name]``."""

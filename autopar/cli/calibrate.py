@@ -1,4 +1,11 @@
-"""``autopar calibrate SWEEP.csv --system BASE.json --output CALIBRATED.json``.
+"""``autopar calibrate SWEEP.csv --system BASE.json --output CALIBRATED.json``
+(or ``--framework BASE_FRAMEWORK --output FRAMEWORK.json [--system-output SYSTEM.json]``).
+
+With ``--framework`` the output is a framework file: the framework's free
+constants fitted (pipeline fraction, memory headroom, and the loss buffers
+where the framework lists them as free), the counted ones kept; the system's
+efficiency constants are fitted too and written to ``--system-output`` when
+given (hardware only).
 
 Fits the system's free constants (16-bit matrix efficiency level, network
 efficiencies, pipeline overhead, memory overheads, and from the out-of-memory
@@ -11,6 +18,8 @@ written) when a cross-validation scores the calibrated constants worse than
 the base system.
 """
 from __future__ import annotations
+
+from autopar.cli import framework_option
 
 FIGURES = ("oom_agreement", "spearman", "median_abs_error", "top1_regret")
 
@@ -25,7 +34,11 @@ def register(subparsers) -> None:
                     "its cross-validated scores are worse than the base's.")
     p.add_argument("sweep", help="measured sweep CSV")
     p.add_argument("--system", required=True, help="base system JSON")
-    p.add_argument("--output", required=True, help="calibrated system JSON to write")
+    p.add_argument("--output", required=True,
+                   help="calibrated system JSON to write (with --framework: the calibrated "
+                        "framework JSON)")
+    p.add_argument("--system-output", default=None,
+                   help="with --framework: also write the calibrated system (hardware only)")
     p.add_argument("--models", default=None,
                    help="folder of model JSON files the sweep names (default: the shipped "
                         "models/)")
@@ -35,6 +48,7 @@ def register(subparsers) -> None:
                    help="fit memory_overhead reserved_GiB and fraction too (default: kept "
                         "from the base system as counted, only the loss buffers fitted)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    framework_option(p)
     p.set_defaults(func=run)
 
 
@@ -57,11 +71,18 @@ def run(args) -> int:
     from autopar.io.shipped import resolve, shipped_dir
 
     out = output_path("--output", args.output)
-    base = load_system(args.system)
+    sys_out = output_path("--system-output", args.system_output)
+    from autopar.io.frameworks import framework_to_json, load_framework, with_framework
+    framework = load_framework(args.framework) if args.framework else None
+    if sys_out is not None and framework is None:
+        from autopar.io.specs import SpecError
+        raise SpecError("command line", "--system-output", "needs --framework")
+    base = with_framework(load_system(args.system), framework)
+    copies = framework is None or "memory_overhead.logits_fp32_copies" in framework.free
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
     t0 = time.time()
     cal = calibrate(args.sweep, base, models_dir=models_dir, progress=not args.no_progress,
-                    overheads=args.fit_overheads)
+                    overheads=args.fit_overheads, copies=copies)
     k = cal.constants
     print(f"calibrated on {Path(args.sweep).name} in {time.time() - t0:.0f} s "
           f"({cal.evaluations} model evaluations of the sweep)")
@@ -70,7 +91,8 @@ def run(args) -> int:
           + f"; pipeline_fraction {k.pipeline_fraction:.3f}")
     how = "fitted" if args.fit_overheads else "counted, from the base"
     print(f"  memory_overhead: reserved {k.reserved_GiB:g} GiB, fraction {k.fraction:.2f} "
-          f"({how}); logits_fp32_copies {k.logits_fp32_copies:g}; "
+          f"({how}); logits_fp32_copies {k.logits_fp32_copies:g} "
+          f"({'fitted' if copies else 'counted, the framework'}); "
           f"peak band +-{k.band_GiB:.2f} GiB; default headroom {k.headroom_GiB:g} GiB")
     print("in sample:")
     print(_line("base", cal.base_in_sample))
@@ -95,6 +117,19 @@ def run(args) -> int:
     name = args.name or out.stem
     system = apply(base, k, name=name, description=describe(k, base, Path(args.sweep).name,
                                                        args.fit_overheads))
-    write_json(system_to_json(system), out)
+    if framework is None:
+        write_json(system_to_json(system), out)
+        print(f"wrote {out}")
+        return 0
+    import dataclasses
+
+    from autopar.studies.calibrate import framework_result
+    write_json(framework_to_json(framework_result(framework, system, name,
+                                                  Path(args.sweep).name)), out)
     print(f"wrote {out}")
+    if sys_out is not None:
+        hardware = dataclasses.replace(system, name=sys_out.stem, memory_overhead=None,
+                                       time_overhead=None, memory_headroom=None)
+        write_json(system_to_json(hardware), sys_out)
+        print(f"wrote {sys_out}")
     return 0

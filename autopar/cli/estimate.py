@@ -13,6 +13,8 @@ none does.
 """
 from __future__ import annotations
 
+from autopar.cli import framework_option
+
 import json
 
 from autopar.io.specs import load_execution, load_model, load_partial_execution, load_system
@@ -65,6 +67,7 @@ def register(subparsers) -> None:
                         "allow)")
     from autopar.search.risk import add_arguments
     add_arguments(p)
+    framework_option(p)
     p.set_defaults(func=run)
 
 
@@ -82,17 +85,21 @@ def estimate(model, system, execution) -> dict:
 
 def run(args) -> int:
     model = load_model(args.model)
-    system = load_system(args.system)
+    from autopar.io.frameworks import check_options, load_framework, with_framework
+    framework = load_framework(args.framework) if args.framework else None
+    system = with_framework(load_system(args.system), framework)
+    defaults = framework.defaults if framework is not None else None
     stated, unknown = load_partial_execution(args.execution, system=system, model=model,
-                                             missing_unknown=args.partial)
+                                             missing_unknown=args.partial, defaults=defaults)
     if unknown or args.partial:
-        return run_partial(args, model, system, stated, unknown)
+        return run_partial(args, model, system, stated, unknown, framework)
     if args.space is not None:
         from autopar.io.specs import SpecError
         raise SpecError("command line", "--space", "gives the options of a partial layout's "
                         "unknown fields; this execution states every field (use --partial, "
                         "or null or \"?\" for a field)")
-    execution = load_execution(args.execution, system=system, model=model)
+    execution = load_execution(args.execution, system=system, model=model, defaults=defaults)
+    check_options(framework, execution, args.execution)
     from autopar.search.headroom import band_gib, fits, headroom_gib
     from autopar.search.risk import layout_risk, risk_of
     headroom = headroom_gib(system, args.memory_headroom)
@@ -114,13 +121,19 @@ def run(args) -> int:
     return 0 if result["feasible"] else 1
 
 
-def run_partial(args, model, system, stated: dict, unknown: tuple) -> int:
-    """``estimate`` of a partial layout: every completion of its unknown fields."""
+def run_partial(args, model, system, stated: dict, unknown: tuple, framework=None) -> int:
+    """``estimate`` of a partial layout: every completion of its unknown fields
+    (with a framework: of the values it can express, its recipe's default
+    first, so that it wins ties)."""
     from autopar.search.headroom import headroom_gib
-    from autopar.search.partial import complete, default_options
+    from autopar.search.partial import complete, default_options, defaults_first
 
     headroom = headroom_gib(system, args.memory_headroom)
     options = default_options(unknown, args.space)
+    if framework is not None:
+        options.update({f: framework.options[f] for f in unknown
+                        if f in framework.options and args.space is None})
+        options = defaults_first(options, framework.defaults)
     res = complete(model, system, stated, unknown, options, source=str(args.execution),
                    options_source=str(args.space or "options"))
     if args.json:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
-from autopar.cli import distinct_outputs, output_path, positive
+from autopar.cli import framework_option, distinct_outputs, output_path, positive
 
 
 
@@ -68,6 +68,7 @@ def register(subparsers) -> None:
     add_arguments(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
+    framework_option(p)
     p.set_defaults(func=run)
 
 
@@ -114,7 +115,8 @@ def run(args) -> int:
     distinct_outputs(outs)
     from autopar.search.headroom import headroom_gib, with_headroom
     model = load_model(args.model)
-    system = load_system(args.system)
+    from autopar.io.frameworks import system_under
+    system = system_under(load_system(args.system), getattr(args, "framework", None))
     headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
     from autopar.search.risk import family_of, load_errors, risk_headroom_gib, risk_of
     risk = risk_of(args)

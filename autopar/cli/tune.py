@@ -28,7 +28,7 @@ from pathlib import Path
 
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
-from autopar.cli import SOURCE, distinct_outputs, output_path, positive, seed_arg
+from autopar.cli import framework_option, SOURCE, distinct_outputs, output_path, positive, seed_arg
 from autopar.io.specs import SpecError
 
 # autopar.search.samplers.SAMPLERS (no optuna import here)
@@ -99,6 +99,7 @@ def register(subparsers) -> None:
     p.add_argument("--trials-out", help="write every trial (CSV)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
+    framework_option(p)
     p.set_defaults(func=run)
 
 
@@ -320,7 +321,8 @@ def run(args) -> int:
                            load_space(args.space if args.space is not None else DEFAULT_SPACE))
     from autopar.io.specs import load_system
     from autopar.search.headroom import headroom_gib
-    system = load_system(args.system)
+    from autopar.io.frameworks import system_under
+    system = system_under(load_system(args.system), getattr(args, "framework", None))
     headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
     from autopar.io.specs import load_model
     from autopar.search.risk import family_of, load_errors, risk_of

@@ -11,6 +11,8 @@ fields its source does not state (``Table.unstated``).
 """
 from __future__ import annotations
 
+from autopar.cli import framework_option
+
 import sys
 
 
@@ -58,6 +60,7 @@ def register(subparsers) -> None:
                         "P(fits) >= --min-p-fits; expected = the highest rate x P(fits)")
     p.add_argument("--min-p-fits", default=None, metavar="P",
                    help="safe: the least chance to fit (default 0.95)")
+    framework_option(p)
     p.set_defaults(func=run)
 
 
@@ -97,7 +100,8 @@ def run(args) -> int:
     from autopar.studies.validate import sweep_report, validate_sweep
 
     from autopar.search.headroom import headroom_gib
-    system = load_system(args.system)
+    from autopar.io.frameworks import system_under
+    system = system_under(load_system(args.system), args.framework)
     headroom = headroom_gib(system, args.memory_headroom)
     from autopar.io.shipped import resolve, shipped_dir
     models_dir = resolve(args.models) if args.models else shipped_dir("models")

@@ -21,6 +21,7 @@ outputs resolve from the output file itself (``autopar.io.writers.file_ref``).
       datatype: float16
       space: calculon             # a name under search_spaces/, a path or a mapping
       batch_policy: max           # optional
+      framework: megatron-core    # optional: a name under frameworks/, a path or a mapping
     # kind: tune (the options of `autopar tune`)
     sampler: tpe
     trials: 500
@@ -64,6 +65,7 @@ from typing import Any, Mapping
 from autopar.io.errors import MAX_BATCH, MAX_PROCS, SpecError, brief
 from autopar.io.hardware import Hardware, parse_dim, parse_hardware
 from autopar.io.spaces import BATCH_POLICIES, SpaceSpec, read_space
+from autopar.io.frameworks import load_framework, with_framework
 from autopar.io.specs import ModelSpec, SystemSpec, load_model, load_system, read_yaml, system_to_json
 
 # The vocabulary of experiment files (the search layer implements these names).
@@ -93,7 +95,7 @@ DEFAULT_POPULATION = 20
 DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
 
 CASE_KEYS = ("model", "system", "num_procs", "max_batch_size", "datatype", "space",
-             "batch_policy")
+             "batch_policy", "framework")
 CASE_REQUIRED = CASE_KEYS[:5]
 COMMON_KEYS = ("kind", "name", "description", "case")
 # Kinds whose own commands read the file (``autopar compare``, ``codesign``, ``cliffs``).
@@ -247,6 +249,9 @@ class CaseSpec:
     space: SpaceSpec
     space_given: Any               # None when the file names none (DEFAULT_SPACE)
     batch_policy: str | None
+    # The training framework (autopar.io.frameworks): ``system`` is already
+    # under it; the name, path (from the file's folder) or mapping, else None.
+    framework_file: Any = None
 
 
 def parse_case(src: str, base: Path, case, need_procs: bool = True) -> CaseSpec:
@@ -274,6 +279,17 @@ def parse_case(src: str, base: Path, case, need_procs: bool = True) -> CaseSpec:
     model_file = file_or_map("case.model", case["model"])
     system_file = file_or_map("case.system", case["system"])
     model, system = load_model(model_file), load_system(system_file)
+    framework_file = None
+    if case.get("framework") is not None:
+        fw = case["framework"]
+        if isinstance(fw, str) and fw and ("/" in fw or fw.endswith(".json")):
+            framework_file = str(relative(base, fw))
+        elif isinstance(fw, (str, Mapping)) and fw:
+            framework_file = dict(fw) if isinstance(fw, Mapping) else fw
+        else:
+            raise SpecError(src, "case.framework", f"expected a framework name, a path or a "
+                                                   f"mapping, got {brief(fw)}")
+        system = with_framework(system, load_framework(framework_file))
     num_procs = case.get("num_procs")
     if num_procs is not None:
         num_procs = integer(src, "case.num_procs", num_procs, 1, MAX_PROCS)
@@ -298,7 +314,8 @@ def parse_case(src: str, base: Path, case, need_procs: bool = True) -> CaseSpec:
                     system_file=system_file, num_procs=num_procs, max_batch_size=max_batch,
                     datatype=datatype,
                     space=read_space(space_given if space_given is not None else DEFAULT_SPACE),
-                    space_given=space_given, batch_policy=policy)
+                    space_given=space_given, batch_policy=policy,
+                    framework_file=framework_file)
 
 
 def parse_output_dir(src: str, base: Path, v) -> Path | None:

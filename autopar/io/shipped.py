@@ -1,7 +1,8 @@
-"""The files autopar ships and commands default to: search spaces, systems, models.
+"""The files autopar ships and commands default to: search spaces, systems, models,
+frameworks.
 
 In the project they are the top-level folders ``search_spaces/``,
-``systems/`` and ``models/`` (the project's layout).  A wheel carries them as
+``systems/``, ``models/`` and ``frameworks/`` (the project's layout).  A wheel carries them as
 package data under ``autopar/_shipped/<folder>/`` (pyproject.toml maps each
 folder to that package path), so an installed autopar finds them wherever it
 runs.  ``shipped_dir(kind)`` is where one folder is; ``resolve(path)`` is the
@@ -17,7 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-KINDS = {"search_spaces": ".yaml", "systems": ".json", "models": ".json"}
+KINDS = {"search_spaces": ".yaml", "systems": ".json", "models": ".json",
+         "frameworks": ".json"}
 _PKG = Path(__file__).resolve().parent.parent          # the autopar package
 
 

@@ -161,6 +161,14 @@ class MemoryOverhead:
     # count (the shard beside the gathered input; no QKV input under
     # attn_only).
     autograd_inputs: bool = False
+    # Weight sharding (ZeRO-3 / FSDP): when the gathered weights of a block
+    # are freed again.  "always": after the block's forward (and backward), so
+    # the gathered block and the prefetched next one are resident (FSDP2's
+    # reshard_after_forward=True; the count without this field); "never":
+    # kept from forward to backward, every block of the stage gathered;
+    # "unless_pipelined": "never" with pipeline stages, "always" without
+    # (torchtitan's default policy).
+    fsdp_reshard: str = "always"
 
 
 @dataclass(frozen=True)
@@ -248,6 +256,7 @@ SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks"
 SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhead",
                          "memory_headroom")
 PROCESSING_MODES = ("roofline", "no_overlap")
+FSDP_RESHARD = ("always", "never", "unless_pipelined")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
@@ -683,59 +692,12 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     networks = tuple(_network(c, n, f"networks[{i}]") for i, n in enumerate(nets))
     name = c.str(data["name"], "name") if "name" in data else _stem(path_or_dict)
     desc = c.str(data.get("description", ""), "description")
-    overhead = None
-    if "memory_overhead" in data:
-        o = data["memory_overhead"]
-        c.keys(o, "memory_overhead", (), ("reserved_GiB", "fraction", "logits_fp32_copies",
-                                           "logits_gathered", "checkpoint_split",
-                                           "master_weight_bytes", "autograd_inputs"))
-        reserved = c.number(o.get("reserved_GiB", 0.0), "memory_overhead.reserved_GiB")
-        fraction = c.number(o.get("fraction", 0.0), "memory_overhead.fraction")
-        if reserved < 0:
-            c.fail("memory_overhead.reserved_GiB", f"must be >= 0, got {reserved}")
-        if not 0 <= fraction < 1:
-            c.fail("memory_overhead.fraction", f"must be in [0, 1), got {fraction}")
-        copies = c.number(o.get("logits_fp32_copies", 1.0), "memory_overhead.logits_fp32_copies")
-        if copies < 0:
-            c.fail("memory_overhead.logits_fp32_copies", f"must be >= 0, got {copies}")
-        gathered = c.bool(o.get("logits_gathered", False), "memory_overhead.logits_gathered")
-        split = c.bool(o.get("checkpoint_split", False), "memory_overhead.checkpoint_split")
-        master = c.number(o.get("master_weight_bytes", 4.0), "memory_overhead.master_weight_bytes")
-        if not 0 <= master <= 4:
-            c.fail("memory_overhead.master_weight_bytes", f"must be in [0, 4], got {master}")
-        autograd = c.bool(o.get("autograd_inputs", False), "memory_overhead.autograd_inputs")
-        overhead = MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd)
-    time_overhead = None
-    if "time_overhead" in data:
-        o = data["time_overhead"]
-        c.keys(o, "time_overhead", (), ("pipeline_fraction", "moe_block_s", "launch_s",
-                                        "attention_speed"))
-        frac = c.number(o.get("pipeline_fraction", 0.0), "time_overhead.pipeline_fraction")
-        if not 0 <= frac < 1:
-            c.fail("time_overhead.pipeline_fraction", f"must be in [0, 1), got {frac}")
-        moe_s = c.number(o.get("moe_block_s", 0.0), "time_overhead.moe_block_s")
-        if not 0 <= moe_s < 1:
-            c.fail("time_overhead.moe_block_s", f"must be in [0, 1) seconds, got {moe_s}")
-        launch = c.number(o.get("launch_s", 0.0), "time_overhead.launch_s")
-        if not 0 <= launch < 0.01:
-            c.fail("time_overhead.launch_s", f"must be in [0, 0.01) seconds, got {launch}")
-        speed = c.number(o.get("attention_speed", 0.0), "time_overhead.attention_speed")
-        if not 0 <= speed <= 2:
-            c.fail("time_overhead.attention_speed", f"must be in [0, 2], got {speed}")
-        time_overhead = TimeOverhead(frac, moe_s, launch, speed)
-    headroom = None
-    if "memory_headroom" in data:
-        o = data["memory_headroom"]
-        c.keys(o, "memory_headroom", (), ("GiB", "band_GiB"))
-        vals = []
-        for k in ("GiB", "band_GiB"):
-            x = c.number(o.get(k, 0.0), f"memory_headroom.{k}")
-            if x < 0:
-                c.fail(f"memory_headroom.{k}", f"must be >= 0, got {x}")
-            vals.append(x)
-        if vals[0] >= mem1.GiB:
-            c.fail("memory_headroom.GiB", f"must be below mem1.GiB ({mem1.GiB}), got {vals[0]}")
-        headroom = MemoryHeadroom(*vals)
+    overhead = read_memory_overhead(c, data["memory_overhead"]) \
+        if "memory_overhead" in data else None
+    time_overhead = read_time_overhead(c, data["time_overhead"]) \
+        if "time_overhead" in data else None
+    headroom = read_memory_headroom(c, data["memory_headroom"], mem1.GiB) \
+        if "memory_headroom" in data else None
     spec = SystemSpec(matrix=matrix, vector=vector, mem1=mem1, mem2=mem2,
                       processing_mode=mode, networks=networks, name=name,
                       source=src, description=desc, memory_overhead=overhead,
@@ -779,28 +741,102 @@ def system_to_json(system: SystemSpec) -> dict:
                 "processing_mode": system.processing_mode,
                 "networks": [net(n) for n in system.networks]})
     if system.memory_overhead is not None:
-        o = system.memory_overhead
-        out["memory_overhead"] = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
-                                  "logits_fp32_copies": _num(o.logits_fp32_copies),
-                                  "logits_gathered": o.logits_gathered}
-        if o.checkpoint_split:
-            out["memory_overhead"]["checkpoint_split"] = True
-        if o.master_weight_bytes != 4.0:
-            out["memory_overhead"]["master_weight_bytes"] = _num(o.master_weight_bytes)
-        if o.autograd_inputs:
-            out["memory_overhead"]["autograd_inputs"] = True
+        out["memory_overhead"] = memory_overhead_json(system.memory_overhead)
     if system.time_overhead is not None:
-        out["time_overhead"] = {"pipeline_fraction": _num(system.time_overhead.pipeline_fraction)}
-        if system.time_overhead.moe_block_s:
-            out["time_overhead"]["moe_block_s"] = _num(system.time_overhead.moe_block_s)
-        if system.time_overhead.launch_s:
-            out["time_overhead"]["launch_s"] = _num(system.time_overhead.launch_s)
-        if system.time_overhead.attention_speed:
-            out["time_overhead"]["attention_speed"] = _num(system.time_overhead.attention_speed)
+        out["time_overhead"] = time_overhead_json(system.time_overhead)
     if system.memory_headroom is not None:
-        out["memory_headroom"] = {"GiB": _num(system.memory_headroom.GiB),
-                                  "band_GiB": _num(system.memory_headroom.band_GiB)}
+        out["memory_headroom"] = memory_headroom_json(system.memory_headroom)
     return out
+
+
+# --------------------------------------------------------------------------
+# The software records a system file may carry and a framework file carries
+# (autopar.io.frameworks): read once here, for both.
+
+def read_memory_overhead(c: "_Checker", o, path: str = "memory_overhead") -> MemoryOverhead:
+    """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
+    c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
+                         "logits_gathered", "checkpoint_split", "master_weight_bytes",
+                         "autograd_inputs", "fsdp_reshard"))
+    reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
+    fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
+    if reserved < 0:
+        c.fail(f"{path}.reserved_GiB", f"must be >= 0, got {reserved}")
+    if not 0 <= fraction < 1:
+        c.fail(f"{path}.fraction", f"must be in [0, 1), got {fraction}")
+    copies = c.number(o.get("logits_fp32_copies", 1.0), f"{path}.logits_fp32_copies")
+    if copies < 0:
+        c.fail(f"{path}.logits_fp32_copies", f"must be >= 0, got {copies}")
+    gathered = c.bool(o.get("logits_gathered", False), f"{path}.logits_gathered")
+    split = c.bool(o.get("checkpoint_split", False), f"{path}.checkpoint_split")
+    master = c.number(o.get("master_weight_bytes", 4.0), f"{path}.master_weight_bytes")
+    if not 0 <= master <= 4:
+        c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
+    autograd = c.bool(o.get("autograd_inputs", False), f"{path}.autograd_inputs")
+    reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
+    return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
+                          reshard)
+
+
+def read_time_overhead(c: "_Checker", o, path: str = "time_overhead") -> TimeOverhead:
+    """A ``time_overhead`` object -> TimeOverhead."""
+    c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed"))
+    frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
+    if not 0 <= frac < 1:
+        c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
+    moe_s = c.number(o.get("moe_block_s", 0.0), f"{path}.moe_block_s")
+    if not 0 <= moe_s < 1:
+        c.fail(f"{path}.moe_block_s", f"must be in [0, 1) seconds, got {moe_s}")
+    launch = c.number(o.get("launch_s", 0.0), f"{path}.launch_s")
+    if not 0 <= launch < 0.01:
+        c.fail(f"{path}.launch_s", f"must be in [0, 0.01) seconds, got {launch}")
+    speed = c.number(o.get("attention_speed", 0.0), f"{path}.attention_speed")
+    if not 0 <= speed <= 2:
+        c.fail(f"{path}.attention_speed", f"must be in [0, 2], got {speed}")
+    return TimeOverhead(frac, moe_s, launch, speed)
+
+
+def read_memory_headroom(c: "_Checker", o, capacity_GiB: float | None = None,
+                         path: str = "memory_headroom") -> MemoryHeadroom:
+    """A ``memory_headroom`` object -> MemoryHeadroom; with ``capacity_GiB``
+    (tier 1's), the headroom must be below it."""
+    c.keys(o, path, (), ("GiB", "band_GiB"))
+    vals = []
+    for k in ("GiB", "band_GiB"):
+        x = c.number(o.get(k, 0.0), f"{path}.{k}")
+        if x < 0:
+            c.fail(f"{path}.{k}", f"must be >= 0, got {x}")
+        vals.append(x)
+    if capacity_GiB is not None and vals[0] >= capacity_GiB:
+        c.fail(f"{path}.GiB", f"must be below mem1.GiB ({capacity_GiB}), got {vals[0]}")
+    return MemoryHeadroom(*vals)
+
+
+def memory_overhead_json(o: MemoryOverhead) -> dict:
+    out = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
+           "logits_fp32_copies": _num(o.logits_fp32_copies),
+           "logits_gathered": o.logits_gathered}
+    if o.checkpoint_split:
+        out["checkpoint_split"] = True
+    if o.master_weight_bytes != 4.0:
+        out["master_weight_bytes"] = _num(o.master_weight_bytes)
+    if o.autograd_inputs:
+        out["autograd_inputs"] = True
+    if o.fsdp_reshard != "always":
+        out["fsdp_reshard"] = o.fsdp_reshard
+    return out
+
+
+def time_overhead_json(t: TimeOverhead) -> dict:
+    out = {"pipeline_fraction": _num(t.pipeline_fraction)}
+    for k in ("moe_block_s", "launch_s", "attention_speed"):
+        if getattr(t, k):
+            out[k] = _num(getattr(t, k))
+    return out
+
+
+def memory_headroom_json(h: MemoryHeadroom) -> dict:
+    return {"GiB": _num(h.GiB), "band_GiB": _num(h.band_GiB)}
 
 
 # --------------------------------------------------------------------------
@@ -831,8 +867,20 @@ def _check_split(c: "_Checker", out: dict, model: ModelSpec | None) -> None:
                          f"the model's {model.num_blocks} blocks")
 
 
+def execution_value(c: "_Checker", f: str, v, path: str | None = None):
+    """One value of execution field ``f`` checked as a file's would be: a
+    choice, a flag, or an integer (>= 1 for counts, >= 0 for tiers)."""
+    path = path or f
+    if f in CHOICES:
+        return c.choice(v, path, CHOICES[f])
+    if f in BOOL_FIELDS:
+        return c.bool(v, path)
+    return c.int(v, path, minimum=1 if f in _COUNT_FIELDS else 0)
+
+
 def load_execution(path_or_dict, system: SystemSpec | None = None,
-                   source: str | None = None, model: ModelSpec | None = None) -> dict:
+                   source: str | None = None, model: ModelSpec | None = None,
+                   defaults: Mapping | None = None) -> dict:
     """An execution file or dict -> dict of the 23 fields in FIELDS order,
     followed by the extension fields that differ from their defaults.
 
@@ -844,10 +892,14 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     forks write: ``attention_type: "flash"`` (multi-head attention with a
     FlashAttention-2 kernel) and ``structure_type`` ("gpt" | "llama"), which
     must match the model's ``block`` when ``model`` is given.
+    ``defaults`` (a framework's recipe defaults, already checked) fill the
+    fields the file does not state.
     With ``system``, also checks that the datatype is one the system runs
     (listed in both matrix and vector) and that the network tiers exist.
     """
     data, src = _open(path_or_dict, source, "an execution")
+    if defaults:
+        data = {**defaults, **data}
     return _check_execution(data, src, system, model)
 
 
@@ -861,7 +913,8 @@ CASE_FIELDS = ("num_procs", "batch_size", "datatype", "training")
 
 def load_partial_execution(path_or_dict, system: SystemSpec | None = None,
                            source: str | None = None, model: ModelSpec | None = None,
-                           missing_unknown: bool = False) -> tuple[dict, tuple[str, ...]]:
+                           missing_unknown: bool = False,
+                           defaults: Mapping | None = None) -> tuple[dict, tuple[str, ...]]:
     """A partial execution file or dict -> (stated, unknown).
 
     A field given as ``null`` or ``"?"`` is unknown; with ``missing_unknown``
@@ -870,12 +923,15 @@ def load_partial_execution(path_or_dict, system: SystemSpec | None = None,
     holds the other fields, checked as ``load_execution`` checks them, with
     every extension field not unknown at its value (defaults included);
     ``unknown`` the unknown fields in ``ALL_FIELDS`` order.  The fields of
-    ``CASE_FIELDS`` cannot be unknown.
+    ``CASE_FIELDS`` cannot be unknown.  ``defaults`` (a framework's recipe
+    defaults) fill the fields the file leaves out that are not unknown.
     """
     data, src = _open(path_or_dict, source, "an execution")
     unknown = {f for f, v in data.items() if v is None or (isinstance(v, str) and v == "?")}
     if missing_unknown:
         unknown |= {f for f in FIELDS if f not in data}
+    if defaults:
+        data = {**{f: v for f, v in defaults.items() if f not in unknown}, **data}
     c = _Checker(src)
     for f in sorted(unknown, key=lambda f: (f not in ALL_FIELDS, f)):
         if f not in ALL_FIELDS:
@@ -913,13 +969,7 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
     for f in ALL_FIELDS:
         if f not in data:
             continue
-        v = data[f]
-        if f in CHOICES:
-            out[f] = c.choice(v, f, CHOICES[f])
-        elif f in BOOL_FIELDS:
-            out[f] = c.bool(v, f)
-        else:
-            out[f] = c.int(v, f, minimum=1 if f in _COUNT_FIELDS else 0)
+        out[f] = execution_value(c, f, data[f])
         if f in EXT_DEFAULTS and out[f] == EXT_DEFAULTS[f]:
             del out[f]
     _check_split(c, out, model)

@@ -117,12 +117,14 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
     """
     even = not sched.uneven
     S, static, tier2, transient_first, transient_last = _stage(
-        ctx, cols, sums, sched, checkpoint, recompute_full, head, sched.blocks_first)
+        ctx, cols, sums, sched, checkpoint, recompute_full, head, sched.blocks_first,
+        overhead=overhead)
     static_last = static
     if sums_last is not None or not even:
         _, static_last, tier2_last, _, transient_last = _stage(
             ctx, cols, sums if sums_last is None else sums_last, sched, checkpoint,
-            recompute_full, head, sched.blocks_last)
+            recompute_full, head, sched.blocks_last,
+            overhead=overhead)
         tier2 = np.maximum(tier2, tier2_last)
     if not even:
         # An uneven split: the second stage, with more blocks than the first
@@ -130,7 +132,7 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
         # does, it stands for the stages before the last.
         _, static_2, tier2_2, transient_2, _ = _stage(
             ctx, cols, sums if sums_second is None else sums_second, sched, checkpoint,
-            recompute_full, head, sched.blocks_second, rank=1)
+            recompute_full, head, sched.blocks_second, rank=1, overhead=overhead)
         fuller = (static_2 + transient_2 > static + transient_first) & (sched.stages > 2)
         static = pick(fuller, static_2, static)
         transient_first = pick(fuller, transient_2, transient_first)
@@ -147,7 +149,7 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
 
 
 def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
-           recompute_full, head: dict, blocks, rank: int = 0):
+           recompute_full, head: dict, blocks, rank: int = 0, overhead=None):
     """Statistics, static and tier-2 footprints, and the transient footprint
     of the first (or, ``rank`` 1, the second) and of the last stage, from one
     stage's per-block sums and ``blocks`` blocks."""
@@ -212,7 +214,14 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     static = pick(weights_off, weight_min, weight_space)
     if sums.weight_space_full is not None and np.any(ctx.weight_shards > 1):
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
-        static = static + masked(2 * sums.weight_space_full, ctx.weight_shards > 1)
+        gathered = 2 * sums.weight_space_full
+        kept = kept_gathered(overhead, sched, ctx)
+        if kept is not None:
+            # A framework that does not reshard after forward keeps every
+            # block of the stage gathered until its backward.
+            gathered = gathered + masked(sums.weight_space_full
+                                         * np.maximum(blocks - 2, 0), kept)
+        static = static + masked(gathered, ctx.weight_shards > 1)
     tier2 = masked(weight_space, weights_off)
     ckpt_offloaded = (np.where(acts_off & recompute_full, np.nan_to_num(ckpt_min), 0.0)
                       if np.any(acts_off) else 0.0)
@@ -225,6 +234,21 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     static = static + pick(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + masked(sums.wgrad_space * blocks + optimizer_space, optim_off)
     return S, static, tier2, transient_first, transient_last
+
+
+def kept_gathered(overhead, sched: Schedule, ctx: LayoutContext):
+    """The rows whose framework keeps a weight-sharded block's gathered
+    weights from its forward to its backward (``memory_overhead.fsdp_reshard``:
+    ``never`` reshards after forward, ``unless_pipelined`` only without
+    pipeline stages, as torchtitan's default policy; FSDP2's
+    ``reshard_after_forward=False``), or None where every row reshards after
+    forward (``always``, the default: one block gathered and the next one
+    prefetched)."""
+    policy = getattr(overhead, "fsdp_reshard", "always")
+    if policy == "always":
+        return None
+    keep = ctx.training if policy == "never" else ctx.training & (sched.stages > 1)
+    return keep if np.any(keep) else None
 
 
 # The parts of the need on tier 1 that a system's memory_overhead acts on

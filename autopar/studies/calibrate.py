@@ -1,5 +1,13 @@
 """``autopar calibrate``: fit a system's free constants to a measured sweep.
 
+With a framework (``--framework``, ``autopar.io.frameworks``) the software
+constants are the framework's: the base is the system under it, the loss
+buffers are fitted only where the framework lists
+``memory_overhead.logits_fp32_copies`` among its ``free`` constants (else its
+counted figure is kept), and the result is written as a framework file
+(``framework_result``); the efficiency curves and network efficiencies are
+still fitted on the system (hardware) and written only on request.
+
 The free constants and their bounds (everything else in the system file is
 a datasheet figure and stays as it is):
 
@@ -220,12 +228,15 @@ def _logistic_slopes(x: np.ndarray, y: np.ndarray, iters=15):
 
 
 def fit_memory(sweep: Sweep, mask: np.ndarray, base: Constants,
-               overheads: bool = False) -> Constants:
+               overheads: bool = False, copies: bool = True) -> Constants:
     """The loss's buffers (``logits_fp32_copies``) that make the measured
     out-of-memory labels of the rows in ``mask`` most likely, with the counted
     reserve and fragmentation of ``base`` (with ``overheads``, those fitted
     too: fragmentation 0 to 0.5, reserve 0 to 16 GiB); the band is where the
-    fitted chance lies between HEADROOM_RISK and 1 - HEADROOM_RISK."""
+    fitted chance lies between HEADROOM_RISK and 1 - HEADROOM_RISK.  Without
+    ``copies`` (a framework whose loss buffers are counted, not free) the
+    base's ``logits_fp32_copies`` is kept and only the band is fitted."""
+    grid_copies = COPIES if copies else np.array([base.logits_fp32_copies])
     use = mask & sweep.labelled & sweep.structural
     y = (~sweep.ran[use]).astype(float)
     grid = [(base.reserved_GiB, base.fraction)]
@@ -235,14 +246,14 @@ def fit_memory(sweep: Sweep, mask: np.ndarray, base: Constants,
     for reserved, fraction in grid:
         k = dataclasses.replace(base, reserved_GiB=reserved, fraction=fraction)
         X = np.stack([sweep.need_gib(dataclasses.replace(k, logits_fp32_copies=float(c)))[use]
-                      for c in COPIES]) - sweep.capacity
+                      for c in grid_copies]) - sweep.capacity
         a, nll = _logistic_slopes(X, y)
         i = int(np.argmin(nll))
         if best is None or nll[i] < best[0] - 1e-9:
-            best = (nll[i], k, float(COPIES[i]), float(a[i]))
-    _, k, copies, slope = best
+            best = (nll[i], k, float(grid_copies[i]), float(a[i]))
+    _, k, fitted, slope = best
     band = math.log((1 - HEADROOM_RISK) / HEADROOM_RISK) / slope
-    return dataclasses.replace(k, logits_fp32_copies=copies, band_GiB=band)
+    return dataclasses.replace(k, logits_fp32_copies=fitted, band_GiB=band)
 
 
 def fit_time(sweep: Sweep, mask: np.ndarray, k: Constants) -> Constants:
@@ -291,8 +302,9 @@ def fit_time(sweep: Sweep, mask: np.ndarray, k: Constants) -> Constants:
     return cur
 
 
-def fit(sweep: Sweep, mask: np.ndarray, base: Constants, overheads: bool = False) -> Constants:
-    k = fit_memory(sweep, mask, base, overheads)
+def fit(sweep: Sweep, mask: np.ndarray, base: Constants, overheads: bool = False,
+        copies: bool = True) -> Constants:
+    k = fit_memory(sweep, mask, base, overheads, copies)
     return fit_time(sweep, mask, k)
 
 
@@ -328,7 +340,7 @@ def folds_of(frame: pd.DataFrame) -> dict:
 
 
 def calibrate(path, system: SystemSpec, models_dir="models", progress=True,
-              overheads: bool = False) -> Calibration:
+              overheads: bool = False, copies: bool = True) -> Calibration:
     from tqdm import tqdm
 
     sweep = Sweep(path, system, models_dir)
@@ -351,7 +363,7 @@ def calibrate(path, system: SystemSpec, models_dir="models", progress=True,
             parts, folds[kind], fold_reports[kind] = [], {}, {}
             for left in frame[col].unique():
                 out = (frame[col] == left).to_numpy()
-                k = fit(sweep, ~out, base, overheads)
+                k = fit(sweep, ~out, base, overheads, copies)
                 folds[kind][left] = k
                 parts.append(sweep.predict(k)[out])
                 fold_reports[kind][left] = sweep_report(parts[-1])
@@ -359,7 +371,7 @@ def calibrate(path, system: SystemSpec, models_dir="models", progress=True,
                 bar.update(1)
             result_cv[kind] = sweep_report(pd.concat(parts).loc[frame.index])
             base_cv[kind] = sweep_report(base_rows)
-        k = fit(sweep, every, base, overheads)
+        k = fit(sweep, every, base, overheads, copies)
         bar.update(1)
     finally:
         bar.close()
@@ -379,3 +391,16 @@ def describe(k: Constants, base_system: SystemSpec, source_name: str,
             f"{k.logits_fp32_copies:g} fp32 copies of the logits; out-of-memory band "
             f"+-{k.band_GiB:.2f} GiB of the predicted peak "
             f"(25%-75% chance of running out), default memory headroom {k.headroom_GiB:g} GiB.")
+
+
+def framework_result(framework, calibrated: SystemSpec, name: str, source_name: str):
+    """The framework spec ``autopar calibrate --framework`` writes: the
+    framework with the calibrated system's memory, time and headroom records
+    (its free constants fitted, the counted ones as they were)."""
+    note = (f" Free constants fitted by `autopar calibrate` on {source_name} (with the "
+            f"system {calibrated.name or calibrated.source}).")
+    return dataclasses.replace(framework, name=name,
+                               description=framework.description + note,
+                               memory_overhead=calibrated.memory_overhead,
+                               time_overhead=calibrated.time_overhead,
+                               memory_headroom=calibrated.memory_headroom)

@@ -289,6 +289,10 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
         "exhaustive_seconds": summ["seconds"],
         "exhaustive_runner": summ["runner"],
     }
+    fw = exp.case.framework_file
+    if fw is not None:        # a shipped name or a mapping as given; a path from here
+        optimum["framework"] = file_ref(fw, out_dir or Path.cwd()) \
+            if isinstance(fw, str) and ("/" in fw or fw.endswith(".json")) else fw
     if plain is not None:
         optimum.update(_headroom_record(plain, summ["best"]))
     jobs = _jobs(exp)

@@ -9,7 +9,10 @@ skipped (``Skip``: a dimension autopar does not model yet, a figure the table
 does not give).  Skipped rows are listed with their reason, never dropped.
 
 Settings a table does not state take the documented defaults of that
-framework's recipes (``docs/validation.md`` says which, per table).
+framework's recipes (``docs/validation.md`` says which, per table).  What the
+framework holds and does beyond the model (memory and time records) comes
+from the named framework file of ``frameworks/`` each row function asks for
+(``system(name, framework)``); the system files hold the hardware.
 
 ``report(table)`` predicts every row and summarises per table: published
 layouts predicted feasible, median and worst |error| of tokens/s/GPU, where
@@ -31,13 +34,14 @@ import numpy as np
 import pandas as pd
 
 from autopar.io.errors import SpecError
-from autopar.io.specs import (MemoryOverhead, ModelSpec, SystemSpec, load_execution,
-                              load_model, load_system)
+from autopar.io.frameworks import load_framework, with_framework
+from autopar.io.specs import ModelSpec, SystemSpec, load_execution, load_model, load_system
 
 GIB = 1024 ** 3
 _ROOT = Path(__file__).resolve().parent.parent.parent
 MODELS = _ROOT / "models"
 SYSTEMS = _ROOT / "systems"
+FRAMEWORKS = _ROOT / "frameworks"
 
 
 def published_dir() -> Path:
@@ -111,24 +115,22 @@ def model(name: str, **changes) -> ModelSpec:
     return dataclasses.replace(m, **changes) if changes else m
 
 
-def system(name: str) -> SystemSpec:
-    if name not in _system_cache:
-        _system_cache[name] = load_system(SYSTEMS / f"{name}.json")
-    return _system_cache[name]
-
-
-def with_framework(system_: SystemSpec, **overhead) -> SystemSpec:
-    """The system with some of its framework memory traits
-    (``memory_overhead`` fields) set, the others kept."""
-    over = system_.memory_overhead or MemoryOverhead()
-    return dataclasses.replace(system_, memory_overhead=dataclasses.replace(over, **overhead))
+def system(name: str, framework: str | None = None) -> SystemSpec:
+    """The system file ``systems/<name>.json`` under the framework file
+    ``frameworks/<framework>.json`` (``autopar.io.frameworks.with_framework``;
+    None: the system file alone)."""
+    key = (name, framework)
+    if key not in _system_cache:
+        fw = None if framework is None else load_framework(FRAMEWORKS / f"{framework}.json")
+        _system_cache[key] = with_framework(load_system(SYSTEMS / f"{name}.json"), fw)
+    return _system_cache[key]
 
 
 # NeMo 1.x (containers up to 24.07) trains bf16 models with Apex's distributed
-# Adam, whose setup (MegatronBaseModel.setup_optimization) keeps the fp32
-# master weights as the bf16 weights plus 16-bit remainders
-# (store_param_remainders): 2 bytes of master copy per parameter, not 4.
-NEMO1_MASTER_BYTES = 2.0
+# Adam: frameworks/nemo1-apex.json (2 bytes of fp32 master copy per parameter,
+# the bf16 weight being the other half).  NeMo 2.x: Megatron-Bridge's recipes
+# on Megatron-Core's distributed optimizer (frameworks/megatron-bridge.json).
+NEMO1 = "nemo1-apex"
 
 
 def gpt_model(name: str, hidden: int, blocks: int, heads: int, seq: int, vocab: int,
@@ -489,7 +491,7 @@ def _nemo_perf(row) -> PublishedCase | Skip:
     name, changes = NEMO_MODELS[row.model]
     seq = int(row.seq_len)
     m = model(name, seq_size=seq, **changes)
-    sy = with_framework(system(NEMO_SYSTEMS[row.system]), master_weight_bytes=NEMO1_MASTER_BYTES)
+    sy = system(NEMO_SYSTEMS[row.system], NEMO1)
     n, tp, pp = int(row.n_gpus), int(row.tp), int(row.pp)
     cp = _int(row.cp) or 1
     vp = _int(row.vp) or 1
@@ -526,11 +528,10 @@ def _nemo_cp(row) -> PublishedCase | Skip:
         return Skip(f"no model file for {row.model}", label)
     seq = int(row.seq_len)
     m = model(name, seq_size=seq)
-    sy = system(NEMO_SYSTEMS[row.system])
-    if str(row.container).startswith("NeMo24."):
-        # NeMo 1.x (24.03): Apex's distributed Adam with param remainders;
-        # NeMo 2.x (25.04): Megatron-Core's distributed optimizer, fp32 masters.
-        sy = with_framework(sy, master_weight_bytes=NEMO1_MASTER_BYTES)
+    # NeMo 1.x (24.03): Apex's distributed Adam with param remainders;
+    # NeMo 2.x (25.04): Megatron-Core's distributed optimizer, fp32 masters.
+    sy = system(NEMO_SYSTEMS[row.system],
+                NEMO1 if str(row.container).startswith("NeMo24.") else "megatron-bridge")
     tp, pp, cp, dp = int(row.tp), int(row.pp), int(row.cp), int(row.dp)
     # On the B200 rows the printed layout's TP*PP*DP*CP is not the GPU count
     # (a page inconsistency); the layout is trusted (it divides the global
@@ -558,7 +559,7 @@ register(Table(
 
 # Megatron GPT weak scaling: Megatron-LM 2021 (A100), Megatron-Core r0.8 (H100)
 
-def _megatron_gpt(row, *, gpu: str, system_name: str, vp_column: str, tflops_column: str, options,
+def _megatron_gpt(row, *, gpu: str, system_name: str, framework: str, vp_column: str, tflops_column: str, options,
                   per_token: Callable[[ModelSpec], float], overrides: dict | None = None,
                   mbs: int = 1) -> PublishedCase | Skip:
     """A row of a Megatron GPT scaling table: the model shape and layout as
@@ -570,7 +571,7 @@ def _megatron_gpt(row, *, gpu: str, system_name: str, vp_column: str, tflops_col
     h, L, H, s, V = (int(row.hidden), int(row.num_layers), int(row.attn_heads),
                      int(row.seq_len), int(row.vocab))
     m = gpt_model(row.model, h, L, H, s, V)
-    sy = system(system_name)
+    sy = system(system_name, framework)
     n, tp, pp, dp = int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp)
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=_int(row.get("cp")) or 1,
                             gbs=int(row.global_batch), mbs=_int(row.get("micro_batch")) or mbs,
@@ -593,7 +594,8 @@ def _paper_flops_2021(m: ModelSpec) -> float:
 # local DDP does not.
 register(Table(
     "megatron_2021", "megatron_lm_a100_2021_scaling.csv",
-    partial(_megatron_gpt, gpu="A100", system_name="a100_80g", vp_column="vp_derived",
+    partial(_megatron_gpt, gpu="A100", system_name="a100_80g", framework="megatron-core",
+            vp_column="vp_derived",
             tflops_column="achieved_tflops_per_gpu",
             options=lambda row: dict(datatype="float16", recompute="full", sp=False,
                                      dist_opt=False, flash=False,
@@ -619,7 +621,8 @@ register(Table(
 MCORE_MICRO_BATCH = 2
 register(Table(
     "mcore_h100", "megatron_core_h100_weak_scaling.csv",
-    partial(_megatron_gpt, gpu="H100", system_name="h100_80g_nvl8", vp_column="vp",
+    partial(_megatron_gpt, gpu="H100", system_name="h100_80g_nvl8", framework="megatron-core",
+            vp_column="vp",
             tflops_column="per_gpu_tflops",
             options=lambda row: dict(tp_overlap=True), per_token=flops_per_token,
             mbs=MCORE_MICRO_BATCH),
@@ -649,7 +652,7 @@ def _titan(row) -> PublishedCase | Skip:
     if name is None:
         return Skip(f"no model file for {row.model}", label)
     m = model(name, seq_size=seq)
-    sy = system("h200" if "H200" in row.system else "h100_96g_nvl8")
+    sy = system("h200" if "H200" in row.system else "h100_96g_nvl8", "torchtitan")
     n = int(row.n_gpus)
     fsdp, tp, pp, cp = int(row.fsdp), int(row.tp), int(row.pp), int(row.cp)
     dp = n // (tp * pp * cp)
@@ -705,7 +708,7 @@ def _simumax(row) -> PublishedCase | Skip:
     seq = int(row.seq_len)
     m = model(name, seq_size=seq, num_blocks=int(row.layers_truncated_to))
     # The B200 file calibrated on this table (systems/b200_nvl8_megatron.json).
-    sy = system("b200_nvl8_megatron")
+    sy = system("b200_nvl8_megatron", "megatron-core")
     n, tp, pp, dp, cp = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                          int(row.cp))
     vp = _int(row.vp) or 1

@@ -54,7 +54,7 @@ def foundry_system(name: str):
     """The system file of a llm-foundry GPU; on H100 with FlashAttention-2's
     published rate (``time_overhead.attention_speed`` = 35% of peak over the
     file's bf16 matrix plateau)."""
-    sy = P.system(name)
+    sy = P.system(name, "llm-foundry")
     if name != "h100_80g_nvl8":
         return sy
     plateau = max(e for _, e in sy.matrix["bfloat16"].gflops_efficiency)
@@ -150,7 +150,7 @@ def launcher_row(row) -> "P.PublishedCase | P.Skip":
         return P.Skip(f"no launcher default layout for {row.model}", label)
     name, tp, pp, vp, mbs, sp = LAUNCHER_LAYOUTS[row.model]
     m = P.model(name, seq_size=int(row.seq_len))
-    sy = P.with_framework(P.system("a100_80g"), master_weight_bytes=P.NEMO1_MASTER_BYTES)
+    sy = P.system("a100_80g", "nemo1-apex")      # Apex master-weight remainders
     if n % (tp * pp):
         return P.Skip(f"{n} GPUs do not hold TP {tp} x PP {pp}", label)
     dp = n // (tp * pp)

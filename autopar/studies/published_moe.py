@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from autopar.io.frameworks import load_framework
 from autopar.io.specs import TimeOverhead
 from autopar.studies import published as P
 
@@ -46,8 +47,9 @@ SIMUMAX_MOE_MODELS = {"deepseekv2": "deepseek-v2", "deepseekv3": "deepseek-v3"}
 # of the Bridge table (26.04.01 GB200 and B200, the systems that had files
 # before) and held out on its other 34 rows and on SimuMax's 12 DeepSeek rows
 # (Megatron-LM's all-to-all dispatcher syncs the same counts);
-# docs/validation.md says how far it can move.
-MOE_HOST_S = 0.00325
+# docs/validation.md says how far it can move.  It is the ``moe_block_s`` of
+# frameworks/megatron-core.json and megatron-bridge.json.
+MOE_HOST_S = load_framework(P.FRAMEWORKS / "megatron-core.json").time_overhead.moe_block_s
 BRIDGE_FIT_ROWS = r"^26\.04\.01 DGX-(GB200|B200) "
 BRIDGE_HOST_GRID = tuple(round(0.00025 * i, 5) for i in range(25))   # 0 to 6 ms
 
@@ -107,7 +109,7 @@ def simumax_moe(row) -> "P.PublishedCase | P.Skip":
                             moe=dataclasses.replace(base.moe, first_dense=1))
     # The B200 file calibrated on this table's dense rows (as they use), with
     # the MoE blocks' exposed host time (fitted on the Bridge rows).
-    sy = with_moe_host_time(P.system("b200_nvl8_megatron"))
+    sy = P.system("b200_nvl8_megatron", "megatron-core")     # its moe_block_s: MOE_HOST_S
     n, tp, pp, dp, cp, ep = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                              int(row.cp), int(row.ep))
     vp = P._int(row.vp) or 1
@@ -141,7 +143,7 @@ def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
     sys_name = BRIDGE_SYSTEMS.get(str(row.system))
     if sys_name is None:
         return P.Skip(f"no system file for {row.system}", label)
-    sy = with_moe_host_time(P.system(sys_name))
+    sy = P.system(sys_name, "megatron-bridge")               # its moe_block_s: MOE_HOST_S
     precision = row.precision if isinstance(row.precision, str) else ""
     blackwell = sys_name != "h100_80g_nvl8"
     recipe = BRIDGE_FP8.get(precision) or ("mxfp8" if blackwell else "tensorwise")
