@@ -67,7 +67,8 @@ def main() -> int:
     if args is None:
         return 1
     t0 = time.perf_counter()
-    base_sys = load_system(args.system)
+    from autopar.io.frameworks import load_framework, with_framework
+    base_sys = with_framework(load_system(args.system), load_framework(args.framework))
     sweep = C.Sweep(SWEEP, base_sys, ROOT / "models")
     base = C.base_constants(base_sys)
     cap = sweep.capacity

@@ -39,6 +39,8 @@ from autopar.studies import published_moe  # noqa: F401  (registers the MoE rows
 SWEEP_CSV = Path("measured/llama-sweeps/llama_13B_65B_a100.csv")
 SWEEP_BASE = "a100_80g_dgx_hdr200_base"
 SWEEP_SHIPPED = "a100_80g_dgx_hdr200"
+SWEEP_FRAMEWORK_BASE = "megatron-llama-sweeps-base"
+SWEEP_FRAMEWORK = "megatron-llama-sweeps-fitted"
 SWEEP_NAME = "llama_sweeps"
 
 
@@ -183,8 +185,12 @@ def sweep_folds(reference: Path):
     path = reference / SWEEP_CSV
     if not path.is_file():
         return None
-    base_sys = load_system(P.SYSTEMS / f"{SWEEP_BASE}.json")
-    shipped = load_system(P.SYSTEMS / f"{SWEEP_SHIPPED}.json")
+    # the hardware under the sweeps' framework files, before and after
+    # calibration.  The fitted loss buffers, not the counted Megatron-Core
+    # loss: left out by model size they keep out-of-memory agreement at
+    # 0.957/0.972 where the counted loss gives 0.851/0.906 (docs/validation.md)
+    base_sys = P.system(SWEEP_BASE, SWEEP_FRAMEWORK_BASE)
+    shipped = P.system(SWEEP_SHIPPED, SWEEP_FRAMEWORK)
     sweep = C.Sweep(path, base_sys, P.MODELS)
     inside = C.Sweep(path, shipped, P.MODELS).predict(C.base_constants(shipped))
     base = C.base_constants(base_sys)
