@@ -95,10 +95,12 @@ def make_folder(folder) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(path):
+def atomic_path(path, now: bool = False):
     """Yield a temporary path; on success it replaces ``path`` (see
     ``target_of``: a symlink's target is written, the link kept), at once or,
-    inside ``all_or_nothing``, when that block ends."""
+    inside ``all_or_nothing``, when that block ends.  ``now``: at once in any
+    case, for state a run keeps while it runs (what a killed run is resumed
+    from), not a result."""
     path = target_of(path)
     if path.parent and not path.parent.exists():
         make_folder(path.parent)
@@ -107,7 +109,7 @@ def atomic_path(path):
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())     # mkstemp makes 0600; outputs are ordinary files
-        if _held is not None:
+        if _held is not None and not now:
             _held.pending.append((tmp, path))
             return
         if before_commit is not None:

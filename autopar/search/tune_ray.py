@@ -535,7 +535,8 @@ def _write_problem(exp_dir: str, payload: dict) -> None:
     import json
     from autopar.io.writers import atomic_path
     Path(exp_dir).mkdir(parents=True, exist_ok=True)
-    with atomic_path(Path(exp_dir) / PROBLEM_FILE) as tmp:
+    # in place at once: a killed driver's experiment is resumed from it
+    with atomic_path(Path(exp_dir) / PROBLEM_FILE, now=True) as tmp:
         Path(tmp).write_text(json.dumps(payload))
 
 
