@@ -101,6 +101,20 @@ def cli():
     return run_autopar
 
 
+@pytest.fixture(scope="session")
+def h100():
+    """The H100 SXM 80GB system file (NVLink 8)."""
+    from autopar.io.specs import load_system
+    return load_system(REPO_ROOT / "systems" / "h100_80g_nvl8.json")
+
+
+@pytest.fixture(scope="session")
+def roomy(h100):
+    """The H100 system with memory too large to fill (to read requirements)."""
+    from autopar.studies.validate import unbounded
+    return unbounded(h100)
+
+
 @pytest.fixture
 def execution() -> dict:
     """A well-formed training execution of GPT-3 175B on 1024 processors."""

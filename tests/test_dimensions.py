@@ -17,11 +17,6 @@ GPT = {"hidden": 1024, "feedforward": 4096, "seq_size": 2048, "attn_heads": 16,
 
 
 @pytest.fixture(scope="module")
-def h100():
-    return load_system(REPO_ROOT / "systems" / "h100_80g_nvl8.json")
-
-
-@pytest.fixture(scope="module")
 def gpt():
     return load_model(dict(GPT, name="gpt-small"))
 

@@ -17,19 +17,6 @@ from autopar.io.specs import load_execution, load_model, load_system
 from autopar.model.params import parameter_counts
 
 ROOT = Path(__file__).resolve().parent.parent
-H100 = ROOT / "systems" / "h100_80g_nvl8.json"
-
-
-@pytest.fixture(scope="module")
-def h100():
-    return load_system(H100)
-
-
-@pytest.fixture(scope="module")
-def roomy(h100):
-    """The H100 system with memory too large to fill (to read requirements)."""
-    from autopar.studies.validate import unbounded
-    return unbounded(h100)
 
 
 def tiny(moe=None, **kw):

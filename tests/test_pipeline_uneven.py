@@ -14,24 +14,11 @@ from autopar import model as M
 from autopar.io.errors import SpecError
 from autopar.io.export import export_execution
 from autopar.io.layouts import to_columns
-from autopar.io.specs import load_execution, load_model, load_system
+from autopar.io.specs import load_execution, load_model
 from autopar.model.evaluate import REASONS, STATS, evaluate_one
 from autopar.model.pipeline import schedule, stage_split
 
 ROOT = Path(__file__).resolve().parent.parent
-H100 = ROOT / "systems" / "h100_80g_nvl8.json"
-
-
-@pytest.fixture(scope="module")
-def h100():
-    return load_system(H100)
-
-
-@pytest.fixture(scope="module")
-def roomy(h100):
-    """The H100 system with memory too large to fill (to read requirements)."""
-    from autopar.studies.validate import unbounded
-    return unbounded(h100)
 
 
 @pytest.fixture(scope="module")

@@ -146,7 +146,7 @@ def test_stdout_on_a_full_disk_writes_no_output(tmp_path):
 # --------------------------------------------------------------------------
 # counts beyond sane limits inside files
 
-def _experiment(tmp_path, name, doc) -> "Path":
+def _experiment(tmp_path, name, doc):
     """``doc`` (a shipped experiment, changed) written to ``tmp_path``, its
     model and system files named absolutely."""
     import yaml

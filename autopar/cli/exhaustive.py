@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import json
 import os
 import sys
 from pathlib import Path
@@ -70,17 +69,6 @@ def register(subparsers) -> None:
                    help="progress bar (default: when stderr is a terminal)")
     framework_option(p)
     p.set_defaults(func=run)
-
-
-def _write_json(path: Path, data) -> Path:
-    """Write JSON to a temporary file next to ``path``; returns it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-    except BaseException:          # a full disk: no half-written temporary left
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
 
 
 def _remove_stale_partials(p: Path) -> None:
@@ -136,7 +124,7 @@ def run(args) -> int:
         # held back under a temporary name until the search has succeeded
         all_tmp = p.with_name(f".{p.stem}.{os.getpid()}.partial{p.suffix}")
         _remove_stale_partials(p)
-    temps: list[tuple[Path, Path]] = []
+    from autopar.io.writers import put_in_place, write_json
     try:
         from functools import partial
         search, searched = exhaustive, headroom
@@ -183,37 +171,29 @@ def run(args) -> int:
             entry["execution"] = export_execution(entry["execution"], fmt)
             peak = entry["stats"].get(PEAK)
             entry["p_fits"] = float(p_fits(peak, system.mem1.GiB, errors)) if peak else None
+        # every output is put in place with the run's others when the command
+        # has succeeded, its answer printed (autopar.io.writers.all_or_nothing)
         if outs["--output"] is not None:
-            temps.append((_write_json(outs["--output"], export_execution(best["execution"], fmt)),
-                          outs["--output"]))
+            write_json(export_execution(best["execution"], fmt), outs["--output"])
         if outs["--top"] is not None:
-            temps.append((_write_json(outs["--top"], top), outs["--top"]))
+            write_json(top, outs["--top"])
         if outs["--summary"] is not None:
             from autopar.io.writers import file_ref
             where = outs["--summary"].parent
             summary = {**summary, "model_file": file_ref(model.source, where),
                        "system_file": file_ref(system.source, where)}
-            temps.append((_write_json(outs["--summary"], summary), outs["--summary"]))
+            write_json(summary, outs["--summary"])
         if all_tmp is not None:
-            temps.append((all_tmp, outs["--all"]))
-        # the answer is printed (and flushed: a full disk under `> log` shows
-        # here) before any output is put in place
+            put_in_place(all_tmp, outs["--all"])
+            all_tmp = None
         try:
             _print_answer(summary, best, headroom, unhedged, system, risk, errors,
                           user_headroom)
-            sys.stdout.flush()
+            sys.stdout.flush()    # a full disk under `> log` shows here
         except OSError as err:
             err.filename = err.filename or "stdout"
             raise
-        from autopar.io import writers
-        if writers.before_commit is not None:
-            writers.before_commit()
-        for tmp, final in temps:
-            os.replace(tmp, final)
-        temps = []
     finally:
-        for tmp, _ in temps:
-            tmp.unlink(missing_ok=True)
         if all_tmp is not None and all_tmp.exists():
             all_tmp.unlink()
     return 0

@@ -83,6 +83,18 @@ def all_or_nothing():
         _held = None
 
 
+def put_in_place(tmp, path) -> None:
+    """A complete temporary file (written beside ``path`` by other means, e.g.
+    in parts) replaces ``path``: at once, or, inside ``all_or_nothing``, with
+    the run's other outputs when it succeeds (removed when it fails)."""
+    if _held is not None:
+        _held.pending.append((str(tmp), Path(path)))
+        return
+    if before_commit is not None:
+        before_commit()
+    os.replace(tmp, path)
+
+
 def make_folder(folder) -> Path:
     """Make ``folder`` and its missing parents; inside ``all_or_nothing``,
     they are removed again (when empty) if the run fails."""

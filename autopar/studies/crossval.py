@@ -178,7 +178,6 @@ def sweep_folds(reference: Path):
     one model predict the other (``calibrate.fit``), against the shipped
     calibrated system in sample.  (summary row, residuals) or None when the
     sweep is absent."""
-    from autopar.io.specs import load_system
     from autopar.studies import calibrate as C
     from autopar.studies.validate import sweep_report
 

@@ -192,8 +192,6 @@ def sweep_groups(frame: pd.DataFrame, system: SystemSpec, models_dir="models"):
     fewer blocks on some stages, which the model counts as Calculon does
     (every stage holds ``ceil(blocks / pipeline_par)`` blocks' memory, the
     stages lacking blocks shorten the bubble)."""
-    from pathlib import Path
-
     groups = []
     for (mname, seq), rows in frame.groupby(["model", "seq_size"], sort=False):
         model = sweep_model(mname, seq, models_dir, frame.attrs.get("source", "sweep"),
