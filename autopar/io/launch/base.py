@@ -1,0 +1,40 @@
+"""What every launch format states and does (see ``autopar.io.launch``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What a framework config says: the execution fields it sets (a field it
+    leaves unstated is absent, or ``None`` where the format states that it is
+    unknown), the model fields it sets (``autopar`` model-file names), and the
+    framework spec its defaults come from."""
+    execution: dict
+    model: dict = field(default_factory=dict)
+    framework: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchFormat:
+    """A framework's config format.
+
+    ``refuse_model(model) -> str | None`` and ``refuse_space(model, space) ->
+    str | None``: why the format cannot express this model / a layout this
+    space may choose (``None``: it can), checked before any search.
+    ``refuse_layout(model, execution) -> str | None``: the same for one found
+    layout, before anything is written.  ``write(model, execution) -> str``:
+    the file's text.  ``read(text, source) -> Imported``: the inverse, where
+    ``source`` names the file in errors.
+    """
+    name: str
+    suffix: str
+    framework: str
+    refuse_model: Callable
+    refuse_space: Callable
+    refuse_layout: Callable
+    write: Callable
+    read: Callable
+    describe: str = ""
