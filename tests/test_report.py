@@ -360,3 +360,18 @@ def test_page_renders_in_headless_chromium(outputs, tmp_path):
     assert errors == []
     assert [m for m in messages if m[0] in ("error", "warning")] == []
     assert requests and all(u.startswith("file://") for u in requests), requests
+
+
+def test_folder_moved_from_its_model_still_reports(tmp_path):
+    """A compare folder copied away from the model and system it names: its
+    curves and the optimum's own rate are shown, with a note, and no memory
+    or time chart is made up."""
+    moved = tmp_path / "moved"
+    shutil.copytree(COMPARE, moved)
+    page = tmp_path / "m.html"
+    assert _report(moved, "--output", page) == 0
+    html = page.read_text()
+    assert "cannot be read here" in html and "Regret curves" in html
+    assert html.count("<svg") == 1
+    opt = json.loads((COMPARE / "optimum.json").read_text())
+    assert f"{opt['sample_rate']:.4g}" in html

@@ -112,23 +112,26 @@ def _merge(given: Context, own: Context) -> Context:
     return Context(m, s, where)
 
 
-def _context_from_files(folder: Path, model_ref, system_ref, framework_ref, source: str,
-                        field: str) -> Context:
-    """The run's own model and system, named relative to its folder."""
+def _context_from_files(run: "Run", folder: Path, model_ref, system_ref, framework_ref,
+                        source: str) -> Context:
+    """The run's own model and system, named relative to its folder; an empty
+    context (and a note) where they cannot be read (a folder moved away from
+    them): the run's own figures are shown, not evaluated again."""
     def path(ref):
-        if ref is None or isinstance(ref, dict):
+        if ref is None or isinstance(ref, dict) or not isinstance(ref, str):
             return ref
-        if not isinstance(ref, str):
-            raise SpecError(source, field, f"expected a file name, got {type(ref).__name__}")
         p = folder / ref
         return str(p) if p.exists() else ref        # else a shipped name, or absent
     try:
+        if model_ref is None or system_ref is None:
+            raise SpecError(source, "model", "names no model or system")
         return load_context(path(model_ref), path(system_ref), path(framework_ref),
                             where=source)
     except SpecError as e:
-        raise SpecError(source, field, f"names a model or system that cannot be read "
-                        f"({e.source}: {e.field}: {e.message}); give --model and --system"
-                        ) from None
+        run.notes.append(f"{source} names a model and system that cannot be read here "
+                         f"({e.source}: {e.field}: {e.message}): the run's own figures are "
+                         "shown; give --model and --system to evaluate its layouts.")
+        return Context()
 
 
 def evaluate(ctx: Context, layouts: list[Layout], source: str, fill_stats: bool) -> None:
@@ -211,7 +214,7 @@ def _capacity(run: Run, ctx: Context) -> None:
 
 
 def _needs_context(run: Run, ctx: Context, what: str) -> None:
-    if not ctx.complete:
+    if not ctx.complete and not any("--model" in n for n in run.notes):
         run.notes.append(f"{what}: give --model and --system (and --framework if the run "
                          "used one) to evaluate the layouts' time breakdown and memory "
                          "per stage.")
@@ -278,6 +281,21 @@ def _evaluated(run: Run, ctx: Context, src: str, fill_stats: bool, need: str) ->
                                             f"(from {ctx.where})"))
 
 
+def _own_figures(run: Run, ctx: Context, picks: dict) -> None:
+    """Without a model and system: the sample rate (and peak) the run itself
+    recorded for each layout."""
+    if ctx.complete:
+        return
+    for lay in run.layouts:
+        b = picks.get(lay.label)
+        if isinstance(b, dict):
+            for key, stat in (("sample_rate", "sample_rate"),
+                              ("peak_bytes", "proc_mem_tier1_cap_req")):
+                v = b.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    lay.stats[stat] = float(v)
+
+
 def _top(data: dict, src: str, given: Context) -> Run:
     run = Run(src, "exhaustive --top", Path(src).name)
     keys = sorted(data, key=int)
@@ -317,14 +335,16 @@ def _summary(data: dict, p: Path, src: str, given: Context) -> Run:
         run.layouts.append(Layout(label, b["execution"], {},
                                   _p_fits(b.get("p_fits"), src, f"{key}.p_fits")))
     own = Context()
-    if "model_file" in data or "system_file" in data:
-        own = _context_from_files(p.parent, data.get("model_file"), data.get("system_file"),
-                                  None, src, "model_file")
+    if not given.complete and ("model_file" in data or "system_file" in data):
+        own = _context_from_files(run, p.parent, data.get("model_file"),
+                                  data.get("system_file"), None, src)
     ctx = _merge(given, own)
     if not run.layouts:
         run.notes.append("no layout of the space can run (see the reasons above).")
-    _evaluated(run, ctx, src, fill_stats=True,
-               need="the summary holds the best execution")
+    _own_figures(run, ctx, {"best": data.get("best"),
+                            "fastest without headroom": data.get("best_without_headroom"),
+                            "fast pick": data.get("fast_pick")})
+    _evaluated(run, ctx, src, fill_stats=ctx.complete, need="")
     return run
 
 
@@ -505,10 +525,11 @@ def _compare(p: Path, src: str, given: Context) -> Run:
         if "sampler" not in frame.columns:
             raise SpecError(str(p / "summary.csv"), "sampler", "missing column")
         run.sampler_rows = _sampler_rows(frame)
-    own = _context_from_files(p, opt.get("model"), opt.get("system"), opt.get("framework"),
-                              opt_src, "model")
+    own = Context() if given.complete else _context_from_files(
+        run, p, opt.get("model"), opt.get("system"), opt.get("framework"), opt_src)
     ctx = _merge(given, own)
-    _evaluated(run, ctx, opt_src, fill_stats=True, need="the optimum is one execution")
+    _own_figures(run, ctx, {"optimum": {"sample_rate": opt.get("sample_rate")}})
+    _evaluated(run, ctx, opt_src, fill_stats=ctx.complete, need="")
     return run
 
 

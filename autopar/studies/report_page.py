@@ -24,8 +24,8 @@ border-bottom:2px solid #0072B2;padding-bottom:3px}h3{font-size:1.05em;margin:1.
 .meta{color:#555;font-size:.9em}.note{background:#fff7e0;border-left:4px solid #E69F00;
 padding:6px 10px;margin:8px 0;font-size:.9em}
 table{border-collapse:collapse;font-size:.85em;margin:6px 0 10px}
-th,td{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
-th{background:#f2f5f9}td.l,th.l{text-align:left}td.wrap{white-space:normal;min-width:14em}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f2f5f9}td.l,th.l{text-align:left}td.wrap{white-space:normal;min-width:12em;max-width:20em}
 .scroll{overflow-x:auto}tr.user td{background:#fff3f0}
 tr.best td{background:#eef7ee}dl.facts{display:grid;grid-template-columns:max-content auto;
 gap:2px 14px;font-size:.9em;margin:6px 0}dl.facts dt{color:#555}dl.facts dd{margin:0}
@@ -41,8 +41,11 @@ COLUMNS = (("TP", "tensor_par"), ("PP", "pipeline_par"), ("DP", "data_par"),
            ("CP", "context_par"), ("EP", "expert_par"), ("mbs", "microbatch_size"),
            ("batch", "batch_size"), ("VP", "pipeline_interleaving"),
            ("recompute", "activation_recompute"), ("TP comm", "tensor_par_comm_type"))
-FLAGS = ("optimizer_sharding", "weight_sharding", "data_par_overlap", "seq_par_ag_redo",
-         "weight_offload", "activations_offload", "optimizer_offload", "fused_activation")
+# true/false fields, by a short name
+FLAGS = {"optimizer_sharding": "optimizer sharded", "weight_sharding": "weights sharded",
+         "data_par_overlap": "DP overlap", "seq_par_ag_redo": "SP all-gather redo",
+         "weight_offload": "weights offloaded", "activations_offload": "activations offloaded",
+         "optimizer_offload": "optimizer offloaded", "fused_activation": "fused activation"}
 SHOWN = {f for _, f in COLUMNS} | set(FLAGS) | {
     "num_procs", "datatype", "training", "tensor_par_net", "pipeline_par_net", "data_par_net",
     "attention_type"}
@@ -66,7 +69,7 @@ def _stat(lay: Layout, key: str):
 
 
 def _other(ex: dict) -> str:
-    on = [f.replace("_", " ") for f in FLAGS if ex.get(f) is True]
+    on = [name for f, name in FLAGS.items() if ex.get(f) is True]
     rest = [f"{k}={v}" for k, v in ex.items() if k not in SHOWN and v not in (None, False)]
     if ex.get("tensor_par_overlap") not in (None, "none"):
         rest = [r for r in rest if not r.startswith("tensor_par_overlap")] + \
@@ -77,8 +80,11 @@ def _other(ex: dict) -> str:
 
 
 def layout_table(layouts: list[Layout], classes: dict | None = None) -> str:
+    # context and expert parallelism only where some layout uses them
+    columns = [(c, f) for c, f in COLUMNS if f not in ("context_par", "expert_par")
+               or any(lay.execution.get(f, 1) not in (1, None) for lay in layouts)]
     head = ["", "samples/s", "batch time (s)", "tier-1 peak (GiB)", "P(fits)"] + \
-        [c for c, _ in COLUMNS] + ["other settings"]
+        [c for c, _ in columns] + ["other settings"]
     rows = ["<tr>" + "".join(f'<th class="{"l" if i in (0, len(head) - 1) else ""}">'
                              f'{escape(h)}</th>' for i, h in enumerate(head)) + "</tr>"]
     for lay in layouts[:TABLE_LAYOUTS]:
@@ -87,7 +93,7 @@ def layout_table(layouts: list[Layout], classes: dict | None = None) -> str:
         cells = [_num(_stat(lay, "sample_rate")), _num(_stat(lay, "total_time")),
                  _num(peak / GIB if peak is not None else None),
                  _num(lay.p_fits, 3)] + [_num(ex.get(f, 1 if f in ("context_par", "expert_par")
-                                                 else None)) for _, f in COLUMNS]
+                                                 else None)) for _, f in columns]
         cls = (classes or {}).get(lay.label, "")
         rows.append(f'<tr class="{cls}"><td class="l">{escape(lay.label)}</td>'
                     + "".join(f"<td>{c}</td>" for c in cells)
