@@ -375,3 +375,31 @@ def test_folder_moved_from_its_model_still_reports(tmp_path):
     assert html.count("<svg") == 1
     opt = json.loads((COMPARE / "optimum.json").read_text())
     assert f"{opt['sample_rate']:.4g}" in html
+
+
+def test_config_that_cannot_run_says_why(outputs, tmp_path):
+    """The user's config out of memory: its need per stage (above the
+    capacity line) and the model's reason, not a blank row."""
+    doc = json.loads((outputs / "advise.json").read_text())
+    doc["user"]["execution"].update(tensor_par=1, pipeline_par=1, data_par=64,
+                                    microbatch_size=8, activation_recompute="none",
+                                    pipeline_interleaving=1)
+    doc["user"]["stats"] = {k: None for k in doc["user"]["stats"]}
+    p = tmp_path / "adv.json"
+    p.write_text(json.dumps(doc))
+    from autopar.studies.report import read_run
+    run = read_run(p)
+    assert run.user.reason and "mem" in run.user.reason
+    assert max(sum(v) for _, v in run.user.stages) > run.capacity_gib
+    assert _report(p, "--output", tmp_path / "a.html") == 0
+    html = (tmp_path / "a.html").read_text()
+    assert "your config cannot run" in html and ">cannot run</span>" in html
+
+
+def test_command_line_bad_input_one_line(cli, tmp_path):
+    """The real command: exit 2, one line on stderr, no traceback, no page."""
+    r = cli("report", tmp_path / "none.csv", "--output", tmp_path / "p.html")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        f"autopar: error: {tmp_path / 'none.csv'}: (file): no such file"]
+    assert not (tmp_path / "p.html").exists()

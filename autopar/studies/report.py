@@ -65,6 +65,7 @@ class Layout:
     stats: dict
     p_fits: float | None = None
     stages: list[tuple[str, list[float]]] | None = None   # (stage, GiB per STAGE_PARTS)
+    reason: str | None = None       # why the model says it cannot run
 
 
 @dataclasses.dataclass
@@ -150,9 +151,15 @@ def evaluate(ctx: Context, layouts: list[Layout], source: str, fill_stats: bool)
     out = evaluate_columns(ctx.model, ctx.system, to_columns(execs),
                            stats=tuple(STATS) + tuple(MEMORY_PARTS))
     first, last = stage_needs(out, ctx.system.memory_overhead)
+    from autopar.model import REASONS
     for i, lay in enumerate(layouts):
         if fill_stats or not lay.stats:
             lay.stats = {k: json_value(out[k][i]) for k in STATS}
+        if not out["feasible"][i]:
+            lay.reason = REASONS[int(out["reason_code"][i])]
+        for k in ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req"):
+            if lay.stats.get(k) is None:        # a layout out of memory keeps its need
+                lay.stats[k] = json_value(out[k][i])
         parts = [float(out[p][i]) for p in MEMORY_PARTS]
         if not all(math.isfinite(v) for v in parts):
             continue
@@ -226,7 +233,12 @@ def _needs_context(run: Run, ctx: Context, what: str) -> None:
 def read_run(path, given: Context | None = None) -> Run:
     """One run's output (a file or a folder) -> Run; SpecError when it is none
     that autopar writes or is malformed."""
-    given = given or Context()
+    run = _read(path, given or Context())
+    run.title = run.title or Path(path).resolve().name or str(path)
+    return run
+
+
+def _read(path, given: Context) -> Run:
     p = Path(path)
     src = str(path)
     if p.is_dir():
@@ -259,7 +271,7 @@ def read_run(path, given: Context | None = None) -> Run:
     if isinstance(data, dict) and "layouts" in data and "best" in data:
         return _summary(data, p, src, given)
     if isinstance(data, dict) and "tensor_par" in data:
-        run = Run(src, "best execution", p.name)
+        run = Run(src, "best execution", p.name or src)
         run.layouts = [Layout("best", data, {})]
         _evaluated(run, given, src, fill_stats=True, need="this file holds one execution")
         return run

@@ -90,7 +90,10 @@ def layout_table(layouts: list[Layout], classes: dict | None = None) -> str:
     for lay in layouts[:TABLE_LAYOUTS]:
         ex = lay.execution
         peak = _stat(lay, "proc_mem_tier1_cap_req")
-        cells = [_num(_stat(lay, "sample_rate")), _num(_stat(lay, "total_time")),
+        rate = _num(_stat(lay, "sample_rate"))
+        if lay.reason is not None:
+            rate = f'<span title="{escape(lay.reason)}">cannot run</span>'
+        cells = [rate, _num(_stat(lay, "total_time")),
                  _num(peak / GIB if peak is not None else None),
                  _num(lay.p_fits, 3)] + [_num(ex.get(f, 1 if f in ("context_par", "expert_par")
                                                  else None)) for _, f in columns]
@@ -98,7 +101,9 @@ def layout_table(layouts: list[Layout], classes: dict | None = None) -> str:
         rows.append(f'<tr class="{cls}"><td class="l">{escape(lay.label)}</td>'
                     + "".join(f"<td>{c}</td>" for c in cells)
                     + f'<td class="l wrap">{escape(_other(ex))}</td></tr>')
-    return '<div class="scroll"><table class="layouts">' + "".join(rows) + "</table></div>"
+    why = "".join(f'<p class="note">{escape(lay.label)} cannot run: {escape(lay.reason)}</p>'
+                  for lay in layouts[:TABLE_LAYOUTS] if lay.reason is not None)
+    return '<div class="scroll"><table class="layouts">' + "".join(rows) + "</table></div>" + why
 
 
 def memory_chart(run: Run, layouts: list[Layout]) -> str:
