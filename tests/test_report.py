@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -403,3 +402,24 @@ def test_command_line_bad_input_one_line(cli, tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"autopar: error: {tmp_path / 'none.csv'}: (file): no such file"]
     assert not (tmp_path / "p.html").exists()
+
+
+def test_peak_that_differs_from_the_evaluation_is_said(outputs, tmp_path):
+    """A top file evaluated under a framework it was not searched under (one
+    with a reserved amount and fragmentation): the page says that the
+    recorded peak and this evaluation differ, and draws the framework's
+    headroom line."""
+    from autopar.studies.report import load_context, read_run
+    same = read_run(outputs / "top.json", load_context(MODEL, SYSTEM))
+    assert not any("differs" in n for n in same.notes)
+    other = read_run(outputs / "top.json",
+                     load_context(MODEL, SYSTEM, "megatron-llama-sweeps-fitted"))
+    assert any("differs from this evaluation" in n for n in other.notes)
+    assert other.headroom_gib == 5.0
+    over = [v[2] for lay in other.layouts for _, v in lay.stages]
+    assert min(over) >= 3.0       # overheads: at least the reserved 3 GiB per stage
+    page = tmp_path / "f.html"
+    assert _report(outputs / "top.json", "--output", page, *MODEL_SYSTEM,
+                   "--framework", "megatron-llama-sweeps-fitted") == 0
+    html = page.read_text()
+    assert "capacity less headroom 5 GiB" in html and "overheads: " in html

@@ -135,11 +135,13 @@ def _context_from_files(run: "Run", folder: Path, model_ref, system_ref, framewo
         return Context()
 
 
-def evaluate(ctx: Context, layouts: list[Layout], source: str, fill_stats: bool) -> None:
+def evaluate(ctx: Context, layouts: list[Layout], source: str, fill_stats: bool) -> list[str]:
     """Memory per stage for every layout (and, with ``fill_stats``, every
-    statistic) from the model: one call of ``evaluate_columns`` for all."""
+    statistic) from the model: one call of ``evaluate_columns`` for all.
+    Returns the labels of the layouts whose peak, as the file records it,
+    differs from this evaluation's (another model, system or framework)."""
     if not ctx.complete or not layouts:
-        return
+        return []
     from autopar.io.layouts import to_columns
     from autopar.io.specs import load_execution
     from autopar.model import STATS, evaluate_columns
@@ -152,7 +154,13 @@ def evaluate(ctx: Context, layouts: list[Layout], source: str, fill_stats: bool)
                            stats=tuple(STATS) + tuple(MEMORY_PARTS))
     first, last = stage_needs(out, ctx.system.memory_overhead)
     from autopar.model import REASONS
+    differ = []
     for i, lay in enumerate(layouts):
+        recorded = lay.stats.get("proc_mem_tier1_cap_req") if lay.stats else None
+        now = out["proc_mem_tier1_cap_req"][i]
+        if isinstance(recorded, (int, float)) and math.isfinite(now) \
+                and abs(recorded - now) > 1e-9 * max(abs(now), 1.0):
+            differ.append(lay.label)
         if fill_stats or not lay.stats:
             lay.stats = {k: json_value(out[k][i]) for k in STATS}
         if not out["feasible"][i]:
@@ -175,6 +183,7 @@ def evaluate(ctx: Context, layouts: list[Layout], source: str, fill_stats: bool)
         if lay.stages is not None:          # carried by the file (advise): drawn as given
             continue
         lay.stages = [(name, [v / GIB for v in vals] + [0.0]) for name, vals in split]
+    return differ
 
 
 def _p_fits(v, source: str, field: str):
@@ -284,7 +293,15 @@ def _evaluated(run: Run, ctx: Context, src: str, fill_stats: bool, need: str) ->
         raise SpecError("command line", "--model" if ctx.model is None else "--system",
                         f"{src}: {need} without statistics; give --model and --system to "
                         "evaluate it")
-    evaluate(ctx, run.layouts + ([run.user] if run.user else []) + run.near, src, fill_stats)
+    differ = evaluate(ctx, run.layouts + ([run.user] if run.user else []) + run.near, src,
+                      fill_stats)
+    if differ:
+        run.notes.append(f"the peak memory {src} records for {', '.join(differ[:3])}"
+                         f"{' and others' if len(differ) > 3 else ''} differs from this "
+                         f"evaluation's with {ctx.model.name} on {ctx.system.name}: the run "
+                         "used another model, system or framework (give the run's own "
+                         "--model, --system and --framework); memory per stage is this "
+                         "evaluation's.")
     _capacity(run, ctx)
     if not fill_stats:
         _needs_context(run, ctx, "memory per stage")
@@ -452,7 +469,7 @@ def _trials(frame, src: str, given: Context) -> Run:
             raise SpecError(src, "(columns)", f"a trial's layout cannot be read: {e}") from None
         stats = {c: (None if row[c] != row[c] else float(row[c])) for c in stat_cols}
         run.layouts.append(Layout(f"trial {int(row['trial'])}", ex, stats))
-    evaluate(given, run.layouts, src, fill_stats=True)
+    evaluate(given, run.layouts, src, fill_stats=True)    # trials: the file's peaks replaced
     _capacity(run, given)
     _needs_context(run, given, "tune's trials hold the totals only")
     if given.complete:
@@ -465,7 +482,7 @@ def _stat_names():
     return set(STATS)
 
 
-def _curves(frame, src: str, budgets: bool = False) -> list[dict]:
+def _curves(frame, src: str) -> list[dict]:
     """Median regret and interquartile band per sampler and trial (over seeds)."""
     import numpy as np
     from autopar.studies.regret import regret_matrix

@@ -32,7 +32,7 @@ gap:2px 14px;font-size:.9em;margin:6px 0}dl.facts dt{color:#555}dl.facts dd{marg
 svg.chart{display:block;max-width:100%;height:auto;margin:4px 0 12px}
 svg .grid{stroke:#e6e6e6;stroke-width:1}svg .axis{stroke:#555;stroke-width:1}
 svg text{font-size:11px;fill:#333}svg .axis-label{font-size:12px;fill:#222}
-svg .value{font-size:10px;fill:#444}.gain{font-size:1.15em;font-weight:600;color:#007050}
+svg .value{font-size:10px;fill:#444;paint-order:stroke;stroke:#fff;stroke-width:3px}.gain{font-size:1.15em;font-weight:600;color:#007050}
 code{background:#f4f4f4;padding:0 3px}nav a{margin-right:12px}
 """
 
