@@ -21,25 +21,6 @@ from autopar.io.specs import load_execution, load_model, load_partial_execution,
 
 GiB = 1024 ** 3
 
-# (label, stats summed); the lines add up to total_time
-TIME_ROWS = (
-    ("forward", ("fw_time",)),
-    ("backward", ("bw_time",)),
-    ("recompute", ("recompute_time", "recomm_exposed_time")),
-    ("optimizer step", ("optim_step_time",)),
-    ("pipeline bubble", ("bubble_time",)),
-    ("TP comm exposed", ("tp_comm_exposed_time",)),
-    ("PP comm exposed", ("pp_comm_exposed_time",)),
-    ("DP comm exposed", ("dp_comm_exposed_time",)),
-    ("offload exposed", ("fw_offload_exposed_time", "bw_offload_exposed_time")),
-)
-# Extension rows, shown when a layout has them.
-EXTRA_TIME_ROWS = (
-    ("CP comm exposed", ("cp_comm_exposed_time",)),
-    ("weight gathers exposed", ("weight_gather_exposed_time",)),
-)
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "estimate", help="predict time and memory of one layout",
@@ -300,6 +281,7 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
         ok = "meets" if stats["meets_min_p_fits"] else "below"
         add(f"  risk: {risk_text(stats)}; {ok} the safe threshold {stats['min_p_fits']:g}")
 
+    from autopar.model.breakdown import EXTRA_TIME_ROWS, TIME_ROWS
     total = _get(stats, "total_time")
     add("")
     add(f"{'time per batch (s)':<28}{'seconds':>12}{'share':>12}")
