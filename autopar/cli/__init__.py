@@ -19,7 +19,7 @@ import sys
 from autopar.io.specs import SpecError
 
 COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate", "compare", "tune", "run",
-                             "codesign", "calibrate")
+                             "codesign", "calibrate", "advise")
 
 
 SOURCE = "command line"    # what SpecError names for a bad argument

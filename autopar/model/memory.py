@@ -258,17 +258,26 @@ MEMORY_PARTS = ("mem_static_first", "mem_transient_first", "mem_static_last",
                 "mem_transient_last", "mem_logits_fp32_copy")
 
 
-def tier1_need(parts: dict, overhead):
-    """Need on tier 1 of the fuller of the first and last stage: static state,
-    transient tensors grown by the fragmentation ``fraction``, the loss's fp32
-    copies of the logits on the last stage, and the reserved amount."""
+def stage_needs(parts: dict, overhead):
+    """Need on tier 1 of the first and of the last pipeline stage, as
+    ``(first, last)``: static state, transient tensors grown by the
+    fragmentation ``fraction``, the loss's fp32 copies of the logits on the
+    last stage, and the reserved amount (on every stage).  With one stage
+    both are that stage's (the first's parts hold the embedding, the last's
+    the output layer; ``tier1_need`` takes the fuller)."""
     if overhead is None:
-        return np.maximum(parts["mem_static_first"] + parts["mem_transient_first"],
-                          parts["mem_static_last"] + parts["mem_transient_last"]
-                          + parts["mem_logits_fp32_copy"])
+        return (parts["mem_static_first"] + parts["mem_transient_first"],
+                parts["mem_static_last"] + parts["mem_transient_last"]
+                + parts["mem_logits_fp32_copy"])
     grow = 1.0 + overhead.fraction
     last = parts["mem_transient_last"] + overhead.logits_fp32_copies \
         * parts["mem_logits_fp32_copy"]
-    return np.maximum(parts["mem_static_first"] + parts["mem_transient_first"] * grow,
-                      parts["mem_static_last"] + last * grow) \
-        + overhead.reserved_GiB * 1024 ** 3
+    reserved = overhead.reserved_GiB * 1024 ** 3
+    return (parts["mem_static_first"] + parts["mem_transient_first"] * grow + reserved,
+            parts["mem_static_last"] + last * grow + reserved)
+
+
+def tier1_need(parts: dict, overhead):
+    """Need on tier 1 of the fuller of the first and last stage
+    (``stage_needs``)."""
+    return np.maximum(*stage_needs(parts, overhead))

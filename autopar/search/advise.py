@@ -1,0 +1,265 @@
+"""Advice on a user's layout: how it does, the best layouts near it and
+overall, what to change and what that gains (``autopar advise``).
+
+The user's layout is evaluated by the model as ``autopar estimate`` does
+(every statistic, P(fits) from the model's error, the memory need of the
+first and last pipeline stage).  Two searches then look for better ones for
+the same case (processors, global batch, datatype, training or inference):
+
+* **near**: the user's parallel sizes kept (``PARALLEL_FIELDS``), every other
+  field the space searches ranging over the space's values, the fields it
+  does not search held at the user's values: the completions of a partial
+  layout (``autopar.search.partial.completion_space``), evaluated in columns;
+* **overall**: the whole space (``autopar.search.exhaustive``) with the
+  batch fixed at the user's, the fields the space neither searches nor fixes
+  held at the user's values (a framework setting such as the attention
+  kernel stays the user's).
+
+Both rank as ``exhaustive`` does under the user's risk choice
+(``autopar.search.risk``): ``fast`` by rate among layouts that fit with the
+memory headroom, ``safe`` among those with P(fits) >= the threshold (the
+headroom that probability sets), ``expected`` by rate x P(fits).  The
+recommendation is the best overall layout the user's format can express
+(``accept``), else the best near one; ``changes`` lists the fields where it
+differs from the user's and ``gain`` its predicted rate over the user's,
+minus one (None when the user's layout cannot run).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, FIELDS, record, to_columns
+from autopar.io.spaces import DERIVED, PARAMS
+from autopar.search.headroom import GIB, PEAK, with_headroom
+from autopar.search.partial import completion_space, default_options
+from autopar.search.risk import (Risk, family_of, load_errors, p_fits, risk_headroom_gib)
+from autopar.search.space import Case, load_space
+
+# The parallel sizes a near layout keeps (data_par follows from them).
+PARALLEL_FIELDS = ("tensor_par", "pipeline_par", "data_par", "context_par", "expert_par",
+                   "expert_tensor_par")
+DEFAULT_TOP = 5
+_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class Row:
+    """One evaluated layout, as the advise output writes it."""
+    execution: dict
+    stats: dict                     # every statistic (``top_json``'s keys), None where NaN
+    p_fits: float | None
+    memory_stages_gib: list | None  # [first, last] stage need (one entry without pipeline)
+    feasible: bool = True
+    reason: str = ""
+
+    @property
+    def rate(self) -> float:
+        r = self.stats.get("sample_rate")
+        return float(r) if r is not None else 0.0
+
+    def to_json(self) -> dict:
+        return {"execution": compact(self.execution), "stats": self.stats, "p_fits": self.p_fits,
+                "memory_stages_gib": self.memory_stages_gib}
+
+
+@dataclass(frozen=True)
+class Advice:
+    user: Row
+    near: list
+    overall: list
+    best: Row | None                # the recommendation (None: nothing fits)
+    changes: list = field(default_factory=list)
+    gain: float | None = None
+    headroom_gib: float = 0.0       # the memory headroom the searches ranked with
+    left_out: int = 0               # layouts the user's format could not express
+
+    def to_json(self) -> dict:
+        return {"user": self.user.to_json(), "near": [r.to_json() for r in self.near],
+                "overall": [r.to_json() for r in self.overall],
+                "changes": self.changes, "gain": self.gain}
+
+
+def _num(v):
+    from autopar.search.exhaustive import _num as num
+    return num(v)
+
+
+def full_execution(execution: Mapping) -> dict:
+    """Every field of ``ALL_FIELDS``, extensions at their defaults where unset."""
+    return {f: execution.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS}
+
+
+def compact(execution: Mapping) -> dict:
+    """Calculon's fields and the extension fields that differ from their
+    defaults (as ``autopar.io.specs.load_execution`` returns a layout)."""
+    return {f: v for f, v in execution.items()
+            if f in FIELDS or EXT_DEFAULTS.get(f, object()) != v}
+
+
+def evaluate_rows(model, system, executions) -> list[Row]:
+    """The layouts evaluated on ``system`` (its real capacity): statistics,
+    P(fits) (the layout's framework family's memory error) and the stage
+    needs (``autopar.model.memory.stage_needs``)."""
+    from autopar import model as perf
+    from autopar.model.memory import MEMORY_PARTS, stage_needs
+    from autopar.model.evaluate import reason_text
+    if not executions:
+        return []
+    out = perf.evaluate_columns(model, system, to_columns(executions),
+                                stats=perf.STATS + MEMORY_PARTS)
+    first, last = stage_needs({p: np.asarray(out[p]) for p in MEMORY_PARTS},
+                              system.memory_overhead)
+    reasons = reason_text(out, system)
+    rows = []
+    for i, e in enumerate(executions):
+        stats = {s: _num(out[s][i]) for s in perf.STATS}
+        peak = stats.get(PEAK)
+        err = load_errors(family_of(model, e))
+        p = float(p_fits(peak, system.mem1.GiB, err)) if peak else None
+        stages = None
+        if math.isfinite(first[i]) and math.isfinite(last[i]):
+            stages = [float(first[i]) / GIB] if int(e["pipeline_par"]) == 1 else \
+                [float(first[i]) / GIB, float(last[i]) / GIB]
+        ok = bool(out["feasible"][i])
+        rows.append(Row(execution=dict(e), stats=stats, p_fits=p, memory_stages_gib=stages,
+                        feasible=ok, reason="" if ok else str(reasons[i])))
+    return rows
+
+
+def ranking(system, risk: Risk, headroom: float, model) -> tuple[float, object]:
+    """The headroom a search ranks with under ``risk`` (``safe``: at least the
+    one its P(fits) threshold sets) and the memory errors of the model's
+    family (``expected`` scores by them)."""
+    errors = load_errors(family_of(model))
+    if risk.choice == "safe":
+        headroom = max(headroom, math.ceil(100 * risk_headroom_gib(
+            system, errors, risk.min_p_fits)) / 100)
+    return headroom, errors
+
+
+def changes(user: Mapping, better: Mapping) -> list[dict]:
+    """The fields where ``better`` differs from ``user``, in ``ALL_FIELDS`` order."""
+    a, b = full_execution(user), full_execution(better)
+    return [{"field": f, "from": a[f], "to": b[f]} for f in ALL_FIELDS if a[f] != b[f]]
+
+
+def near_space(user: Mapping, space) -> tuple[dict, tuple, dict]:
+    """The near search as a partial layout: (stated, unknown, options): the
+    user's layout with every field ``space`` searches unknown but the parallel
+    sizes, each ranging over the space's values."""
+    sp = load_space(space)
+    unknown = tuple(f for f in PARAMS if f in sp.allowed and f not in PARALLEL_FIELDS)
+    stated = {f: v for f, v in full_execution(user).items() if f not in unknown}
+    return stated, unknown, default_options(unknown, sp)
+
+
+def search_near(model, system, user: Mapping, space, headroom: float, risk: Risk, errors,
+                top_n: int = DEFAULT_TOP, accept: Callable | None = None) -> list[dict]:
+    """The best ``top_n`` layouts with the user's parallel sizes (see the
+    module docstring), best first, ties to the earlier in enumeration order."""
+    from autopar.model import evaluate_columns
+    stated, unknown, options = near_space(user, space)
+    if not unknown:
+        return [full_execution(user)]
+    comp = completion_space(stated, unknown, options)
+    case = Case(model, system, int(user["num_procs"]), int(user["batch_size"]),
+                str(user["datatype"]), batch_policy="fixed", training=bool(user["training"]))
+    ranked = with_headroom(system, headroom)
+    kept: list = []                    # (-score, order, execution)
+    order = 0
+    for cols in comp.enumerate(case, chunk_size=_CHUNK):
+        out = evaluate_columns(model, ranked, cols, stats=("sample_rate", PEAK))
+        ok = np.asarray(out["feasible"], dtype=bool)
+        score = np.asarray(out["sample_rate"], dtype=float)
+        if risk.choice == "expected":
+            score = score * np.nan_to_num(p_fits(np.asarray(out[PEAK], dtype=float),
+                                                 system.mem1.GiB, errors))
+        idx = np.flatnonzero(ok)
+        idx = idx[np.argsort(-score[idx], kind="stable")]
+        taken = 0
+        for i in idx:
+            if taken >= top_n:
+                break
+            e = full_execution(record(cols, int(i)))
+            if accept is not None and not accept(e):
+                continue
+            kept.append((-float(score[i]), order + int(i), e))
+            taken += 1
+        order += len(ok)
+        kept = sorted(kept, key=lambda t: (t[0], t[1]))[:top_n]
+    return [e for _, _, e in kept]
+
+
+def overall_space(user: Mapping, space) -> dict:
+    """``space`` with the fields it neither searches nor fixes held at the
+    user's values (where they differ from the defaults)."""
+    sp = load_space(space)
+    d = sp.to_dict()
+    held = {f: v for f, v in full_execution(user).items()
+            if f in PARAMS and f not in DERIVED and f not in sp.allowed
+            and f not in sp.fixed and v != EXT_DEFAULTS.get(f)}
+    d["fixed"] = {**(d.get("fixed") or {}), **held}
+    return d
+
+
+def search_overall(model, system, user: Mapping, space, headroom: float, risk: Risk,
+                   errors, top_n: int = DEFAULT_TOP, accept: Callable | None = None,
+                   **kw) -> list[dict]:
+    """The best layouts of the whole space for the user's case, best first
+    (``exhaustive``; ``expected``: ``risk.expected_search``); with ``accept``,
+    only those it accepts (the search keeps more until ``top_n`` are or the
+    space has no more)."""
+    from autopar.search.exhaustive import execution_of, exhaustive
+    from autopar.search.risk import expected_search
+    sp = load_space(overall_space(user, space), source=getattr(load_space(space), "source",
+                                                               "space"))
+    args = (int(user["num_procs"]), int(user["batch_size"]), str(user["datatype"]))
+    k = top_n
+    while True:
+        common = dict(space=sp, batch_policy="fixed", top_n=k, training=bool(user["training"]),
+                      progress=kw.get("progress", False))
+        if risk.choice == "expected":
+            table, _ = expected_search(model, with_headroom(system, headroom), *args,
+                                       err=errors, capacity_gib=system.mem1.GiB, **common)
+        else:
+            table, _ = exhaustive(model, with_headroom(system, headroom), *args, **common)
+        rows = [full_execution(execution_of(r)) for _, r in table.iterrows()]
+        good = [e for e in rows if accept is None or accept(e)]
+        if len(good) >= top_n or len(rows) < k or k >= 1 << 12:
+            return good[:top_n]
+        k *= 8
+
+
+def _score(row: Row, risk: Risk, system, errors) -> float:
+    """What the search ranks ``row`` by: its rate, x P(fits) for ``expected``."""
+    if risk.choice != "expected":
+        return row.rate
+    peak = row.stats.get(PEAK)
+    return row.rate * (float(p_fits(peak, system.mem1.GiB, errors)) if peak else 0.0)
+
+
+def advise(model, system, user: Mapping, space, risk: Risk, headroom: float = 0.0,
+           top_n: int = DEFAULT_TOP, accept: Callable | None = None) -> Advice:
+    """The advice on ``user`` (a whole execution): see the module docstring.
+    ``accept(execution) -> bool``: whether a found layout can be written in
+    the user's format (default: any)."""
+    user = full_execution(user)
+    headroom, errors = ranking(system, risk, headroom, model)
+    near = search_near(model, system, user, space, headroom, risk, errors, top_n, accept)
+    overall = search_overall(model, system, user, space, headroom, risk, errors, top_n, accept)
+    rows = evaluate_rows(model, system, [user] + near + overall)
+    me, near_rows, overall_rows = rows[0], rows[1:1 + len(near)], rows[1 + len(near):]
+    # the better of the best overall and the best near (near keeps fields the
+    # space fixes at the user's values, so it may beat the space's best)
+    tops = [r for r in (overall_rows[:1] + near_rows[:1]) if r.feasible]
+    best = max(tops, key=lambda r: _score(r, risk, system, errors)) if tops else None
+    diff = changes(user, best.execution) if best is not None else []
+    gain = None
+    if best is not None and me.feasible and me.rate > 0:
+        gain = best.rate / me.rate - 1.0
+    return Advice(user=me, near=near_rows, overall=overall_rows, best=best, changes=diff,
+                  gain=gain, headroom_gib=headroom)
