@@ -44,6 +44,19 @@ def framework_option(p) -> None:
                         "(default: none, the system file's own records)")
 
 
+def inference_option(p) -> None:
+    """The ``--inference`` option every command that searches layouts takes."""
+    p.add_argument("--inference", action="store_true",
+                   help="lay out inference instead of training (the layouts' training "
+                        "field false: no backward pass, optimizer, gradients or recompute)")
+
+
+def training_of(args) -> bool:
+    """Whether a command's layouts train (``--inference`` not given; an
+    experiment file's ``case.training``)."""
+    return not getattr(args, "inference", False)
+
+
 def positive(name: str, v) -> None:
     """A count given on the command line must be at least 1 (None: not given)
     and at most ``LIMITS[name]``."""

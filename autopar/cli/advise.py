@@ -23,7 +23,8 @@ import json
 import sys
 from pathlib import Path
 
-from autopar.cli import distinct_outputs, framework_option, output_path, positive
+from autopar.cli import (distinct_outputs, framework_option, inference_option, output_path,
+                         positive, training_of)
 from autopar.io.errors import SpecError
 
 JSON_FORMATS = ("autopar", "calculon")
@@ -62,8 +63,7 @@ def register(subparsers) -> None:
                         "capacity (default: the system's memory_headroom, else 0)")
     from autopar.search.risk import add_arguments
     add_arguments(p)
-    p.add_argument("--inference", action="store_true",
-                   help="advise on the config's inference (training: false)")
+    inference_option(p)
     p.add_argument("--top-n", type=int, default=5,
                    help="layouts listed near and overall (default 5)")
     p.add_argument("--output", metavar="FILE", help="write the advice (JSON)")
@@ -182,12 +182,17 @@ def run(args) -> int:
             raise SpecError(SOURCE, "--num-procs", f"{args.num_procs} differs from the "
                             f"config's num_procs {given}")
         execution["num_procs"] = args.num_procs
-    if args.inference:
-        execution["training"] = False
     execution.setdefault("training", True)
     if execution.get("num_procs") in (None, "?"):
         raise SpecError(args.config, "num_procs", "not stated; give --num-procs")
     user, filled = _fill(model, system, framework, execution, args.config)
+    if not training_of(args):
+        # --inference: the config's layout for inference, its training-only
+        # fields at the values the search's rules give them when not training
+        from autopar.search.advise import for_inference, full_execution
+        before = full_execution(user)
+        user = for_inference(model, system, user)
+        filled.update({f: (v, "for inference") for f, v in user.items() if before[f] != v})
     check_options(framework, user, args.config)
 
     def accept(e) -> bool:

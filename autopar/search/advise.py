@@ -100,6 +100,27 @@ def compact(execution: Mapping) -> dict:
             if f in FIELDS or EXT_DEFAULTS.get(f, object()) != v}
 
 
+def for_inference(model, system, execution: Mapping) -> dict:
+    """``execution`` as an inference layout (``training`` false) with the
+    fields that only training has (recompute, gradient and optimizer options,
+    data-parallel overlap) at the values the search's domain rules force when
+    not training (``autopar.search.domains``): the fields the rules complete
+    differently for inference than for training take the inference value."""
+    e = full_execution(execution)
+    space = load_space({"name": "inference", "batch_policy": "fixed",
+                        "params": {f: "derived" for f in PARAMS}})
+    params = {f: e[f] for f in PARAMS}
+
+    def completed(training: bool) -> dict:
+        case = Case(model, system, int(e["num_procs"]), int(e["batch_size"]),
+                    str(e["datatype"]), batch_policy="fixed", training=training)
+        return full_execution(space.complete(case, params, normalize=True))
+    train, infer = completed(True), completed(False)
+    e.update({f: infer[f] for f in PARAMS if train[f] != infer[f]})
+    e["training"] = False
+    return e
+
+
 def evaluate_rows(model, system, executions) -> list[Row]:
     """The layouts evaluated on ``system`` (its real capacity): statistics,
     P(fits) (the layout's framework family's memory error) and the stage
