@@ -190,3 +190,72 @@ def test_poor_megatron_config_gets_megatron_arguments(tmp_path, cli):
         if c["field"] in back:
             assert back[c["field"]] == c["to"], c
     assert {"tensor_par", "pipeline_par"} & {c["field"] for c in out["changes"]}
+
+
+def _fake_format(monkeypatch):
+    """A launch format of ``key=value`` lines that cannot express virtual
+    pipeline stages and leaves the network tiers unstated, registered as
+    ``megatron`` with a ``read_config`` beside it: the launch-format path of
+    advise before the real formats are merged."""
+    import autopar.io.launch as launch
+    from autopar.io.launch.base import Imported, LaunchFormat
+    unstated = ("tensor_par_net", "pipeline_par_net", "data_par_net")
+
+    def write(model, e):
+        return "".join(f"{k}={json.dumps(v)}\n" for k, v in e.items() if k not in unstated)
+
+    def read(text, source):
+        pairs = (line.split("=", 1) for line in text.splitlines() if line.strip())
+        return Imported(execution={k: json.loads(v) for k, v in pairs},
+                        notes=("read by the test's format",))
+
+    fmt = LaunchFormat(name="megatron", suffix=".txt", framework="megatron-core",
+                       refuse_model=lambda m: None, refuse_space=lambda m, s: None,
+                       refuse_layout=lambda m, e: ("no virtual stages"
+                                                   if e["pipeline_interleaving"] > 1 else None),
+                       write=write, read=read)
+
+    def read_config(path, fmt_name=None):
+        return "megatron", read(Path(path).read_text(), str(path))
+    monkeypatch.setattr(launch, "read_config", read_config, raising=False)
+    monkeypatch.setattr(launch, "get", lambda name, *a, **k: fmt)
+    return fmt
+
+
+def test_launch_format_path(monkeypatch, tmp_path, capsys):
+    """A config in a launch format: read by read_config, unstated fields
+    filled, only layouts the format can express proposed, the better config
+    written by the format's writer."""
+    from autopar.cli import main
+    fmt = _fake_format(monkeypatch)
+    cfg = tmp_path / "poor.txt"
+    cfg.write_text(fmt.write(None, POOR))
+    code = main(["advise", MODEL, SYSTEM, "--from", str(cfg), "--space", "small",
+                 "--output", str(tmp_path / "a.json"), "--config-out", str(tmp_path / "b.txt")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    out = json.loads((tmp_path / "a.json").read_text())
+    assert out["format"] == "megatron" and out["gain"] > 0
+    assert set(out["filled"]) == {"tensor_par_net", "pipeline_par_net", "data_par_net"}
+    assert "note: read by the test's format" in printed
+    for row in out["near"] + out["overall"]:
+        assert row["execution"]["pipeline_interleaving"] == 1
+    text = (tmp_path / "b.txt").read_text()
+    assert "better config (megatron):\n" + text.rstrip("\n") in printed
+    back = fmt.read(text, "b.txt").execution
+    for c in out["changes"]:
+        if c["field"] in back:
+            assert back[c["field"]] == c["to"], c
+
+
+def test_launch_format_missing_is_one_line(monkeypatch, tmp_path, cli):
+    """Without ``autopar.io.launch.read_config`` a non-JSON config is refused
+    in one line naming the file and --format."""
+    import autopar.io.launch as launch
+    if hasattr(launch, "read_config"):
+        pytest.skip("read_config is merged")
+    cfg = tmp_path / "run.sh"
+    cfg.write_text("torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n")
+    r = cli("advise", MODEL, SYSTEM, "--from", cfg, "--format", "megatron")
+    line = _one_line_error(r, "--format")
+    assert str(cfg) in line
