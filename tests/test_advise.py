@@ -207,7 +207,7 @@ def _fake_format(monkeypatch):
     def read(text, source):
         pairs = (line.split("=", 1) for line in text.splitlines() if line.strip())
         return Imported(execution={k: json.loads(v) for k, v in pairs},
-                        notes=("read by the test's format",))
+                        model={"num_blocks": 95}, notes=("read by the test's format",))
 
     fmt = LaunchFormat(name="megatron", suffix=".txt", framework="megatron-core",
                        refuse_model=lambda m: None, refuse_space=lambda m, s: None,
@@ -236,8 +236,16 @@ def test_launch_format_path(monkeypatch, tmp_path, capsys):
     assert code == 0, printed
     out = json.loads((tmp_path / "a.json").read_text())
     assert out["format"] == "megatron" and out["gain"] > 0
-    assert set(out["filled"]) == {"tensor_par_net", "pipeline_par_net", "data_par_net"}
+    # the unstated tiers by their best completion, the format's framework's
+    # recipe defaults for the extension fields
+    from autopar.io.frameworks import load_framework
+    defaults = load_framework("megatron-core").defaults
+    nets = {"tensor_par_net", "pipeline_par_net", "data_par_net"}
+    assert nets <= set(out["filled"])
+    assert {f: v for f, v in out["filled"].items() if f not in nets} == \
+        {f: v for f, v in defaults.items() if f not in POOR}
     assert "note: read by the test's format" in printed
+    assert "note: the config's num_blocks is 95, the model file's 96" in printed
     for row in out["near"] + out["overall"]:
         assert row["execution"]["pipeline_interleaving"] == 1
     text = (tmp_path / "b.txt").read_text()

@@ -170,7 +170,9 @@ def run(args) -> int:
         why = launch.refuse_model(model)
         if why:
             raise SpecError(args.model, "(model)", f"{fmt}: {why}")
-    fw_name = args.framework or imported.framework
+    # the framework whose recipe fills what the config leaves unstated: the
+    # one asked for, else the one the config names, else its format's
+    fw_name = args.framework or imported.framework or (launch.framework if launch else None)
     framework = load_framework(fw_name) if fw_name else None
     system = with_framework(load_system(args.system), framework)
     headroom = headroom_gib(system, args.memory_headroom)
@@ -236,7 +238,8 @@ def run(args) -> int:
         with atomic_path(outs["--config-out"]) as tmp:
             Path(tmp).write_text(text if text is not None
                                  else config_text(fmt, launch, model, advice.user.execution))
-    print(report(model, system, fmt, advice, filled, headroom, risk, text, imported))
+    notes = tuple(getattr(imported, "notes", ()) or ()) + model_notes(model, imported)
+    print(report(model, system, fmt, advice, filled, headroom, risk, text, notes))
     ok = advice.best is not None or advice.user.feasible
     return 0 if ok else 1
 
@@ -270,13 +273,23 @@ def _stages(row, system) -> str:
         + f" of {system.mem1.GiB:g}"
 
 
-def report(model, system, fmt, advice, filled, headroom, risk, text, imported) -> str:
+def model_notes(model, imported) -> tuple[str, ...]:
+    """Where the config's model fields differ from the model file's (the
+    model file is the one predicted)."""
+    from autopar.io.specs import model_to_json
+    have = model_to_json(model)
+    return tuple(f"the config's {k} is {v}, the model file's {have.get(k)} (the model file "
+                 f"is used)" for k, v in (getattr(imported, "model", None) or {}).items()
+                 if k in have and have[k] != v)
+
+
+def report(model, system, fmt, advice, filled, headroom, risk, text, notes=()) -> str:
     from autopar.cli.estimate import report as layout_report
     from autopar.search.headroom import PEAK
     from autopar.search.risk import layout_risk
     user = advice.user
     lines = [f"your layout ({fmt}):"]
-    for note in getattr(imported, "notes", ()) or ():
+    for note in notes:
         lines.append(f"  note: {note}")
     if filled:
         lines.append("  filled (the config leaves them unstated): " + ", ".join(
