@@ -267,3 +267,19 @@ def test_launch_format_missing_is_one_line(monkeypatch, tmp_path, cli):
     r = cli("advise", MODEL, SYSTEM, "--from", cfg, "--format", "megatron")
     line = _one_line_error(r, "--format")
     assert str(cfg) in line
+
+
+def test_nothing_fits_exits_1(tmp_path, cli):
+    """GPT-3 175B on 8 processors without offloading: neither the config nor
+    any layout of the small space fits; the advice still says how far off."""
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps({**POOR, "num_procs": 8, "tensor_par": 8, "pipeline_par": 1,
+                               "data_par": 1, "pipeline_par_net": 0, "data_par_net": 0,
+                               "batch_size": 8}))
+    r = cli("advise", MODEL, SYSTEM, "--from", cfg, "--space", "small",
+            "--output", tmp_path / "a.json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "cannot run: infeasible: mem tier1 needs" in r.stdout
+    out = json.loads((tmp_path / "a.json").read_text())
+    assert out["near"] == [] and out["overall"] == [] and out["changes"] == []
+    assert out["gain"] is None and out["user"]["memory_stages_gib"][0] > 80
