@@ -71,6 +71,13 @@ def test_poor_config_gets_a_better_one(poor):
     rates = [row["stats"]["sample_rate"] for row in out["overall"]]
     assert rates == sorted(rates, reverse=True)
     assert out["overall"][0]["stats"]["sample_rate"] >= out["near"][0]["stats"]["sample_rate"]
+    # the recommendation: within 0.1% of the best found, no more changes
+    # than the fastest layout found would make
+    from autopar.search.advise import changes
+    rec = out["recommended"]
+    assert rec["execution"] == better
+    assert rec["stats"]["sample_rate"] >= (1 - 1e-3) * rates[0]
+    assert len(out["changes"]) <= len(changes(POOR, out["overall"][0]["execution"]))
 
 
 def test_the_diff_and_the_gain_are_right(poor):
@@ -283,3 +290,18 @@ def test_nothing_fits_exits_1(tmp_path, cli):
     out = json.loads((tmp_path / "a.json").read_text())
     assert out["near"] == [] and out["overall"] == [] and out["changes"] == []
     assert out["gain"] is None and out["user"]["memory_stages_gib"][0] > 80
+
+
+def test_recommend_prefers_fewer_changes_only_among_equals():
+    from autopar.search.advise import Row, recommend
+    user = dict(POOR)
+    one = Row({**user, "microbatch_size": 2}, {"sample_rate": 10.0}, 1.0, [1.0])
+    three = Row({**user, "microbatch_size": 2, "weight_offload": True,
+                 "activations_offload": True}, {"sample_rate": 10.005}, 1.0, [1.0])
+    rate = lambda r: r.rate  # noqa: E731
+    assert recommend([three, one], user, rate) is one           # 0.05% faster: a tie
+    faster = Row(three.execution, {"sample_rate": 10.2}, 1.0, [1.0])
+    assert recommend([faster, one], user, rate) is faster       # 2% faster: advice
+    mine = Row(user, {"sample_rate": 9.995}, 1.0, [1.0])
+    assert recommend([one, mine], user, rate) is mine           # no change at all
+    assert recommend([], user, rate) is None

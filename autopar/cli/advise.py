@@ -318,11 +318,12 @@ def report(model, system, fmt, advice, filled, headroom, risk, text, notes=()) -
         lines.append("no layout found fits")
         return "\n".join(lines)
     if not advice.changes:
-        lines.append("your layout is the best found: nothing to change")
+        lines.append("your layout is within 0.1% of the best found: nothing to change")
         return "\n".join(lines)
     gain = (f"{100 * advice.gain:+.1f}%" if advice.gain is not None
             else "yours cannot run")
-    lines.append(f"recommended: {_line(advice.best)}")
+    lines.append(f"recommended (of the layouts within 0.1% of the best found, the one with "
+                 f"the fewest changes): {_line(advice.best)}")
     lines.append(f"predicted gain {gain} ({user.rate:.4g} -> {advice.best.rate:.4g} "
                  f"samples/s); memory per stage {_stages(advice.best, system)}")
     lines.append("change:")

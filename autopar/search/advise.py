@@ -18,11 +18,14 @@ the same case (processors, global batch, datatype, training or inference):
 Both rank as ``exhaustive`` does under the user's risk choice
 (``autopar.search.risk``): ``fast`` by rate among layouts that fit with the
 memory headroom, ``safe`` among those with P(fits) >= the threshold (the
-headroom that probability sets), ``expected`` by rate x P(fits).  The
-recommendation is the best overall layout the user's format can express
-(``accept``), else the best near one; ``changes`` lists the fields where it
-differs from the user's and ``gain`` its predicted rate over the user's,
-minus one (None when the user's layout cannot run).
+headroom that probability sets), ``expected`` by rate x P(fits), and keep
+only layouts the user's format can express (``accept``).  The
+recommendation is, among the best found near and overall and the user's own
+layout, those within 0.1% of the best score, the one that changes the
+fewest fields of the user's (``recommend``); ``changes`` lists the fields
+where it differs from the user's and ``gain`` its predicted rate over the
+user's, minus one (None when the user's layout cannot run; 0 when the
+user's own layout is the recommendation).
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ import numpy as np
 
 from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, FIELDS, record, to_columns
 from autopar.io.spaces import DERIVED, PARAMS
-from autopar.search.headroom import GIB, PEAK, with_headroom
+from autopar.search.headroom import GIB, PEAK, fits, with_headroom
 from autopar.search.partial import completion_space, default_options
 from autopar.search.risk import (Risk, family_of, load_errors, p_fits, risk_headroom_gib)
 from autopar.search.space import Case, load_space
@@ -43,6 +46,12 @@ from autopar.search.space import Case, load_space
 PARALLEL_FIELDS = ("tensor_par", "pipeline_par", "data_par", "context_par", "expert_par",
                    "expert_tensor_par")
 DEFAULT_TOP = 5
+# Candidates kept from each search for the recommendation (``recommend``).
+POOL = 64
+# Scores this close (relative) to the best are the best's equals: the
+# recommendation among them is the one with the fewest changes (issue 25's
+# 0.1% within which a simpler layout is preferred).
+TIE = 1e-3
 _CHUNK = 1 << 16
 
 
@@ -80,7 +89,8 @@ class Advice:
     def to_json(self) -> dict:
         return {"user": self.user.to_json(), "near": [r.to_json() for r in self.near],
                 "overall": [r.to_json() for r in self.overall],
-                "changes": self.changes, "gain": self.gain}
+                "changes": self.changes, "gain": self.gain,
+                "recommended": self.best.to_json() if self.best is not None else None}
 
 
 def _num(v):
@@ -270,17 +280,34 @@ def advise(model, system, user: Mapping, space, risk: Risk, headroom: float = 0.
     the user's format (default: any)."""
     user = full_execution(user)
     headroom, errors = ranking(system, risk, headroom, model)
-    near = search_near(model, system, user, space, headroom, risk, errors, top_n, accept)
-    overall = search_overall(model, system, user, space, headroom, risk, errors, top_n, accept)
+    k = max(top_n, POOL)
+    near = search_near(model, system, user, space, headroom, risk, errors, k, accept)
+    overall = search_overall(model, system, user, space, headroom, risk, errors, k, accept)
     rows = evaluate_rows(model, system, [user] + near + overall)
     me, near_rows, overall_rows = rows[0], rows[1:1 + len(near)], rows[1 + len(near):]
-    # the better of the best overall and the best near (near keeps fields the
-    # space fixes at the user's values, so it may beat the space's best)
-    tops = [r for r in (overall_rows[:1] + near_rows[:1]) if r.feasible]
-    best = max(tops, key=lambda r: _score(r, risk, system, errors)) if tops else None
+    # The candidates: the best found near and overall (near keeps the fields
+    # the space fixes at the user's values, so it may beat the space's best)
+    # and the user's own layout where it qualifies under the same ranking.
+    pool = [r for r in overall_rows + near_rows if r.feasible]
+    if me.feasible and fits(me.stats[PEAK], system, headroom) \
+            and (accept is None or accept(user)):
+        pool.append(me)
+    best = recommend(pool, user, lambda r: _score(r, risk, system, errors))
     diff = changes(user, best.execution) if best is not None else []
     gain = None
     if best is not None and me.feasible and me.rate > 0:
         gain = best.rate / me.rate - 1.0
-    return Advice(user=me, near=near_rows, overall=overall_rows, best=best, changes=diff,
-                  gain=gain, headroom_gib=headroom)
+    return Advice(user=me, near=near_rows[:top_n], overall=overall_rows[:top_n], best=best,
+                  changes=diff, gain=gain, headroom_gib=headroom)
+
+
+def recommend(pool: list, user: Mapping, score: Callable) -> Row | None:
+    """The recommendation among ``pool``: of the layouts within ``TIE``
+    (relative) of the best score, the one that changes the fewest fields of
+    the user's layout (then the higher score): a change that gains nothing
+    the model can tell apart is not advice."""
+    if not pool:
+        return None
+    top = max(score(r) for r in pool)
+    close = [r for r in pool if score(r) >= top * (1 - TIE)]
+    return min(close, key=lambda r: (len(changes(user, r.execution)), -score(r)))
