@@ -262,6 +262,17 @@ def _line(row) -> str:
             + f"  {fits_text(p)}")
 
 
+def _versus(row, user) -> str:
+    """'12.3 samples/s (+45.1%) P(fits) 0.998: tensor_par=4, ...': a found
+    layout by its rate and the fields it changes."""
+    from autopar.search.advise import changes
+    from autopar.search.risk import fits_text
+    p = row.p_fits if row.p_fits is not None else float("nan")
+    gain = f" ({100 * (row.rate / user.rate - 1):+.1f}%)" if user.feasible and user.rate else ""
+    diff = ", ".join(f"{c['field']}={c['to']}" for c in changes(user.execution, row.execution))
+    return f"{row.rate:.4g} samples/s{gain} {fits_text(p)}: {diff or 'your layout'}"
+
+
 def _stages(row, system) -> str:
     from autopar.search.headroom import band_gib
     if row.memory_stages_gib is None:
@@ -309,10 +320,10 @@ def report(model, system, fmt, advice, filled, headroom, risk, text, notes=()) -
     lines.append(f"ranked by {how}"
                  + (f", {advice.headroom_gib:g} GiB memory headroom" if advice.headroom_gib
                     else ""))
-    lines.append("near (your parallel sizes):")
-    lines += [f"  {_line(r)}" for r in advice.near] or ["  none fits"]
-    lines.append("overall:")
-    lines += [f"  {_line(r)}" for r in advice.overall] or ["  none fits"]
+    lines.append("near (your parallel sizes), as changes to yours:")
+    lines += [f"  {_versus(r, user)}" for r in advice.near] or ["  none fits"]
+    lines.append("overall, as changes to yours:")
+    lines += [f"  {_versus(r, user)}" for r in advice.overall] or ["  none fits"]
     lines.append("")
     if advice.best is None:
         lines.append("no layout found fits")
