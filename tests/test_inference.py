@@ -145,8 +145,9 @@ def test_cliffs_inference(tmp_path):
     assert list(trained.table["sample_rate"]) != list(res.table["sample_rate"])
 
 
-def test_codesign_inference():
-    """A co-design study's inner searches lay out inference when its case says so."""
+def test_codesign_inference(tmp_path):
+    """A co-design study's inner searches lay out inference when its case
+    says so, or with ``codesign --inference``."""
     from autopar.studies.codesign import codesign
     study = {"kind": "codesign", "name": "inf", "case": {
         "model": str(REPO_ROOT / MODEL), "system": str(REPO_ROOT / SYSTEM),
@@ -156,7 +157,15 @@ def test_codesign_inference():
         "search": {"sampler": "exhaustive"}}
     res = codesign(study, None, progress=False)
     execs = _executions(res.table)
-    assert execs and all(e["training"] is False for e in execs)
+    assert len(execs) == 2 and all(e["training"] is False for e in execs)
+    del study["case"]["training"]
+    f = tmp_path / "study.yaml"
+    f.write_text(yaml.safe_dump(study))
+    for flag, training in (("--inference", False), ("--no-progress", True)):
+        r = run_autopar("codesign", f, flag, "--output-dir", tmp_path / flag, "--no-progress")
+        assert r.returncode == 0, r.stderr
+        execs = _executions(pd.read_csv(tmp_path / flag / "systems.csv"))
+        assert len(execs) == 2 and all(e["training"] is training for e in execs)
 
 
 def test_advise_inference(tmp_path):
