@@ -305,3 +305,10 @@ def test_recommend_prefers_fewer_changes_only_among_equals():
     mine = Row(user, {"sample_rate": 9.995}, 1.0, [1.0])
     assert recommend([one, mine], user, rate) is mine           # no change at all
     assert recommend([], user, rate) is None
+
+
+def test_calculon_format_refuses_a_model_it_cannot_represent(tmp_path, cli):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(POOR))
+    r = cli("advise", "models/llama2-70B.json", SYSTEM, "--from", cfg, "--format", "calculon")
+    assert "kv_heads" in _one_line_error(r, "--format")

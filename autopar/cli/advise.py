@@ -170,6 +170,9 @@ def run(args) -> int:
         why = launch.refuse_model(model)
         if why:
             raise SpecError(args.model, "(model)", f"{fmt}: {why}")
+    elif fmt == "calculon":
+        from autopar.io.export import check_calculon_run
+        check_calculon_run(fmt, model)      # a model Calculon cannot represent
     # the framework whose recipe fills what the config leaves unstated: the
     # one asked for, else the one the config names, else its format's
     fw_name = args.framework or imported.framework or (launch.framework if launch else None)
