@@ -38,7 +38,7 @@ def register(subparsers) -> None:
         "advise", help="how far a config is from the best layout, and what to change",
         description="Evaluate the layout of a config (autopar/Calculon execution JSON, or a "
                     "framework's launch config), find the best layouts near it (its parallel "
-                    "sizes kept) and over the whole space for the same processors and global "
+                    "sizes kept, or one or two fields changed) and over the whole space for the same processors and global "
                     "batch, and print what to change, the predicted gain and the better config "
                     "in the same format. Exit 0 advice, 1 nothing can run, 2 bad input.",
         epilog="example: autopar advise models/gpt3-13B.json systems/a100_80g.json "
@@ -323,7 +323,8 @@ def report(model, system, fmt, advice, filled, headroom, risk, text, notes=()) -
     lines.append(f"ranked by {how}"
                  + (f", {advice.headroom_gib:g} GiB memory headroom" if advice.headroom_gib
                     else ""))
-    lines.append("near (your parallel sizes), as changes to yours:")
+    lines.append("near (your parallel sizes, or one or two fields changed), as changes to "
+                 "yours:")
     lines += [f"  {_versus(r, user)}" for r in advice.near] or ["  none fits"]
     lines.append("overall, as changes to yours:")
     lines += [f"  {_versus(r, user)}" for r in advice.overall] or ["  none fits"]

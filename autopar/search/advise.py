@@ -7,9 +7,11 @@ first and last pipeline stage).  Two searches then look for better ones for
 the same case (processors, global batch, datatype, training or inference):
 
 * **near**: the user's parallel sizes kept (``PARALLEL_FIELDS``), every other
-  field the space searches ranging over the space's values, the fields it
-  does not search held at the user's values: the completions of a partial
-  layout (``autopar.search.partial.completion_space``), evaluated in columns;
+  field the space searches ranging over the space's values; and the user's
+  layout with one or two of the fields the space searches changed, a
+  parallel size among them (``data_par`` following); the fields it does not
+  search held at the user's values: the completions of partial layouts
+  (``autopar.search.partial.completion_space``), evaluated in columns;
 * **overall**: the whole space (``autopar.search.exhaustive``) with the
   batch fixed at the user's, the fields the space neither searches nor fixes
   held at the user's values (a framework setting such as the attention
@@ -30,6 +32,7 @@ user's own layout is the recommendation).
 from __future__ import annotations
 
 import math
+from itertools import combinations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -178,51 +181,63 @@ def changes(user: Mapping, better: Mapping) -> list[dict]:
     return [{"field": f, "from": a[f], "to": b[f]} for f in ALL_FIELDS if a[f] != b[f]]
 
 
-def near_space(user: Mapping, space) -> tuple[dict, tuple, dict]:
-    """The near search as a partial layout: (stated, unknown, options): the
-    user's layout with every field ``space`` searches unknown but the parallel
-    sizes, each ranging over the space's values."""
+def near_spaces(user: Mapping, space) -> list[tuple[dict, tuple, dict]]:
+    """The near search as partial layouts, each (stated, unknown, options):
+    the user's layout with every field ``space`` searches unknown but the
+    parallel sizes; then with one or two of the fields it searches unknown,
+    a parallel size among them (``data_par`` follows from the others; the
+    changes without one are in the first).  Unknown fields range over the
+    space's values."""
     sp = load_space(space)
-    unknown = tuple(f for f in PARAMS if f in sp.allowed and f not in PARALLEL_FIELDS)
-    stated = {f: v for f, v in full_execution(user).items() if f not in unknown}
-    return stated, unknown, default_options(unknown, sp)
+    e = full_execution(user)
+    searched = tuple(f for f in PARAMS if f in sp.allowed)
+    sets = [tuple(f for f in searched if f not in PARALLEL_FIELDS)]
+    for k in (1, 2):
+        sets += [c for c in combinations(searched, k) if set(c) & set(PARALLEL_FIELDS)]
+    out = []
+    for fields in sets:
+        if not fields:
+            continue
+        unknown = fields + (("data_par",) if set(fields) & set(PARALLEL_FIELDS) else ())
+        stated = {f: v for f, v in e.items() if f not in unknown}
+        out.append((stated, unknown, default_options(fields, sp)))
+    return out
 
 
 def search_near(model, system, user: Mapping, space, headroom: float, risk: Risk, errors,
                 top_n: int = DEFAULT_TOP, accept: Callable | None = None) -> list[dict]:
-    """The best ``top_n`` layouts with the user's parallel sizes (see the
-    module docstring), best first, ties to the earlier in enumeration order."""
+    """The best ``top_n`` layouts near the user's (``near_spaces``), best
+    first, ties to the earlier found."""
     from autopar.model import evaluate_columns
-    stated, unknown, options = near_space(user, space)
-    if not unknown:
-        return [full_execution(user)]
-    comp = completion_space(stated, unknown, options)
     case = Case(model, system, int(user["num_procs"]), int(user["batch_size"]),
                 str(user["datatype"]), batch_policy="fixed", training=bool(user["training"]))
     ranked = with_headroom(system, headroom)
-    kept: list = []                    # (-score, order, execution)
+    kept: dict = {}                    # layout -> (-score, order, execution)
     order = 0
-    for cols in comp.enumerate(case, chunk_size=_CHUNK):
-        out = evaluate_columns(model, ranked, cols, stats=("sample_rate", PEAK))
-        ok = np.asarray(out["feasible"], dtype=bool)
-        score = np.asarray(out["sample_rate"], dtype=float)
-        if risk.choice == "expected":
-            score = score * np.nan_to_num(p_fits(np.asarray(out[PEAK], dtype=float),
-                                                 system.mem1.GiB, errors))
-        idx = np.flatnonzero(ok)
-        idx = idx[np.argsort(-score[idx], kind="stable")]
-        taken = 0
-        for i in idx:
-            if taken >= top_n:
-                break
-            e = full_execution(record(cols, int(i)))
-            if accept is not None and not accept(e):
-                continue
-            kept.append((-float(score[i]), order + int(i), e))
-            taken += 1
-        order += len(ok)
-        kept = sorted(kept, key=lambda t: (t[0], t[1]))[:top_n]
-    return [e for _, _, e in kept]
+    for stated, unknown, options in near_spaces(user, space):
+        comp = completion_space(stated, unknown, options)
+        for cols in comp.enumerate(case, chunk_size=_CHUNK):
+            out = evaluate_columns(model, ranked, cols, stats=("sample_rate", PEAK))
+            ok = np.asarray(out["feasible"], dtype=bool)
+            score = np.asarray(out["sample_rate"], dtype=float)
+            if risk.choice == "expected":
+                score = score * np.nan_to_num(p_fits(np.asarray(out[PEAK], dtype=float),
+                                                     system.mem1.GiB, errors))
+            idx = np.flatnonzero(ok)
+            idx = idx[np.argsort(-score[idx], kind="stable")]
+            taken = 0
+            for i in idx:
+                if taken >= top_n:
+                    break
+                e = full_execution(record(cols, int(i)))
+                key = tuple(e.values())
+                if key in kept or (accept is not None and not accept(e)):
+                    continue
+                kept[key] = (-float(score[i]), order + int(i), e)
+                taken += 1
+            order += len(ok)
+            kept = dict(sorted(kept.items(), key=lambda kv: kv[1][:2])[:top_n])
+    return [e for _, _, e in sorted(kept.values(), key=lambda t: t[:2])]
 
 
 def overall_space(user: Mapping, space) -> dict:
