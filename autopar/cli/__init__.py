@@ -19,7 +19,7 @@ import sys
 from autopar.io.specs import SpecError
 
 COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate", "compare", "tune", "run",
-                             "codesign", "calibrate", "report")
+                             "codesign", "calibrate", "report", "advise")
 
 
 SOURCE = "command line"    # what SpecError names for a bad argument
@@ -42,6 +42,19 @@ def framework_option(p) -> None:
                         "megatron-core, or a path): its memory/time records replace the "
                         "system's, its recipe defaults fill unstated execution fields "
                         "(default: none, the system file's own records)")
+
+
+def inference_option(p) -> None:
+    """The ``--inference`` option every command that searches layouts takes."""
+    p.add_argument("--inference", action="store_true",
+                   help="lay out inference instead of training (the layouts' training "
+                        "field false: no backward pass, optimizer, gradients or recompute)")
+
+
+def training_of(args) -> bool:
+    """Whether a command's layouts train (``--inference`` not given; an
+    experiment file's ``case.training``)."""
+    return not getattr(args, "inference", False)
 
 
 def positive(name: str, v) -> None:

@@ -48,6 +48,9 @@ def register(subparsers) -> None:
     p.add_argument("--inner-trials", type=int, default=None,
                    help="trials of an inner sampler (overrides the file)")
     _common(p)
+    # issue 25: inference from the command line
+    from autopar.cli import inference_option
+    inference_option(p)
     p.set_defaults(func=run)
 
     c = subparsers.add_parser(
@@ -67,6 +70,7 @@ def register(subparsers) -> None:
                         "sampler of autopar tune")
     c.add_argument("--inner-trials", type=int, default=None, help="trials of an inner sampler")
     _common(c)
+    inference_option(c)
     c.set_defaults(func=run_cliffs)
 
 
@@ -87,8 +91,18 @@ def run(args) -> int:
                 from autopar.io.specs import SpecError
                 raise SpecError("command line", f"--{opt.replace('_', '-')}",
                                 "not for a sweep (kind: cliffs)")
-        return _sweep(args.study, args)
-    return _study(args.study, args, study_overrides(data, args) or None)
+        return _sweep(args.study, args, inference_overrides(data, args))
+    return _study(args.study, args, {**study_overrides(data, args),
+                                     **(inference_overrides(data, args) or {})} or None)
+
+
+def inference_overrides(data, args) -> dict | None:
+    """``--inference``: the file's case with ``training: false``."""
+    from collections.abc import Mapping
+    from autopar.cli import training_of
+    if training_of(args) or not isinstance(data.get("case"), Mapping):
+        return None
+    return {"case": {**data["case"], "training": False}}
 
 
 def study_overrides(data, args) -> dict:
@@ -142,10 +156,10 @@ def _study(path, args, overrides) -> int:
     return 0 if len(res.front) else 1
 
 
-def _sweep(spec, args) -> int:
+def _sweep(spec, args, overrides=None) -> int:
     from autopar.studies.cliffs import summary_text, sweep
     res = sweep(spec, args.output_dir, address=args.address, parallel=args.parallel,
-                workers=args.workers, progress=args.progress)
+                workers=args.workers, progress=args.progress, overrides=overrides)
     print(summary_text(res))
     if res.outputs:
         print(f"wrote {len(res.outputs)} files to {res.outputs[0].parent}")
@@ -162,7 +176,8 @@ def run_cliffs(args) -> int:
         if given:
             raise SpecError("command line", f"--{given[0].replace('_', '-')}",
                             "give a sweep file or the case arguments, not both")
-        return _sweep(args.sweep, args)
+        from autopar.io.experiment import read
+        return _sweep(args.sweep, args, inference_overrides(read(args.sweep), args))
     for k in direct:
         if getattr(args, k) is None:
             raise SpecError("command line", f"--{k.replace('_', '-')}",
@@ -180,6 +195,9 @@ def run_cliffs(args) -> int:
         case["space"] = args.space
     if args.batch_policy:
         case["batch_policy"] = args.batch_policy
+    from autopar.cli import training_of
+    if not training_of(args):
+        case["training"] = False
     spec = {"kind": "cliffs", "name": "cliffs", "case": case, "num_procs": counts}
     if args.inner or args.inner_trials:
         spec["inner"] = {"search": args.inner or "tpe",

@@ -44,6 +44,9 @@ def register(subparsers) -> None:
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT,
                    help="the execution in optimum.json: " + FORMAT_HELP)
+    # issue 25: inference from the command line
+    from autopar.cli import inference_option
+    inference_option(p)
     p.set_defaults(func=run)
 
 
@@ -93,6 +96,9 @@ def run(args) -> int:
         overrides["seeds"] = args.seeds
     if getattr(args, "samplers", None):
         overrides["samplers"] = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    from autopar.cli import training_of
+    if not training_of(args):
+        overrides["case"] = {"training": False}     # merged into the file's case
     return run_experiment(args.experiment, args.output_dir, args.address, args.progress,
                           fmt=args.format, memory_headroom=args.memory_headroom,
                           overrides=overrides or None, risk=risk)

@@ -27,6 +27,7 @@ from pathlib import Path
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
 from autopar.cli import framework_option, distinct_outputs, output_path, positive
+from autopar.cli import inference_option, training_of
 
 
 
@@ -68,6 +69,8 @@ def register(subparsers) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     framework_option(p)
+    # issue 25: inference from the command line
+    inference_option(p)
     p.set_defaults(func=run)
 
 
@@ -139,7 +142,8 @@ def run(args) -> int:
             model, with_headroom(system, searched), args.num_procs, args.max_batch_size, args.datatype,
             space=space, batch_policy=args.batch_policy, top_n=args.top_n,
             address=args.address, progress=args.progress,
-            chunk_size=args.chunk_size or DEFAULT_CHUNK, all_path=all_tmp)
+            chunk_size=args.chunk_size or DEFAULT_CHUNK, all_path=all_tmp,
+            training=training_of(args))
         best = summary["best"]
         if summary["layouts"] == 0:        # as tune says it: bad input, exit 2
             from autopar.io.specs import SpecError
@@ -205,6 +209,7 @@ def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system, 
     print(f"space {summary['space']}: {summary['layouts']:,} layouts, "
           f"{summary['feasible']:,} feasible"
           + (f" with {counted:g} GiB memory headroom" if counted > 0 else "")
+          + ("" if summary.get("training", True) else ", inference")
           + f", {summary['seconds']:.1f} s")
     from autopar.search.risk import fits_text
     pick = {"safe": "safe pick", "expected": "expected pick"}.get(risk.choice, "best")
@@ -276,7 +281,8 @@ def _without_headroom(model, system, space, args, headroom: float, summary: dict
                           args.max_batch_size, args.datatype,
                           space=space, batch_policy=args.batch_policy, top_n=1,
                           address=args.address, progress=args.progress,
-                          chunk_size=args.chunk_size or DEFAULT_CHUNK)
+                          chunk_size=args.chunk_size or DEFAULT_CHUNK,
+                          training=training_of(args))
     found = [b for b in (summary["best"], plain["best"]) if b is not None]
     for b in found:
         b["peak_bytes"] = float(evaluate_one(model, system, b["execution"])

@@ -54,7 +54,8 @@ def parse(data: Mapping, src: str, base: Path) -> tuple[str, argparse.Namespace 
     ns = argparse.Namespace(
         model=case.model_file, system=case.system_file, num_procs=case.num_procs,
         max_batch_size=case.max_batch_size, datatype=case.datatype, space=case.space_given,
-        batch_policy=case.batch_policy, progress=None, framework=case.framework_file)
+        batch_policy=case.batch_policy, progress=None, framework=case.framework_file,
+        inference=not case.training)
     opts = dict(exp.options)
     if exp.kind == "tune":
         ns.resume, ns.name = None, None

@@ -29,6 +29,7 @@ from pathlib import Path
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
 from autopar.cli import framework_option, SOURCE, distinct_outputs, output_path, positive, seed_arg
+from autopar.cli import inference_option, training_of
 from autopar.io.specs import SpecError
 
 # autopar.search.samplers.SAMPLERS (no optuna import here)
@@ -100,6 +101,8 @@ def register(subparsers) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     framework_option(p)
+    # issue 25: inference from the command line
+    inference_option(p)
     p.set_defaults(func=run)
 
 
@@ -334,7 +337,8 @@ def run(args) -> int:
                  backend=args.backend, seed=args.seed, storage=args.storage,
                  address=args.address, concurrency=args.concurrency, encoding=args.encoding,
                  progress=args.progress, study_name=args.study_name,
-                 batch_policy=args.batch_policy, **_ray_options(args))
+                 batch_policy=args.batch_policy, training=training_of(args),
+                 **_ray_options(args))
     recommend = risk_recommend(table, system, headroom, risk, errors)
     best = write_results(table, output, trials_out, fmt, recommend)
     if "study_name" in table.attrs:

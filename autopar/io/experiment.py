@@ -22,6 +22,7 @@ outputs resolve from the output file itself (``autopar.io.writers.file_ref``).
       space: calculon             # a name under search_spaces/, a path or a mapping
       batch_policy: max           # optional
       framework: megatron-core    # optional: a name under frameworks/, a path or a mapping
+      training: false             # optional: lay out inference (default true: training)
     # kind: tune (the options of `autopar tune`)
     sampler: tpe
     trials: 500
@@ -95,7 +96,7 @@ DEFAULT_POPULATION = 20
 DEFAULT_BUDGETS = (25, 50, 100, 250, 500, 1000)
 
 CASE_KEYS = ("model", "system", "num_procs", "max_batch_size", "datatype", "space",
-             "batch_policy", "framework")
+             "batch_policy", "framework", "training")
 CASE_REQUIRED = CASE_KEYS[:5]
 COMMON_KEYS = ("kind", "name", "description", "case")
 # Kinds whose own commands read the file (``autopar compare``, ``codesign``, ``cliffs``).
@@ -252,6 +253,8 @@ class CaseSpec:
     # The training framework (autopar.io.frameworks): ``system`` is already
     # under it; the name, path (from the file's folder) or mapping, else None.
     framework_file: Any = None
+    # Training (true, the default) or inference (false): the layouts' training field.
+    training: bool = True
 
 
 def parse_case(src: str, base: Path, case, need_procs: bool = True) -> CaseSpec:
@@ -309,13 +312,17 @@ def parse_case(src: str, base: Path, case, need_procs: bool = True) -> CaseSpec:
     policy = case.get("batch_policy")
     if policy is not None and policy not in BATCH_POLICIES:
         raise SpecError(src, "case.batch_policy", f"expected max or fixed, got {brief(policy)}")
+    training = case.get("training", True)
+    if not isinstance(training, bool):
+        raise SpecError(src, "case.training", f"expected true (training) or false (inference), "
+                                              f"got {brief(training)}")
     return CaseSpec(model=model, system=system, model_given=case["model"],
                     system_given=case["system"], model_file=model_file,
                     system_file=system_file, num_procs=num_procs, max_batch_size=max_batch,
                     datatype=datatype,
                     space=read_space(space_given if space_given is not None else DEFAULT_SPACE),
                     space_given=space_given, batch_policy=policy,
-                    framework_file=framework_file)
+                    framework_file=framework_file, training=training)
 
 
 def parse_output_dir(src: str, base: Path, v) -> Path | None:

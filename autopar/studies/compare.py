@@ -76,7 +76,8 @@ def _job_base(exp: Experiment) -> dict:
     return {"model": model_to_json(exp.case.model), "system": system_to_json(exp.case.system),
             "num_procs": exp.case.num_procs, "max_batch_size": exp.case.max_batch_size,
             "datatype": exp.case.datatype, "space": exp.case.space.to_dict(),
-            "batch_policy": exp.case.batch_policy, "trials": exp.trials}
+            "batch_policy": exp.case.batch_policy, "trials": exp.trials,
+            "training": exp.case.training}
 
 
 def run_one(base: Mapping, sampler: str, label: str, options: Mapping, seed: int,
@@ -87,7 +88,7 @@ def run_one(base: Mapping, sampler: str, label: str, options: Mapping, seed: int
     table = tune(base["model"], base["system"], base["num_procs"], base["max_batch_size"],
                  base["datatype"], sampler=sampler, trials=base["trials"],
                  space=base["space"], seed=seed, batch_policy=base["batch_policy"],
-                 progress=False, **options,
+                 training=base.get("training", True), progress=False, **options,
                  **({"address": address} if address and options.get("backend") == "ray" else {}))
     wall = time.perf_counter() - t0
     rate = table["sample_rate"].to_numpy(dtype=float).copy()
@@ -267,7 +268,8 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     case = exp.case
     _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
                          case.datatype, space=case.space, batch_policy=case.batch_policy,
-                         address=address if parallel == "ray" else None, progress=show)
+                         address=address if parallel == "ray" else None, progress=show,
+                         training=case.training)
     if summ["best"] is None:
         why = "; ".join(f"{r} ({n:,})" for r, n in list(summ["infeasible"].items())[:3])
         raise SpecError(exp.source, "case", f"no feasible layout among {summ['layouts']:,} "
@@ -281,6 +283,7 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
         "model_name": exp.case.model.name, "system_name": exp.case.system.name,
         "num_procs": exp.case.num_procs, "max_batch_size": exp.case.max_batch_size,
         "datatype": exp.case.datatype, "batch_policy": summ["batch_policy"],
+        "training": exp.case.training,
         "space": summ["space"], "space_size": summ["layouts"],
         "feasible_layouts": summ["feasible"],
         "execution": export_execution(summ["best"]["execution"], execution_format,
@@ -385,7 +388,7 @@ def _headroom_case(exp, memory_headroom, address, risk=None):
         return exp, None
     _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
                          case.datatype, space=case.space, batch_policy=case.batch_policy,
-                         address=address)
+                         address=address, training=case.training)
     plain = {"headroom": h, "system": case.system, "model": case.model, "best": summ["best"],
              "errors": errors, "risk": risk}
     return replace(exp, case=replace(case, system=with_headroom(case.system, h))), plain

@@ -205,7 +205,7 @@ def context_of(study) -> Context:
     from autopar.search.space import load_space
     case = study.case
     return Context(case.model, study.hardware, load_space(case.space), case.max_batch_size,
-                   case.datatype, case.batch_policy, True, study.inner)
+                   case.datatype, case.batch_policy, case.training, study.inner)
 
 
 _CONTEXTS: dict = {}
