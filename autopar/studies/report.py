@@ -390,6 +390,16 @@ def _advise(data: dict, src: str, given: Context) -> Run:
                 for k, e in enumerate(data["near"])]
     run.layouts = [_layout(e, f"best #{k + 1}", src, f"overall[{k}]")
                    for k, e in enumerate(data["overall"])]
+    rec = data.get("recommended")
+    if rec is not None:
+        # advise's pick (the fewest changes among the layouts within 0.1% of
+        # the best): first, unless it is the overall best itself
+        if not isinstance(rec, dict):
+            raise SpecError(src, "recommended", "expected a layout object or null")
+        if not data["overall"] or rec.get("execution") != data["overall"][0].get("execution"):
+            run.layouts.insert(0, _layout(rec, "recommended", src, "recommended"))
+        else:
+            run.layouts[0] = _layout(rec, "recommended (best #1)", src, "recommended")
     if not isinstance(data["changes"], list):
         raise SpecError(src, "changes", "expected a list of {field, from, to}")
     for k, c in enumerate(data["changes"]):
