@@ -94,3 +94,23 @@ def test_foundry_attention_kernel_is_the_benchmark_scripts(reference):
     fa2 = evaluate_one(c.model, foundry_system("a100_40g"),
                        dict(c.execution, attention_impl="flash_v2"))["sample_rate"]
     assert tri < 0.8 * fa2
+
+
+def test_new_tables_state_what_their_sources_leave_unstated(reference):
+    """Both tables name their unstated fields (validate published --partial
+    searches them): the Launcher's whole layout but model, GPUs and
+    sequence; llm-foundry's FSDP overlap.  Every row has a completion that
+    fits, the chosen fields are the unstated ones, and the Launcher's
+    completions range over more than one tensor/pipeline split."""
+    from autopar.studies.published import TABLES, predict
+    foundry, launcher = TABLES["llm_foundry_mpt"], TABLES["nemo_launcher_a100"]
+    assert set(foundry.unstated) == {"data_par_overlap"}
+    assert {"tensor_par", "pipeline_par", "pipeline_interleaving", "microbatch_size",
+            "activation_recompute", "tensor_par_comm_type"} <= set(launcher.unstated)
+    rows = predict(launcher, rank=False, partial=True)
+    assert rows.feasible_any.all() and (rows.completions > 1).all()
+    for chosen in rows.chosen:
+        got = dict(kv.split("=") for kv in chosen.split(", "))
+        assert set(got) == set(launcher.unstated)
+    splits = {(c.split("tensor_par=")[1].split(",")[0]) for c in rows.chosen}
+    assert len(splits) > 1
