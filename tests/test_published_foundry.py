@@ -58,3 +58,59 @@ def test_launcher_rows_all_predicted_and_fit(reference):
 def test_tables_are_registered(name):
     from autopar.studies.published import TABLES
     assert name in TABLES and TABLES[name].framework
+
+
+def test_foundry_attention_kernel_is_the_benchmark_scripts(reference):
+    """Each row runs the attention kernel its benchmark script chose: the
+    Triton kernel (submit_benchmarks.py's default) except the large-scale
+    H100 table's 1b/3b/7b/70b (sweep.py: --attn_impl flash); the Triton rows
+    at FlashAttention-1's published upper bound (40% of peak) on A100 and
+    FlashAttention-2's H100 35% / 1.3 on H100; and the Triton rows predict
+    slower long sequences than FlashAttention-2 would."""
+    import pandas as pd
+
+    from autopar.model import evaluate_one
+    from autopar.studies.published import TABLES, cases, read_table
+    from autopar.studies.published_foundry import attention_kernel, foundry_system
+    assert attention_kernel("H100 80GB BF16 (Large Scale, >= 128 GPUs)", "7b") == "flash"
+    assert attention_kernel("H100 80GB BF16 (Large Scale, >= 128 GPUs)", "13b") == "triton"
+    assert attention_kernel("H100 80GB BF16", "7b") == "triton"
+    a = foundry_system("a100_40g", "triton").time_overhead.attention_speed
+    assert a == pytest.approx(0.40 / 0.88, abs=1e-4)
+    h = foundry_system("h100_80g_nvl8", "triton").time_overhead.attention_speed
+    assert h == pytest.approx(0.35 / 1.3 / 0.8, abs=1e-4)
+    table = TABLES["llm_foundry_mpt"]
+    frame = read_table(table)
+    got = dict(cases(table))
+    impls = pd.Series({i: c.execution["attention_impl"] for i, c in got.items()})
+    large = frame.section.str.startswith("H100 80GB BF16 (Large")
+    flash = large & frame.Model.isin(["1b", "3b", "7b", "70b"])
+    assert (impls[flash] == "flash_v2").all() and flash.sum() == 12
+    assert (impls[~flash] == "flash_v1").all()
+    # A long-sequence Triton row: slower than with FlashAttention-2's default.
+    idx = frame.index[(frame["SeqLen (T)"] == 32768) & (frame.GPU == "a100_40gb")][0]
+    c = got[idx]
+    tri = evaluate_one(c.model, c.system, c.execution)["sample_rate"]
+    fa2 = evaluate_one(c.model, foundry_system("a100_40g"),
+                       dict(c.execution, attention_impl="flash_v2"))["sample_rate"]
+    assert tri < 0.8 * fa2
+
+
+def test_new_tables_state_what_their_sources_leave_unstated(reference):
+    """Both tables name their unstated fields (validate published --partial
+    searches them): the Launcher's whole layout but model, GPUs and
+    sequence; llm-foundry's FSDP overlap.  Every row has a completion that
+    fits, the chosen fields are the unstated ones, and the Launcher's
+    completions range over more than one tensor/pipeline split."""
+    from autopar.studies.published import TABLES, predict
+    foundry, launcher = TABLES["llm_foundry_mpt"], TABLES["nemo_launcher_a100"]
+    assert set(foundry.unstated) == {"data_par_overlap"}
+    assert {"tensor_par", "pipeline_par", "pipeline_interleaving", "microbatch_size",
+            "activation_recompute", "tensor_par_comm_type"} <= set(launcher.unstated)
+    rows = predict(launcher, rank=False, partial=True)
+    assert rows.feasible_any.all() and (rows.completions > 1).all()
+    for chosen in rows.chosen:
+        got = dict(kv.split("=") for kv in chosen.split(", "))
+        assert set(got) == set(launcher.unstated)
+    splits = {(c.split("tensor_par=")[1].split(",")[0]) for c in rows.chosen}
+    assert len(splits) > 1

@@ -118,7 +118,10 @@ def run(args) -> int:
     user_headroom = headroom
     if risk.choice == "safe":
         headroom = max(headroom, math.ceil(100 * risk_headroom_gib(system, errors, risk.min_p_fits)) / 100)
-    space = load_space(args.space if args.space is not None else DEFAULT_SPACE)
+    # --framework: only what the framework can run (its spec's options)
+    from autopar.search.space import framework_space
+    space = framework_space(load_space(args.space if args.space is not None else DEFAULT_SPACE),
+                            getattr(args, "framework", None))
     fmt = getattr(args, "format", DEFAULT_FORMAT)
     check_calculon_run(fmt, model, space)
     all_tmp = None

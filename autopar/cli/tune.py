@@ -331,9 +331,13 @@ def run(args) -> int:
     from autopar.search.risk import family_of, load_errors, risk_of
     risk = risk_of(args)
     errors = load_errors(family_of(load_model(args.model)))
+    # --framework: only what the framework can run (its spec's options)
+    from autopar.search.space import framework_space
+    space = framework_space(args.space if args.space is not None else DEFAULT_SPACE,
+                            getattr(args, "framework", None))
     table = tune(args.model, system, args.num_procs, args.max_batch_size, args.datatype,
                  sampler=args.sampler, trials=args.trials,
-                 space=args.space if args.space is not None else DEFAULT_SPACE,
+                 space=space,
                  backend=args.backend, seed=args.seed, storage=args.storage,
                  address=args.address, concurrency=args.concurrency, encoding=args.encoding,
                  progress=args.progress, study_name=args.study_name,

@@ -176,6 +176,28 @@ class Space:
             allowed[p] = Allowed(values=(v,)) if self.allowed[p].ok(v) else Allowed(values=())
         return Space(replace(self.spec, allowed=allowed))
 
+    def within(self, options: Mapping, who: str = "the framework") -> "Space":
+        """This space cut down to what a framework can express (``options``:
+        per execution field, the values it can run, as a framework spec's
+        ``options``): a searched field keeps only those values; a fixed field
+        must be one of them.  SpecError (naming this space's file and the
+        field) where nothing of a field would be left: a search must not
+        recommend a layout the framework cannot run."""
+        allowed, spec = dict(self.allowed), self.spec
+        for f, vals in options.items():
+            vals = tuple(vals)
+            can = ", ".join(map(str, vals))
+            if f in allowed:
+                keep = tuple(v for v in vals if allowed[f].ok(v))
+                if not keep:
+                    raise SpecError(self.source, f"params.{f}",
+                                    f"allows none of the values {who} can run ({can})")
+                allowed[f] = Allowed(values=keep)
+            elif f in self.fixed and self.fixed[f] not in vals:
+                raise SpecError(self.source, f"fixed.{f}",
+                                f"{brief(self.fixed[f])} cannot be run by {who} (it can: {can})")
+        return Space(replace(spec, allowed=allowed))
+
     def skeletons(self, case: Case, names: tuple[str, ...] | None = None) -> list[tuple]:
         """Every combination of the ``names`` parameters (default: the
         skeleton) that at least one layout of the space has, in enumeration
@@ -484,6 +506,19 @@ class Space:
         plan = self._plan(ctx)
         for a in range(0, plan.size, chunk_size):
             yield materialize(ctx, plan, a, min(a + chunk_size, plan.size))
+
+
+def framework_space(space, framework=None) -> "Space":
+    """A space (as ``load_space`` takes it) under a training framework (spec,
+    name, path or dict; None: the space as it is): ``Space.within`` the
+    framework's ``options``, what ``exhaustive`` and ``tune`` search with
+    ``--framework``."""
+    space = load_space(space)
+    if framework is None:
+        return space
+    from autopar.io.frameworks import load_framework
+    fw = load_framework(framework)
+    return space.within(fw.options, f"framework {fw.name}") if fw.options else space
 
 
 def load_space(spec, source: str | None = None) -> "Space":

@@ -39,28 +39,64 @@ MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 
 MPT_VOCAB = 50368
 FOUNDRY_SYSTEMS = {"a100_40gb": "a100_40g", "a100_80gb": "a100_80g",
                    "h100_80gb": "h100_80g_nvl8"}
-# FlashAttention-2 on H100 reaches 35% of the GPU's peak (Shah et al. 2024,
-# "FlashAttention-3", arXiv 2407.08608, abstract: "FlashAttention-2 ...
-# achieving only 35% utilization on the H100 GPU"); llm-foundry's runs use
-# FlashAttention-2 or its Triton kernel, not Hopper-specific attention.  On
-# A100 the model's default (0.75 of the matrix curve: 66% of peak) is inside
-# the 50-73% the FlashAttention-2 paper reports (Dao 2023, arXiv 2307.08691),
-# so the A100 rows keep it.
+# Which attention kernel each row ran (counted from the benchmark scripts of
+# the tables' commits, mosaicml/llm-foundry scripts/train/benchmarking/):
+# ``submit_benchmarks.py`` sets ``model.attn_config.attn_impl`` from its
+# ``--attn_impl`` flag, default ``'triton'``; ``sweep.sh`` (b2a43a147,
+# 2023-10-19: the H100 BF16 / FP8 and A100 tables, llm-foundry v0.3.0 with
+# its ``gpu`` extra) never passes the flag, so those runs used the Triton
+# FlashAttention kernel (llmfoundry/models/layers/flash_attn_triton.py); the
+# large-scale H100 table (``sweep.py``, 5e85bd62d, 2024-01-06, ``gpu-flash2``
+# extra, flash-attn 2.4.2) passes ``--attn_impl flash`` for 1b, 3b, 7b and
+# 70b and ``--attn_impl triton`` for 13b and 30b.
+FLASH2_LARGE_SCALE = ("H100 80GB BF16 (Large Scale", frozenset({"1b", "3b", "7b", "70b"}))
+
+# Published rates of those kernels, as fractions of the GPU's dense bf16 peak:
+# * FlashAttention-2 on H100: 35% (Shah et al. 2024, "FlashAttention-3",
+#   arXiv 2407.08608, abstract: "FlashAttention-2 ... achieving only 35%
+#   utilization on the H100 GPU").  On A100 the model's default
+#   (0.75 of the matrix curve: 66% of peak) is inside the 50-73% the
+#   FlashAttention-2 paper reports (Dao 2023, arXiv 2307.08691).
+# * The Triton kernel is FlashAttention(-1)'s algorithm; its own docstring
+#   says "Overall Triton forward + backward is slightly slower than CUDA
+#   forward + backward" (the CUDA FlashAttention-1 of the time).
+#   FlashAttention-1 reaches "only 25-40% of the theoretical maximum
+#   FLOPs/s" (Dao 2023, arXiv 2307.08691, abstract): on A100 the Triton
+#   kernel is taken at that range's upper bound, 40%.  On H100 no
+#   FlashAttention-1 figure is published; FlashAttention-2 is "1.3-2.5x
+#   faster than FlashAttention in Triton" (ibid., section 4.1), so the
+#   Triton kernel on H100 is taken at FlashAttention-2's 35% / 1.3, the
+#   upper bound again.  (Bounds, not fits: the midpoints would be slower.)
 FA2_H100_PEAK_FRACTION = 0.35
+TRITON_PEAK_FRACTION = {"a100_40g": 0.40, "a100_80g": 0.40,
+                        "h100_80g_nvl8": round(FA2_H100_PEAK_FRACTION / 1.3, 4)}
+
+
+def attention_kernel(section: str, name: str) -> str:
+    """The attention kernel a llm-foundry row ran: ``"flash"``
+    (FlashAttention-2) or ``"triton"`` (``FLASH2_LARGE_SCALE``)."""
+    prefix, models = FLASH2_LARGE_SCALE
+    return "flash" if section.startswith(prefix) and name in models else "triton"
 
 
 @functools.cache
-def foundry_system(name: str):
-    """The system file of a llm-foundry GPU; on H100 with FlashAttention-2's
-    published rate (``time_overhead.attention_speed`` = 35% of peak over the
-    file's bf16 matrix plateau)."""
+def foundry_system(name: str, kernel: str = "flash"):
+    """The system file of a llm-foundry GPU with the row's attention kernel
+    at its published rate (``time_overhead.attention_speed`` = the rate as a
+    fraction of peak over the file's bf16 matrix plateau): FlashAttention-2
+    on H100; the Triton kernel on A100 and H100.  FlashAttention-2 on A100:
+    the model's default."""
     sy = P.system(name, "llm-foundry")
-    if name != "h100_80g_nvl8":
+    if kernel == "triton":
+        rate = TRITON_PEAK_FRACTION[name]
+    elif name == "h100_80g_nvl8":
+        rate = FA2_H100_PEAK_FRACTION
+    else:
         return sy
     plateau = max(e for _, e in sy.matrix["bfloat16"].gflops_efficiency)
     t = sy.time_overhead or TimeOverhead()
     return dataclasses.replace(sy, time_overhead=dataclasses.replace(
-        t, attention_speed=round(FA2_H100_PEAK_FRACTION / plateau, 4)))
+        t, attention_speed=round(rate / plateau, 4)))
 
 
 def mpt_params(name: str, seq: int) -> int:
@@ -77,10 +113,12 @@ def foundry_row(row) -> "P.PublishedCase | P.Skip":
     whole), full activation checkpointing where ``Activation Checkpointing``
     is True, FSDP's mixed precision as ``MP Mode`` says (PURE: gradients
     reduced in bf16; DEFAULT: in fp32), gradient reduce-scatter overlapped
-    with the backward (FSDP's default), flash attention (the README's text),
-    fused norms and GeLU as fused kernels; ``amp_fp8``: Transformer Engine's
-    per-tensor (delayed) scaling on the block's GEMMs; on H100 the attention
-    kernel at FlashAttention-2's published rate (``foundry_system``)."""
+    with the backward (FSDP's default), fused norms and GeLU as fused
+    kernels; ``amp_fp8``: Transformer Engine's per-tensor (delayed) scaling
+    on the block's GEMMs; the attention kernel the row's benchmark script
+    chose (``attention_kernel``: the
+    Triton FlashAttention kernel, ``flash_v1``'s algorithm, or
+    FlashAttention-2) at its published rate (``foundry_system``)."""
     name = str(row["Model"])
     n, seq = int(row["# GPUs"]), int(row["SeqLen (T)"])
     gpu = str(row["GPU"])
@@ -93,7 +131,8 @@ def foundry_row(row) -> "P.PublishedCase | P.Skip":
         return P.Skip("activation CPU offload is not modelled", label)
     d, heads, L = MPT_SHAPES[name]
     m = P.gpt_model(f"mpt-{name}", d, L, heads, seq, MPT_VOCAB)
-    sy = foundry_system(FOUNDRY_SYSTEMS[gpu])
+    kernel = attention_kernel(str(row["section"]), name)
+    sy = foundry_system(FOUNDRY_SYSTEMS[gpu], kernel)
     mbs, accum = int(row["MicroBatchSize"]), int(row["GradAccum"])
     gbs = int(row["GlobalBatchSize"])
     if gbs != mbs * accum * n:
@@ -109,6 +148,7 @@ def foundry_row(row) -> "P.PublishedCase | P.Skip":
     ex = P.megatron_execution(sy, n=n, tp=1, pp=1, dp=n, gbs=gbs, mbs=mbs,
                               recompute=recompute, dist_opt=not full, fsdp=full,
                               dp_overlap=True, fp8=fp8, fp32_grads=not pure)
+    ex["attention_impl"] = "flash_v2" if kernel == "flash" else "flash_v1"
     if not full:
         # SHARD_GRAD_OP shards the gradients too (ZeRO-2), and gathers the
         # updated weights once a step.
@@ -117,11 +157,23 @@ def foundry_row(row) -> "P.PublishedCase | P.Skip":
     return P.PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
 
 
+# What the llm-foundry table leaves unstated (``validate published
+# --partial``): every row states the layout (FSDP over every GPU, micro-batch,
+# accumulation), sharding, precision, FSDP mixed precision, checkpointing and
+# offload; the attention kernel is in the benchmark scripts (counted above).
+# Not stated anywhere for the runs: whether FSDP's gathers and gradient
+# reduce-scatters ran behind compute (the scripts of the A100 / H100 BF16
+# tables set no prefetch; Composer's defaults then, BACKWARD_POST and no
+# forward prefetch, with limit_all_gathers) -- overlapped or not.
+FOUNDRY_UNSTATED = {"data_par_overlap": (True, False)}
+
+
 P.register(P.Table(
     "llm_foundry_mpt", "llm_foundry_mpt_throughput.csv", foundry_row,
     "llm-foundry (Composer + PyTorch FSDP)",
     "MosaicML llm-foundry MPT 125M-70B throughput, pure data parallelism with FSDP "
-    "(FULL_SHARD / SHARD_GRAD_OP), A100 40/80GB and H100, bf16 and fp8, 12-step runs"))
+    "(FULL_SHARD / SHARD_GRAD_OP), A100 40/80GB and H100, bf16 and fp8, 12-step runs",
+    unstated=FOUNDRY_UNSTATED))
 
 
 # NeMo-Megatron-Launcher GPT-3 on DGX A100 ------------------------------------
@@ -131,6 +183,21 @@ P.register(P.Table(
 LAUNCHER_LAYOUTS = {"GPT-3 5B": ("gpt3-5B", 1, 1, 1, 4, False),
                     "GPT-3 175B": ("gpt3-175B", 4, 8, 12, 1, True)}
 LAUNCHER_GLOBAL_BATCH = 2048
+
+
+# What the Launcher's README leaves unstated (``validate published
+# --partial``): the whole layout but the model, the GPUs and the sequence
+# (global batch only on the convergence row).  Searched: tensor, pipeline and
+# interleaving sizes, micro-batch (every value autopar's rules allow),
+# recompute (Megatron-Core's none / selective / full), sequence parallelism
+# (rs_ag or plain all-reduce) and TP communication overlap; the distributed
+# optimizer's overlaps.  Stated by no one, so not searched: the global batch
+# (the launcher's 2048).
+LAUNCHER_UNSTATED = {"tensor_par": None, "pipeline_par": None, "pipeline_interleaving": None,
+                     "microbatch_size": None, "activation_recompute": P.MCORE_RECOMPUTE,
+                     "tensor_par_comm_type": ("rs_ag", "ar"),
+                     "tensor_par_overlap": ("none", "ring"),
+                     "data_par_overlap": (True, False), "param_gather_overlap": (True, False)}
 
 
 def launcher_row(row) -> "P.PublishedCase | P.Skip":
@@ -173,5 +240,6 @@ P.register(P.Table(
     "nemo_launcher_a100", "nemo_launcher_a100_gpt3_scaling.csv", launcher_row,
     "NeMo-Megatron-Launcher (NeMo 1.x, 2023)",
     "GPT-3 5B and 175B weak scaling on DGX A100 80GB; layouts from the launcher's default "
-    "configurations (not stated by the source)"))
+    "configurations (not stated by the source)",
+    unstated=LAUNCHER_UNSTATED))
 
