@@ -378,3 +378,85 @@ def test_cli_deepspeed_without_a_card_writes_the_execution_only(tmp_path):
     assert (e["num_procs"], e["data_par"], e["weight_sharding"]) == (8, 8, True)
     assert e["data_par_overlap"] is True                      # stage 3's default
     assert "deepspeed-zero3" in r.stdout
+
+
+# --------------------------------------------------------------------------
+# The frameworks' own config code (optional extra ``launch-check``; CI
+# installs it where it can, .ci/run)
+
+def _exported(fmt, best_layouts, limit=12):
+    """Up to ``limit`` (model, layout) pairs the format writes, from the
+    spaces' best layouts as that framework runs them."""
+    out = []
+    for _, model, ex in best_layouts:
+        for layout in (ex, as_run_by(fmt, ex)):
+            if layout["data_par"] > 1 and get(fmt).refuse_layout(model, layout) is None:
+                out.append((model, layout))
+    assert out, fmt
+    step = max(1, len(out) // limit)
+    return out[::step][:limit]
+
+
+def test_torchtitan_builds_its_job_config_from_the_export(best_layouts, tmp_path):
+    pytest.importorskip("tyro", reason="torchtitan's config code (extra launch-check) "
+                                       "is not installed")
+    cfg_mod = pytest.importorskip("torchtitan.config", reason="torchtitan 0.2.x (extra "
+                                  "launch-check) is not installed")
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
+    seen_pp = 0
+    for i, (model, ex) in enumerate(_exported("torchtitan", best_layouts)):
+        p = tmp_path / f"{i}.toml"
+        p.write_text(get("torchtitan").write(model, ex))
+        job = cfg_mod.ConfigManager().parse_args(["--job.config_file", str(p)])
+        par, tr = job.parallelism, job.training
+        dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree,
+                            dp_shard=par.data_parallel_shard_degree,
+                            cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
+                            pp=par.pipeline_parallel_degree, ep=par.expert_parallel_degree,
+                            etp=par.expert_tensor_parallel_degree, world_size=ex["num_procs"])
+        assert dims.dp_replicate * dims.dp_shard == ex["data_par"]
+        assert tr.global_batch_size == ex["batch_size"] and tr.seq_len == model.seq_size
+        assert job.activation_checkpoint.mode == ex["activation_recompute"]
+        if ex["pipeline_par"] > 1:
+            seen_pp += 1
+            full_ex = full(ex)
+            stages = ex["pipeline_par"] * ex["pipeline_interleaving"]
+            # torchtitan's own split with the embedding / loss weights is the one written
+            assert par.module_fqns_per_model_part == generate_llm_fqn_per_model_part(
+                stages, model.num_blocks, int(full_ex["embedding_in_split"]),
+                int(full_ex["loss_in_split"]))
+            assert tr.local_batch_size // par.pipeline_parallel_microbatch_size \
+                == ex["batch_size"] // ex["data_par"] // ex["microbatch_size"]
+        else:
+            assert tr.local_batch_size == ex["microbatch_size"]
+    assert seen_pp >= 1                                # a pipelined split was checked
+
+
+def test_deepspeed_builds_its_config_from_the_export(best_layouts, monkeypatch):
+    dsc = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed (extra "
+                              "launch-check) is not installed")
+    # no process group here: DeepSpeed takes the data-parallel size from the mpu
+    monkeypatch.setattr(dsc.dist, "get_rank", lambda *a, **k: 0)
+    for model, ex in _exported("deepspeed", best_layouts):
+        data = json.loads(get("deepspeed").write(model, ex))
+
+        class MPU:
+            def get_data_parallel_world_size(self):
+                return ex["data_par"]
+
+            def get_data_parallel_rank(self):
+                return 0
+
+            def get_model_parallel_world_size(self):
+                return ex["tensor_par"] * ex["pipeline_par"]
+
+        cfg = dsc.DeepSpeedConfig(data, mpu=MPU())      # DeepSpeed's own checks run
+        full_ex = full(ex)
+        assert cfg.train_batch_size == ex["batch_size"]
+        assert cfg.train_micro_batch_size_per_gpu == ex["microbatch_size"]
+        assert cfg.zero_optimization_stage == (0 if not ex["optimizer_sharding"] else
+                                               3 if full_ex["weight_sharding"] else
+                                               1 if full_ex["unsharded_grads"] else 2)
+        assert bool(cfg.zero_config.overlap_comm) == ex["data_par_overlap"]
+        assert cfg.bfloat16_config.enabled == (ex["datatype"] == "bfloat16")
