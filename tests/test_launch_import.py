@@ -460,3 +460,26 @@ def test_deepspeed_builds_its_config_from_the_export(best_layouts, monkeypatch):
                                                1 if full_ex["unsharded_grads"] else 2)
         assert bool(cfg.zero_config.overlap_comm) == ex["data_par_overlap"]
         assert cfg.bfloat16_config.enabled == (ex["datatype"] == "bfloat16")
+
+
+def test_cli_torchtitan_leftover_shard_degree_takes_num_procs(tmp_path):
+    """A job config as torchtitan's own ship (shard degree -1: the ranks left
+    over, no global batch, selective AC): --num-procs settles the data
+    parallelism and the batch; the recompute mode stays unknown (null)."""
+    (tmp_path / "t.toml").write_text(
+        '[job]\ndump_folder = "./outputs"\n[model]\nname = "llama3"\nflavor = "8B"\n'
+        '[training]\nlocal_batch_size = 2\nseq_len = 8192\n'
+        '[parallelism]\ndata_parallel_replicate_degree = 1\ndata_parallel_shard_degree = -1\n'
+        'tensor_parallel_degree = 2\n'
+        '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"\n')
+    r = cli("t.toml", "--execution-out", "e.json", cwd=tmp_path)
+    assert r.returncode == 2 and "--num-procs" in r.stderr
+    r = cli("t.toml", "--execution-out", "e.json", "--num-procs", "16", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    e = json.loads((tmp_path / "e.json").read_text())
+    assert (e["num_procs"], e["data_par"], e["batch_size"], e["microbatch_size"]) == (16, 8, 16, 2)
+    assert e["activation_recompute"] is None and e["weight_sharding"] is True
+    assert "selective" in r.stdout                          # said, as a note
+    r = cli("t.toml", "--execution-out", "e2.json", "--num-procs", "15", cwd=tmp_path)
+    assert r.returncode == 2 and "data_parallel_shard_degree" in r.stderr
+    assert not (tmp_path / "e2.json").exists()

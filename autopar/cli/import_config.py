@@ -68,7 +68,7 @@ def run(args) -> int:
     if model_out is None and exec_out is None:
         raise SpecError(SOURCE, "--model-out", "give --model-out and/or --execution-out")
 
-    fmt, imported = read_config(args.config, args.format)
+    fmt, imported = read_config(args.config, args.format, num_procs=args.num_procs)
     model_fields: dict = {}
     card_notes: tuple = ()
     if fmt == "hf":
@@ -84,6 +84,9 @@ def run(args) -> int:
     model_fields.update({k: v for k, v in imported.model.items() if fmt != "hf"})
     if args.seq_len is not None:
         model_fields["seq_size"] = args.seq_len
+    elif "seq_size" in model_fields and "seq_size" not in imported.model:
+        card_notes += (f"seq_size {model_fields['seq_size']}: the model card's context "
+                       "(max_position_embeddings); give --seq-len for the training sequence",)
     model = None
     if {"hidden", "num_blocks"} <= set(model_fields):
         model = load_model(model_fields, source=args.model_card or args.config)

@@ -73,9 +73,11 @@ def detect(text: str, path: str) -> str:
                     f"{', '.join(READ_FORMATS)}); give --format")
 
 
-def read_config(path, fmt: str | None = None):
+def read_config(path, fmt: str | None = None, num_procs: int | None = None):
     """Read a framework config file -> ``(fmt, Imported)``: ``fmt`` as given
-    (checked) or detected from the file (``detect``).  SpecError naming the
+    (checked) or detected from the file (``detect``).  ``num_procs``: the
+    run's processors, for a format whose file may leave them to the launcher
+    (torchtitan's ``data_parallel_shard_degree = -1``).  SpecError naming the
     file and key on bad input."""
     from autopar.io.specs import regular_input
     source = str(path)
@@ -88,7 +90,17 @@ def read_config(path, fmt: str | None = None):
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(source, "(file)", f"cannot read: {e}") from None
     fmt = fmt or detect(text, source)
-    return fmt, get(fmt).read(text, source)
+    try:
+        form = get(fmt)
+    except ModuleNotFoundError as e:
+        if e.name != f"autopar.io.launch.{_MODULES[fmt]}":
+            raise
+        raise SpecError(source, "--format", f"{fmt}: this autopar has no reader for it "
+                        "yet") from None
+    import inspect
+    if num_procs is not None and "num_procs" in inspect.signature(form.read).parameters:
+        return fmt, form.read(text, source, num_procs=num_procs)
+    return fmt, form.read(text, source)
 
 
 def settle(fmt: str, execution: dict, model) -> dict:

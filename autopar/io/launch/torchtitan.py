@@ -276,7 +276,10 @@ def write(model, execution) -> str:
 # --------------------------------------------------------------------------
 # Reading
 
-def read(text: str, source: str) -> Imported:
+def read(text: str, source: str, num_procs: int | None = None) -> Imported:
+    """The layout a job config runs.  ``num_procs`` (the run's ``NGPU``, which
+    the file does not hold) settles ``data_parallel_shard_degree = -1``, the
+    ranks left over."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -298,6 +301,11 @@ def read(text: str, source: str) -> Imported:
     if shard != -1 and shard < 1:
         k.fail(P + "data_parallel_shard_degree", f"must be -1 or >= 1, got {shard}")
     ex.update(tensor_par=tp, pipeline_par=pp, context_par=cp)
+    if shard == -1 and num_procs is not None:
+        if not divides(num_procs, rep * tp * pp * cp):
+            k.fail(P + "data_parallel_shard_degree", f"-1: {num_procs} processors are not a "
+                   f"multiple of the other degrees ({rep * tp * pp * cp})")
+        shard = num_procs // (rep * tp * pp * cp)
     if shard == -1:
         notes.append("data_parallel_shard_degree = -1 (the ranks left over): num_procs and "
                      "data_par come from --num-procs")
