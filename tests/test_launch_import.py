@@ -290,13 +290,19 @@ def test_hf_refuses_what_autopar_cannot_state(tmp_path):
              ({**HF["qwen3-30B-A3B"], "decoder_sparse_step": 2}, "decoder_sparse_step"),
              ({**HF["qwen3-30B-A3B"], "mlp_only_layers": [5]}, "mlp_only_layers"),
              ({**HF["deepseek-v3"], "moe_layer_freq": 2}, "moe_layer_freq"),
-             ({**HF["mixtral-8x7B"], "sliding_window": 4096}, "sliding_window"),
              ({k: v for k, v in HF["llama3-8B"].items() if k != "hidden_size"}, "hidden_size")]
     for data, key in cases:
         p.write_text(json.dumps(data))
         with pytest.raises(SpecError) as e:
             read_config(p, "hf")
         assert e.value.field == key and e.value.source == str(p)
+    # what autopar approximates is said, not refused: Mistral 7B v0.1's window
+    mistral = {**HF["llama3-8B"], "model_type": "mistral", "vocab_size": 32000,
+               "intermediate_size": 14336, "max_position_embeddings": 32768,
+               "sliding_window": 4096}
+    p.write_text(json.dumps(mistral))
+    _, imp = read_config(p)
+    assert imp.model["kv_heads"] == 8 and any("sliding_window 4096" in n for n in imp.notes)
 
 
 # --------------------------------------------------------------------------

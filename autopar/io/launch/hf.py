@@ -29,10 +29,10 @@ The keys are those of the ``transformers`` configuration classes of each
   (``mtp``).
 
 What autopar cannot state is one line naming the key (another activation
-than SiLU, a sliding window narrower than the context on every block, MoE
-layers not a trailing run of blocks); what it leaves out is a note (gpt-oss's
-banded attention on every other block, attention sinks and biases;
-quantized checkpoints).
+than SiLU, MoE on every n-th block only, dense blocks other than a leading
+run); what it leaves out is a note (a sliding window on every block, exact
+for sequences up to the window; gpt-oss's banded attention on every other
+block, attention sinks and biases; tied embeddings; quantized checkpoints).
 """
 from __future__ import annotations
 
@@ -93,6 +93,9 @@ def read(text: str, source: str) -> Imported:
     if mt == "gpt_oss":
         notes.append("gpt-oss: the banded (sliding_window) attention of every other block, the "
                      "attention sinks and the biases are not modelled")
+    if k.raw("tie_word_embeddings", False) is True:
+        notes.append("tie_word_embeddings: autopar counts the embedding and the output "
+                     "layer's weights apart (one copy more than the model has)")
     if k.raw("quantization_config") is not None:
         notes.append("quantization_config: the checkpoint's storage format; the layout's "
                       "datatype decides the training precision")
@@ -111,8 +114,8 @@ def _window(k: Keys, mt: str, notes: list) -> None:
         return
     w = k.int("sliding_window", minimum=1)
     if w < k.int("max_position_embeddings", minimum=1):
-        k.fail("sliding_window", f"{w} (attention over a window narrower than the context on "
-               "every block) is not modelled")
+        notes.append(f"sliding_window {w}: attention is modelled over the whole sequence, "
+                     f"which is exact for training sequences up to {w} tokens")
 
 
 def _qwen_moe(k: Keys, mt: str, layers: int) -> dict:
