@@ -489,3 +489,16 @@ def test_cli_torchtitan_leftover_shard_degree_takes_num_procs(tmp_path):
     r = cli("t.toml", "--execution-out", "e2.json", "--num-procs", "15", cwd=tmp_path)
     assert r.returncode == 2 and "data_parallel_shard_degree" in r.stderr
     assert not (tmp_path / "e2.json").exists()
+
+
+def test_detect_tells_the_formats_apart():
+    from autopar.io.launch import detect
+    assert detect('[training]\nseq_len = 4096\n', "x.cfg") == "torchtitan"
+    assert detect('{"model_type": "llama"}', "c.json") == "hf"
+    assert detect('{"zero_optimization": {"stage": 1}}', "c.json") == "deepspeed"
+    assert detect("torchrun pretrain_gpt.py --tensor-model-parallel-size 2", "run.sh") \
+        == "megatron"
+    assert detect("trainer.devices=8\nmodel.tensor_model_parallel_size=2\n", "o.txt") == "bridge"
+    for text in ('{"hello": 1}', "just words"):
+        with pytest.raises(SpecError, match="--format"):
+            detect(text, "f")
