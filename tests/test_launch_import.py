@@ -502,3 +502,24 @@ def test_detect_tells_the_formats_apart():
     for text in ('{"hello": 1}', "just words"):
         with pytest.raises(SpecError, match="--format"):
             detect(text, "f")
+
+
+def test_deepspeed_names_its_spec_only_within_the_specs_options(tmp_path):
+    p = tmp_path / "ds.json"
+    cfg = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
+           "gradient_accumulation_steps": 4, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 1},
+           "autopar_launcher": {"world_size": 16, "tensor_model_parallel_size": 2,
+                                "sequence_parallel": True, "recompute_granularity": "selective"}}
+    p.write_text(json.dumps(cfg))
+    _, imp = read_config(p)
+    assert imp.framework is None and any("tensor / sequence" in n for n in imp.notes)
+    ex = imp.execution
+    assert (ex["data_par"], ex["tensor_par_comm_type"], ex["seq_par_ag_redo"],
+            ex["activation_recompute"]) == (8, "rs_ag", True, "attn_only")
+    options = load_framework("deepspeed-zero1").options
+    assert options["tensor_par"] == [1] or tuple(options["tensor_par"]) == (1,)
+    cfg["autopar_launcher"].update(tensor_model_parallel_size=1, world_size=8)
+    cfg["gradient_accumulation_steps"] = 2
+    p.write_text(json.dumps(cfg))
+    assert read_config(p)[1].framework == "deepspeed-zero1"

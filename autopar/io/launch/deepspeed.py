@@ -17,6 +17,11 @@ The ``ds_config`` keys are DeepSpeed's own (deepspeedai/DeepSpeed
 * ``bf16.enabled`` / ``fp16.enabled`` (``datatype``; neither: float32);
   ``data_types.grad_accum_dtype: fp32`` (``fp32_grads``).
 
+A config read back names the framework spec ``deepspeed-zero<stage>``
+(``Imported.framework``) where the layout is within that spec's options
+(tensor and sequence parallel size 1: the specs cover ZeRO's data
+parallelism); with TP or Ulysses from the training script, none.
+
 DeepSpeed's config holds no tensor or pipeline size: those are the training
 script's (Megatron-DeepSpeed's ``megatron/arguments.py``).  They travel in a
 top-level ``"autopar_launcher"`` object, which DeepSpeed's config reader
@@ -276,6 +281,13 @@ def read(text: str, source: str) -> Imported:
     framework = f"deepspeed-zero{stage}" if stage >= 1 else None
     if stage == 0:
         notes.append("ZeRO stage 0: no framework spec ships for plain data parallelism")
+    elif tp > 1 or cp > 1:
+        # frameworks/deepspeed-zero*.json cover ZeRO's data parallelism (their
+        # options: tensor_par 1, context_par 1); TP and Ulysses are the script's
+        framework = None
+        notes.append(f"tensor / sequence parallelism from the training script: the "
+                     f"deepspeed-zero{stage} spec covers ZeRO data parallelism only (its "
+                     "options); no framework spec applied")
     return Imported(execution=ex, model=model, framework=framework, notes=tuple(notes))
 
 
