@@ -506,7 +506,7 @@ def test_detect_tells_the_formats_apart():
 
 def test_deepspeed_names_its_spec_only_within_the_specs_options(tmp_path):
     p = tmp_path / "ds.json"
-    cfg = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
+    cfg = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
            "gradient_accumulation_steps": 4, "bf16": {"enabled": True},
            "zero_optimization": {"stage": 1},
            "autopar_launcher": {"world_size": 16, "tensor_model_parallel_size": 2,
@@ -520,6 +520,5 @@ def test_deepspeed_names_its_spec_only_within_the_specs_options(tmp_path):
     options = load_framework("deepspeed-zero1").options
     assert options["tensor_par"] == [1] or tuple(options["tensor_par"]) == (1,)
     cfg["autopar_launcher"].update(tensor_model_parallel_size=1, world_size=8)
-    cfg["gradient_accumulation_steps"] = 2
     p.write_text(json.dumps(cfg))
     assert read_config(p)[1].framework == "deepspeed-zero1"
