@@ -1,6 +1,7 @@
 """The ``autopar`` command line.
 
-One subcommand per module named in ``COMMANDS``; each module defines
+One subcommand per module named in ``COMMANDS`` (``import_config`` is the
+``import`` command: ``import`` is Python's keyword); each module defines
 ``register(subparsers)``, which adds its parser and sets ``func=run`` where
 ``run(args) -> int`` returns the exit code.  Command modules are imported
 when the parser is built, so they must import heavy dependencies (ray,
@@ -19,7 +20,8 @@ import sys
 from autopar.io.specs import SpecError
 
 COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate", "compare", "tune", "run",
-                             "codesign", "calibrate", "report", "advise")
+                             "codesign", "calibrate", "report", "advise",
+                             "import_config")
 
 
 SOURCE = "command line"    # what SpecError names for a bad argument

@@ -1,0 +1,190 @@
+"""A Hugging Face ``config.json`` (a model card's architecture) read as an
+autopar model (read only: a model, not a layout).
+
+The keys are those of the ``transformers`` configuration classes of each
+``model_type`` (``LlamaConfig``, ``MistralConfig``, ``MixtralConfig``,
+``Qwen2Config``, ``Qwen3Config``, ``Qwen3MoeConfig``,
+``DeepseekV2Config``/``DeepseekV3Config``, ``GptOssConfig``):
+
+* every architecture: ``hidden_size`` (``hidden``), ``intermediate_size``
+  (``feedforward``), ``num_attention_heads`` (``attn_heads``), ``head_dim``
+  (``attn_size``; default hidden_size / heads), ``num_hidden_layers``
+  (``num_blocks``), ``num_key_value_heads`` (``kv_heads``), ``vocab_size``,
+  ``max_position_embeddings`` (``seq_size``, the context: a training run's
+  sequence is usually shorter, set by the launch config or ``--seq-len``);
+  all are LLaMA-style blocks (RMSNorm, rotary embeddings, a gated SiLU MLP:
+  ``block: llama``);
+* Mixtral and gpt-oss: ``num_local_experts``, ``num_experts_per_tok`` (and
+  the expert's ``intermediate_size``); Qwen3-MoE: ``num_experts``,
+  ``num_experts_per_tok``, ``moe_intermediate_size``, ``decoder_sparse_step``
+  (1: every block) and ``mlp_only_layers`` (dense blocks: a leading run is
+  ``moe.first_dense``);
+* DeepSeek-V2/V3: ``n_routed_experts``, ``n_shared_experts``,
+  ``moe_intermediate_size``, ``num_experts_per_tok``,
+  ``first_k_dense_replace`` (``moe.first_dense``), ``moe_layer_freq`` (1:
+  every later block), ``scoring_func`` (``moe.router``), the latent attention
+  ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+  ``qk_rope_head_dim``, ``v_head_dim`` (``mla``; ``attn_size`` is the value
+  size, as the shipped files have it) and ``num_nextn_predict_layers``
+  (``mtp``).
+
+What autopar cannot state is one line naming the key (another activation
+than SiLU, MoE on every n-th block only, dense blocks other than a leading
+run); what it leaves out is a note (a sliding window on every block, exact
+for sequences up to the window; gpt-oss's banded attention on every other
+block, attention sinks and biases; tied embeddings; quantized checkpoints).
+"""
+from __future__ import annotations
+
+import json
+
+from autopar.io.launch.base import Imported, LaunchFormat
+from autopar.io.launch.expressible import Keys
+
+DENSE = ("llama", "mistral", "qwen2", "qwen3")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+MODEL_TYPES = DENSE + MOE
+ACTIVATIONS = ("silu", "swiglu")
+
+
+def read(text: str, source: str) -> Imported:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        Keys({}, source).fail("(file)", f"invalid JSON at line {e.lineno} column {e.colno}: "
+                                        f"{e.msg}")
+    k = Keys(data, source)
+    if not isinstance(data, dict):
+        k.fail("(root)", "expected a JSON object (a Hugging Face config.json)")
+    mt = k.raw("model_type")
+    if mt is None:
+        k.fail("model_type", "missing key (a Hugging Face config.json names its model_type)")
+    mt = k.choice("model_type", MODEL_TYPES)
+    notes: list[str] = []
+    hidden = k.int("hidden_size", minimum=1)
+    heads = k.int("num_attention_heads", minimum=1)
+    layers = k.int("num_hidden_layers", minimum=1)
+    head_dim = k.raw("head_dim")
+    attn_size = k.int("head_dim", minimum=1) if head_dim is not None else hidden // heads
+    if head_dim is None and hidden % heads:
+        k.fail("num_attention_heads", f"does not divide hidden_size {hidden} and no head_dim "
+               "is given")
+    model: dict = {"hidden": hidden, "feedforward": k.int("intermediate_size", minimum=1),
+                   "seq_size": k.int("max_position_embeddings", minimum=1),
+                   "attn_heads": heads, "attn_size": attn_size, "num_blocks": layers,
+                   "block": "llama", "vocab_size": k.int("vocab_size", minimum=1)}
+    act = k.raw("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        k.fail("hidden_act", f"{act!r}: autopar's LLaMA-style block is a gated SiLU MLP")
+    _window(k, mt, notes)
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        _deepseek(k, model, layers)
+    else:
+        kv = k.int("num_key_value_heads", heads, minimum=1)
+        if heads % kv:
+            k.fail("num_key_value_heads", f"{kv} does not divide num_attention_heads {heads}")
+        model["kv_heads"] = kv
+    if mt in ("mixtral", "gpt_oss"):
+        model["moe"] = {"experts": k.int("num_local_experts", minimum=1),
+                        "top_k": k.int("num_experts_per_tok", minimum=1),
+                        "expert_feedforward": model["feedforward"]}
+    elif mt in ("qwen3_moe", "qwen2_moe"):
+        model["moe"] = _qwen_moe(k, mt, layers)
+    if mt == "gpt_oss":
+        notes.append("gpt-oss: the banded (sliding_window) attention of every other block, the "
+                     "attention sinks and the biases are not modelled")
+    if k.raw("tie_word_embeddings", False) is True:
+        notes.append("tie_word_embeddings: autopar counts the embedding and the output "
+                     "layer's weights apart (one copy more than the model has)")
+    if k.raw("quantization_config") is not None:
+        notes.append("quantization_config: the checkpoint's storage format; the layout's "
+                      "datatype decides the training precision")
+    if "moe" in model and model["moe"]["top_k"] > model["moe"]["experts"]:
+        k.fail("num_experts_per_tok", "exceeds the number of experts")
+    return Imported(execution={}, model=model, framework=None, notes=tuple(notes))
+
+
+def _window(k: Keys, mt: str, notes: list) -> None:
+    """A sliding window on every block narrower than the context cannot be
+    stated (gpt-oss's alternate banded blocks are a note)."""
+    w = k.raw("sliding_window")
+    if w is None or mt == "gpt_oss":
+        return
+    if mt in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe") and not k.raw("use_sliding_window", False):
+        return
+    w = k.int("sliding_window", minimum=1)
+    if w < k.int("max_position_embeddings", minimum=1):
+        notes.append(f"sliding_window {w}: attention is modelled over the whole sequence, "
+                     f"which is exact for training sequences up to {w} tokens")
+
+
+def _qwen_moe(k: Keys, mt: str, layers: int) -> dict:
+    step = k.int("decoder_sparse_step", 1, minimum=1)
+    if step != 1:
+        k.fail("decoder_sparse_step", f"{step}: MoE on every {step}-th block only is not "
+               "modelled (autopar's dense blocks are a leading run)")
+    dense = k.raw("mlp_only_layers", []) or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
+        k.fail("mlp_only_layers", "expected a list of block numbers")
+    if sorted(dense) != list(range(len(dense))):
+        k.fail("mlp_only_layers", f"{dense}: dense blocks other than a leading run are not "
+               "modelled")
+    moe = {"experts": k.int("num_experts", minimum=1),
+           "top_k": k.int("num_experts_per_tok", minimum=1),
+           "expert_feedforward": k.int("moe_intermediate_size", minimum=1)}
+    if mt == "qwen2_moe":
+        shared = k.int("shared_expert_intermediate_size", 0)
+        if shared:
+            moe.update(shared_experts=1, shared_feedforward=shared)
+    if dense:
+        moe["first_dense"] = len(dense)
+    return moe
+
+
+def _deepseek(k: Keys, model: dict, layers: int) -> None:
+    freq = k.int("moe_layer_freq", 1, minimum=1)
+    if freq != 1:
+        k.fail("moe_layer_freq", f"{freq}: MoE on every {freq}-th block only is not modelled")
+    moe = {"experts": k.int("n_routed_experts", minimum=1),
+           "top_k": k.int("num_experts_per_tok", minimum=1),
+           "expert_feedforward": k.int("moe_intermediate_size", minimum=1)}
+    shared = k.int("n_shared_experts", 0, minimum=0) if k.raw("n_shared_experts") is not None \
+        else 0
+    if shared:
+        moe["shared_experts"] = shared
+    first = k.int("first_k_dense_replace", 0, minimum=0)
+    if first >= layers:
+        k.fail("first_k_dense_replace", f"{first}: no MoE block left of {layers}")
+    if first:
+        moe["first_dense"] = first
+    router = k.choice("scoring_func", ("softmax", "sigmoid"), "softmax")
+    if router != "softmax":
+        moe["router"] = router
+    model["moe"] = moe
+    q = k.raw("q_lora_rank")
+    mla = {"kv_lora_rank": k.int("kv_lora_rank", minimum=1),
+           "qk_nope_head_dim": k.int("qk_nope_head_dim", minimum=1),
+           "qk_rope_head_dim": k.int("qk_rope_head_dim", minimum=0),
+           "v_head_dim": k.int("v_head_dim", minimum=1)}
+    if q is not None:
+        mla["q_lora_rank"] = k.int("q_lora_rank", minimum=1)
+    model["mla"] = {key: mla[key] for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                              "qk_rope_head_dim", "v_head_dim") if key in mla}
+    model["attn_size"] = mla["v_head_dim"]
+    mtp = k.int("num_nextn_predict_layers", 0, minimum=0)
+    if mtp:
+        model["mtp"] = mtp
+
+
+def _refuse(*_args) -> str:
+    return "hf: a Hugging Face config.json holds a model, not a layout (read only)"
+
+
+def _write(model, execution) -> str:
+    from autopar.io.errors import SpecError
+    raise SpecError("command line", "--format", _refuse())
+
+
+FORMAT = LaunchFormat(name="hf", suffix=".json", framework="", refuse_model=_refuse,
+                      refuse_space=_refuse, refuse_layout=_refuse, write=_write, read=read,
+                      describe="a Hugging Face config.json (read only: a model, not a layout)")
