@@ -158,9 +158,10 @@ def test_skeleton_on_ray_runs_distinct_skeletons(truth):
     tune_ray.start_local_ray(num_cpus=2)
     try:
         keep: dict = {}
+        from autopar.search.samplers import parse
         from autopar.search.trainable import make_problem
         prob = make_problem(truth["case"], truth["space"], "skeleton-index")
-        rows = tune_ray.run(prob, "skeleton-tpe", 24, 0, None, 2, None, keep=keep)
+        rows = tune_ray.run(prob, parse("skeleton-tpe"), 24, 0, None, 2, None, keep=keep)
     finally:
         ray.shutdown()
     from autopar.search.tune import trials_table

@@ -62,7 +62,7 @@ def test_smac_in_optuna_prunes_exactly_the_infeasible_and_resumes(tmp_path):
 
 def test_smac_random_forest_runs_on_one_thread():
     from autopar.search.encodings import Encoder
-    from autopar.search.smac_search import _Smac
+    from autopar.search.smac_search import Smac as _Smac
     case = make_case(MODEL, SYSTEM, **CASE)
     s = _Smac(Encoder(load_space("small"), case, "flat"), seed=0)
     assert s.smac._model._rf_opts["n_jobs"] == 1

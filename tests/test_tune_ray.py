@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autopar.search import tune_ray
+from autopar.search.samplers import parse
 from autopar.io.layouts import FIELDS
 from autopar.search.space import load_space
 from autopar.search.trainable import make_problem
@@ -68,7 +69,7 @@ def test_ray_trials_prune_exactly_the_infeasible(local_ray, sampler):
 def test_ray_optuna_study_marks_infeasible_trials_pruned(local_ray):
     """Ray's OptunaSearch sees a trial reported without a value and tells PRUNED."""
     keep: dict = {}
-    rows = tune_ray.run(_problem("named"), "tpe", TRIALS, 2, None, 2, None, keep=keep)
+    rows = tune_ray.run(_problem("named"), parse("tpe"), TRIALS, 2, None, 2, None, keep=keep)
     _check_ray(trials_table(rows))
     study = keep["search_alg"]._ot_study          # OptunaSearch's study (no public accessor)
     trials = study.get_trials(deepcopy=False)
@@ -86,7 +87,7 @@ def test_ray_bohb_learns_from_every_trial(local_ray):
     """TuneBOHBAll feeds BOHB each finished trial, infeasible ones with loss +inf."""
     pytest.importorskip("hpbandster")
     keep: dict = {}
-    rows = tune_ray.run(_problem("index"), "bohb", TRIALS, 0, None, 2, None, keep=keep)
+    rows = tune_ray.run(_problem("index"), parse("bohb"), TRIALS, 0, None, 2, None, keep=keep)
     _check_ray(trials_table(rows))
     bohber = keep["search_alg"].bohber
     assert len(bohber.configs[1.0]) == len(rows)

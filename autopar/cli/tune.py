@@ -26,14 +26,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from autopar.io.experiment import DEFAULT_SAMPLER
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
 from autopar.cli import framework_option, SOURCE, distinct_outputs, output_path, positive, seed_arg
 from autopar.io.specs import SpecError
 
-# autopar.search.samplers.SAMPLERS (no optuna import here)
-SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb", "smac",
-            "skeleton-tpe", "skeleton-random", "skeleton-cmaes", "skeleton-smac")
+from autopar.search.samplers import user_names
+
+# the registry's names (autopar.search.samplers; no optuna import here)
+SAMPLERS = user_names()
 
 
 def register(subparsers) -> None:
@@ -49,7 +51,7 @@ def register(subparsers) -> None:
                    help="global batch: the largest multiple of data_par up to this "
                         "(batch policy max) or exactly this (fixed)")
     p.add_argument("--datatype", choices=CHOICES["datatype"], help="required")
-    p.add_argument("--sampler", default="skeleton-tpe", choices=SAMPLERS,
+    p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=SAMPLERS,
                    help="default: skeleton-tpe (docs/compare.md); skeleton-SAMPLER proposes skeletons (the space's "
                         "skeleton: parameters) and evaluates every completion of each at once "
                         "(autopar.search.skeleton); --trials then counts distinct skeletons")
@@ -60,9 +62,11 @@ def register(subparsers) -> None:
                    help="default: the space's (max)")
     p.add_argument("--backend", choices=("optuna", "ray"), default="optuna",
                    help="optuna: a study in this process (default); ray: a Ray Tune Tuner")
-    from autopar.search.encodings import DEFAULT_ENCODING, DEFAULT_ENCODINGS
-    by = ", ".join(f"{e} for {', '.join(s for s, x in DEFAULT_ENCODINGS.items() if x == e)}"
-                   for e in dict.fromkeys(DEFAULT_ENCODINGS.values()))
+    from autopar.search.encodings import DEFAULT_ENCODING
+    from autopar.search.samplers import default_encodings
+    encodings = default_encodings()
+    by = ", ".join(f"{e} for {', '.join(s for s, x in encodings.items() if x == e)}"
+                   for e in dict.fromkeys(encodings.values()))
     p.add_argument("--encoding", choices=ENCODINGS, default=None,
                    help=f"how samplers see the space (default by sampler: {by}; otherwise "
                         f"{DEFAULT_ENCODING}; see autopar.search.encodings)")

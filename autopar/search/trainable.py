@@ -81,10 +81,12 @@ _PROBLEMS: dict[str, Problem] = {}
 
 
 def make_encoder(space, case, encoding: str):
-    """The encoder of a problem: per layout, or of skeletons (``skeleton-...``)."""
-    if encoding.startswith("skeleton-"):
+    """The encoder of a problem: per layout, or of skeletons (a problem's
+    encoding ``skeleton-KIND``, ``samplers.Choice.problem_encoding``)."""
+    from autopar.search.samplers import SKELETON_PREFIX
+    if encoding.startswith(SKELETON_PREFIX):
         from autopar.search.skeleton import SkeletonEncoder
-        return SkeletonEncoder(space, case, encoding)
+        return SkeletonEncoder(space, case, encoding[len(SKELETON_PREFIX):])
     from autopar.search.encodings import Encoder
     return Encoder(space, case, encoding)
 
@@ -124,7 +126,7 @@ def pruned_row(reason: str, execution: Mapping | None = None) -> dict:
 
 
 def is_skeleton_problem(prob: Problem) -> bool:
-    return str(prob.encoder.encoding).startswith("skeleton-")
+    return prob.encoder.skeleton
 
 
 def evaluate_params(prob: Problem, params_list: list) -> list[dict]:

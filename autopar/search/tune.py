@@ -43,9 +43,9 @@ import sys
 import threading
 from typing import Mapping
 
-from autopar.search.encodings import ENCODINGS, STATIC_ONLY, Invalid, default_encoding
+from autopar.search.encodings import ENCODINGS, Invalid
 from autopar.io.layouts import ALL_FIELDS, execution_from_row
-from autopar.search.samplers import SAMPLERS
+from autopar.search import samplers
 from autopar.io.specs import SpecError
 from autopar.search.trainable import BREAKDOWN, METRIC
 from autopar.io.experiment import (BACKENDS, DEFAULT_SAMPLER,  # noqa: F401  (file vocabulary)
@@ -77,19 +77,6 @@ def _choice(name: str, v, options) -> str:
     if v not in options:
         _bad(name, f"expected one of {', '.join(options)}, got {v!r}")
     return v
-
-
-# Optional packages some samplers need: sampler -> (module, pip requirement)
-_OPTIONAL = {"bohb": ("hpbandster", "autopar[bohb]"), "cmaes": ("cmaes", "cmaes"),
-             "smac": ("smac", "autopar[smac]")}
-
-
-def _needs(sampler: str) -> None:
-    import importlib.util
-    if sampler in _OPTIONAL:
-        module, req = _OPTIONAL[sampler]
-        if importlib.util.find_spec(module) is None:
-            _bad("sampler", f"{sampler} needs the package {module} (pip install '{req}')")
 
 
 def make_case(model, system, num_procs, max_batch_size, datatype, batch_policy=None,
@@ -138,22 +125,19 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     from autopar.search.space import load_space
     from autopar.search.trainable import make_problem
 
-    from autopar.search.skeleton import DEFAULT_BATCH, base_sampler, is_skeleton
-    sampler = _choice("sampler", sampler, SAMPLERS)
+    from autopar.search.skeleton import DEFAULT_BATCH
+    choice = samplers.parse(sampler, SOURCE, "sampler")
     backend = _choice("backend", backend, BACKENDS)
     trials = _int("trials", trials, 1)
     seed = _int("seed", seed, 0, optional=True)
     if seed is not None and seed > 2 ** 32 - 1:
         _bad("seed", f"must be between 0 and 2**32-1 (the samplers' seeds), got {seed}")
     concurrency = _int("concurrency", concurrency, 1, optional=True)
-    base = base_sampler(sampler)
-    encoding = _choice("encoding", encoding or default_encoding(sampler), ENCODINGS)
-    if encoding == "named" and base in STATIC_ONLY:
-        _bad("encoding", f"{base} needs a static space: use encoding index or flat")
-    if base == "smac" and encoding != "flat":
-        _bad("encoding", "smac searches the parameter values (its ConfigSpace has the space's "
-                         "conditions and forbidden combinations): use encoding flat")
-    _needs(base)
+    encoding = _choice("encoding", encoding or choice.default_encoding(), ENCODINGS)
+    if why := choice.sampler.refuses(encoding):
+        _bad("encoding", why)
+    if why := choice.sampler.missing():
+        _bad("sampler", why)
     if backend == "optuna" and address:
         _bad("address", "a Ray address needs backend ray")
     if backend == "ray" and storage:
@@ -170,11 +154,11 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     if size == 0:
         raise SpecError(sp.source, "space", "has no layout for this case "
                         f"({case.num_procs} procs, batch {case.max_batch_size})")
-    if is_skeleton(sampler):
+    if choice.skeleton:
         if not sp.skeleton:
             raise SpecError(sp.source, "skeleton", "no searched parameter forms a skeleton; "
                             "list some under skeleton:")
-        prob = make_problem(case, sp, "skeleton-" + encoding)
+        prob = make_problem(case, sp, choice.problem_encoding(encoding))
         prob.encoder.reset()          # each run enumerates the completions it needs
         # distinct skeletons: no more trials than the space has skeletons
         skeletons = len(prob.encoder.all)
@@ -183,27 +167,27 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
             concurrency = DEFAULT_BATCH
     else:
         prob = make_problem(case, sp, encoding)
-    grid = grid_params(sp, case, min(trials, size)) if sampler == "grid" else None
+    grid = grid_params(sp, case, min(trials, size)) if choice.sampler.grid else None
     if grid is not None:
         trials = len(grid)
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
-    bar = _Progress(trials, sampler, show)
+    bar = _Progress(trials, choice.name, show)
     study, new = None, None
     try:
         if backend == "optuna":
-            rows, study, new = _run_optuna(prob, sampler, trials, seed, storage, study_name,
+            rows, study, new = _run_optuna(prob, choice, trials, seed, storage, study_name,
                                            concurrency or 1, grid, bar,
                                            kept=storage is not None or return_study)
         else:
             from autopar.search import tune_ray
-            rows = tune_ray.run(prob, sampler, trials, seed, address, concurrency, grid,
+            rows = tune_ray.run(prob, choice, trials, seed, address, concurrency, grid,
                                 on_row=bar.update, storage_path=storage_path, name=name,
                                 max_failures=max_failures, on_start=on_start)
     finally:
         bar.close()
     table = trials_table(rows)
-    if is_skeleton(sampler):
+    if choice.skeleton:
         # every skeleton of the space evaluated: the cache covers the skeleton
         # space and no new trial is possible, whatever the budget asked
         table.attrs.update(skeletons=skeletons,
@@ -431,24 +415,23 @@ def _owner_alive(owner) -> bool:
     return True
 
 
-def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
+def _run_optuna(prob, choice, trials: int, seed, storage, study_name,
                 concurrency: int, grid, bar: _Progress, kept: bool = True) -> list[dict]:
     """The optuna backend's run; ``kept``: the study outlives the run (in
     storage, or returned), so that trials no sampler proposed are recorded
     in it too."""
     import optuna
     from optuna.trial import TrialState
-    from autopar.search.samplers import optuna_sampler, resumed_seed
-    from autopar.search.skeleton import base_sampler
+    from autopar.search.samplers import resumed_seed
     from autopar.search.trainable import evaluate_params, is_skeleton_problem
 
     skeleton = is_skeleton_problem(prob)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        name = study_name or default_study_name(prob, sampler, seed)
+        name = study_name or default_study_name(prob, choice.name, seed)
         study = _open_study(storage, name)
-        _same_search(study, storage, {"problem": prob.key, "sampler": sampler,
+        _same_search(study, storage, {"problem": prob.key, "sampler": choice.name,
                                       "encoding": prob.encoder.encoding,
                                       "grid_points": len(grid) if grid else 0})
         # Trials a killed run left RUNNING cannot finish: fail them (they are
@@ -459,10 +442,9 @@ def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
             study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
         finished = (TrialState.COMPLETE, TrialState.PRUNED)
         old = study.get_trials(deepcopy=False, states=finished)
-        study.sampler = optuna_sampler(base_sampler(sampler), prob.encoder,
-                                       resumed_seed(seed, len(old)),
-                                       concurrency=concurrency,
-                                       grid_points=len(grid) if grid else 0)
+        study.sampler = choice.sampler.optuna(prob.encoder, resumed_seed(seed, len(old)),
+                                              concurrency=concurrency,
+                                              grid_points=len(grid) if grid else 0)
 
         def suggest(trial):
             if grid is not None:

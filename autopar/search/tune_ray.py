@@ -44,7 +44,6 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import ray
@@ -53,52 +52,9 @@ from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.basic_variant import BasicVariantGenerator
-from ray.tune.search.bohb import TuneBOHB
 
-from autopar.search.samplers import BohbJob, optuna_sampler
 from autopar.io.specs import SpecError
 from autopar.search.trainable import BREAKDOWN, METRIC, PAYLOAD_KEY, layout_trainable
-
-
-class DefineByRun:
-    """Ray OptunaSearch's define-by-run space: suggest, decode, pass the params on."""
-
-    def __init__(self, encoder):
-        self.encoder = encoder
-
-    def __call__(self, trial) -> dict:
-        # Suggest on the Optuna trial itself, not on Ray's capturing wrapper:
-        # the config is then only the decoded layout ({"params": {...}}), not
-        # also the encoding's internal names (``microbatch_size|1,2,4,8``).
-        return {"params": self.encoder.suggest(getattr(trial, "ot_trial", trial))}
-
-
-class TuneBOHBAll(TuneBOHB):
-    """TuneBOHB that learns from every finished trial (see autopar.search.samplers).
-
-    hpbandster's deprecation warnings about ConfigSpace are kept quiet.
-    """
-
-    def _setup_bohb(self):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            super()._setup_bohb()
-
-    def suggest(self, trial_id):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return super().suggest(trial_id)
-
-    def on_trial_complete(self, trial_id, result=None, error=False):
-        config = self.trial_to_params.get(trial_id)
-        if config is not None and not error and result is not None:
-            value = result.get(self.metric)
-            ok = isinstance(value, (int, float)) and math.isfinite(value)
-            loss = self._metric_op * value if ok else math.inf
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self.bohber.new_result(BohbJob(loss, dict(config)))
-        super().on_trial_complete(trial_id, result=result, error=error)
 
 
 class KeepPlacement(FIFOScheduler):
@@ -225,44 +181,15 @@ def _add_to_study(searcher, encoder, skeleton, value) -> None:
         state=TrialState.COMPLETE if ok else TrialState.PRUNED))
 
 
-def ray_search(name: str, encoder, seed: int | None, trials: int,
-               concurrency: int | None, grid: list[dict] | None = None) -> dict:
-    """Ray Tune pieces for a sampler: search_alg, scheduler, param_space, num_samples."""
-    from autopar.search.skeleton import base_sampler, is_skeleton
-    if is_skeleton(name):
-        pieces = ray_search(base_sampler(name), encoder, seed, trials, concurrency)
-        alg = pieces["search_alg"]
-        if isinstance(alg, BasicVariantGenerator):     # random: an Optuna random sampler
-            from ray.tune.search.optuna import OptunaSearch
-            alg = OptunaSearch(space=encoder.distributions(), metric=METRIC, mode="max",
-                               sampler=optuna_sampler("random", encoder, seed))
-            pieces = {**pieces, "param_space": {}}
-        return {**pieces, "search_alg": SkeletonCache(alg, encoder, seed)}
-    if name == "grid":
-        return {"search_alg": BasicVariantGenerator(max_concurrent=concurrency or 0),
-                "scheduler": None, "num_samples": 1,
-                "param_space": {"params": tune.grid_search(grid or [])}}
-    if name == "random" and encoder.kind != "named":
-        return {"search_alg": BasicVariantGenerator(random_state=seed,
-                                                    max_concurrent=concurrency or 0),
-                "scheduler": None, "num_samples": trials,
-                "param_space": encoder.ray_space()}
-    if name == "smac":
-        from autopar.search.smac_search import smac_searcher
-        alg = smac_searcher(encoder, seed, METRIC)
-        return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
-    if name == "bohb":
-        from ray.tune.schedulers import HyperBandForBOHB
-        alg = TuneBOHBAll(encoder.configspace(seed), metric=METRIC, mode="max",
-                          seed=seed, max_concurrent=concurrency or 0)
-        sched = HyperBandForBOHB(time_attr="training_iteration", max_t=1)
-        return {"search_alg": alg, "scheduler": sched, "num_samples": trials, "param_space": {}}
-    from ray.tune.search.optuna import OptunaSearch
-    sampler = optuna_sampler(name, encoder, seed, concurrency=concurrency or 2)
-    # A static space lets the workers decode; only "named" must run on the driver.
-    space = DefineByRun(encoder) if encoder.kind == "named" else encoder.distributions()
-    alg = OptunaSearch(space=space, metric=METRIC, mode="max", sampler=sampler)
-    return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
+def ray_search(choice, encoder, seed: int | None, trials: int,
+               concurrency: int | None, grid: list[dict] | None = None):
+    """The sampler's Ray Tune pieces (``samplers.base.RayPieces``); a skeleton
+    search's searcher wrapped by the repeat cache (``SkeletonCache``)."""
+    pieces = choice.sampler.ray(encoder, seed, trials, concurrency, grid,
+                                skeleton=choice.skeleton)
+    if choice.skeleton:
+        pieces.search_alg = SkeletonCache(pieces.search_alg, encoder, seed)
+    return pieces
 
 
 class _Collector(tune.Callback):
@@ -449,7 +376,7 @@ def _finish(results, collector_errors) -> list[dict]:
     return result_rows(results)
 
 
-def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
+def run(prob, choice, trials: int, seed: int | None, address: str | None,
         concurrency: int | None, grid: list[dict] | None, on_row=None,
         trainable=layout_trainable, keep: dict | None = None,
         storage_path: str | None = None, name: str | None = None,
@@ -464,12 +391,12 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
     collector = _Collector(on_row)
     temp = storage_path is None
     storage = tempfile.mkdtemp(prefix="autopar-ray-") if temp else storage_path
-    name = name or ("autopar-tune" if temp else default_name(sampler))
+    name = name or ("autopar-tune" if temp else default_name(choice.name))
     try:
         with ray_session(address), _tune_settings():
-            pieces = ray_search(sampler, prob.encoder, seed, trials, concurrency, grid)
+            pieces = ray_search(choice, prob.encoder, seed, trials, concurrency, grid)
             payload = {**prob.payload(), "started_at": time.time()}
-            param_space = dict(pieces["param_space"])
+            param_space = dict(pieces.param_space)
             where = None if temp else _join(storage, name)
             if where is not None and "://" not in where:
                 # the problem travels by tune.with_parameters, kept beside the
@@ -482,8 +409,8 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                 param_space[PAYLOAD_KEY] = payload
                 trainable_p = trainable
             if keep is not None:
-                keep["search_alg"] = pieces["search_alg"]
-            alg = pieces["search_alg"]
+                keep["search_alg"] = pieces.search_alg
+            alg = pieces.search_alg
             # A SearchGenerator (random, grid) limits itself (its max_concurrent);
             # Tune would only warn "max_concurrent_trials will be ignored".
             limit = None if isinstance(alg, BasicVariantGenerator) else concurrency
@@ -491,9 +418,9 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                 _with_concurrency(trainable_p, concurrency),
                 param_space=param_space,
                 tune_config=tune.TuneConfig(
-                    metric=METRIC, mode="max", num_samples=pieces["num_samples"],
-                    search_alg=pieces["search_alg"],
-                    scheduler=pieces["scheduler"] or KeepPlacement(),
+                    metric=METRIC, mode="max", num_samples=pieces.num_samples,
+                    search_alg=pieces.search_alg,
+                    scheduler=pieces.scheduler or KeepPlacement(),
                     max_concurrent_trials=limit, reuse_actors=True,
                     trial_dirname_creator=_short_name, trial_name_creator=_short_name),
                 run_config=tune.RunConfig(

@@ -156,12 +156,12 @@ def enumerate_systems(study: Study, runner: Runner, progress: bool | None = None
 
 def outer_sampler(search: Search, n_obj: int, batch: int):
     import optuna
-    from autopar.search.samplers import optuna_sampler
+    from autopar.search import samplers
     if search.sampler == "nsga2":
         return optuna.samplers.NSGAIISampler(population_size=search.population, seed=search.seed)
     if search.sampler in ("tpe", "motpe"):
-        return optuna_sampler("tpe", None, search.seed, concurrency=batch)
-    return optuna_sampler("random", None, search.seed)
+        return samplers.get("tpe").optuna(None, search.seed, concurrency=batch)
+    return samplers.get("random").optuna(None, search.seed)
 
 
 def _open_study(study: Study, search: Search, name: str):
