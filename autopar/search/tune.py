@@ -174,6 +174,8 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     show = sys.stderr.isatty() if progress is None else bool(progress)
     bar = _Progress(trials, choice.name, show)
     study, new = None, None
+    made = sqlite_file(storage)
+    made = made if made is not None and not made.exists() else None
     try:
         if backend == "optuna":
             rows, study, new = _run_optuna(prob, choice, trials, seed, storage, study_name,
@@ -184,6 +186,14 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
             rows = tune_ray.run(prob, choice, trials, seed, address, concurrency, grid,
                                 on_row=bar.update, storage_path=storage_path, name=name,
                                 max_failures=max_failures, on_start=on_start)
+    except Exception:
+        # a failed run leaves no database it created (an interrupted one
+        # keeps it: running again resumes)
+        if made is not None:
+            for f in (made, *(made.with_name(made.name + x) for x in ("-wal", "-shm", "-journal"))):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+        raise
     finally:
         bar.close()
     table = trials_table(rows)
@@ -286,7 +296,8 @@ def _add_trials(study, encoder, skeletons: list, rows: list,
         made.append(optuna.trial.create_trial(
             params=params, distributions=dists, value=row[METRIC] if ok else None,
             state=TrialState.COMPLETE if ok else TrialState.PRUNED,
-            user_attrs={why: True, **({} if ok else {"reason": row["reason"]})}))
+            user_attrs={why: True, **({} if ok else {"reason": row["reason"]})},
+            system_attrs={"autopar_owner": OWNER}))
     if not made:
         return []
     study.add_trials(made)
@@ -301,7 +312,22 @@ def default_study_name(prob, sampler: str, seed: int | None) -> str:
             + (f"seed{seed}-" if seed is not None else "unseeded-") + prob.key[:8])
 
 
-def _sqlite_storage(url: str):
+def sqlite_file(url):
+    """The database file of a ``sqlite:///PATH`` storage URL (None: another
+    storage, none, or a database in memory)."""
+    if not isinstance(url, str) or not url.startswith("sqlite:"):
+        return None
+    import pathlib
+
+    import sqlalchemy
+    try:
+        db = sqlalchemy.engine.make_url(url).database
+    except Exception:          # a malformed URL: the storage's own error says so
+        return None
+    return pathlib.Path(db).absolute() if db and db != ":memory:" else None
+
+
+def sqlite_storage(url: str):
     """An Optuna RDB storage on SQLite in WAL mode with synchronous=NORMAL.
 
     Optuna writes every suggested parameter in its own transaction; with
@@ -344,7 +370,7 @@ def _open_study_once(storage, name):
     import optuna
     try:
         if isinstance(storage, str) and storage.startswith("sqlite:"):
-            storage = _sqlite_storage(storage)
+            storage = sqlite_storage(storage)
         try:
             return optuna.create_study(storage=storage, study_name=name, direction="maximize",
                                        sampler=optuna.samplers.RandomSampler(),
@@ -375,6 +401,39 @@ def _same_search(study, storage, search: dict) -> None:
 
 
 OWNER = f"{__import__('socket').gethostname()}:{__import__('os').getpid()}"
+RUN_MARK = "autopar_run "   # a study user attribute per run on it: RUN_MARK + OWNER
+
+
+def _join_runs(study) -> int:
+    """Note this run in the study (``RUN_MARK + OWNER``: its start time) and
+    return its rank among the runs on the study now (0: alone, or the first
+    to start).  Each run writes its mark before it reads the others', so of
+    two runs starting together the later sees the earlier: their ranks
+    differ, and so do their sampler seeds (``samplers.run_seed``)."""
+    import time
+    study.set_user_attr(RUN_MARK + OWNER, time.time())
+    live = sorted((v, k[len(RUN_MARK):]) for k, v in study.user_attrs.items()
+                  if k.startswith(RUN_MARK) and v is not None
+                  and (k[len(RUN_MARK):] == OWNER or _owner_alive(k[len(RUN_MARK):])))
+    return [owner for _, owner in live].index(OWNER)
+
+
+def _leave_runs(study) -> None:
+    study.set_user_attr(RUN_MARK + OWNER, None)
+
+
+def _other_runs_trials(study) -> set[int]:
+    """Numbers of the trials that runs still going on the study (another
+    process here, its mark set) asked: theirs to report, not this run's."""
+    from optuna.trial import TrialState
+    going = {k[len(RUN_MARK):] for k, v in study.user_attrs.items()
+             if k.startswith(RUN_MARK) and v is not None and k[len(RUN_MARK):] != OWNER}
+    going = {o for o in going if _owner_alive(o)}
+    if not going:
+        return set()
+    done = (TrialState.COMPLETE, TrialState.PRUNED)
+    return {t.number for t in study.get_trials(deepcopy=False, states=done)
+            if t.system_attrs.get("autopar_owner") in going}
 
 
 def _orphaned_trials(study) -> list:
@@ -422,12 +481,13 @@ def _run_optuna(prob, choice, trials: int, seed, storage, study_name,
     in it too."""
     import optuna
     from optuna.trial import TrialState
-    from autopar.search.samplers import resumed_seed
+    from autopar.search.samplers import run_seed
     from autopar.search.trainable import evaluate_params, is_skeleton_problem
 
     skeleton = is_skeleton_problem(prob)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    joined = False
     try:
         name = study_name or default_study_name(prob, choice.name, seed)
         study = _open_study(storage, name)
@@ -440,9 +500,14 @@ def _run_optuna(prob, choice, trials: int, seed, storage, study_name,
         # study) are left to it.
         for number in _orphaned_trials(study):
             study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        joined = storage is not None
+        rank = _join_runs(study) if joined else 0
         finished = (TrialState.COMPLETE, TrialState.PRUNED)
         old = study.get_trials(deepcopy=False, states=finished)
-        study.sampler = choice.sampler.optuna(prob.encoder, resumed_seed(seed, len(old)),
+        # another run's finished trials are its own to report (they stay in
+        # the cache: this run does not evaluate them again)
+        theirs = _other_runs_trials(study) if storage is not None else set()
+        study.sampler = choice.sampler.optuna(prob.encoder, run_seed(seed, len(old), rank),
                                               concurrency=concurrency,
                                               grid_points=len(grid) if grid else 0)
 
@@ -487,7 +552,7 @@ def _run_optuna(prob, choice, trials: int, seed, storage, study_name,
             if skeleton and grid is None:
                 done += _whole_skeleton_space(study, prob, trials - done, storage, rows, cache,
                                               bar, None if kept else unrecorded)
-            rng = random.Random(seed if seed is None else seed + len(old))
+            rng = random.Random(seed if seed is None else seed + len(old) + 7_919 * rank)
             while done < trials:
                 if noted:
                     raise KeyboardInterrupt
@@ -554,12 +619,15 @@ def _run_optuna(prob, choice, trials: int, seed, storage, study_name,
         new = done - start
         frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
     finally:
+        if joined:
+            with contextlib.suppress(Exception):     # a failed storage stays failed
+                _leave_runs(study)
         optuna.logging.set_verbosity(verbosity)
     when = {n: (t.datetime_start, t.datetime_complete) for n, t in frozen.items()}
     when.update(unrecorded)
     t0 = min((start for start, _ in when.values() if start), default=None)
     out = []
-    for n in sorted(rows):
+    for n in sorted(set(rows) - theirs):
         end = when[n][1]
         row = {"trial": n, **rows[n], "node_id": "",
                "elapsed_s": (end - t0).total_seconds() if end and t0 else math.nan}

@@ -97,11 +97,16 @@ def default_encodings() -> dict[str, str]:
     return {f.name: f.encoding for f in families()}
 
 
-def resumed_seed(seed: int | None, done: int) -> int | None:
-    """The sampler seed after ``done`` trials (a resumed run draws new numbers)."""
+def run_seed(seed: int | None, done: int, rank: int = 0) -> int | None:
+    """The sampler seed of a run that finds ``done`` trials finished in its
+    study and is the ``rank``-th of the runs on it now: a resumed run, and
+    each of several runs sharing one study, draws new numbers (the same
+    seed alone on a new study is the seed itself)."""
     if seed is None:
         return None
-    return seed if done == 0 else (seed * 1_000_003 + done) % (2 ** 32)
+    if done == 0 and rank == 0:
+        return seed
+    return (seed * 1_000_003 + done + 7_919 * rank) % (2 ** 32)
 
 
 def __getattr__(name):
