@@ -263,7 +263,7 @@ def evaluate_skeletons(prob, params_list: list) -> list[dict]:
     were evaluated (``layouts``).
     """
     from autopar.io.layouts import ALL_FIELDS
-    from autopar.search.trainable import pruned_row
+    from autopar.search.trial_rows import pruned_row
 
     rows: list = [None] * len(params_list)
     tables, where = [], []
@@ -299,7 +299,7 @@ def _best_completions(prob, cols: dict, sizes: list, params_list: list) -> list[
     one group per skeleton of ``params_list``) -> a row per skeleton."""
     from autopar import model as perf
     from autopar.io.layouts import EXT_DEFAULTS, record
-    from autopar.search.trainable import BREAKDOWN, pruned_row
+    from autopar.search.trial_rows import BREAKDOWN, pruned_row
 
     case = prob.case
     res = perf.evaluate_columns(case.model, case.system, cols, stats=(METRIC, *BREAKDOWN))

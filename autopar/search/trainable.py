@@ -23,18 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS
+from autopar.io.layouts import EXT_DEFAULTS
+from autopar.search.trial_rows import BREAKDOWN, METRIC, pruned_row
 
-METRIC = "sample_rate"
-# The breakdown reported with every trial (Calculon's names).
-BREAKDOWN: tuple[str, ...] = (
-    "total_time", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
-    "compute_efficiency", "system_efficiency", "total_efficiency",
-)
 PAYLOAD_KEY = "autopar"      # the config entry that carries the problem
 
 
@@ -114,16 +108,6 @@ def problem_from_payload(payload: Mapping) -> Problem:
 
 # --------------------------------------------------------------------------
 # Evaluation
-
-def pruned_row(reason: str, execution: Mapping | None = None) -> dict:
-    row = {"state": "PRUNED", "feasible": False, "reason": reason, METRIC: math.nan}
-    row.update({k: math.nan for k in BREAKDOWN})
-    if execution:
-        row.update({f: execution.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS})
-    else:
-        row.update({f: None for f in ALL_FIELDS})
-    return row
-
 
 def is_skeleton_problem(prob: Problem) -> bool:
     return prob.encoder.skeleton

@@ -47,7 +47,7 @@ from autopar.search.encodings import ENCODINGS, Invalid
 from autopar.io.layouts import ALL_FIELDS, execution_from_row
 from autopar.search import samplers
 from autopar.io.specs import SpecError
-from autopar.search.trainable import BREAKDOWN, METRIC
+from autopar.search.trial_rows import BREAKDOWN, METRIC
 from autopar.io.experiment import (BACKENDS, DEFAULT_SAMPLER,  # noqa: F401  (file vocabulary)
                                    DEFAULT_SPACE)
 

@@ -54,7 +54,8 @@ from ray.tune.search import Searcher
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from autopar.io.specs import SpecError
-from autopar.search.trainable import BREAKDOWN, METRIC, PAYLOAD_KEY, layout_trainable
+from autopar.search.trainable import PAYLOAD_KEY, layout_trainable
+from autopar.search.trial_rows import BREAKDOWN, METRIC
 
 
 class KeepPlacement(FIFOScheduler):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 
-METRIC = "sample_rate"
+from autopar.search.trial_rows import METRIC
 
 
 @dataclass
