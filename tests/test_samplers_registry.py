@@ -90,7 +90,7 @@ def test_adding_a_sampler_is_one_module_and_one_registry_line(monkeypatch, tmp_p
         f"extra.{samplers.REGISTRY[name]}" if name == "halton" else
         f"autopar.search.samplers.{samplers.REGISTRY[name]}").SAMPLER)
     assert "halton" in samplers.user_names() and "skeleton-halton" not in samplers.user_names()
-    from autopar.search.tune import tune
+    from autopar.search.tune import tune_arguments as tune
     from test_tune import CASE, MODEL, SYSTEM
     table = tune(MODEL, SYSTEM, **CASE, sampler="halton", trials=5, seed=0, progress=False)
     assert len(table) == 5 and table["trial"].tolist() == list(range(5))

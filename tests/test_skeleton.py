@@ -17,7 +17,8 @@ import autopar
 from autopar.io.layouts import FIELDS, to_records
 from autopar.io.specs import SpecError
 from autopar.search.space import load_space
-from autopar.search.tune import TRIAL_COLUMNS, best_execution, make_case, tune
+from autopar.search.tune import TRIAL_COLUMNS, best_execution, make_case
+from autopar.search.tune import tune_arguments as tune
 
 MODEL = "models/gpt3-13B.json"
 SYSTEM = "systems/a100_80g.json"
@@ -153,9 +154,10 @@ def test_infeasible_skeletons_are_pruned_with_the_commonest_reason():
 
 def test_skeleton_on_ray_runs_distinct_skeletons(truth):
     ray = pytest.importorskip("ray")
-    from autopar.search import tune_ray
+    from autopar.search.backends import ray_tune as tune_ray
+    from autopar.search.cluster import start_local_ray
     assert not ray.is_initialized()
-    tune_ray.start_local_ray(num_cpus=2)
+    start_local_ray(num_cpus=2)
     try:
         keep: dict = {}
         from autopar.search.samplers import parse

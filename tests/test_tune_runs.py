@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from autopar.io.layouts import ALL_FIELDS
-from autopar.search.tune import tune
+from autopar.search.tune import tune_arguments as tune
 from test_tune import CASE, MODEL, SYSTEM
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def test_a_run_beside_a_live_run_with_the_same_seed_draws_other_layouts(tmp_path
     import socket
 
     import optuna
-    from autopar.search.tune import RUN_MARK
+    from autopar.search.backends.shared_study import RUN_MARK
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         url = f"sqlite:///{tmp_path / 's.db'}"

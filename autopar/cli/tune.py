@@ -287,7 +287,8 @@ def _ray_options(args) -> dict:
 
 
 def run(args) -> int:
-    from autopar.search.tune import DEFAULT_SPACE, tune
+    from autopar.search.space import load_space
+    from autopar.search.tune import DEFAULT_SPACE, make_case, tune, tune_options
 
     if getattr(args, "resume", None) is not None:
         return _resume(args)
@@ -320,7 +321,6 @@ def run(args) -> int:
     if fmt != "autopar":
         from autopar.io.export import check_calculon_run
         from autopar.io.specs import load_model
-        from autopar.search.space import load_space
         check_calculon_run(fmt, load_model(args.model),
                            load_space(args.space if args.space is not None else DEFAULT_SPACE))
     from autopar.io.specs import load_system
@@ -332,13 +332,15 @@ def run(args) -> int:
     from autopar.search.risk import family_of, load_errors, risk_of
     risk = risk_of(args)
     errors = load_errors(family_of(load_model(args.model)))
-    table = tune(args.model, system, args.num_procs, args.max_batch_size, args.datatype,
-                 sampler=args.sampler, trials=args.trials,
-                 space=args.space if args.space is not None else DEFAULT_SPACE,
-                 backend=args.backend, seed=args.seed, storage=args.storage,
-                 address=args.address, concurrency=args.concurrency, encoding=args.encoding,
-                 progress=args.progress, study_name=args.study_name,
-                 batch_policy=args.batch_policy, **_ray_options(args))
+    options = tune_options(args.sampler, args.trials, backend=args.backend, seed=args.seed,
+                           storage=args.storage, address=args.address,
+                           concurrency=args.concurrency, encoding=args.encoding,
+                           progress=args.progress, study_name=args.study_name,
+                           **_ray_options(args))
+    case = make_case(args.model, system, args.num_procs, args.max_batch_size, args.datatype,
+                     args.batch_policy)
+    table = tune(case, load_space(args.space if args.space is not None else DEFAULT_SPACE),
+                 options)
     recommend = risk_recommend(table, system, headroom, risk, errors)
     best = write_results(table, output, trials_out, fmt, recommend)
     if "study_name" in table.attrs:

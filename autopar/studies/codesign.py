@@ -170,7 +170,7 @@ def _open_study(study: Study, search: Search, name: str):
     storage = search.storage
     try:
         if isinstance(storage, str) and storage.startswith("sqlite:"):
-            from autopar.search.tune import sqlite_storage
+            from autopar.search.backends.shared_study import sqlite_storage
             storage = sqlite_storage(storage)
         return optuna.create_study(storage=storage, study_name=name, directions=directions,
                                    load_if_exists=True)

@@ -18,7 +18,7 @@ convention for failed runs.
 
 On Ray, TuneBOHB (Ray 2.60) learns only from results the scheduler lets
 through, and a trial that reports ``done`` (ours: one result per trial) never
-reaches the scheduler, so ``autopar.search.tune_ray.TuneBOHBAll`` feeds each finished
+reaches the scheduler, so ``autopar.search.samplers.ray_searchers.TuneBOHBAll`` feeds each finished
 trial to the model in ``on_trial_complete``.  In process, ``BohbSampler``
 drives the same hpbandster model as an Optuna sampler, so storage, resume and
 the dashboard work as for the other samplers.
