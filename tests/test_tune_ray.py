@@ -182,3 +182,15 @@ def test_resumed_experiment_numbers_trials_as_the_run_did(local_ray, tmp_path):
     fields = ["tensor_par", "pipeline_par", "data_par", "microbatch_size", "batch_size"]
     assert again[fields].astype(str).values.tolist() == table[fields].astype(str).values.tolist()
     assert list(again["sample_rate"].fillna(-1)) == list(table["sample_rate"].fillna(-1))
+
+
+def test_actors_are_reused_on_one_node_only(local_ray, monkeypatch):
+    """Tune hands a cached actor to any pending trial, one whose actor is
+    starting on another node too: on more than one node, no reuse (#27)."""
+    assert tune_ray.reuse_actors_here()          # the local Ray: one node
+    node = {"Alive": True, "Resources": {"CPU": 1.0}}
+    monkeypatch.setattr(ray, "nodes", lambda: [node, dict(node)])
+    assert not tune_ray.reuse_actors_here()
+    monkeypatch.setattr(ray, "nodes", lambda: [node, {"Alive": False, "Resources": {"CPU": 1.0}},
+                                               {"Alive": True, "Resources": {"GPU": 1.0}}])
+    assert tune_ray.reuse_actors_here()

@@ -6,7 +6,7 @@ search's is wrapped by ``SkeletonCache`` around the shared repeat cache,
 
 Ray Tune's defaults are made for trials that train for minutes; ours take
 milliseconds, so the settings that matter are the per-trial overheads:
-actors are reused (``reuse_actors``), Tune's automatic CSV/JSON/TensorBoard
+actors are reused on one node (``reuse_actors``), Tune's automatic CSV/JSON/TensorBoard
 loggers are off (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``, set only while the
 Tuner is built and run), no checkpoints are taken, and every trial reports
 once with ``done=True``.  Results are collected on the driver by a callback
@@ -23,8 +23,16 @@ that has just finished on a warm node, cancelling the cold one
 (``TuneController._maybe_reuse_cached_actor``); with trials quicker than an
 actor's start every trial ends up on the first node.  ``KeepPlacement`` (the
 scheduler used unless the sampler brings its own) never picks a trial, so
-Tune starts pending trials in order: a finished actor is reused by a new
-trial that has no actor yet, and a trial placed on another node keeps it.
+Tune starts pending trials in order.  That is not enough on its own: after
+the scheduler's pick and the pending trials in order, Tune hands any cached
+actor to any pending trial of the same resources (the third step of
+``TuneController._maybe_add_actors``, a set's ``pop``), a trial whose actor
+is still starting on the other node included, so on a loaded machine a run
+once placed every trial on one node.  On a cluster of more than one node
+with CPUs actors are therefore not reused (``reuse_actors_here``): every
+trial gets an actor of its own where Ray placed it, and with each trial
+holding one CPU the trials running at once fill every node whatever the
+timing (each trial pays an actor's start; on one node, actors are reused).
 
 A Ray started here is local, listens on loopback only and has no dashboard;
 with ``address`` (or ``RAY_ADDRESS``) an existing cluster is joined instead,
@@ -415,7 +423,7 @@ def run(prob, choice, trials: int, seed: int | None, address: str | None,
                     metric=METRIC, mode="max", num_samples=pieces.num_samples,
                     search_alg=pieces.search_alg,
                     scheduler=pieces.scheduler or KeepPlacement(),
-                    max_concurrent_trials=limit, reuse_actors=True,
+                    max_concurrent_trials=limit, reuse_actors=reuse_actors_here(),
                     trial_dirname_creator=_short_name, trial_name_creator=_short_name),
                 run_config=tune.RunConfig(
                     name=name, storage_path=storage, verbose=0,
@@ -433,6 +441,14 @@ def run(prob, choice, trials: int, seed: int | None, address: str | None,
     finally:
         if temp:
             shutil.rmtree(storage, ignore_errors=True)
+
+
+def reuse_actors_here() -> bool:
+    """Whether trials may reuse finished trials' actors: only on a Ray of one
+    node with CPUs (on more, reuse moves trials between nodes by timing; see
+    the module docstring)."""
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    return len(nodes) <= 1
 
 
 def _with_concurrency(trainable, concurrency: int | None):
