@@ -290,3 +290,23 @@ def test_compare_rechecks_each_runs_best_trial(truth):
     with pytest.raises(BestMismatch, match="evaluated again gives"):
         recheck_best([wrong], case.model, case.system)
     assert recheck_best([dict(run, best_execution=None)], case.model, case.system)["runs"] == 0
+
+
+def test_the_ray_repeat_cache_state_round_trips(truth):
+    """SkeletonCache keeps its repeat cache (backends.repeats, shared with the
+    optuna backend) in Tune's searcher state: a restored one places the same
+    skeleton in place of a repeat."""
+    pytest.importorskip("ray")
+    import pickle
+
+    from autopar.search.backends.ray_tune import SkeletonCache
+    from autopar.search.skeleton import SkeletonEncoder
+    enc = SkeletonEncoder(truth["space"], truth["case"], "index")
+    a = SkeletonCache(searcher=None, encoder=enc, seed=5)
+    for i, sk in enumerate(enc.all[:3]):
+        a.repeats.claim(sk, f"t{i}")
+    b = SkeletonCache(searcher=None, encoder=enc, seed=99)
+    b.set_state(pickle.loads(pickle.dumps(a.get_state())))     # as Tune saves it
+    assert b.repeats.owner == a.repeats.owner
+    assert b.repeats.instead(enc.all[0], "t9") == a.repeats.instead(enc.all[0], "t9")
+    assert enc.all[0] in b.repeats and b.repeats.unseen() == a.repeats.unseen()
