@@ -24,7 +24,7 @@ __all__ = ["SpecError", "load_model", "load_system", "load_execution", "load_fra
 
 _LAZY = {
     "exhaustive": ("autopar.search.exhaustive", "exhaustive"),
-    "tune": ("autopar.search.tune", "tune"),
+    "tune": ("autopar.search.tune", "tune_arguments"),
     "compare": ("autopar.studies.compare", "compare"),
 }
 

@@ -43,7 +43,7 @@ from cluster_exhaustive import _free_port, _start, _wait  # noqa: E402
 
 def main() -> int:
     from autopar.search.space import load_space
-    from autopar.search.tune import tune
+    from autopar.search.tune import tune_arguments as tune
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(ROOT / "models/gpt3-175B.json"))
     p.add_argument("--system", default=str(ROOT / "systems/a100_80g.json"))

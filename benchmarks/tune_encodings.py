@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import numpy as np
-    from autopar.search.tune import tune
+    from autopar.search.tune import tune_arguments as tune
 
     opt = args.optimum
     if opt is None:

@@ -4,7 +4,7 @@
                                        [--cpus 2] [--skip-ray] [--skip-optuna]
 
 Ray part: a local Ray with ``--cpus`` CPUs; the same Tune settings
-(``autopar.search.tune_ray.run``: reused actors, no per-trial loggers, no
+(``autopar.search.backends.ray_tune.run``: reused actors, no per-trial loggers, no
 checkpoints, one report per trial, random search) run once with a no-op
 trainable (reports a constant, does nothing else) and once with the real one
 (decode a layout, evaluate it with the model).  Prints trials/s of each and
@@ -42,24 +42,26 @@ def noop_trainable(config: dict, problem=None) -> None:
 
 def bench_ray(trials: int, cpus: int, repeats: int) -> None:
     import ray
-    from autopar.search import tune_ray
+    from autopar.search.backends import ray_tune as tune_ray
+    from autopar.search.cluster import start_local_ray
+    from autopar.search.samplers import parse
     from autopar.search.space import load_space
     from autopar.search.trainable import make_problem
     from autopar.search.tune import make_case
 
     case = make_case(MODEL, SYSTEM, **CASE)
     prob = make_problem(case, load_space("calculon"), "index")
-    tune_ray.start_local_ray(num_cpus=cpus)
+    start_local_ray(num_cpus=cpus)
     try:
         # warm-up: worker processes started, imports done
-        tune_ray.run(prob, "random", 2 * cpus, 0, None, None, None, trainable=noop_trainable)
-        tune_ray.run(prob, "random", 2 * cpus, 0, None, None, None)
+        tune_ray.run(prob, parse("random"), 2 * cpus, 0, None, None, None, trainable=noop_trainable)
+        tune_ray.run(prob, parse("random"), 2 * cpus, 0, None, None, None)
         rates: dict[str, list[float]] = {"no-op": [], "autopar": []}
         for rep in range(repeats):          # alternated, so both see the same machine load
             for name, trainable in (("no-op", noop_trainable),
                                     ("autopar", tune_ray.layout_trainable)):
                 t0 = time.perf_counter()
-                rows = tune_ray.run(prob, "random", trials, rep, None, None, None,
+                rows = tune_ray.run(prob, parse("random"), trials, rep, None, None, None,
                                     trainable=trainable)
                 dt = time.perf_counter() - t0
                 assert len(rows) == trials
@@ -74,7 +76,7 @@ def bench_ray(trials: int, cpus: int, repeats: int) -> None:
 
 
 def bench_optuna(trials: int, samplers) -> None:
-    from autopar.search.tune import tune
+    from autopar.search.tune import tune_arguments as tune
     for s in samplers:
         t0 = time.perf_counter()
         table = tune(MODEL, SYSTEM, sampler=s, trials=trials, seed=0, backend="optuna",

@@ -346,7 +346,7 @@ def test_nsga2_with_sqlite_storage_resumes(tmp_path):
 def test_sweep_on_ray_matches_serial_and_listens_on_loopback(tmp_path):
     import ray
     from autopar.studies.cliffs import sweep
-    from autopar.search.tune_ray import start_local_ray
+    from autopar.search.cluster import start_local_ray
     spec = {"kind": "cliffs", "name": "t",
             "case": {"model": str(MODEL), "system": str(SYSTEM), "max_batch_size": 256,
                      "datatype": "float16", "space": "small"},

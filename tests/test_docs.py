@@ -58,7 +58,8 @@ def test_image_links_exist(doc):
 
 
 def test_tune_help_states_the_default_encodings(cli):
-    from autopar.search.encodings import DEFAULT_ENCODINGS
+    from autopar.search.samplers import default_encodings
+    DEFAULT_ENCODINGS = default_encodings()
     text = " ".join(cli("tune", "--help").stdout.split())
     assert "named for tpe" in text and DEFAULT_ENCODINGS["tpe"] == "named"
     assert "default: index;" not in text

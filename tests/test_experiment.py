@@ -112,7 +112,7 @@ def test_sampler_options_are_tunes_keyword_options():
     import inspect
 
     from autopar.io.experiment import SAMPLER_OPTIONS
-    from autopar.search.tune import tune
+    from autopar.search.tune import tune_arguments as tune
     decided = {"model", "system", "num_procs", "max_batch_size", "datatype", "sampler",
                "trials", "space", "seed", "storage", "address", "progress", "study_name",
                "batch_policy", "training", "return_study"}   # the experiment decides these

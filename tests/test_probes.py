@@ -56,7 +56,7 @@ def test_seed_beyond_32_bits(cli, seed):
 
 def test_seed_beyond_32_bits_in_python():
     from autopar.io.errors import SpecError
-    from autopar.search.tune import tune
+    from autopar.search.tune import tune_arguments as tune
     with pytest.raises(SpecError, match="2\\*\\*32-1"):
         tune(MODEL, SYSTEM, 64, 64, "float16", trials=2, seed=2 ** 32, progress=False)
 
@@ -238,7 +238,7 @@ def test_a_run_notes_the_first_interrupt_and_raises_on_the_second():
     at its next step (a KeyboardInterrupt raised inside a library callback
     is dropped by Python, with a traceback), the second raises at once; the
     handlers are put back after."""
-    from autopar.search.tune import _interrupts_noted
+    from autopar.search.backends.signals import interrupts_noted as _interrupts_noted
     # (as in a terminal; a suite started in the background has SIGINT ignored)
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

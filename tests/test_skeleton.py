@@ -17,7 +17,8 @@ import autopar
 from autopar.io.layouts import FIELDS, to_records
 from autopar.io.specs import SpecError
 from autopar.search.space import load_space
-from autopar.search.tune import TRIAL_COLUMNS, best_execution, make_case, tune
+from autopar.search.tune import TRIAL_COLUMNS, best_execution, make_case
+from autopar.search.tune import tune_arguments as tune
 
 MODEL = "models/gpt3-13B.json"
 SYSTEM = "systems/a100_80g.json"
@@ -153,14 +154,16 @@ def test_infeasible_skeletons_are_pruned_with_the_commonest_reason():
 
 def test_skeleton_on_ray_runs_distinct_skeletons(truth):
     ray = pytest.importorskip("ray")
-    from autopar.search import tune_ray
+    from autopar.search.backends import ray_tune as tune_ray
+    from autopar.search.cluster import start_local_ray
     assert not ray.is_initialized()
-    tune_ray.start_local_ray(num_cpus=2)
+    start_local_ray(num_cpus=2)
     try:
         keep: dict = {}
+        from autopar.search.samplers import parse
         from autopar.search.trainable import make_problem
         prob = make_problem(truth["case"], truth["space"], "skeleton-index")
-        rows = tune_ray.run(prob, "skeleton-tpe", 24, 0, None, 2, None, keep=keep)
+        rows = tune_ray.run(prob, parse("skeleton-tpe"), 24, 0, None, 2, None, keep=keep)
     finally:
         ray.shutdown()
     from autopar.search.tune import trials_table
@@ -287,3 +290,23 @@ def test_compare_rechecks_each_runs_best_trial(truth):
     with pytest.raises(BestMismatch, match="evaluated again gives"):
         recheck_best([wrong], case.model, case.system)
     assert recheck_best([dict(run, best_execution=None)], case.model, case.system)["runs"] == 0
+
+
+def test_the_ray_repeat_cache_state_round_trips(truth):
+    """SkeletonCache keeps its repeat cache (backends.repeats, shared with the
+    optuna backend) in Tune's searcher state: a restored one places the same
+    skeleton in place of a repeat."""
+    pytest.importorskip("ray")
+    import pickle
+
+    from autopar.search.backends.ray_tune import SkeletonCache
+    from autopar.search.skeleton import SkeletonEncoder
+    enc = SkeletonEncoder(truth["space"], truth["case"], "index")
+    a = SkeletonCache(searcher=None, encoder=enc, seed=5)
+    for i, sk in enumerate(enc.all[:3]):
+        a.repeats.claim(sk, f"t{i}")
+    b = SkeletonCache(searcher=None, encoder=enc, seed=99)
+    b.set_state(pickle.loads(pickle.dumps(a.get_state())))     # as Tune saves it
+    assert b.repeats.owner == a.repeats.owner
+    assert b.repeats.instead(enc.all[0], "t9") == a.repeats.instead(enc.all[0], "t9")
+    assert enc.all[0] in b.repeats and b.repeats.unseen() == a.repeats.unseen()

@@ -17,7 +17,8 @@ from optuna.trial import TrialState
 
 import autopar
 from autopar.search.space import load_space
-from autopar.search.tune import make_case, tune
+from autopar.search.tune import make_case
+from autopar.search.tune import tune_arguments as tune
 from test_tune import CASE, MODEL, SYSTEM, check_trials
 
 smac = pytest.importorskip("smac")
@@ -62,7 +63,7 @@ def test_smac_in_optuna_prunes_exactly_the_infeasible_and_resumes(tmp_path):
 
 def test_smac_random_forest_runs_on_one_thread():
     from autopar.search.encodings import Encoder
-    from autopar.search.smac_search import _Smac
+    from autopar.search.smac_search import Smac as _Smac
     case = make_case(MODEL, SYSTEM, **CASE)
     s = _Smac(Encoder(load_space("small"), case, "flat"), seed=0)
     assert s.smac._model._rf_opts["n_jobs"] == 1
@@ -70,11 +71,12 @@ def test_smac_random_forest_runs_on_one_thread():
 
 def test_smac_on_ray_and_concurrency_is_honoured(monkeypatch, caplog):
     ray = pytest.importorskip("ray")
-    from autopar.search import tune_ray
+    from autopar.search.backends import ray_tune as tune_ray
+    from autopar.search.cluster import start_local_ray
     assert not ray.is_initialized()
     # every trial sleeps 0.5 s first (set before Ray starts its workers)
     monkeypatch.setenv("AUTOPAR_TRIAL_DELAY", "0.5")
-    tune_ray.start_local_ray(num_cpus=2)
+    start_local_ray(num_cpus=2)
     try:
         table = tune(MODEL, SYSTEM, **CASE, sampler="smac", trials=8, seed=0, backend="ray")
         check_trials(table, 8, in_order=False)

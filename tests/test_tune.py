@@ -21,7 +21,8 @@ from optuna.trial import TrialState
 import autopar
 from autopar.io.layouts import FIELDS
 from autopar.io.specs import SpecError
-from autopar.search.tune import TRIAL_COLUMNS, best_execution, best_trial, tune
+from autopar.search.tune import TRIAL_COLUMNS, best_execution, best_trial
+from autopar.search.tune import tune_arguments as tune
 
 MODEL = "models/gpt3-175B.json"
 SYSTEM = "systems/a100_80g.json"

@@ -1,6 +1,6 @@
 """``autopar.search.tune`` on the ray backend: a real local Ray (2 CPUs), real Tune runs.
 
-Ray is started once for the module (``autopar.search.tune_ray.start_local_ray``:
+Ray is started once for the module (``autopar.search.cluster.start_local_ray``:
 loopback only, no dashboard) and shut down at the end.  Each sampler runs
 once; the TPE and BOHB runs also expose their search algorithm, to check what
 Ray's OptunaSearch told its study and what BOHB learnt.
@@ -12,11 +12,14 @@ import math
 import pytest
 from optuna.trial import TrialState
 
-from autopar.search import tune_ray
+from autopar.search.backends import ray_tune as tune_ray
+from autopar.search.cluster import start_local_ray
+from autopar.search.samplers import parse
 from autopar.io.layouts import FIELDS
 from autopar.search.space import load_space
 from autopar.search.trainable import make_problem
-from autopar.search.tune import best_execution, best_trial, make_case, trials_table, tune
+from autopar.search.tune import best_execution, best_trial, make_case, trials_table
+from autopar.search.tune import tune_arguments as tune
 from test_tune import CASE, MODEL, SYSTEM, check_trials
 
 ray = pytest.importorskip("ray")
@@ -29,7 +32,7 @@ def local_ray(repo_root):
     cwd = os.getcwd()
     os.chdir(repo_root)
     assert not ray.is_initialized()
-    tune_ray.start_local_ray(num_cpus=2)
+    start_local_ray(num_cpus=2)
     try:
         yield
     finally:
@@ -68,7 +71,7 @@ def test_ray_trials_prune_exactly_the_infeasible(local_ray, sampler):
 def test_ray_optuna_study_marks_infeasible_trials_pruned(local_ray):
     """Ray's OptunaSearch sees a trial reported without a value and tells PRUNED."""
     keep: dict = {}
-    rows = tune_ray.run(_problem("named"), "tpe", TRIALS, 2, None, 2, None, keep=keep)
+    rows = tune_ray.run(_problem("named"), parse("tpe"), TRIALS, 2, None, 2, None, keep=keep)
     _check_ray(trials_table(rows))
     study = keep["search_alg"]._ot_study          # OptunaSearch's study (no public accessor)
     trials = study.get_trials(deepcopy=False)
@@ -86,7 +89,7 @@ def test_ray_bohb_learns_from_every_trial(local_ray):
     """TuneBOHBAll feeds BOHB each finished trial, infeasible ones with loss +inf."""
     pytest.importorskip("hpbandster")
     keep: dict = {}
-    rows = tune_ray.run(_problem("index"), "bohb", TRIALS, 0, None, 2, None, keep=keep)
+    rows = tune_ray.run(_problem("index"), parse("bohb"), TRIALS, 0, None, 2, None, keep=keep)
     _check_ray(trials_table(rows))
     bohber = keep["search_alg"].bohber
     assert len(bohber.configs[1.0]) == len(rows)
@@ -165,3 +168,29 @@ def test_kept_experiment_restores_the_ray_way(local_ray, tmp_path, sampler):
     # Ray's own call, with the trainable autopar names for the folder
     plain = ray.tune.Tuner.restore(path, trainable=tune_ray.restore_trainable(path))
     assert len(plain.get_results().get_dataframe()) == 6
+
+
+def test_resumed_experiment_numbers_trials_as_the_run_did(local_ray, tmp_path):
+    """Tune puts restored trials back newest result first; the resumed table
+    still numbers each trial as the run did (the summary's "trial 46", not
+    its place in the restored list), in trial order (#27)."""
+    from autopar.search.tune import resume
+    table = tune(MODEL, SYSTEM, sampler="random", trials=8, seed=4, backend="ray",
+                 concurrency=1, progress=False, storage_path=str(tmp_path), name="kept", **CASE)
+    again = resume(str(tmp_path / "kept"))
+    assert list(again["trial"]) == list(table["trial"]) == list(range(8))
+    fields = ["tensor_par", "pipeline_par", "data_par", "microbatch_size", "batch_size"]
+    assert again[fields].astype(str).values.tolist() == table[fields].astype(str).values.tolist()
+    assert list(again["sample_rate"].fillna(-1)) == list(table["sample_rate"].fillna(-1))
+
+
+def test_actors_are_reused_on_one_node_only(local_ray, monkeypatch):
+    """Tune hands a cached actor to any pending trial, one whose actor is
+    starting on another node too: on more than one node, no reuse (#27)."""
+    assert tune_ray.reuse_actors_here()          # the local Ray: one node
+    node = {"Alive": True, "Resources": {"CPU": 1.0}}
+    monkeypatch.setattr(ray, "nodes", lambda: [node, dict(node)])
+    assert not tune_ray.reuse_actors_here()
+    monkeypatch.setattr(ray, "nodes", lambda: [node, {"Alive": False, "Resources": {"CPU": 1.0}},
+                                               {"Alive": True, "Resources": {"GPU": 1.0}}])
+    assert tune_ray.reuse_actors_here()

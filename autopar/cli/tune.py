@@ -26,15 +26,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from autopar.io.experiment import DEFAULT_SAMPLER
 from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
 from autopar.io.layouts import CHOICES
 from autopar.cli import framework_option, SOURCE, distinct_outputs, output_path, positive, seed_arg
 from autopar.cli import inference_option, training_of
 from autopar.io.specs import SpecError
 
-# autopar.search.samplers.SAMPLERS (no optuna import here)
-SAMPLERS = ("tpe", "cmaes", "random", "grid", "bohb", "smac",
-            "skeleton-tpe", "skeleton-random", "skeleton-cmaes", "skeleton-smac")
+from autopar.search.samplers import user_names
+
+# the registry's names (autopar.search.samplers; no optuna import here)
+SAMPLERS = user_names()
 
 
 def register(subparsers) -> None:
@@ -50,7 +52,7 @@ def register(subparsers) -> None:
                    help="global batch: the largest multiple of data_par up to this "
                         "(batch policy max) or exactly this (fixed)")
     p.add_argument("--datatype", choices=CHOICES["datatype"], help="required")
-    p.add_argument("--sampler", default="skeleton-tpe", choices=SAMPLERS,
+    p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=SAMPLERS,
                    help="default: skeleton-tpe (docs/compare.md); skeleton-SAMPLER proposes skeletons (the space's "
                         "skeleton: parameters) and evaluates every completion of each at once "
                         "(autopar.search.skeleton); --trials then counts distinct skeletons")
@@ -61,9 +63,11 @@ def register(subparsers) -> None:
                    help="default: the space's (max)")
     p.add_argument("--backend", choices=("optuna", "ray"), default="optuna",
                    help="optuna: a study in this process (default); ray: a Ray Tune Tuner")
-    from autopar.search.encodings import DEFAULT_ENCODING, DEFAULT_ENCODINGS
-    by = ", ".join(f"{e} for {', '.join(s for s, x in DEFAULT_ENCODINGS.items() if x == e)}"
-                   for e in dict.fromkeys(DEFAULT_ENCODINGS.values()))
+    from autopar.search.encodings import DEFAULT_ENCODING
+    from autopar.search.samplers import default_encodings
+    encodings = default_encodings()
+    by = ", ".join(f"{e} for {', '.join(s for s, x in encodings.items() if x == e)}"
+                   for e in dict.fromkeys(encodings.values()))
     p.add_argument("--encoding", choices=ENCODINGS, default=None,
                    help=f"how samplers see the space (default by sampler: {by}; otherwise "
                         f"{DEFAULT_ENCODING}; see autopar.search.encodings)")
@@ -286,7 +290,8 @@ def _ray_options(args) -> dict:
 
 
 def run(args) -> int:
-    from autopar.search.tune import DEFAULT_SPACE, tune
+    from autopar.search.space import load_space
+    from autopar.search.tune import DEFAULT_SPACE, make_case, tune, tune_options
 
     if getattr(args, "resume", None) is not None:
         return _resume(args)
@@ -319,7 +324,6 @@ def run(args) -> int:
     if fmt != "autopar":
         from autopar.io.export import check_calculon_run
         from autopar.io.specs import load_model
-        from autopar.search.space import load_space
         check_calculon_run(fmt, load_model(args.model),
                            load_space(args.space if args.space is not None else DEFAULT_SPACE))
     from autopar.io.specs import load_system
@@ -335,14 +339,14 @@ def run(args) -> int:
     from autopar.search.space import framework_space
     space = framework_space(args.space if args.space is not None else DEFAULT_SPACE,
                             getattr(args, "framework", None))
-    table = tune(args.model, system, args.num_procs, args.max_batch_size, args.datatype,
-                 sampler=args.sampler, trials=args.trials,
-                 space=space,
-                 backend=args.backend, seed=args.seed, storage=args.storage,
-                 address=args.address, concurrency=args.concurrency, encoding=args.encoding,
-                 progress=args.progress, study_name=args.study_name,
-                 batch_policy=args.batch_policy, training=training_of(args),
-                 **_ray_options(args))
+    options = tune_options(args.sampler, args.trials, backend=args.backend, seed=args.seed,
+                           storage=args.storage, address=args.address,
+                           concurrency=args.concurrency, encoding=args.encoding,
+                           progress=args.progress, study_name=args.study_name,
+                           **_ray_options(args))
+    case = make_case(args.model, system, args.num_procs, args.max_batch_size, args.datatype,
+                     args.batch_policy, training=training_of(args))
+    table = tune(case, space, options)
     recommend = risk_recommend(table, system, headroom, risk, errors)
     best = write_results(table, output, trials_out, fmt, recommend)
     if "study_name" in table.attrs:

@@ -81,7 +81,7 @@ SAMPLERS: tuple[str, ...] = LAYOUT_SAMPLERS + SKELETON_SAMPLERS
 DEFAULT_SAMPLER = "skeleton-tpe"
 ENCODINGS: tuple[str, ...] = ("index", "named", "flat")
 BACKENDS: tuple[str, ...] = ("optuna", "ray")
-# autopar.search.tune's keyword options that a compare entry may set
+# autopar.search.tune's keyword options (tune_options) that a compare entry may set
 # (tests/test_experiment.py checks them against tune's signature).
 SAMPLER_OPTIONS: tuple[str, ...] = ("backend", "concurrency", "encoding", "storage_path",
                                     "name", "max_failures", "on_start")

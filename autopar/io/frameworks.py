@@ -37,7 +37,7 @@ from typing import Mapping
 from autopar.io.errors import SpecError
 from autopar.io.layouts import ALL_FIELDS, CHOICES, EXT_DEFAULTS
 from autopar.io.specs import (MemoryHeadroom, MemoryOverhead, SystemSpec, TimeOverhead,
-                              _Checker, _kind, execution_value, memory_headroom_json,
+                              Checker, kind_of, execution_value, memory_headroom_json,
                               memory_overhead_json, read_json, read_memory_headroom,
                               read_memory_overhead, read_time_overhead, time_overhead_json)
 
@@ -85,11 +85,11 @@ def load_framework(path_or_dict, source: str | None = None) -> FrameworkSpec:
         data, src = read_json(p), source or str(p)
         if not isinstance(data, dict):
             raise SpecError(src, "(root)", f"expected a JSON object (a framework), "
-                                           f"got {_kind(data)}")
+                                           f"got {kind_of(data)}")
     else:
         raise SpecError(source or "dict", "(root)", "expected a file path, a framework name "
-                        f"or an object (a framework), got {_kind(path_or_dict)}")
-    c = _Checker(src)
+                        f"or an object (a framework), got {kind_of(path_or_dict)}")
+    c = Checker(src)
     c.keys(data, "", FRAMEWORK_KEYS, FRAMEWORK_OPTIONAL_KEYS)
     name = c.str(data["name"], "name")
     if not name:
@@ -105,7 +105,7 @@ def load_framework(path_or_dict, source: str | None = None) -> FrameworkSpec:
     options = _fields(c, data.get("options", {}), "options", lambda f, v, path: _values(c, f, v, path))
     free = data.get("free", [])
     if not isinstance(free, list):
-        c.fail("free", f"expected a list of record fields, got {_kind(free)}")
+        c.fail("free", f"expected a list of record fields, got {kind_of(free)}")
     for i, f in enumerate(free):
         c.str(f, f"free[{i}]")
         rec, _, name_ = f.partition(".")
@@ -114,7 +114,7 @@ def load_framework(path_or_dict, source: str | None = None) -> FrameworkSpec:
             c.fail(f"free[{i}]", f"unknown record field {f!r} (expected one of: {allowed})")
     cites = data.get("citations", {})
     if not isinstance(cites, Mapping):
-        c.fail("citations", f"expected an object (term -> source), got {_kind(cites)}")
+        c.fail("citations", f"expected an object (term -> source), got {kind_of(cites)}")
     for k, v in cites.items():
         c.str(v, f"citations.{k}")
     for f, v in defaults.items():
@@ -126,10 +126,10 @@ def load_framework(path_or_dict, source: str | None = None) -> FrameworkSpec:
                          options=options, free=tuple(free), citations=dict(cites), source=src)
 
 
-def _fields(c: _Checker, obj, path: str, value) -> dict:
+def _fields(c: Checker, obj, path: str, value) -> dict:
     """An object keyed by execution field names, each value read by ``value``."""
     if not isinstance(obj, Mapping):
-        c.fail(path, f"expected an object keyed by execution fields, got {_kind(obj)}")
+        c.fail(path, f"expected an object keyed by execution fields, got {kind_of(obj)}")
     out = {}
     for f, v in obj.items():
         if f not in ALL_FIELDS:
@@ -138,10 +138,10 @@ def _fields(c: _Checker, obj, path: str, value) -> dict:
     return out
 
 
-def _values(c: _Checker, f: str, v, path: str) -> tuple:
+def _values(c: Checker, f: str, v, path: str) -> tuple:
     if not isinstance(v, list) or not v:
         what = f"values of {', '.join(CHOICES[f])}" if f in CHOICES else "values"
-        c.fail(path, f"expected a non-empty list of {what}, got {_kind(v)}")
+        c.fail(path, f"expected a non-empty list of {what}, got {kind_of(v)}")
     vals = tuple(execution_value(c, f, x, f"{path}[{i}]") for i, x in enumerate(v))
     if len(set(vals)) != len(vals):
         c.fail(path, "lists a value twice")

@@ -354,16 +354,16 @@ def _open(path_or_dict, source: str | None, what: str) -> tuple[dict, str]:
         data, src = read_json(path), source or str(path)
         if not isinstance(data, dict):
             raise SpecError(src, "(root)",
-                            f"expected a JSON object ({what}), got {_kind(data)}")
+                            f"expected a JSON object ({what}), got {kind_of(data)}")
         return data, src
     raise SpecError(source or "dict", "(root)",
-                    f"expected a file path or an object ({what}), got {_kind(path_or_dict)}")
+                    f"expected a file path or an object ({what}), got {kind_of(path_or_dict)}")
 
 
 # --------------------------------------------------------------------------
 # Field checks
 
-def _kind(v) -> str:
+def kind_of(v) -> str:
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -381,7 +381,7 @@ def _kind(v) -> str:
     return type(v).__name__
 
 
-class _Checker:
+class Checker:
     """Typed getters that raise SpecError naming ``source`` and the field."""
 
     def __init__(self, source: str):
@@ -392,7 +392,7 @@ class _Checker:
 
     def keys(self, obj, path: str, required, optional=()):
         if not isinstance(obj, Mapping):
-            self.fail(path or "(root)", f"expected an object, got {_kind(obj)}")
+            self.fail(path or "(root)", f"expected an object, got {kind_of(obj)}")
         prefix = f"{path}." if path else ""
         for k in obj:
             if k not in required and k not in optional:
@@ -404,7 +404,7 @@ class _Checker:
 
     def int(self, v, field: str, minimum: int | None = None) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
-            self.fail(field, f"expected an integer, got {_kind(v)} {_show(v)}")
+            self.fail(field, f"expected an integer, got {kind_of(v)} {_show(v)}")
         if minimum is not None and v < minimum:
             self.fail(field, f"must be >= {minimum}, got {v}")
         if abs(v) > 2 ** 53:           # the model computes in float64 and int64 columns
@@ -413,7 +413,7 @@ class _Checker:
 
     def number(self, v, field: str) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            self.fail(field, f"expected a number, got {_kind(v)} {_show(v)}")
+            self.fail(field, f"expected a number, got {kind_of(v)} {_show(v)}")
         if not math.isfinite(v):
             self.fail(field, f"must be finite, got {v}")
         return float(v)
@@ -438,12 +438,12 @@ class _Checker:
 
     def bool(self, v, field: str) -> bool:
         if not isinstance(v, bool):
-            self.fail(field, f"expected true or false, got {_kind(v)} {_show(v)}")
+            self.fail(field, f"expected true or false, got {kind_of(v)} {_show(v)}")
         return v
 
     def str(self, v, field: str) -> str:
         if not isinstance(v, str):
-            self.fail(field, f"expected a string, got {_kind(v)} {_show(v)}")
+            self.fail(field, f"expected a string, got {kind_of(v)} {_show(v)}")
         return v
 
     def choice(self, v, field: str, choices) -> str:
@@ -457,7 +457,7 @@ class _Checker:
         strictly descending and ending at 0 so every size is covered."""
         if not isinstance(v, list) or not v:
             self.fail(field, f"expected a non-empty list of [{unit}, efficiency] pairs, "
-                             f"got {_kind(v)}")
+                             f"got {kind_of(v)}")
         rows = []
         for i, row in enumerate(v):
             f = f"{field}[{i}]"
@@ -491,7 +491,7 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
     if isinstance(path_or_dict, ModelSpec):
         return path_or_dict
     data, src = _open(path_or_dict, source, "a model")
-    c = _Checker(src)
+    c = Checker(src)
     c.keys(data, "", MODEL_KEYS, MODEL_EXTENSION_KEYS)
     vals = {k: c.int(data[k], k, minimum=1) for k in MODEL_KEYS}
     block = c.choice(data.get("block", "gpt"), "block", BLOCK_TYPES)
@@ -513,7 +513,7 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
                      mla=mla, mtp=mtp, name=name, source=src, description=desc)
 
 
-def _moe(c: _Checker, v, vals: dict) -> MoESpec:
+def _moe(c: Checker, v, vals: dict) -> MoESpec:
     c.keys(v, "moe", MOE_KEYS, MOE_OPTIONAL_KEYS)
     experts = c.int(v["experts"], "moe.experts", minimum=1)
     top_k = c.int(v["top_k"], "moe.top_k", minimum=1)
@@ -547,7 +547,7 @@ def _moe(c: _Checker, v, vals: dict) -> MoESpec:
                    imbalance=imbalance)
 
 
-def _mla(c: _Checker, v) -> MLASpec:
+def _mla(c: Checker, v) -> MLASpec:
     c.keys(v, "mla", MLA_KEYS, MLA_OPTIONAL_KEYS)
     return MLASpec(kv_lora_rank=c.int(v["kv_lora_rank"], "mla.kv_lora_rank", minimum=1),
                    qk_nope_head_dim=c.int(v["qk_nope_head_dim"], "mla.qk_nope_head_dim",
@@ -610,9 +610,9 @@ def _stem(path_or_dict) -> str:
 # --------------------------------------------------------------------------
 # System
 
-def _processor(c: _Checker, v, path: str) -> dict:
+def _processor(c: Checker, v, path: str) -> dict:
     if not isinstance(v, Mapping):
-        c.fail(path, f"expected an object of datatypes, got {_kind(v)}")
+        c.fail(path, f"expected an object of datatypes, got {kind_of(v)}")
     if not v:
         c.fail(path, "lists no datatype")
     out = {}
@@ -628,7 +628,7 @@ def _processor(c: _Checker, v, path: str) -> dict:
     return out
 
 
-def _memory(c: _Checker, v, path: str, optional: bool = False) -> MemorySpec:
+def _memory(c: Checker, v, path: str, optional: bool = False) -> MemorySpec:
     """A memory tier; an ``optional`` tier (mem2) may be absent: GiB 0."""
     c.keys(v, path, ("GiB", "GBps", "MB_efficiency"))
     size = c.positive if not optional else c.non_negative
@@ -638,7 +638,7 @@ def _memory(c: _Checker, v, path: str, optional: bool = False) -> MemorySpec:
                                             f"{path}.MB_efficiency", "MB"))
 
 
-def _network(c: _Checker, v, path: str) -> NetworkSpec:
+def _network(c: Checker, v, path: str) -> NetworkSpec:
     c.keys(v, path, NETWORK_KEYS)
     ops_path = f"{path}.ops"
     c.keys(v["ops"], ops_path, NETWORK_OPS)
@@ -679,7 +679,7 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
     if isinstance(path_or_dict, SystemSpec):
         return path_or_dict
     data, src = _open(path_or_dict, source, "a system")
-    c = _Checker(src)
+    c = Checker(src)
     c.keys(data, "", SYSTEM_KEYS, SYSTEM_EXTENSION_KEYS)
     matrix = _processor(c, data["matrix"], "matrix")
     vector = _processor(c, data["vector"], "vector")
@@ -753,7 +753,7 @@ def system_to_json(system: SystemSpec) -> dict:
 # The software records a system file may carry and a framework file carries
 # (autopar.io.frameworks): read once here, for both.
 
-def read_memory_overhead(c: "_Checker", o, path: str = "memory_overhead") -> MemoryOverhead:
+def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> MemoryOverhead:
     """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
@@ -778,7 +778,7 @@ def read_memory_overhead(c: "_Checker", o, path: str = "memory_overhead") -> Mem
                           reshard)
 
 
-def read_time_overhead(c: "_Checker", o, path: str = "time_overhead") -> TimeOverhead:
+def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
     """A ``time_overhead`` object -> TimeOverhead."""
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
@@ -796,7 +796,7 @@ def read_time_overhead(c: "_Checker", o, path: str = "time_overhead") -> TimeOve
     return TimeOverhead(frac, moe_s, launch, speed)
 
 
-def read_memory_headroom(c: "_Checker", o, capacity_GiB: float | None = None,
+def read_memory_headroom(c: "Checker", o, capacity_GiB: float | None = None,
                          path: str = "memory_headroom") -> MemoryHeadroom:
     """A ``memory_headroom`` object -> MemoryHeadroom; with ``capacity_GiB``
     (tier 1's), the headroom must be below it."""
@@ -842,7 +842,7 @@ def memory_headroom_json(h: MemoryHeadroom) -> dict:
 # --------------------------------------------------------------------------
 # Execution
 
-def _check_split(c: "_Checker", out: dict, model: ModelSpec | None) -> None:
+def _check_split(c: "Checker", out: dict, model: ModelSpec | None) -> None:
     """The pipeline split fields (uneven pipelines) that no layout can use:
     the combinations Megatron-Core's TransformerConfig refuses
     (transformer_config.py ``__post_init__``: first/last stage blocks with the
@@ -867,7 +867,7 @@ def _check_split(c: "_Checker", out: dict, model: ModelSpec | None) -> None:
                          f"the model's {model.num_blocks} blocks")
 
 
-def execution_value(c: "_Checker", f: str, v, path: str | None = None):
+def execution_value(c: "Checker", f: str, v, path: str | None = None):
     """One value of execution field ``f`` checked as a file's would be: a
     choice, a flag, or an integer (>= 1 for counts, >= 0 for tiers)."""
     path = path or f
@@ -932,7 +932,7 @@ def load_partial_execution(path_or_dict, system: SystemSpec | None = None,
         unknown |= {f for f in FIELDS if f not in data}
     if defaults:
         data = {**{f: v for f, v in defaults.items() if f not in unknown}, **data}
-    c = _Checker(src)
+    c = Checker(src)
     for f in sorted(unknown, key=lambda f: (f not in ALL_FIELDS, f)):
         if f not in ALL_FIELDS:
             c.keys({f: None}, "", (), ALL_FIELDS + ("structure_type",))
@@ -953,7 +953,7 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
     """The checks of ``load_execution`` on a parsed execution object: the
     ``required`` fields present, every value typed, the system's datatype and
     network tiers."""
-    c = _Checker(src)
+    c = Checker(src)
     c.keys(data, "", required, tuple(f for f in ALL_FIELDS if f not in required)
            + ("structure_type",))
     data = dict(data)

@@ -1,4 +1,6 @@
-"""Joining a Ray cluster: one place for what every command does with ``--address``.
+"""Ray sessions: joining a cluster (one place for what every command does with
+``--address``), or a local Ray on loopback (``start_local_ray``); ``ray_session``
+uses the running Ray or starts one of the two for a block.
 
 ``join(address)`` connects this process to the cluster with the autopar
 package in the job's runtime_env (``py_modules``), so nodes need only Ray and
@@ -104,3 +106,49 @@ def join(address: str) -> None:
         else:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecError(SOURCE, "address", f"cannot connect to Ray at {address!r}: {msg}") from None
+
+
+# --------------------------------------------------------------------------
+# A Ray session: a local Ray on loopback, or a cluster joined by address
+
+def start_local_ray(num_cpus: int | None = None) -> None:
+    """Start a new local Ray (never joins a running one) on loopback only, no dashboard.
+
+    Ray 2.60 binds its servers to the node's IP address, but ``ray.init``
+    replaces a loopback ``_node_ip_address`` by the machine's outward address
+    unless Ray's cluster mode is off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    read once at import as ``ray_constants.ENABLE_RAY_CLUSTER``).  It is
+    switched off only while the node starts, so every server listens on
+    127.0.0.1 and nothing is reachable from other machines.
+    """
+    import ray
+    from ray._private import ray_constants
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", log_to_driver=False,
+                 logging_level=logging.WARNING)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None):
+    """Use the running Ray, else start one (local, or joining ``address``)."""
+    import os
+
+    import ray
+    started = False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not ray.is_initialized():
+        if address:
+            join(address)
+        else:
+            start_local_ray()
+        started = True
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()

@@ -46,7 +46,7 @@ back to independent random sampling), but TPE stalls on it: many ``u`` decode
 to the same layout, so TPE keeps re-proposing a few layouts it already knows
 (22 distinct layouts in trials 100-200 of one run).  TPE's categorical
 kernels on ``named`` keep exploring and end higher.  Hence the default is per
-sampler (``DEFAULT_ENCODINGS``): ``named`` for TPE, ``index`` for the others;
+sampler (each sampler's ``encoding``, ``autopar.search.samplers``): ``named`` for TPE, ``index`` for the others;
 every encoding stays selectable.
 """
 from __future__ import annotations
@@ -56,18 +56,6 @@ from typing import Any, Mapping
 from autopar.io.experiment import ENCODINGS  # noqa: F401  (the names files may use)
 
 DEFAULT_ENCODING = "index"
-# Per sampler, the encoding that found better layouts sooner (see the module docstring).
-DEFAULT_ENCODINGS = {"tpe": "named", "cmaes": "index", "random": "index", "bohb": "index",
-                     "grid": "index", "smac": "flat"}
-
-
-def default_encoding(sampler: str) -> str:
-    if sampler.startswith("skeleton-"):     # a few ordered parameters: index for all
-        return "flat" if sampler == "skeleton-smac" else "index"
-    return DEFAULT_ENCODINGS.get(sampler, DEFAULT_ENCODING)
-
-# Samplers that need a static space (no define-by-run names).
-STATIC_ONLY = ("bohb", "smac")
 
 
 class Invalid(Exception):
@@ -78,12 +66,12 @@ class Invalid(Exception):
         self.reason = reason
 
 
-def _plain(v):
+def plain(v):
     """numpy scalars (as ConfigSpace hands them out) -> Python values."""
     return v.item() if hasattr(v, "item") else v
 
 
-def _name_of(param: str, choices: list) -> str:
+def choice_set_name(param: str, choices: list) -> str:
     return param + "|" + ",".join(str(c) for c in choices)
 
 
@@ -95,8 +83,10 @@ class Encoder:
     searched parameters; ``suggest(trial)`` does both on an Optuna trial
     (define-by-run).  ``distributions()``, ``ray_space()`` and
     ``configspace()`` give the static space for Optuna, Ray Tune and
-    ConfigSpace (BOHB).
+    ConfigSpace (BOHB).  ``skeleton``: whether it encodes skeletons
+    (``autopar.search.skeleton.SkeletonEncoder``) rather than layouts.
     """
+    skeleton = False
 
     def __init__(self, space, case, encoding: str = DEFAULT_ENCODING):
         if encoding not in ENCODINGS:
@@ -123,7 +113,7 @@ class Encoder:
         values through (``space.check`` says later whether they are valid).
         """
         if self.kind == "flat":    # checked against the space when evaluated
-            return {p: _plain(raw[p]) for p in self.searched}
+            return {p: plain(raw[p]) for p in self.searched}
         params: dict = {}
         for p in self.searched:
             ch = self.choices(p, params)
@@ -132,8 +122,8 @@ class Encoder:
             if self.kind == "index":
                 params[p] = ch[_pick(float(raw[p]), len(ch))]
             else:
-                name = p if ch == self.flat[p] else _name_of(p, ch)
-                params[p] = _plain(raw[name]) if len(ch) > 1 else ch[0]
+                name = p if ch == self.flat[p] else choice_set_name(p, ch)
+                params[p] = plain(raw[name]) if len(ch) > 1 else ch[0]
                 if params[p] not in ch:
                     raise Invalid(f"invalid: {p} {params[p]!r} is not one of {ch}")
         return params
@@ -154,7 +144,7 @@ class Encoder:
             if len(ch) == 1:
                 params[p] = ch[0]
                 continue
-            name = p if ch == self.flat[p] else _name_of(p, ch)
+            name = p if ch == self.flat[p] else choice_set_name(p, ch)
             params[p] = trial.suggest_categorical(name, ch)
         return params
 

@@ -36,7 +36,7 @@ from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS, record
 from autopar.io.spaces import DERIVED, PARAMS
 from autopar.io.specs import CASE_FIELDS
 from autopar.search.enumeration import encode
-from autopar.search.space import Case, Space, _ctx, load_space
+from autopar.search.space import Case, Space, layout_context, load_space
 
 GIB = 1024 ** 3
 # The most completions one partial layout is predicted over (a bigger search
@@ -321,7 +321,7 @@ def _better(v: float, key: tuple, kept_v: float, kept_key: tuple) -> bool:
 def _why_none(space: Space, case: Case, stated: Mapping) -> str:
     """Why no completion is valid: the first stated field the domain rules
     reject, walking the rules with each unknown field at its first value."""
-    ctx = _ctx(case, space)
+    ctx = layout_context(case, space)
     state: dict = {}
     for rule in space._rules:
         name = rule.name

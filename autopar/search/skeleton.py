@@ -12,7 +12,8 @@ compare`` evaluates every run's best again and stops on a difference).  A skelet
 completions runs is a pruned trial; its reason is the commonest one among its
 completions.
 
-Samplers are named ``skeleton-<sampler>`` (``skeleton-tpe``,
+Skeleton search wraps a sampler (``autopar.search.samplers.Choice``); users
+name it ``skeleton-<sampler>`` (``skeleton-tpe``,
 ``skeleton-random``, ``skeleton-cmaes``, ``skeleton-smac``); they see only the
 skeleton parameters, encoded as the per-layout samplers see a space
 (``index``: one float per parameter over the valid values given the earlier
@@ -56,20 +57,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from autopar.search.encodings import ENCODINGS, Encoder, Invalid, _name_of, _plain
+from autopar.search.samplers import SKELETON_PREFIX
+from autopar.search.encodings import ENCODINGS, Encoder, Invalid, choice_set_name, plain
 
-PREFIX = "skeleton-"
 # Skeletons proposed together by default (one model call): see the module docstring.
 DEFAULT_BATCH = 8
-
-
-def is_skeleton(sampler: str) -> bool:
-    return isinstance(sampler, str) and sampler.startswith(PREFIX)
-
-
-def base_sampler(sampler: str) -> str:
-    """``skeleton-tpe`` -> ``tpe`` (a per-layout name is returned as it is)."""
-    return sampler[len(PREFIX):] if is_skeleton(sampler) else sampler
 
 
 class SkeletonEncoder(Encoder):
@@ -80,20 +72,21 @@ class SkeletonEncoder(Encoder):
     over the skeleton parameters instead of every searched one: the valid
     values (``choices``, ``flat``) come from the space's skeletons, and a flat
     proposal that is no skeleton of the space is ``Invalid``.  ``encoding`` is
-    ``skeleton-index`` etc.; ``kind`` the encoding proper.
+    ``skeleton-index`` etc. (the problem's encoding); ``kind`` the encoding proper.
     """
 
+    skeleton = True
+
     def __init__(self, space, case, encoding: str = "index"):
-        enc = encoding[len(PREFIX):] if encoding.startswith(PREFIX) else encoding
-        if enc not in ENCODINGS:
+        if encoding not in ENCODINGS:
             raise ValueError(f"unknown encoding {encoding!r}")
         self.space, self.case = space, case
-        self.kind = enc
-        self.encoding = PREFIX + enc
+        self.kind = encoding
+        self.encoding = SKELETON_PREFIX + encoding
         self.searched: tuple[str, ...] = tuple(space.skeleton)
         if not self.searched:
             raise ValueError(f"space {space.name!r} has no skeleton (no searched parameter of it)")
-        self.all: list[tuple] = [tuple(_plain(v) for v in t) for t in space.skeletons(case)]
+        self.all: list[tuple] = [tuple(plain(v) for v in t) for t in space.skeletons(case)]
         self.known = set(self.all)
         self.flat: dict[str, list] = {}
         for k, p in enumerate(self.searched):
@@ -122,7 +115,7 @@ class SkeletonEncoder(Encoder):
         return got
 
     def key(self, params: Mapping) -> tuple:
-        return tuple(_plain(params[p]) for p in self.searched)
+        return tuple(plain(params[p]) for p in self.searched)
 
     def decode(self, raw: Mapping[str, Any]) -> dict:
         params = super().decode(raw)
@@ -142,7 +135,7 @@ class SkeletonEncoder(Encoder):
             if self.kind == "index":
                 raw[p] = (ch.index(params[p]) + 0.5) / len(ch)
             elif len(ch) > 1:
-                raw[p if ch == self.flat[p] else _name_of(p, ch)] = params[p]
+                raw[p if ch == self.flat[p] else choice_set_name(p, ch)] = params[p]
             partial[p] = params[p]
         return raw
 
@@ -175,7 +168,7 @@ class SkeletonEncoder(Encoder):
         for p, v in zip(self.searched, skeleton):
             ch = self.choices(p, partial)
             if len(ch) > 1:
-                dists[p if ch == self.flat[p] else _name_of(p, ch)] = CategoricalDistribution(ch)
+                dists[p if ch == self.flat[p] else choice_set_name(p, ch)] = CategoricalDistribution(ch)
             partial[p] = v
         return raw, dists
 
@@ -242,12 +235,12 @@ class Completions:
             return None
         table, rows = whole
         empty = np.zeros(0, dtype=np.int64)
-        parts = [rows.get(tuple(_plain(v) for v in sk), empty) for sk in skeletons]
+        parts = [rows.get(tuple(plain(v) for v in sk), empty) for sk in skeletons]
         at = np.concatenate(parts) if parts else empty
         return {f: v[at] for f, v in table.items()}, [len(p) for p in parts]
 
     def __call__(self, skeleton: Mapping) -> dict:
-        key = tuple(_plain(skeleton[p]) for p in self.names)
+        key = tuple(plain(skeleton[p]) for p in self.names)
         if self.small:
             whole = self._whole or self._split()
             if whole is not None:
@@ -270,7 +263,7 @@ def evaluate_skeletons(prob, params_list: list) -> list[dict]:
     were evaluated (``layouts``).
     """
     from autopar.io.layouts import ALL_FIELDS
-    from autopar.search.trainable import pruned_row
+    from autopar.search.trial_rows import pruned_row
 
     rows: list = [None] * len(params_list)
     tables, where = [], []
@@ -306,7 +299,7 @@ def _best_completions(prob, cols: dict, sizes: list, params_list: list) -> list[
     one group per skeleton of ``params_list``) -> a row per skeleton."""
     from autopar import model as perf
     from autopar.io.layouts import EXT_DEFAULTS, record
-    from autopar.search.trainable import BREAKDOWN, pruned_row
+    from autopar.search.trial_rows import BREAKDOWN, pruned_row
 
     case = prob.case
     res = perf.evaluate_columns(case.model, case.system, cols, stats=(METRIC, *BREAKDOWN))

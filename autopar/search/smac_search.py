@@ -23,9 +23,9 @@ to SMAC as a CRASHED trial (cost ``CRASH_COST``, SMAC's own convention for
 failed runs) and is a pruned trial in the study.  The cost is 1 / sample
 rate (positive, as SMAC's log-scaled random forest wants).
 
-In process, ``SmacSampler`` drives SMAC by ask/tell as an Optuna sampler (so
+In process, ``samplers.tell_ask.SmacSampler`` drives SMAC by ask/tell as an Optuna sampler (so
 storage, resume and the dashboard work as for the other samplers); on Ray,
-``SmacSearch`` is the same as a Ray Tune searcher.  The random forest runs
+``samplers.ray_searchers.SmacSearch`` is the same as a Ray Tune searcher.  The random forest runs
 on one thread (``n_jobs=1`` and numpy's thread pools limited to 1 while SMAC
 works): Optuna's trials and Ray's workers already use the cores.
 """
@@ -39,6 +39,8 @@ from typing import Mapping
 
 import numpy as np
 
+from autopar.search.encodings import plain
+
 CRASH_COST = 1e4        # cost of an infeasible layout (a rate of 1e-4 samples/s)
 CHALLENGERS = 1000      # random configurations scored per proposal (SMAC's default: 10,000)
 _DIRS: list[str] = []
@@ -50,10 +52,6 @@ def _cleanup() -> None:
 
 
 atexit.register(_cleanup)
-
-
-def _plain(v):
-    return v.item() if hasattr(v, "item") else v
 
 
 def _searched_deps(name: str) -> set[str]:
@@ -107,7 +105,7 @@ def configspace(encoder, seed: int | None = None):
         valid = space.skeletons(case, names=group)
         by_parent: dict[tuple, set] = {}
         for t in valid:
-            by_parent.setdefault(tuple(_plain(x) for x in t[:-1]), set()).add(_plain(t[-1]))
+            by_parent.setdefault(tuple(plain(x) for x in t[:-1]), set()).add(plain(t[-1]))
         live_anc = [a for a in anc if a in hps]
         if len(anc) == 1 and live_anc:
             a = anc[0]
@@ -171,7 +169,7 @@ def _forbid(cs, hps, clauses, terms, last) -> None:
 def complete_config(encoder, forced: Mapping, config: Mapping) -> dict:
     """A SMAC configuration -> the encoder's raw values (every parameter):
     inactive parameters take their forced value, single-valued ones theirs."""
-    raw = {k: _plain(v) for k, v in dict(config).items()}
+    raw = {k: plain(v) for k, v in dict(config).items()}
     for p in encoder.searched:
         if p in raw:
             continue
@@ -190,7 +188,7 @@ def _parents(p, encoder):
     return [a for a in PARAMS if a in _searched_deps(p) and a in encoder.searched]
 
 
-class _Smac:
+class Smac:
     """One SMAC optimiser driven by ask/tell (HPO facade, one-thread forest)."""
 
     def __init__(self, encoder, seed: int | None, n_trials: int = 100_000):
@@ -267,84 +265,3 @@ class _Smac:
 
 def _never_called(config, seed: int = 0) -> float:     # ask/tell only
     raise RuntimeError("SMAC's target function is not used (ask/tell)")
-
-
-# --------------------------------------------------------------------------
-# Optuna
-
-def smac_sampler(encoder, seed: int | None):
-    from optuna.trial import TrialState
-
-    from autopar.search.samplers import TellAskSampler
-
-    class SmacSampler(TellAskSampler):
-        """SMAC3 by ask/tell as an Optuna sampler (the encoder's flat space)."""
-
-        def __init__(self):
-            super().__init__(encoder, seed)
-            self._smac = _Smac(encoder, seed)
-            self._asked: dict[int, object] = {}
-
-        def _propose(self, trial) -> dict:
-            info, raw = self._smac.ask()
-            self._asked[trial.number] = info
-            return raw
-
-        def _learn(self, t) -> None:
-            info = self._asked.pop(t.number, None)
-            if info is None:
-                if not all(p in t.params for p in self._dists):
-                    return
-                info = self._smac.info_for(t.params)
-            ok = t.state == TrialState.COMPLETE and t.value is not None
-            self._smac.tell(info, t.value if ok else None)
-
-    return SmacSampler()
-
-
-# --------------------------------------------------------------------------
-# Ray Tune
-
-def smac_searcher(encoder, seed: int | None, metric: str):
-    from ray.tune.search import Searcher
-
-    class SmacSearch(Searcher):
-        """SMAC3 as a Ray Tune searcher: ask on suggest, tell on completion
-        (an infeasible layout, reported with the metric None, is CRASHED)."""
-
-        def __init__(self):
-            super().__init__(metric=metric, mode="max")
-            self._smac = None            # built on first use: Tune pickles its searcher
-            self._live: dict = {}
-
-        def __getstate__(self):
-            return {**self.__dict__, "_smac": None, "_live": {}}
-
-        def suggest(self, trial_id):
-            if self._smac is None:
-                self._smac = _Smac(encoder, seed)
-            info, raw = self._smac.ask()
-            self._live[trial_id] = info
-            return dict(raw)
-
-        def on_trial_complete(self, trial_id, result=None, error=False):
-            info = self._live.pop(trial_id, None)
-            if info is not None:
-                value = None if error or not result else result.get(self.metric)
-                self._smac.tell(info, value)
-
-        def get_state(self) -> dict:
-            return {}
-
-        def set_state(self, state) -> None:
-            pass
-
-        def save(self, checkpoint_path: str):
-            import pickle
-            with open(checkpoint_path, "wb") as f:
-                pickle.dump({"live": list(self._live)}, f)
-
-        def restore(self, checkpoint_path: str):
-            pass
-
-    return SmacSearch()

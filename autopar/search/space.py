@@ -101,7 +101,7 @@ def _check_tiers(case: Case, space: "Space") -> None:
                             f"system's {n} tier(s) (0..{n - 1}) of {case.system.source}")
 
 
-def _ctx(case: Case, space: "Space") -> _Ctx:
+def layout_context(case: Case, space: "Space") -> _Ctx:
     _check_case(case)
     _check_tiers(case, space)
     m, s = case.model, case.system
@@ -207,7 +207,7 @@ class Space:
             if p not in self.allowed:
                 raise ValueError(f"{p!r} is not searched in space {self.name!r}")
         order = tuple(p for p in PARAMS if p in names)
-        ctx = _ctx(case, self)
+        ctx = layout_context(case, self)
         key = ("skeletons", ctx, order)
         got = self._cache.get(key)
         if got is not None:
@@ -306,7 +306,7 @@ class Space:
         searched parameters before it (``space.searched`` order) in ``partial``."""
         if param not in PARAMS:
             raise ValueError(f"unknown parameter {param!r}")
-        ctx = _ctx(case, self)
+        ctx = layout_context(case, self)
         i = self._index[param]
         state = self._state_before(ctx, i, partial)
         if state is None:
@@ -321,7 +321,7 @@ class Space:
 
     def flat_domains(self, case: Case) -> dict[str, list]:
         """For each searched parameter, every value some layout of the space uses."""
-        ctx = _ctx(case, self)
+        ctx = layout_context(case, self)
         memo: dict = {}
         n = len(self._rules)
 
@@ -358,7 +358,7 @@ class Space:
 
     def size(self, case: Case) -> int:
         """The number of layouts in the space for this case."""
-        return self._plan(_ctx(case, self)).size
+        return self._plan(layout_context(case, self)).size
 
     # -- one layout ---------------------------------------------------------
 
@@ -370,7 +370,7 @@ class Space:
         not apply (e.g. tensor_par_net when tensor_par is 1) take their
         forced value whatever ``params`` says.
         """
-        ctx = _ctx(case, self)
+        ctx = layout_context(case, self)
         state: dict = {}
         for rule in self._rules:
             try:
@@ -408,7 +408,7 @@ class Space:
         ``execution`` is a full Calculon execution or just the searched
         parameters (the rest is completed as ``complete`` does).
         """
-        ctx = _ctx(case, self)
+        ctx = layout_context(case, self)
         ex = dict(execution)
         for f, want in (("num_procs", ctx.num_procs), ("datatype", ctx.datatype),
                         ("training", ctx.training)):
@@ -492,7 +492,7 @@ class Space:
 
     def layouts(self, case: Case, start: int, stop: int) -> dict[str, np.ndarray]:
         """Layouts ``start:stop`` (enumeration order) as a layout table."""
-        ctx = _ctx(case, self)
+        ctx = layout_context(case, self)
         plan = self._plan(ctx)
         start, stop = max(0, int(start)), min(int(stop), plan.size)
         return materialize(ctx, plan, start, max(start, stop))
@@ -502,7 +502,7 @@ class Space:
         in define-by-run order (Calculon's loop order for calculon.yaml)."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
-        ctx = _ctx(case, self)
+        ctx = layout_context(case, self)
         plan = self._plan(ctx)
         for a in range(0, plan.size, chunk_size):
             yield materialize(ctx, plan, a, min(a + chunk_size, plan.size))

@@ -23,18 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS
+from autopar.io.layouts import EXT_DEFAULTS
+from autopar.search.trial_rows import BREAKDOWN, METRIC, pruned_row
 
-METRIC = "sample_rate"
-# The breakdown reported with every trial (Calculon's names).
-BREAKDOWN: tuple[str, ...] = (
-    "total_time", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
-    "compute_efficiency", "system_efficiency", "total_efficiency",
-)
 PAYLOAD_KEY = "autopar"      # the config entry that carries the problem
 
 
@@ -81,10 +75,12 @@ _PROBLEMS: dict[str, Problem] = {}
 
 
 def make_encoder(space, case, encoding: str):
-    """The encoder of a problem: per layout, or of skeletons (``skeleton-...``)."""
-    if encoding.startswith("skeleton-"):
+    """The encoder of a problem: per layout, or of skeletons (a problem's
+    encoding ``skeleton-KIND``, ``samplers.Choice.problem_encoding``)."""
+    from autopar.search.samplers import SKELETON_PREFIX
+    if encoding.startswith(SKELETON_PREFIX):
         from autopar.search.skeleton import SkeletonEncoder
-        return SkeletonEncoder(space, case, encoding)
+        return SkeletonEncoder(space, case, encoding[len(SKELETON_PREFIX):])
     from autopar.search.encodings import Encoder
     return Encoder(space, case, encoding)
 
@@ -113,18 +109,8 @@ def problem_from_payload(payload: Mapping) -> Problem:
 # --------------------------------------------------------------------------
 # Evaluation
 
-def pruned_row(reason: str, execution: Mapping | None = None) -> dict:
-    row = {"state": "PRUNED", "feasible": False, "reason": reason, METRIC: math.nan}
-    row.update({k: math.nan for k in BREAKDOWN})
-    if execution:
-        row.update({f: execution.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS})
-    else:
-        row.update({f: None for f in ALL_FIELDS})
-    return row
-
-
 def is_skeleton_problem(prob: Problem) -> bool:
-    return str(prob.encoder.encoding).startswith("skeleton-")
+    return prob.encoder.skeleton
 
 
 def evaluate_params(prob: Problem, params_list: list) -> list[dict]:

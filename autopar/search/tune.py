@@ -1,4 +1,13 @@
-"""Sampled search: ``tune(...)`` runs a sampler over a space and returns its trials.
+"""Sampled search: ``tune(case, space, options)`` runs a sampler over a space
+and returns its trials.
+
+``tune`` takes typed specs: a ``Case`` (``make_case``), a ``Space``
+(``autopar.search.space.load_space``) and ``TuneOptions`` (``tune_options``
+checks keyword arguments once and builds them; experiment files are checked
+by ``autopar.io.experiment``).  ``tune_arguments`` is the same search from
+files, dicts or specs and keywords (``autopar.tune``).  How trials run is a
+backend's (``autopar.search.backends``); what is proposed, a sampler's
+(``autopar.search.samplers``).
 
 Each trial is one layout, evaluated by the analytical model (see
 ``autopar.search.trainable``).  A trial ends ``COMPLETE`` (the layout runs; its
@@ -34,22 +43,20 @@ memory per tier, efficiencies), the 23 execution fields of the layout,
 """
 from __future__ import annotations
 
-import contextlib
-import datetime
 import math
-import random
-import signal
 import sys
-import threading
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
-from autopar.search.encodings import ENCODINGS, STATIC_ONLY, Invalid, default_encoding
-from autopar.io.layouts import ALL_FIELDS, execution_from_row
-from autopar.search.samplers import SAMPLERS
-from autopar.io.specs import SpecError
-from autopar.search.trainable import BREAKDOWN, METRIC
 from autopar.io.experiment import (BACKENDS, DEFAULT_SAMPLER,  # noqa: F401  (file vocabulary)
                                    DEFAULT_SPACE)
+from autopar.io.layouts import ALL_FIELDS, execution_from_row
+from autopar.io.specs import SpecError
+from autopar.search import samplers
+from autopar.search.backends import optuna_loop
+from autopar.search.backends.shared_study import removed_on_failure, sqlite_file
+from autopar.search.encodings import ENCODINGS
+from autopar.search.trial_rows import BREAKDOWN, METRIC
 
 TRIAL_COLUMNS: tuple[str, ...] = (
     "trial", "state", "feasible", "reason", METRIC, *BREAKDOWN, *ALL_FIELDS,
@@ -79,19 +86,6 @@ def _choice(name: str, v, options) -> str:
     return v
 
 
-# Optional packages some samplers need: sampler -> (module, pip requirement)
-_OPTIONAL = {"bohb": ("hpbandster", "autopar[bohb]"), "cmaes": ("cmaes", "cmaes"),
-             "smac": ("smac", "autopar[smac]")}
-
-
-def _needs(sampler: str) -> None:
-    import importlib.util
-    if sampler in _OPTIONAL:
-        module, req = _OPTIONAL[sampler]
-        if importlib.util.find_spec(module) is None:
-            _bad("sampler", f"{sampler} needs the package {module} (pip install '{req}')")
-
-
 def make_case(model, system, num_procs, max_batch_size, datatype, batch_policy=None,
               training=True):
     """Files, dicts or specs -> a validated ``autopar.search.space.Case``."""
@@ -109,51 +103,55 @@ def make_case(model, system, num_procs, max_batch_size, datatype, batch_policy=N
 
 
 # --------------------------------------------------------------------------
-# The search
+# The options
 
-def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
-         sampler: str = DEFAULT_SAMPLER, trials: int = 100, *, space=DEFAULT_SPACE,
-         backend: str = "optuna", seed: int | None = None, storage: str | None = None,
-         address: str | None = None, concurrency: int | None = None,
-         encoding: str | None = None, progress: bool | None = None,
-         study_name: str | None = None, batch_policy: str | None = None,
-         training: bool = True, storage_path: str | None = None,
-         name: str | None = None, max_failures: int = 3, on_start=None,
-         return_study: bool = False):
-    """Search layouts of ``model`` on ``system`` with a sampler; returns the trials.
+@dataclass(frozen=True)
+class TuneOptions:
+    """How a search runs: everything but the case and the space, checked
+    (``tune_options``).  ``choice``: the sampler (``samplers.Choice``);
+    ``encoding``: how it sees the space (None: the sampler's default).
+    Backend optuna: ``storage`` (an Optuna storage URL; None: in memory),
+    ``study_name``, ``return_study``.  Backend ray: ``address``,
+    ``storage_path``/``name`` (where the experiment is kept),
+    ``max_failures``, ``on_start(path)``."""
+    choice: samplers.Choice
+    trials: int = 100
+    backend: str = "optuna"
+    seed: int | None = None
+    encoding: str | None = None
+    concurrency: int | None = None
+    progress: bool | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    return_study: bool = False
+    address: str | None = None
+    storage_path: str | None = None
+    name: str | None = None
+    max_failures: int = 3
+    on_start: Callable | None = None
 
-    ``model``/``system``: file paths, dicts (Calculon JSON) or specs.
-    ``space``: a space file, a name under ``search_spaces/``, a dict or a Space.
-    ``progress``: a progress bar on stderr (None: when stderr is a terminal).
-    Backend ray: ``storage_path`` keeps the experiment at
-    ``storage_path/name`` (resumable with ``resume``; None: a temporary
-    folder), ``max_failures`` retries of a failed trial, ``on_start(path)``
-    is told where the experiment is kept.
-    Returns a pandas DataFrame with ``TRIAL_COLUMNS``; backend optuna: its
-    ``attrs`` hold ``study_name`` and ``new_trials`` (0 when a rerun of a
-    finished study had nothing to do), and with ``return_study=True`` the
-    result is ``(table, study)`` (the ``optuna.Study``).  Bad arguments raise
-    ``autopar.io.specs.SpecError``.
-    """
-    from autopar.search.space import load_space
-    from autopar.search.trainable import make_problem
 
-    from autopar.search.skeleton import DEFAULT_BATCH, base_sampler, is_skeleton
-    sampler = _choice("sampler", sampler, SAMPLERS)
+def tune_options(sampler: str = DEFAULT_SAMPLER, trials: int = 100, *, backend: str = "optuna",
+                 seed: int | None = None, storage: str | None = None,
+                 address: str | None = None, concurrency: int | None = None,
+                 encoding: str | None = None, progress: bool | None = None,
+                 study_name: str | None = None, storage_path: str | None = None,
+                 name: str | None = None, max_failures: int = 3, on_start=None,
+                 return_study: bool = False) -> TuneOptions:
+    """Keyword arguments -> checked ``TuneOptions``; bad ones raise
+    ``SpecError("arguments", name, ...)``."""
+    choice = samplers.parse(sampler, SOURCE, "sampler")
     backend = _choice("backend", backend, BACKENDS)
     trials = _int("trials", trials, 1)
     seed = _int("seed", seed, 0, optional=True)
     if seed is not None and seed > 2 ** 32 - 1:
         _bad("seed", f"must be between 0 and 2**32-1 (the samplers' seeds), got {seed}")
     concurrency = _int("concurrency", concurrency, 1, optional=True)
-    base = base_sampler(sampler)
-    encoding = _choice("encoding", encoding or default_encoding(sampler), ENCODINGS)
-    if encoding == "named" and base in STATIC_ONLY:
-        _bad("encoding", f"{base} needs a static space: use encoding index or flat")
-    if base == "smac" and encoding != "flat":
-        _bad("encoding", "smac searches the parameter values (its ConfigSpace has the space's "
-                         "conditions and forbidden combinations): use encoding flat")
-    _needs(base)
+    encoding = _choice("encoding", encoding or choice.default_encoding(), ENCODINGS)
+    if why := choice.sampler.refuses(encoding):
+        _bad("encoding", why)
+    if why := choice.sampler.missing():
+        _bad("sampler", why)
     if backend == "optuna" and address:
         _bad("address", "a Ray address needs backend ray")
     if backend == "ray" and storage:
@@ -164,59 +162,110 @@ def tune(model, system, num_procs: int, max_batch_size: int, datatype: str,
     max_failures = _int("max_failures", max_failures, 0)
     if return_study and backend != "optuna":
         _bad("return_study", "only backend optuna has an Optuna study to return")
+    return TuneOptions(choice=choice, trials=trials, backend=backend, seed=seed,
+                       encoding=encoding, concurrency=concurrency, progress=progress,
+                       storage=storage, study_name=study_name, return_study=return_study,
+                       address=address, storage_path=storage_path, name=name,
+                       max_failures=max_failures, on_start=on_start)
+
+
+# --------------------------------------------------------------------------
+# The search
+
+def tune_arguments(model, system, num_procs: int, max_batch_size: int, datatype: str,
+                   sampler: str = DEFAULT_SAMPLER, trials: int = 100, *, space=DEFAULT_SPACE,
+                   backend: str = "optuna", seed: int | None = None, storage: str | None = None,
+                   address: str | None = None, concurrency: int | None = None,
+                   encoding: str | None = None, progress: bool | None = None,
+                   study_name: str | None = None, batch_policy: str | None = None,
+                   training: bool = True, storage_path: str | None = None,
+                   name: str | None = None, max_failures: int = 3, on_start=None,
+                   return_study: bool = False):
+    """``tune`` from arguments (``autopar.tune``): ``model``/``system`` file
+    paths, dicts (Calculon JSON) or specs; ``space`` a space file, a name
+    under ``search_spaces/``, a dict or a Space; the options as keywords
+    (``tune_options``).  Bad arguments raise ``autopar.io.specs.SpecError``."""
+    from autopar.search.space import load_space
+    options = tune_options(sampler, trials, backend=backend, seed=seed, storage=storage,
+                           address=address, concurrency=concurrency, encoding=encoding,
+                           progress=progress, study_name=study_name,
+                           storage_path=storage_path, name=name, max_failures=max_failures,
+                           on_start=on_start, return_study=return_study)
     case = make_case(model, system, num_procs, max_batch_size, datatype, batch_policy, training)
-    sp = load_space(space)
-    size = sp.size(case)
+    return tune(case, load_space(space), options)
+
+
+def tune(case, space, options: TuneOptions):
+    """Search layouts of ``case`` (an ``autopar.search.space.Case``) in
+    ``space`` (a ``Space``) as ``options`` say; returns the trials.
+
+    ``options.progress``: a progress bar on stderr (None: when stderr is a
+    terminal).  Returns a pandas DataFrame with ``TRIAL_COLUMNS``; backend
+    optuna: its ``attrs`` hold ``study_name`` and ``new_trials`` (0 when a
+    rerun of a finished study had nothing to do), and with
+    ``return_study`` the result is ``(table, study)`` (the ``optuna.Study``).
+    A space with no layout for the case, or no skeleton for a skeleton
+    search, raises ``SpecError`` naming the space.
+    """
+    from autopar.search.skeleton import DEFAULT_BATCH
+    from autopar.search.trainable import make_problem
+
+    o, choice = options, options.choice
+    trials, concurrency = o.trials, o.concurrency
+    encoding = o.encoding or choice.default_encoding()
+    size = space.size(case)
     if size == 0:
-        raise SpecError(sp.source, "space", "has no layout for this case "
+        raise SpecError(space.source, "space", "has no layout for this case "
                         f"({case.num_procs} procs, batch {case.max_batch_size})")
-    if is_skeleton(sampler):
-        if not sp.skeleton:
-            raise SpecError(sp.source, "skeleton", "no searched parameter forms a skeleton; "
+    if choice.skeleton:
+        if not space.skeleton:
+            raise SpecError(space.source, "skeleton", "no searched parameter forms a skeleton; "
                             "list some under skeleton:")
-        prob = make_problem(case, sp, "skeleton-" + encoding)
+        prob = make_problem(case, space, choice.problem_encoding(encoding))
         prob.encoder.reset()          # each run enumerates the completions it needs
         # distinct skeletons: no more trials than the space has skeletons
         skeletons = len(prob.encoder.all)
         trials = min(trials, skeletons)
-        if concurrency is None and backend == "optuna":
+        if concurrency is None and o.backend == "optuna":
             concurrency = DEFAULT_BATCH
     else:
-        prob = make_problem(case, sp, encoding)
-    grid = grid_params(sp, case, min(trials, size)) if sampler == "grid" else None
+        prob = make_problem(case, space, encoding)
+    grid = grid_params(space, case, min(trials, size)) if choice.sampler.grid else None
     if grid is not None:
         trials = len(grid)
 
-    show = sys.stderr.isatty() if progress is None else bool(progress)
-    bar = _Progress(trials, sampler, show)
+    show = sys.stderr.isatty() if o.progress is None else bool(o.progress)
+    bar = _Progress(trials, choice.name, show)
     study, new = None, None
     try:
-        if backend == "optuna":
-            rows, study, new = _run_optuna(prob, sampler, trials, seed, storage, study_name,
-                                           concurrency or 1, grid, bar,
-                                           kept=storage is not None or return_study)
-        else:
-            from autopar.search import tune_ray
-            rows = tune_ray.run(prob, sampler, trials, seed, address, concurrency, grid,
-                                on_row=bar.update, storage_path=storage_path, name=name,
-                                max_failures=max_failures, on_start=on_start)
+        with removed_on_failure(sqlite_file(o.storage)):
+            if o.backend == "optuna":
+                rows, study, new = optuna_loop.run(
+                    prob, choice, trials, o.seed, o.storage, o.study_name, concurrency or 1,
+                    grid, bar, kept=o.storage is not None or o.return_study)
+            else:
+                from autopar.search.backends import ray_tune
+                rows = ray_tune.run(prob, choice, trials, o.seed, o.address, concurrency, grid,
+                                    on_row=bar.update, storage_path=o.storage_path,
+                                    name=o.name, max_failures=o.max_failures,
+                                    on_start=o.on_start)
     finally:
         bar.close()
     table = trials_table(rows)
-    if is_skeleton(sampler):
+    if choice.skeleton:
         # every skeleton of the space evaluated: the cache covers the skeleton
         # space and no new trial is possible, whatever the budget asked
         table.attrs.update(skeletons=skeletons,
                            skeleton_space_covered=bool(len(table) >= skeletons))
     if study is not None:
         table.attrs.update(study_name=study.study_name, new_trials=new)
-    return (table, study) if return_study else table
+    return (table, study) if o.return_study else table
 
 
 def resume(path: str, address: str | None = None):
     """Finish a ray-backend experiment kept at ``path`` (``storage_path/name``);
     returns the trials table of all its trials."""
-    from autopar.search import tune_ray
+    from autopar.search.backends import ray_tune as tune_ray
     if not isinstance(path, str) or not path:
         _bad("resume", f"expected an experiment path, got {path!r}")
     if "://" not in path:           # a local folder (Ray reads a relative one as a URI)
@@ -283,410 +332,6 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-# --------------------------------------------------------------------------
-# The optuna backend
-
-def _add_trials(study, encoder, skeletons: list, rows: list,
-                why: str = "nearest_unseen") -> list[int]:
-    """Record skeletons the sampler did not propose (``why``: each evaluated
-    in place of a repeated proposal, or with the whole space) as finished
-    trials of the study, with their result ``rows``; returns their numbers."""
-    import optuna
-    from optuna.trial import TrialState
-    made = []
-    for skeleton, row in zip(skeletons, rows):
-        params, dists = encoder.trial_params(skeleton)
-        ok = row["state"] == "COMPLETE"
-        made.append(optuna.trial.create_trial(
-            params=params, distributions=dists, value=row[METRIC] if ok else None,
-            state=TrialState.COMPLETE if ok else TrialState.PRUNED,
-            user_attrs={why: True, **({} if ok else {"reason": row["reason"]})}))
-    if not made:
-        return []
-    study.add_trials(made)
-    return [t.number for t in study.get_trials(deepcopy=False)[-len(made):]]
-
-
-def default_study_name(prob, sampler: str, seed: int | None) -> str:
-    c = prob.case
-    return (f"autopar-{c.model.name or 'model'}-{c.system.name or 'system'}-"
-            f"n{c.num_procs}-b{c.max_batch_size}-{c.datatype}-{prob.space.name}-"
-            f"{sampler}-{prob.encoder.encoding}-"
-            + (f"seed{seed}-" if seed is not None else "unseeded-") + prob.key[:8])
-
-
-def _sqlite_storage(url: str):
-    """An Optuna RDB storage on SQLite in WAL mode with synchronous=NORMAL.
-
-    Optuna writes every suggested parameter in its own transaction; with
-    SQLite's defaults each one waits for a sync to disk (about 160 ms per trial
-    of 17 parameters here, 30 ms with these settings).  A killed process loses
-    nothing committed (only an operating-system crash could drop the last
-    transactions), which is what resuming needs.
-    """
-    import optuna
-    import sqlalchemy
-
-    def pragmas(dbapi_conn, _record):
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
-    storage = optuna.storages.RDBStorage(url)
-    sqlalchemy.event.listen(storage.engine, "connect", pragmas)
-    storage.engine.dispose()          # pooled connections reopen with the pragmas
-    return storage
-
-
-def _open_study(storage, name):
-    """Create or load the study; two runs starting together on one new
-    database race at creating its tables and the study: the loser retries."""
-    import time
-    for attempt in range(6):
-        try:
-            return _open_study_once(storage, name)
-        except SpecError as e:
-            racing = any(w in e.message for w in ("UNIQUE constraint", "already exists",
-                                                  "database is locked"))
-            if not racing or attempt == 5:
-                raise
-            time.sleep(0.2 * (attempt + 1))
-
-
-def _open_study_once(storage, name):
-    import optuna
-    try:
-        if isinstance(storage, str) and storage.startswith("sqlite:"):
-            storage = _sqlite_storage(storage)
-        try:
-            return optuna.create_study(storage=storage, study_name=name, direction="maximize",
-                                       sampler=optuna.samplers.RandomSampler(),
-                                       load_if_exists=True)
-        except optuna.exceptions.DuplicatedStudyError:
-            # another run created it between the check and the insert
-            return optuna.load_study(storage=storage, study_name=name,
-                                     sampler=optuna.samplers.RandomSampler())
-    except SpecError:
-        raise
-    except Exception as e:     # bad URL, unreachable database, wrong direction ...
-        msg = " ".join(str(e).split()) or type(e).__name__
-        raise SpecError(SOURCE, "storage", f"cannot open study {name!r} in {storage!r}: {msg}") from None
-
-
-def _same_search(study, storage, search: dict) -> None:
-    """A study holds one search: a rerun must be the same case, space, sampler, encoding."""
-    had = study.user_attrs.get("autopar")
-    if had is None:
-        if study.get_trials(deepcopy=False):
-            raise SpecError(SOURCE, "storage", f"study {study.study_name!r} in {storage!r} "
-                            "holds trials that autopar did not make")
-        study.set_user_attr("autopar", search)
-    elif had != search:
-        diff = ", ".join(k for k in search if had.get(k) != search[k])
-        raise SpecError(SOURCE, "storage", f"study {study.study_name!r} in {storage!r} is "
-                        f"another search (different {diff}); choose another study name")
-
-
-OWNER = f"{__import__('socket').gethostname()}:{__import__('os').getpid()}"
-
-
-def _orphaned_trials(study) -> list:
-    """RUNNING trials whose run is gone: their owner (``host:pid``) is not
-    alive here.  A live run asks a trial and names itself its owner in two
-    writes, so a trial seen without an owner is looked at again a moment
-    later: still without one, its run died in between."""
-    import time
-    from optuna.trial import TrialState
-
-    def running():
-        return {t.number: t.system_attrs.get("autopar_owner")
-                for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-
-    owners = running()
-    if any(o is None for o in owners.values()):
-        time.sleep(1.0)
-        later = running()
-        owners = {n: later[n] if o is None else o for n, o in owners.items() if n in later}
-    return [n for n, o in owners.items() if not _owner_alive(o)]
-
-
-def _owner_alive(owner) -> bool:
-    """Whether the run that asked a trial (``host:pid``) is still going here."""
-    import os
-    import socket
-    host, _, pid = str(owner or "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    if int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _run_optuna(prob, sampler: str, trials: int, seed, storage, study_name,
-                concurrency: int, grid, bar: _Progress, kept: bool = True) -> list[dict]:
-    """The optuna backend's run; ``kept``: the study outlives the run (in
-    storage, or returned), so that trials no sampler proposed are recorded
-    in it too."""
-    import optuna
-    from optuna.trial import TrialState
-    from autopar.search.samplers import optuna_sampler, resumed_seed
-    from autopar.search.skeleton import base_sampler
-    from autopar.search.trainable import evaluate_params, is_skeleton_problem
-
-    skeleton = is_skeleton_problem(prob)
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        name = study_name or default_study_name(prob, sampler, seed)
-        study = _open_study(storage, name)
-        _same_search(study, storage, {"problem": prob.key, "sampler": sampler,
-                                      "encoding": prob.encoder.encoding,
-                                      "grid_points": len(grid) if grid else 0})
-        # Trials a killed run left RUNNING cannot finish: fail them (they are
-        # not part of the table; their layouts are sampled again).  Those of a
-        # run still going on this machine (another `autopar tune` on the same
-        # study) are left to it.
-        for number in _orphaned_trials(study):
-            study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-        finished = (TrialState.COMPLETE, TrialState.PRUNED)
-        old = study.get_trials(deepcopy=False, states=finished)
-        study.sampler = optuna_sampler(base_sampler(sampler), prob.encoder,
-                                       resumed_seed(seed, len(old)),
-                                       concurrency=concurrency,
-                                       grid_points=len(grid) if grid else 0)
-
-        def suggest(trial):
-            if grid is not None:
-                return grid[trial.suggest_int("grid_point", 0, len(grid) - 1)]
-            return prob.encoder.suggest(trial)
-
-        def decode(raw):
-            if grid is not None:
-                return grid[raw["grid_point"]]
-            try:
-                return prob.encoder.decode(raw)
-            except Invalid as e:
-                return e
-
-        def tell(t, row):
-            if row["state"] == "COMPLETE":
-                study.tell(t, row[METRIC])
-            else:
-                t.set_user_attr("reason", row["reason"])
-                study.tell(t, state=TrialState.PRUNED)
-
-        # Skeleton search: a skeleton proposed again is answered from here
-        # (the trial is told the known result and marked ``repeat_of``) and
-        # is not a new row; ``trials`` counts distinct skeletons.
-        cache: dict = {}
-        rows: dict[int, dict] = {}
-        unrecorded: dict[int, tuple] = {}     # trial -> (start, end), not in the study
-        # an interrupt ends the run at its next step (a second one at once)
-        with _interrupts_noted() as noted:
-            if old:          # resumed: the finished trials' rows, from their parameters
-                distinct = [t for t in old if "repeat_of" not in t.user_attrs]
-                for t, row in zip(distinct, evaluate_params(prob, [decode(t.params)
-                                                                     for t in distinct])):
-                    rows[t.number] = row
-                    if skeleton and not isinstance(p := decode(t.params), Invalid):
-                        cache[prob.encoder.key(p)] = t.number
-            done = start = len(rows)
-            for row in rows.values():
-                bar.update(row)
-            if skeleton and grid is None:
-                done += _whole_skeleton_space(study, prob, trials - done, storage, rows, cache,
-                                              bar, None if kept else unrecorded)
-            rng = random.Random(seed if seed is None else seed + len(old))
-            while done < trials:
-                if noted:
-                    raise KeyboardInterrupt
-                if storage is not None:
-                    # another run on the same study counts too: together they make
-                    # the trials asked for (finished, or asked and not yet told)
-                    others = _others_trials(study, rows)
-                    if done + others >= trials:
-                        break
-                    want = min(concurrency, trials - done - others)
-                else:
-                    want = min(concurrency, trials - done)
-                asked = []
-                try:
-                    for _ in range(want):
-                        # a trial is in ``asked`` (failed on an interrupt) as soon
-                        # as it exists
-                        with _interrupts_held():
-                            asked.append(study.ask())
-                            if storage is not None:
-                                asked[-1].storage.set_trial_system_attr(
-                                    asked[-1]._trial_id, "autopar_owner", OWNER)
-                    params = [suggest(t) for t in asked]
-                    fresh, fresh_params, repeats, near = [], [], [], []
-                    for t, p in zip(asked, params):
-                        k = (prob.encoder.key(p) if skeleton and not isinstance(p, Invalid)
-                             else None)
-                        if k is not None and k in cache:
-                            repeats.append((t, k))
-                            # in its place, the nearest skeleton not yet evaluated
-                            sk = prob.encoder.nearest_unseen(k, cache, rng)
-                            if sk is not None:
-                                cache[sk] = None
-                                near.append(sk)
-                            continue
-                        if k is not None:
-                            cache[k] = t.number
-                        fresh.append(t)
-                        fresh_params.append(p)
-                    results = evaluate_params(
-                        prob, fresh_params + [dict(zip(prob.encoder.searched, sk)) for sk in near])
-                    for t, row in zip(fresh, results):
-                        tell(t, row)
-                        rows[t.number] = row
-                        bar.update(row)
-                    for sk, row, number in zip(near, results[len(fresh):], _add_trials(
-                            study, prob.encoder, near, results[len(fresh):])):
-                        cache[sk] = number
-                        rows[number] = row
-                        bar.update(row)
-                    for t, k in repeats:
-                        t.set_user_attr("repeat_of", cache[k])
-                        tell(t, rows[cache[k]])
-                except BaseException:
-                    with _interrupts_held():    # interrupted: leave no trial RUNNING
-                        for t in asked:
-                            study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
-                    raise
-                done += len(fresh) + len(near)
-                if skeleton and not fresh and not near:
-                    break                # every skeleton has been evaluated
-            if noted:
-                raise KeyboardInterrupt
-        new = done - start
-        frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    when = {n: (t.datetime_start, t.datetime_complete) for n, t in frozen.items()}
-    when.update(unrecorded)
-    t0 = min((start for start, _ in when.values() if start), default=None)
-    out = []
-    for n in sorted(rows):
-        end = when[n][1]
-        row = {"trial": n, **rows[n], "node_id": "",
-               "elapsed_s": (end - t0).total_seconds() if end and t0 else math.nan}
-        out.append(row)
-    return out, study, max(new, 0)
-
-
-@contextlib.contextmanager
-def _signals_to(make):
-    """While the block runs, SIGINT and SIGTERM go to ``make(handler)``
-    instead of their handler (where it is Python's, in the main thread)."""
-    saved = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            handler = signal.getsignal(sig)
-            if callable(handler):
-                saved[sig] = handler
-                signal.signal(sig, make(handler))
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _interrupts_held():
-    """Hold SIGINT and SIGTERM until the block ends, then deliver the first
-    that arrived to its handler (which raises KeyboardInterrupt): the block
-    is never cut off half-way."""
-    arrived = []
-    try:
-        with _signals_to(lambda handler: lambda signum, frame:
-                         arrived.append((handler, signum, frame))):
-            yield
-    finally:
-        if arrived:
-            handler, signum, frame = arrived[0]
-            handler(signum, frame)
-
-
-@contextlib.contextmanager
-def _interrupts_noted():
-    """The first SIGINT or SIGTERM while the block runs is noted in the list
-    yielded, and the run loop ends at its next step (not wherever the signal
-    lands: Python prints and drops a KeyboardInterrupt raised in a library's
-    destructor or callback, and a run once went on after its SIGTERM until
-    a second one came); a second signal goes to its handler, which raises
-    KeyboardInterrupt at once."""
-    noted: list[int] = []
-
-    def noting(handler):
-        def note(signum, frame):
-            noted.append(signum)
-            if len(noted) > 1:
-                handler(signum, frame)
-        return note
-    with _signals_to(noting):
-        yield noted
-
-
-def _others_trials(study, rows: dict) -> int:
-    """Trials of the study that other runs on it have finished or asked
-    (``rows``: this run's); a skeleton proposed again (``repeat_of``) is a
-    trial of the study, not a new one."""
-    from optuna.trial import TrialState
-    live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    return sum(1 for t in study.get_trials(deepcopy=False, states=live)
-               if "repeat_of" not in t.user_attrs) - len(rows)
-
-
-def _whole_skeleton_space(study, prob, budget: int, storage, rows: dict, cache: dict,
-                          bar, unrecorded: dict | None = None) -> int:
-    """When the budget covers every skeleton not yet evaluated, there is
-    nothing left for the sampler to choose: evaluate them all, a model call
-    per ``WHOLE_SPACE_MAX`` layouts, in the space's enumeration order, and
-    record them as trials of the study (``whole_space``), or, given
-    ``unrecorded`` (the study ends with the run and no sampler will read
-    it), number them as the study would and note their start and end there.
-    Returns how many (0, and nothing done, when the budget is smaller or
-    another run shares the study)."""
-    from autopar.search.skeleton import WHOLE_SPACE_MAX, evaluate_all_skeletons
-    from autopar.search.trainable import evaluate_params
-    enc = prob.encoder
-    unseen = [sk for sk in enc.all if sk not in cache]
-    if not unseen or len(unseen) > budget:
-        return 0
-    if storage is not None and _others_trials(study, rows):
-        return 0
-    start = datetime.datetime.now()
-    got = evaluate_all_skeletons(prob, unseen)      # a small space: one gather, one call
-    if got is None:
-        per_call = max(1, WHOLE_SPACE_MAX * len(enc.all) // max(1, prob.space.size(prob.case)))
-        got = []
-        for a in range(0, len(unseen), per_call):
-            got += evaluate_params(prob, [dict(zip(enc.searched, sk))
-                                          for sk in unseen[a:a + per_call]])
-    if unrecorded is None:
-        numbers = _add_trials(study, enc, unseen, got, "whole_space")
-    else:
-        first = len(study.get_trials(deepcopy=False))
-        numbers = range(first, first + len(unseen))
-        end = datetime.datetime.now()
-        unrecorded.update((n, (start, end)) for n in numbers)
-    for sk, row, number in zip(unseen, got, numbers):
-        cache[sk] = number
-        rows[number] = row
-        bar.update(row)
-    return len(unseen)
 
 
 # --------------------------------------------------------------------------

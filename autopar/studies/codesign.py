@@ -156,12 +156,12 @@ def enumerate_systems(study: Study, runner: Runner, progress: bool | None = None
 
 def outer_sampler(search: Search, n_obj: int, batch: int):
     import optuna
-    from autopar.search.samplers import optuna_sampler
+    from autopar.search import samplers
     if search.sampler == "nsga2":
         return optuna.samplers.NSGAIISampler(population_size=search.population, seed=search.seed)
     if search.sampler in ("tpe", "motpe"):
-        return optuna_sampler("tpe", None, search.seed, concurrency=batch)
-    return optuna_sampler("random", None, search.seed)
+        return samplers.get("tpe").optuna(None, search.seed, concurrency=batch)
+    return samplers.get("random").optuna(None, search.seed)
 
 
 def _open_study(study: Study, search: Search, name: str):
@@ -170,8 +170,8 @@ def _open_study(study: Study, search: Search, name: str):
     storage = search.storage
     try:
         if isinstance(storage, str) and storage.startswith("sqlite:"):
-            from autopar.search.tune import _sqlite_storage
-            storage = _sqlite_storage(storage)
+            from autopar.search.backends.shared_study import sqlite_storage
+            storage = sqlite_storage(storage)
         return optuna.create_study(storage=storage, study_name=name, directions=directions,
                                    load_if_exists=True)
     except Exception as e:
@@ -192,7 +192,7 @@ def run_search(study: Study, search: Search, runner: Runner, cache: dict | None 
     import optuna
     from optuna.trial import TrialState
     from autopar.studies.nested import progress_bar
-    from autopar.search.samplers import resumed_seed
+    from autopar.search.samplers import run_seed
     hw = study.hardware
     cache = {} if cache is None else cache
     batch = search.batch or (runner.workers if runner.parallel != "serial" else 1)
@@ -207,7 +207,7 @@ def run_search(study: Study, search: Search, runner: Runner, cache: dict | None 
         for t in ost.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             ost.tell(t.number, state=TrialState.FAIL)
         old = ost.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        ost.sampler = outer_sampler(replace(search, seed=resumed_seed(search.seed, len(old))),
+        ost.sampler = outer_sampler(replace(search, seed=run_seed(search.seed, len(old))),
                                     len(study.objectives), batch)
         if old:            # resumed: the finished trials' rows, from their systems
             vals = [dict(t.params) for t in old]

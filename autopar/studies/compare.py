@@ -83,13 +83,18 @@ def _job_base(exp: Experiment) -> dict:
 def run_one(base: Mapping, sampler: str, label: str, options: Mapping, seed: int,
             address: str | None = None) -> dict:
     """One sampler with one seed: an ``autopar.search.tune`` search -> its run record."""
-    from autopar.search.tune import tune
+    from autopar.search.space import load_space
+    from autopar.search.tune import make_case, tune, tune_options
     t0 = time.perf_counter()
-    table = tune(base["model"], base["system"], base["num_procs"], base["max_batch_size"],
-                 base["datatype"], sampler=sampler, trials=base["trials"],
-                 space=base["space"], seed=seed, batch_policy=base["batch_policy"],
-                 training=base.get("training", True), progress=False, **options,
-                 **({"address": address} if address and options.get("backend") == "ray" else {}))
+    # the run's options: the sampler's needs are checked here (the file's
+    # values were checked when it was read)
+    opts = tune_options(sampler, base["trials"], seed=seed, progress=False, **options,
+                        **({"address": address} if address and options.get("backend") == "ray"
+                           else {}))
+    case = make_case(base["model"], base["system"], base["num_procs"], base["max_batch_size"],
+                     base["datatype"], base["batch_policy"],
+                     training=base.get("training", True))
+    table = tune(case, load_space(base["space"]), opts)
     wall = time.perf_counter() - t0
     rate = table["sample_rate"].to_numpy(dtype=float).copy()
     rate[~table["feasible"].to_numpy(dtype=bool)] = math.nan
@@ -165,7 +170,7 @@ def _run_ray(exp, base, jobs, address, done):
             from autopar.search.cluster import join
             join(address)           # ships the package in the job's runtime_env
         else:
-            from autopar.search.tune_ray import start_local_ray
+            from autopar.search.cluster import start_local_ray
             start_local_ray()
         started = True
     try:

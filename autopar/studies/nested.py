@@ -98,10 +98,10 @@ def best_layout(case, space, inner: Inner = Inner(), space_key: str | None = Non
 
 def _best_by_sampler(case, space, inner: Inner) -> dict:
     from autopar import model as perf
-    from autopar.search.tune import best_execution, tune
-    table = tune(case.model, case.system, case.num_procs, case.max_batch_size, case.datatype,
-                 sampler=inner.search, trials=inner.trials, space=space, seed=inner.seed,
-                 batch_policy=case.batch_policy, training=case.training, progress=False)
+    from autopar.search.space import load_space
+    from autopar.search.tune import best_execution, tune, tune_options
+    table = tune(case, load_space(space),
+                 tune_options(inner.search, inner.trials, seed=inner.seed, progress=False))
     ex = best_execution(table)
     counts = np.zeros(len(perf.REASONS), dtype=np.int64)
     for r in table.loc[table["state"] != "COMPLETE", "reason"]:
@@ -292,7 +292,7 @@ class Runner:
             from autopar.search.cluster import join
             join(self.address)      # ships the package in the job's runtime_env
         else:
-            from autopar.search.tune_ray import start_local_ray
+            from autopar.search.cluster import start_local_ray
             start_local_ray(num_cpus=self.workers)
         self._ray_started = True
 

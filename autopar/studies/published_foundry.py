@@ -29,7 +29,7 @@ import dataclasses
 import functools
 
 from autopar.io.specs import TimeOverhead
-from autopar.studies import published as P
+from autopar.studies import published_base as P
 
 # MPT configurations (d_model, n_heads, n_layers) of llm-foundry's
 # scripts/train/yamls/pretrain/mpt-<size>.yaml; expansion_ratio 4.
@@ -212,7 +212,7 @@ def launcher_row(row) -> "P.PublishedCase | P.Skip":
     in 80 GB: 105-111 GiB predicted)."""
     n = int(row.n_gpus)
     label = f"{row.model} {n} GPUs" + (f" gbs {int(row.global_batch)}"
-                                       if P._int(row.global_batch) else "")
+                                       if P.int_or_none(row.global_batch) else "")
     if row.model not in LAUNCHER_LAYOUTS:
         return P.Skip(f"no launcher default layout for {row.model}", label)
     name, tp, pp, vp, mbs, sp = LAUNCHER_LAYOUTS[row.model]
@@ -221,7 +221,7 @@ def launcher_row(row) -> "P.PublishedCase | P.Skip":
     if n % (tp * pp):
         return P.Skip(f"{n} GPUs do not hold TP {tp} x PP {pp}", label)
     dp = n // (tp * pp)
-    gbs = P._int(row.global_batch) or LAUNCHER_GLOBAL_BATCH
+    gbs = P.int_or_none(row.global_batch) or LAUNCHER_GLOBAL_BATCH
     if gbs % dp:
         return P.Skip(f"global batch {gbs} not divisible by data_par {dp}", label)
     # A stated global batch the default micro-batch does not divide (the

@@ -37,7 +37,7 @@ import dataclasses
 
 from autopar.io.frameworks import load_framework
 from autopar.io.specs import TimeOverhead
-from autopar.studies import published as P
+from autopar.studies import published_base as P
 
 SIMUMAX_MOE_MODELS = {"deepseekv2": "deepseek-v2", "deepseekv3": "deepseek-v3"}
 
@@ -112,7 +112,7 @@ def simumax_moe(row) -> "P.PublishedCase | P.Skip":
     sy = P.system("b200_nvl8_megatron", "megatron-core")     # its moe_block_s: MOE_HOST_S
     n, tp, pp, dp, cp, ep = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                              int(row.cp), int(row.ep))
-    vp = P._int(row.vp) or 1
+    vp = P.int_or_none(row.vp) or 1
     mbs, mbc = int(row.micro_batch), int(row.microbatch_count)
     gbs = mbs * mbc * dp
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
@@ -137,8 +137,8 @@ BRIDGE_FP8 = {"MXFP8": "mxfp8", "FP8-MX": "mxfp8", "FP8": "tensorwise",
 
 
 def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
-    label = f"{row.release} {row.system} gbs{row.gbs} mbs{row.mbs} pp{row.pp} ep{P._int(row.ep)}" \
-            + (f" vp{P._int(row.vp)}" if P._int(row.vp) and P._int(row.vp) > 1 else "") \
+    label = f"{row.release} {row.system} gbs{row.gbs} mbs{row.mbs} pp{row.pp} ep{P.int_or_none(row.ep)}" \
+            + (f" vp{P.int_or_none(row.vp)}" if P.int_or_none(row.vp) and P.int_or_none(row.vp) > 1 else "") \
             + (f" {row.variant}" if isinstance(row.variant, str) and row.variant else "")
     sys_name = BRIDGE_SYSTEMS.get(str(row.system))
     if sys_name is None:
@@ -149,13 +149,13 @@ def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
     recipe = BRIDGE_FP8.get(precision) or ("mxfp8" if blackwell else "tensorwise")
     m = P.model("qwen3-30B-A3B", seq_size=int(row.seq_len))
     n, tp, pp, cp = int(row.n_gpus), int(row.tp), int(row.pp), int(row.cp)
-    ep = P._int(row.ep) or 1
+    ep = P.int_or_none(row.ep) or 1
     dp = n // (tp * pp * cp)
-    vp = P._int(row.vp) or 1
+    vp = P.int_or_none(row.vp) or 1
     if vp > 1 and pp == 1:
         vp = 1
     gbs, mbs = int(row.gbs), int(row.mbs)
-    if P._num(row.fsdp):
+    if P.number_or_none(row.fsdp):
         return P.Skip("FSDP with expert parallelism is not modelled", label)
     # Bridge's Qwen3 performance recipes: no recompute, gradients reduced in
     # the working precision (grad_reduce_in_fp32 off), load balancing forced.

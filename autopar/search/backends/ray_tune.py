@@ -1,8 +1,12 @@
 """The ray backend: the model as a Ray Tune trainable, run by a Tuner.
 
+(The sampler's searcher comes from its family, ``Sampler.ray``; a skeleton
+search's is wrapped by ``SkeletonCache`` around the shared repeat cache,
+``backends.repeats``.)
+
 Ray Tune's defaults are made for trials that train for minutes; ours take
 milliseconds, so the settings that matter are the per-trial overheads:
-actors are reused (``reuse_actors``), Tune's automatic CSV/JSON/TensorBoard
+actors are reused on one node (``reuse_actors``), Tune's automatic CSV/JSON/TensorBoard
 loggers are off (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``, set only while the
 Tuner is built and run), no checkpoints are taken, and every trial reports
 once with ``done=True``.  Results are collected on the driver by a callback
@@ -19,8 +23,16 @@ that has just finished on a warm node, cancelling the cold one
 (``TuneController._maybe_reuse_cached_actor``); with trials quicker than an
 actor's start every trial ends up on the first node.  ``KeepPlacement`` (the
 scheduler used unless the sampler brings its own) never picks a trial, so
-Tune starts pending trials in order: a finished actor is reused by a new
-trial that has no actor yet, and a trial placed on another node keeps it.
+Tune starts pending trials in order.  That is not enough on its own: after
+the scheduler's pick and the pending trials in order, Tune hands any cached
+actor to any pending trial of the same resources (the third step of
+``TuneController._maybe_add_actors``, a set's ``pop``), a trial whose actor
+is still starting on the other node included, so on a loaded machine a run
+once placed every trial on one node.  On a cluster of more than one node
+with CPUs actors are therefore not reused (``reuse_actors_here``): every
+trial gets an actor of its own where Ray placed it, and with each trial
+holding one CPU the trials running at once fill every node whatever the
+timing (each trial pays an actor's start; on one node, actors are reused).
 
 A Ray started here is local, listens on loopback only and has no dashboard;
 with ``address`` (or ``RAY_ADDRESS``) an existing cluster is joined instead,
@@ -44,7 +56,6 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import ray
@@ -53,52 +64,12 @@ from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.basic_variant import BasicVariantGenerator
-from ray.tune.search.bohb import TuneBOHB
 
-from autopar.search.samplers import BohbJob, optuna_sampler
 from autopar.io.specs import SpecError
-from autopar.search.trainable import BREAKDOWN, METRIC, PAYLOAD_KEY, layout_trainable
-
-
-class DefineByRun:
-    """Ray OptunaSearch's define-by-run space: suggest, decode, pass the params on."""
-
-    def __init__(self, encoder):
-        self.encoder = encoder
-
-    def __call__(self, trial) -> dict:
-        # Suggest on the Optuna trial itself, not on Ray's capturing wrapper:
-        # the config is then only the decoded layout ({"params": {...}}), not
-        # also the encoding's internal names (``microbatch_size|1,2,4,8``).
-        return {"params": self.encoder.suggest(getattr(trial, "ot_trial", trial))}
-
-
-class TuneBOHBAll(TuneBOHB):
-    """TuneBOHB that learns from every finished trial (see autopar.search.samplers).
-
-    hpbandster's deprecation warnings about ConfigSpace are kept quiet.
-    """
-
-    def _setup_bohb(self):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            super()._setup_bohb()
-
-    def suggest(self, trial_id):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return super().suggest(trial_id)
-
-    def on_trial_complete(self, trial_id, result=None, error=False):
-        config = self.trial_to_params.get(trial_id)
-        if config is not None and not error and result is not None:
-            value = result.get(self.metric)
-            ok = isinstance(value, (int, float)) and math.isfinite(value)
-            loss = self._metric_op * value if ok else math.inf
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self.bohber.new_result(BohbJob(loss, dict(config)))
-        super().on_trial_complete(trial_id, result=result, error=error)
+from autopar.search.backends.repeats import SkeletonRepeats
+from autopar.search.cluster import ray_session
+from autopar.search.trainable import PAYLOAD_KEY, layout_trainable
+from autopar.search.trial_rows import BREAKDOWN, METRIC
 
 
 class KeepPlacement(FIFOScheduler):
@@ -131,12 +102,12 @@ class SkeletonCache(Searcher):
     def __init__(self, searcher, encoder, seed: int | None = None):
         super().__init__(metric=METRIC, mode="max")
         self.searcher, self.encoder = searcher, encoder
-        self.owner: dict = {}       # skeleton -> the Tune trial id that evaluates it
+        # skeleton -> the Tune trial id that evaluates it (backends.repeats)
+        self.repeats = SkeletonRepeats(encoder, seed)
         self.result: dict = {}      # skeleton -> its finished result (metric only)
         self.waiting: dict = {}     # skeleton -> inner ids told when it finishes
         self.placed: dict = {}      # Tune trial id -> skeleton given in place of a repeat
         self.inner_of: dict = {}    # Tune trial id -> the inner searcher's id for it
-        self.rng = __import__("random").Random(seed)
 
     def set_search_properties(self, metric, mode, config, **spec):
         return self.searcher.set_search_properties(metric, mode, config, **spec)
@@ -149,7 +120,7 @@ class SkeletonCache(Searcher):
         raw = {**self.encoder.raw_defaults(),
                **{k: v for k, v in config.items() if k in self.encoder.searched or "|" in k}}
         try:
-            return self.encoder.key(self.encoder.decode(raw))
+            return self.repeats.key(self.encoder.decode(raw))
         except (Invalid, KeyError):
             return None
 
@@ -159,9 +130,9 @@ class SkeletonCache(Searcher):
         if config is None or config == Searcher.FINISHED:
             return config
         key = self._key(config)
-        if key is None or key not in self.owner:
+        if key is None or key not in self.repeats:
             if key is not None:
-                self.owner[key] = trial_id
+                self.repeats.claim(key, trial_id)
             self.inner_of[trial_id] = inner_id
             return config
         # A repeat: the inner searcher hears the known result (now or when
@@ -170,10 +141,9 @@ class SkeletonCache(Searcher):
             self.searcher.on_trial_complete(inner_id, result=self.result[key])
         else:
             self.waiting.setdefault(key, []).append(inner_id)
-        sk = self.encoder.nearest_unseen(key, self.owner, self.rng)
+        sk = self.repeats.instead(key, trial_id)
         if sk is None:
             return Searcher.FINISHED
-        self.owner[sk] = trial_id
         self.placed[trial_id] = sk
         return self.encoder.raw_for(sk)
 
@@ -188,7 +158,7 @@ class SkeletonCache(Searcher):
             self.searcher.on_trial_complete(self.inner_of.pop(trial_id), result=result, error=error)
         elif sk is not None and not error:
             _add_to_study(self.searcher, self.encoder, sk, metric[METRIC])
-        for key, owner in self.owner.items():
+        for key, owner in self.repeats.owner.items():
             if owner == trial_id:
                 if not error:
                     self.result[key] = metric
@@ -199,9 +169,14 @@ class SkeletonCache(Searcher):
     # Saved as Ray's ConcurrencyLimiter is: this wrapper's state, then the
     # wrapped searcher's own files.
     def get_state(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("searcher", "encoder")}
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("searcher", "encoder", "repeats")}
+        return {**state, "owner": self.repeats.owner, "rng": self.repeats.rng}
 
     def set_state(self, state: dict) -> None:
+        state = dict(state)
+        self.repeats = SkeletonRepeats(self.encoder, owner=state.pop("owner"),
+                                       rng=state.pop("rng"))
         self.__dict__.update(state)
 
     def save(self, checkpoint_path: str):
@@ -225,53 +200,37 @@ def _add_to_study(searcher, encoder, skeleton, value) -> None:
         state=TrialState.COMPLETE if ok else TrialState.PRUNED))
 
 
-def ray_search(name: str, encoder, seed: int | None, trials: int,
-               concurrency: int | None, grid: list[dict] | None = None) -> dict:
-    """Ray Tune pieces for a sampler: search_alg, scheduler, param_space, num_samples."""
-    from autopar.search.skeleton import base_sampler, is_skeleton
-    if is_skeleton(name):
-        pieces = ray_search(base_sampler(name), encoder, seed, trials, concurrency)
-        alg = pieces["search_alg"]
-        if isinstance(alg, BasicVariantGenerator):     # random: an Optuna random sampler
-            from ray.tune.search.optuna import OptunaSearch
-            alg = OptunaSearch(space=encoder.distributions(), metric=METRIC, mode="max",
-                               sampler=optuna_sampler("random", encoder, seed))
-            pieces = {**pieces, "param_space": {}}
-        return {**pieces, "search_alg": SkeletonCache(alg, encoder, seed)}
-    if name == "grid":
-        return {"search_alg": BasicVariantGenerator(max_concurrent=concurrency or 0),
-                "scheduler": None, "num_samples": 1,
-                "param_space": {"params": tune.grid_search(grid or [])}}
-    if name == "random" and encoder.kind != "named":
-        return {"search_alg": BasicVariantGenerator(random_state=seed,
-                                                    max_concurrent=concurrency or 0),
-                "scheduler": None, "num_samples": trials,
-                "param_space": encoder.ray_space()}
-    if name == "smac":
-        from autopar.search.smac_search import smac_searcher
-        alg = smac_searcher(encoder, seed, METRIC)
-        return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
-    if name == "bohb":
-        from ray.tune.schedulers import HyperBandForBOHB
-        alg = TuneBOHBAll(encoder.configspace(seed), metric=METRIC, mode="max",
-                          seed=seed, max_concurrent=concurrency or 0)
-        sched = HyperBandForBOHB(time_attr="training_iteration", max_t=1)
-        return {"search_alg": alg, "scheduler": sched, "num_samples": trials, "param_space": {}}
-    from ray.tune.search.optuna import OptunaSearch
-    sampler = optuna_sampler(name, encoder, seed, concurrency=concurrency or 2)
-    # A static space lets the workers decode; only "named" must run on the driver.
-    space = DefineByRun(encoder) if encoder.kind == "named" else encoder.distributions()
-    alg = OptunaSearch(space=space, metric=METRIC, mode="max", sampler=sampler)
-    return {"search_alg": alg, "scheduler": None, "num_samples": trials, "param_space": {}}
+def ray_search(choice, encoder, seed: int | None, trials: int,
+               concurrency: int | None, grid: list[dict] | None = None):
+    """The sampler's Ray Tune pieces (``samplers.base.RayPieces``); a skeleton
+    search's searcher wrapped by the repeat cache (``SkeletonCache``)."""
+    pieces = choice.sampler.ray(encoder, seed, trials, concurrency, grid,
+                                skeleton=choice.skeleton)
+    if choice.skeleton:
+        pieces.search_alg = SkeletonCache(pieces.search_alg, encoder, seed)
+    return pieces
 
 
 class _Collector(tune.Callback):
-    """Keeps each finished trial's result row, numbered in creation order."""
+    """Keeps each finished trial's result row, numbered in creation order.
+
+    A trial's number (``numbers``: Tune trial id -> number) is given when the
+    collector first sees the trial in Tune's trial list, in the list's order
+    (the order trials were created), and is kept with the experiment
+    (``get_state``: Tune saves it beside its own state).  A restore must not
+    number trials by their place in the list: Tune puts restored trials back
+    in order of their last result, newest first
+    (``TuneController._requeue_restored_trials``), so the best trial of a
+    resumed run was reported by its place in that order ("trial 4") rather
+    than its number ("trial 46").  ``restored``: the collector Tune restored
+    in this process (``resume`` reads its numbers)."""
+
+    restored = None
 
     def __init__(self, on_row=None):
         self.rows: dict[int, dict] = {}
         self.errors: list[str] = []
-        self._index: dict[str, int] = {}
+        self.numbers: dict[str, int] = {}
         self._t0 = time.monotonic()
         self._on_row = on_row
 
@@ -282,15 +241,23 @@ class _Collector(tune.Callback):
         # Tune pickles its callbacks into the experiment (tuner.pkl); the
         # progress hook and the rows belong to this process only.
         return {**self.__dict__, "_on_row": None, "rows": {}, "errors": [],
-                "_index": {}}
+                "numbers": {}}
+
+    def get_state(self) -> dict:
+        return {"numbers": dict(self.numbers)}
+
+    def set_state(self, state: dict) -> None:
+        self.numbers = {str(k): int(v) for k, v in (state or {}).get("numbers", {}).items()}
+        _Collector.restored = self
 
     def _number(self, trials, trial) -> int:
-        # Position in Tune's trial list (creation order); the final table is
-        # numbered the same way from the results (see result_rows).
-        if trial.trial_id not in self._index:
-            for k, t in enumerate(trials):
-                self._index.setdefault(t.trial_id, k)
-        return self._index.get(trial.trial_id, len(self._index))
+        for t in trials:            # trials not seen yet, in the list's (creation) order
+            if t.trial_id not in self.numbers:
+                self.numbers[t.trial_id] = len(self.numbers)
+        return self.numbers.setdefault(trial.trial_id, len(self.numbers))
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._number(trials, trial)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         r = trial.last_result or {}
@@ -314,46 +281,6 @@ class _Collector(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.errors.append(f"trial {trial.trial_id}: {trial.error_file or 'error'}")
-
-
-def start_local_ray(num_cpus: int | None = None) -> None:
-    """Start a new local Ray (never joins a running one) on loopback only, no dashboard.
-
-    Ray 2.60 binds its servers to the node's IP address, but ``ray.init``
-    replaces a loopback ``_node_ip_address`` by the machine's outward address
-    unless Ray's cluster mode is off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
-    read once at import as ``ray_constants.ENABLE_RAY_CLUSTER``).  It is
-    switched off only while the node starts, so every server listens on
-    127.0.0.1 and nothing is reachable from other machines.
-    """
-    from ray._private import ray_constants
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", log_to_driver=False,
-                 logging_level=logging.WARNING)
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
-
-
-@contextlib.contextmanager
-def ray_session(address: str | None):
-    """Use the running Ray, else start one (local, or joining ``address``)."""
-    started = False
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if not ray.is_initialized():
-        if address:
-            from autopar.search.cluster import join
-            join(address)
-        else:
-            start_local_ray()
-        started = True
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
 
 
 class _Quiet(logging.Filter):
@@ -415,16 +342,18 @@ def _elapsed(r) -> float:
     return float(end - start) if start is not None and end is not None else math.nan
 
 
-def result_rows(results) -> list[dict]:
-    """A ResultGrid -> one row per trial that reported, in creation order
-    (Tune's trial list, kept in that order by a restore too)."""
+def result_rows(results, numbers: dict | None = None) -> list[dict]:
+    """A ResultGrid -> one row per trial that reported, in trial order:
+    ``numbers`` (Tune trial id -> number, ``_Collector.numbers``), else the
+    order of the results."""
     from autopar.io.layouts import ALL_FIELDS
     rows = []
     for res in results:
         r = res.metrics or {}
         if "state" not in r:
             continue
-        row = {"trial": len(rows), "state": r["state"],
+        number = (numbers or {}).get(r.get("trial_id"))
+        row = {"trial": len(rows) if number is None else number, "state": r["state"],
                "feasible": r["feasible"], "reason": r["reason"]}
         for k in (METRIC, *BREAKDOWN):
             row[k] = math.nan if r.get(k) is None else r[k]
@@ -434,22 +363,22 @@ def result_rows(results) -> list[dict]:
         row["elapsed_s"] = _elapsed({**r, "config": res.config})
         row["layouts"] = r.get("layouts", 1)
         rows.append(row)
-    return rows
+    return sorted(rows, key=lambda row: row["trial"])
 
 
 def default_name(sampler: str) -> str:
     return f"autopar-tune-{sampler}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _finish(results, collector_errors) -> list[dict]:
+def _finish(results, collector_errors, numbers: dict | None) -> list[dict]:
     errors = list(results.errors)
     if errors or collector_errors:
         first = errors[0] if errors else collector_errors[0]
         raise RuntimeError(f"{len(errors) or len(collector_errors)} trial(s) failed; first: {first}")
-    return result_rows(results)
+    return result_rows(results, numbers)
 
 
-def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
+def run(prob, choice, trials: int, seed: int | None, address: str | None,
         concurrency: int | None, grid: list[dict] | None, on_row=None,
         trainable=layout_trainable, keep: dict | None = None,
         storage_path: str | None = None, name: str | None = None,
@@ -464,12 +393,12 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
     collector = _Collector(on_row)
     temp = storage_path is None
     storage = tempfile.mkdtemp(prefix="autopar-ray-") if temp else storage_path
-    name = name or ("autopar-tune" if temp else default_name(sampler))
+    name = name or ("autopar-tune" if temp else default_name(choice.name))
     try:
         with ray_session(address), _tune_settings():
-            pieces = ray_search(sampler, prob.encoder, seed, trials, concurrency, grid)
+            pieces = ray_search(choice, prob.encoder, seed, trials, concurrency, grid)
             payload = {**prob.payload(), "started_at": time.time()}
-            param_space = dict(pieces["param_space"])
+            param_space = dict(pieces.param_space)
             where = None if temp else _join(storage, name)
             if where is not None and "://" not in where:
                 # the problem travels by tune.with_parameters, kept beside the
@@ -482,8 +411,8 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                 param_space[PAYLOAD_KEY] = payload
                 trainable_p = trainable
             if keep is not None:
-                keep["search_alg"] = pieces["search_alg"]
-            alg = pieces["search_alg"]
+                keep["search_alg"] = pieces.search_alg
+            alg = pieces.search_alg
             # A SearchGenerator (random, grid) limits itself (its max_concurrent);
             # Tune would only warn "max_concurrent_trials will be ignored".
             limit = None if isinstance(alg, BasicVariantGenerator) else concurrency
@@ -491,10 +420,10 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                 _with_concurrency(trainable_p, concurrency),
                 param_space=param_space,
                 tune_config=tune.TuneConfig(
-                    metric=METRIC, mode="max", num_samples=pieces["num_samples"],
-                    search_alg=pieces["search_alg"],
-                    scheduler=pieces["scheduler"] or KeepPlacement(),
-                    max_concurrent_trials=limit, reuse_actors=True,
+                    metric=METRIC, mode="max", num_samples=pieces.num_samples,
+                    search_alg=pieces.search_alg,
+                    scheduler=pieces.scheduler or KeepPlacement(),
+                    max_concurrent_trials=limit, reuse_actors=reuse_actors_here(),
                     trial_dirname_creator=_short_name, trial_name_creator=_short_name),
                 run_config=tune.RunConfig(
                     name=name, storage_path=storage, verbose=0,
@@ -508,10 +437,18 @@ def run(prob, sampler: str, trials: int, seed: int | None, address: str | None,
                 on_start(_join(storage, name))
             collector.restart_clock()
             results = tuner.fit()
-            return _finish(results, collector.errors)
+            return _finish(results, collector.errors, collector.numbers)
     finally:
         if temp:
             shutil.rmtree(storage, ignore_errors=True)
+
+
+def reuse_actors_here() -> bool:
+    """Whether trials may reuse finished trials' actors: only on a Ray of one
+    node with CPUs (on more, reuse moves trials between nodes by timing; see
+    the module docstring)."""
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    return len(nodes) <= 1
 
 
 def _with_concurrency(trainable, concurrency: int | None):
@@ -577,9 +514,12 @@ def resume(path: str, address: str | None = None, trainable=layout_trainable) ->
         node = ray._private.worker._global_node
         roots = [Path(node.get_session_dir_path()).parent] if node is not None else []
         mend_experiment_state(path, roots + [Path(tempfile.gettempdir()) / "ray"])
+        _Collector.restored = None
         tuner = tune.Tuner.restore(path, trainable=restore_trainable(path, trainable),
                                    resume_unfinished=True, resume_errored=True)
-        return _finish(tuner.fit(), [])
+        results = tuner.fit()
+        restored = _Collector.restored
+        return _finish(results, [], restored.numbers if restored is not None else None)
 
 
 def mend_experiment_state(path: str, ray_roots) -> None:
