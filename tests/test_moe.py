@@ -76,11 +76,11 @@ def test_grouped_gemm_runs_at_the_small_gemms_efficiency(h100):
     """128 experts' GEMMs take longer than one GEMM of the same FLOPs: each
     runs at the efficiency of its own (smaller) size."""
     from autopar.model.context import LayoutContext
-    from autopar.model.evaluate import _typed_columns
+    from autopar.model.evaluate import typed_columns
     from autopar.model.layers import finish, grouped_linear, linear
     from autopar.model.rules import normalize
     m = tiny()
-    cols = _typed_columns(normalize(to_columns([execution()])))
+    cols = typed_columns(normalize(to_columns([execution()])))
     ctx = LayoutContext(m, h100, cols, [2])
     g = finish(ctx, grouped_linear(ctx, 128, 65536.0, 2048.0, 1536.0))
     one = finish(ctx, linear(ctx, 65536.0, 2048.0, 1536.0))

@@ -257,11 +257,11 @@ def config_text(fmt: str, launch, model, execution: dict) -> str:
 
 
 def _line(row) -> str:
-    from autopar.cli.exhaustive import _layout_text
+    from autopar.cli.exhaustive import layout_text
     from autopar.search.risk import fits_text
     p = row.p_fits if row.p_fits is not None else float("nan")
     from autopar.search.advise import compact
-    return (_layout_text({"execution": compact(row.execution), "sample_rate": row.rate})
+    return (layout_text({"execution": compact(row.execution), "sample_rate": row.rate})
             + f"  {fits_text(p)}")
 
 

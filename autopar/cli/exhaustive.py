@@ -167,7 +167,7 @@ def run(args) -> int:
             if risk.choice == "safe":
                 why += f"; no layout has P(fits) >= {risk.min_p_fits:g}"
                 if unhedged is not None:
-                    why += f"; fast pick: {_layout_text(unhedged)}"
+                    why += f"; fast pick: {layout_text(unhedged)}"
             print(f"autopar: no feasible layout among {summary['layouts']:,} layouts of "
                   f"space {summary['space']}: {why}", file=sys.stderr)
             return 1
@@ -219,7 +219,7 @@ def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system, 
     how = {"safe": f"the safe pick: the fastest with P(fits) >= {risk.min_p_fits:g}",
            "expected": "the expected pick: the highest rate x P(fits)",
            "fast": "--risk fast: ranked by rate"}[risk.choice]
-    print(f"best: {_layout_text(best)}")
+    print(f"best: {layout_text(best)}")
     print(f"      {fits_text(best['p_fits'])} ({errors.family} errors); {how}")
     other = ("fast pick" if headroom > user_headroom or risk.choice == "expected"
              else "fastest without headroom")
@@ -227,7 +227,7 @@ def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system, 
         from autopar.search.headroom import difference_text, peak_text
         print(f"      peak {peak_text(best['peak_bytes'], system, headroom)}")
         if unhedged is not None and unhedged["execution"] != best["execution"]:
-            print(f"{other}: {_layout_text(unhedged)}")
+            print(f"{other}: {layout_text(unhedged)}")
             print(f"      peak {peak_text(unhedged['peak_bytes'], system, headroom)}; "
                   f"{fits_text(unhedged['p_fits'])}; "
                   f"{difference_text(best['sample_rate'], unhedged['sample_rate'])}"
@@ -238,7 +238,7 @@ def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system, 
             print(f"{other}: the same layout")
 
 
-def _layout_text(best: dict) -> str:
+def layout_text(best: dict) -> str:
     ex = best["execution"]
     return (f"{best['sample_rate']:.4g} samples/s  tp={ex['tensor_par']} "
             f"pp={ex['pipeline_par']} dp={ex['data_par']} batch={ex['batch_size']} "

@@ -273,7 +273,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         # memory parts, so that the reason can say how much it needs; the
         # other statistics are NaN where the layout cannot run.
         kept = [name in _MEM_REQ or name in MEMORY_PARTS for name in names]
-        valid = _typed_columns(cols if every else take_rows(cols, rows))
+        valid = typed_columns(cols if every else take_rows(cols, rows))
         datatypes = distinct_codes(valid["datatype"])
         m = len(rows)
         ext = np.empty(min(CHUNK, m) + 1)          # a chunk's values, then NaN
@@ -373,7 +373,7 @@ def evaluate_one(model: ModelSpec, system: SystemSpec, execution: Mapping) -> di
     return {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in out.items()}
 
 
-def _typed_columns(c: dict) -> dict:
+def typed_columns(c: dict) -> dict:
     """The columns in the dtypes the model computes with."""
     typed = {}
     for f in ("tensor_par", "pipeline_par", "data_par", "microbatch_size",

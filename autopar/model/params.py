@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
-from autopar.model.evaluate import _typed_columns
+from autopar.model.evaluate import typed_columns
 from autopar.model.rules import normalize
 from autopar.model.speedups import BlockCache
 
@@ -31,7 +31,7 @@ def _one_processor() -> dict:
 def parameter_counts(model: ModelSpec, system: SystemSpec) -> dict:
     """``total`` and ``active`` parameters, and those of one ``dense_block``
     and one ``moe_block`` (its ``routed`` experts apart)."""
-    cols = _typed_columns(normalize(to_columns([_one_processor()])))
+    cols = typed_columns(normalize(to_columns([_one_processor()])))
     fp32 = [3]                                  # CHOICES["datatype"].index("float32")
     dense = BlockCache(model, system, cols, fp32).rows(slice(0, 1))
     per_dense = float(dense.weight_space[0]) / 4

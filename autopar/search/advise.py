@@ -97,8 +97,8 @@ class Advice:
 
 
 def _num(v):
-    from autopar.search.exhaustive import _num as num
-    return num(v)
+    from autopar.search.exhaustive import json_number
+    return json_number(v)
 
 
 def full_execution(execution: Mapping) -> dict:

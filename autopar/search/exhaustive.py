@@ -361,7 +361,7 @@ def top_json(table, n: int | None = None) -> dict:
         if n is not None and k >= n:
             break
         out[str(k)] = {"execution": execution_of(row),
-                       "stats": {s: _num(row[s]) for s in perf.STATS}}
+                       "stats": {s: json_number(row[s]) for s in perf.STATS}}
     return out
 
 
@@ -370,7 +370,7 @@ def execution_of(row) -> dict:
     return execution_from_row(row)
 
 
-def _num(v):
+def json_number(v):
     v = float(v)
     if math.isnan(v) or math.isinf(v):
         return None

@@ -36,7 +36,7 @@ import pandas as pd
 from autopar.io.errors import SpecError
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.studies.published_base import (  # noqa: F401  (the registry, read here too)
-    FRAMEWORKS, GIB, MODELS, NEMO1, PublishedCase, SYSTEMS,
+    FRAMEWORKS, GIB, MCORE_RECOMPUTE, MODELS, NEMO1, PublishedCase, SYSTEMS,
     Skip, TABLES, Table, cases, flops_per_token, gpt_model,
     int_or_none, megatron_execution, model, number_or_none, published_dir, read_table,
     register, system, tiers)
@@ -251,8 +251,6 @@ def report(names=None, rank: bool = True, partial: bool = False,
 # reduce and the parameter gather each overlapped or not.
 DIST_OPT_OPTIONS = {"optimizer_sharding": (True, False), "unsharded_grads": (True,),
                     "data_par_overlap": (True, False), "param_gather_overlap": (True, False)}
-# Megatron-Core's recompute choices (none, selective = attention core, full).
-MCORE_RECOMPUTE = ("none", "attn_only", "full")
 
 # NeMo 24.07 (H100 performance summary) -------------------------------------
 

@@ -27,6 +27,8 @@ _ROOT = Path(__file__).resolve().parent.parent.parent
 MODELS = _ROOT / "models"
 SYSTEMS = _ROOT / "systems"
 FRAMEWORKS = _ROOT / "frameworks"
+# Megatron-Core's recompute choices (none, selective = attention core, full).
+MCORE_RECOMPUTE = ("none", "attn_only", "full")
 
 
 def published_dir() -> Path:
