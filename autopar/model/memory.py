@@ -258,17 +258,26 @@ MEMORY_PARTS = ("mem_static_first", "mem_transient_first", "mem_static_last",
                 "mem_transient_last", "mem_logits_fp32_copy")
 
 
-def tier1_need(parts: dict, overhead):
-    """Need on tier 1 of the fuller of the first and last stage: static state,
-    transient tensors grown by the fragmentation ``fraction``, the loss's fp32
-    copies of the logits on the last stage, and the reserved amount."""
+def stage_needs(parts: dict, overhead):
+    """Need on tier 1 of the first and of the last stage, ``(first, last)``,
+    before the reserved amount: static state, transient tensors grown by the
+    fragmentation ``fraction``, the loss's fp32 copies of the logits on the
+    last stage."""
     if overhead is None:
-        return np.maximum(parts["mem_static_first"] + parts["mem_transient_first"],
-                          parts["mem_static_last"] + parts["mem_transient_last"]
-                          + parts["mem_logits_fp32_copy"])
+        return (parts["mem_static_first"] + parts["mem_transient_first"],
+                parts["mem_static_last"] + parts["mem_transient_last"]
+                + parts["mem_logits_fp32_copy"])
     grow = 1.0 + overhead.fraction
     last = parts["mem_transient_last"] + overhead.logits_fp32_copies \
         * parts["mem_logits_fp32_copy"]
-    return np.maximum(parts["mem_static_first"] + parts["mem_transient_first"] * grow,
-                      parts["mem_static_last"] + last * grow) \
-        + overhead.reserved_GiB * 1024 ** 3
+    return (parts["mem_static_first"] + parts["mem_transient_first"] * grow,
+            parts["mem_static_last"] + last * grow)
+
+
+def tier1_need(parts: dict, overhead):
+    """Need on tier 1 of the fuller of the first and last stage
+    (``stage_needs``) and the reserved amount."""
+    first, last = stage_needs(parts, overhead)
+    if overhead is None:
+        return np.maximum(first, last)
+    return np.maximum(first, last) + overhead.reserved_GiB * 1024 ** 3
