@@ -1,7 +1,8 @@
 """Published training measurements: one registry of tables, one report.
 
-Each table of ``../shared/reference/measured/published/`` (measured training
-throughput with the layouts that produced it) is registered here as a
+Each published table (measured training throughput with the layouts that
+produced it; the package's own ``autopar/data/published/``, written from the
+published figures with their sources) is registered here as a
 ``Table``: its CSV file, which rows it keeps, and a row function that turns
 one CSV row into what autopar needs to predict it -- a model spec, a system
 spec, an execution dict and the measured figures -- or says why the row is
@@ -35,27 +36,37 @@ import pandas as pd
 
 from autopar.io.errors import SpecError
 from autopar.io.frameworks import load_framework, with_framework
+from autopar.io.shipped import shipped_dir
 from autopar.io.specs import ModelSpec, SystemSpec, load_execution, load_model, load_system
 
 GIB = 1024 ** 3
 _ROOT = Path(__file__).resolve().parent.parent.parent
-MODELS = _ROOT / "models"
-SYSTEMS = _ROOT / "systems"
-FRAMEWORKS = _ROOT / "frameworks"
+MODELS = shipped_dir("models")
+SYSTEMS = shipped_dir("systems")
+FRAMEWORKS = shipped_dir("frameworks")
+# autopar's own tables, written from the published figures
+# (benchmarks/write_published_tables.py; autopar/data/published/README.md)
+PACKAGED = Path(__file__).resolve().parent.parent / "data" / "published"
 
 
 def published_dir() -> Path:
-    """Where the published tables are: $AUTOPAR_PUBLISHED, else
-    ``../shared/reference/measured/published`` from the project root (or from
-    the working directory)."""
+    """Where the published tables are: $AUTOPAR_PUBLISHED, else the package's
+    own (``autopar/data/published``, in a clone and in an installed wheel)."""
     env = os.environ.get("AUTOPAR_PUBLISHED")
     if env:
         return Path(env)
+    return PACKAGED
+
+
+def shared_reference() -> Path:
+    """The shared reference data (``../shared/reference`` from the project
+    root, or from the working directory), which holds measurements autopar
+    does not ship (the LLaMA sweeps); it may be absent."""
     for base in (_ROOT, Path.cwd()):
-        p = base.parent / "shared" / "reference" / "measured" / "published"
+        p = base.parent / "shared" / "reference"
         if p.is_dir():
             return p
-    return _ROOT.parent / "shared" / "reference" / "measured" / "published"
+    return _ROOT.parent / "shared" / "reference"
 
 
 @dataclass(frozen=True)
@@ -225,8 +236,8 @@ def read_table(table: Table) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
     except FileNotFoundError:
-        raise SpecError(str(path), "(file)", "no such file (published tables live in "
-                        "../shared/reference/measured/published; set AUTOPAR_PUBLISHED)") from None
+        raise SpecError(str(path), "(file)", "no such file (the published tables are "
+                        "autopar/data/published, or the folder AUTOPAR_PUBLISHED names)") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
     if table.keep is not None:
