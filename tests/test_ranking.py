@@ -119,3 +119,18 @@ def test_exhaustive_cli_prints_the_best_layouts_memory(tmp_path, capsys):
     assert m["tier1"] * 1024 ** 3 == pytest.approx(stats["proc_mem_tier1_cap_req"])
     if best["pipeline_par"] > 1:
         assert f"of {best['pipeline_par']} stages" in line
+
+
+def test_skeleton_trials_take_the_simplest_of_equally_fast_completions():
+    """A skeleton trial is its fastest completion; among completions of
+    exactly that rate the simplest, so the trial's rate stays the optimum's
+    and tune's recommendation offloads nothing for no gain."""
+    from autopar.search.tune import best_execution, tune
+    _, s = exhaustive(*CASE, progress=False)
+    table = tune(*CASE[:2], num_procs=CASE[2], max_batch_size=CASE[3], datatype=CASE[4],
+                 sampler="skeleton-tpe", trials=400, seed=0, space="calculon", progress=False)
+    done = table[table["state"] == "COMPLETE"]
+    assert done["sample_rate"].max() == pytest.approx(s["optimum"]["sample_rate"], rel=1e-12)
+    best = best_execution(table)
+    assert not any(best[k] for k in OFFLOADS)
+    assert any(s["optimum"]["execution"][k] for k in OFFLOADS)

@@ -23,6 +23,11 @@ gain.  The rule:
 3. After the group, the other layouts by rate, highest first (ties: first
    enumerated), as Calculon ranks them.
 
+A skeleton trial (``autopar.search.skeleton``) is its fastest completion;
+among completions of exactly that rate the simplest (``simplest_fastest``),
+so that the trial's rate is still the highest and the rule above then ranks
+the trials.
+
 The fastest layout itself (the *optimum*, highest rate, first enumerated on
 ties: Calculon's pick) is not changed by the rule; the searches report its
 rate as the optimum, and ``autopar compare`` measures regret against it.
@@ -127,6 +132,21 @@ def reduce(rows: Mapping, n: int) -> np.ndarray:
     keep = tie.copy()
     keep[:n] = True
     return o[keep]
+
+
+def simplest_fastest(rows: Mapping) -> int | None:
+    """Position of the simplest (by the keys of ``order``) among the rows of
+    exactly the highest rate, or None for no rows: a skeleton trial's
+    completion (``autopar.search.skeleton``), whose rate stays the highest
+    while offloading that gains nothing is not chosen."""
+    rate = _values(rows[RATE]).astype(np.float64)
+    if rate.size == 0:
+        return None
+    top = np.flatnonzero(rate == np.max(rate))
+    if top.size == 1:
+        return int(top[0])
+    sub = {k: _values(v)[top] for k, v in rows.items()}
+    return int(top[order(sub)[0]])
 
 
 def fastest(rows: Mapping) -> int | None:
