@@ -62,3 +62,10 @@ def test_every_command_help_has_an_example_that_parses(capsys, name):
         if argv[1] == name:
             args = parser.parse_args(argv[1:])
             assert args.command == name
+
+
+def test_top_level_help_shows_examples(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "  autopar list models" in text and f"  {EXAMPLES['exhaustive'][0]}" in text

@@ -157,9 +157,11 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="autopar",
+        prog="autopar", formatter_class=HelpFormatter,
         description="Plan large-model training layouts with an analytical "
-                    "performance model (Calculon's method).")
+                    "performance model (Calculon's method).",
+        epilog="examples:\n  autopar list models\n  " + EXAMPLES["exhaustive"][0]
+               + "\n  autopar COMMAND --help")
     parser.add_argument("--version", action="version", version=f"autopar {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
