@@ -21,7 +21,57 @@ from autopar.io.specs import SpecError
 
 COMMANDS: tuple[str, ...] = ("estimate", "exhaustive", "validate", "compare", "tune", "run",
                              "codesign", "calibrate", "report", "advise",
-                             "import_config")
+                             "import_config", "list")
+
+# the subcommand a module registers, where it is not the module's name
+# (``import`` is Python's keyword)
+COMMAND_OF: dict[str, str] = {"import_config": "import"}
+
+# An example for each command's --help (its epilog): lines that run as they
+# are from a clone or an installed autopar (tests/test_cli_help.py parses each).
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "estimate": ("autopar exhaustive models/gpt3-175B.json systems/a100_80g.json --num-procs 64 "
+                 "--max-batch-size 64 --datatype float16 --output best.json",
+                 "autopar estimate models/gpt3-175B.json systems/a100_80g.json best.json"),
+    "exhaustive": ("autopar exhaustive models/gpt3-175B.json systems/a100_80g.json --num-procs 64 "
+                   "--max-batch-size 64 --datatype float16 --space small --output best.json",),
+    "validate": ("autopar validate megatron", "autopar validate published --table nemo_h100"),
+    "compare": ("autopar compare experiments/compare-quick.yaml --output-dir compare-out",),
+    "tune": ("autopar tune models/gpt3-175B.json systems/a100_80g.json --num-procs 1024 "
+             "--max-batch-size 1536 --datatype float16 --sampler skeleton-tpe --trials 50 "
+             "--seed 0 --output best.json",),
+    "run": ("autopar run experiments/exhaustive-gpt3-175b-1024-a100.yaml",),
+    "codesign": ("autopar codesign experiments/codesign-small.yaml",),
+    "calibrate": ("autopar calibrate SWEEP.csv --system systems/a100_80g_dgx_hdr200_base.json "
+                  "--framework megatron-core --system-output hw.json --output calibrated.json",),
+    "list": ("autopar list models", "autopar list spaces"),
+    "report": ("autopar exhaustive models/gpt3-175B.json systems/a100_80g.json --num-procs 64 "
+               "--max-batch-size 64 --datatype float16 --space small --top top.json",
+               "autopar report top.json --output page.html"),
+    "advise": ("autopar advise models/gpt3-175B.json systems/a100_80g.json --from my-run.sh "
+               "--format megatron --config-out better.sh",),
+    "import": ("autopar import train.toml --format torchtitan --num-procs 64 "
+                      "--model-out model.json --execution-out execution.json",),
+}
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that indented lines (the examples) are kept
+    as written instead of being run into one paragraph."""
+
+    def _fill_text(self, text, width, indent):
+        return "\n".join(indent + line if line.startswith("  ") or not line.strip()
+                         else super(HelpFormatter, self)._fill_text(line, width, indent)
+                         for line in text.split("\n"))
+
+
+def version() -> str:
+    """autopar's version, from the installed package's metadata."""
+    from importlib import metadata
+    try:
+        return metadata.version("autopar")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: run from a clone without pip install)"
 
 
 SOURCE = "command line"    # what SpecError names for a bad argument
@@ -133,13 +183,22 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="autopar",
+        prog="autopar", formatter_class=HelpFormatter,
         description="Plan large-model training layouts with an analytical "
-                    "performance model (Calculon's method).")
+                    "performance model (Calculon's method).",
+        epilog="examples:\n  autopar list models\n  " + EXAMPLES["exhaustive"][0]
+               + "\n  autopar COMMAND --help")
+    parser.add_argument("--version", action="version", version=f"autopar {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(f"autopar.cli.{name}").register(sub)
+        command = COMMAND_OF.get(name, name)
+        p = sub.choices[command]
+        p.formatter_class = HelpFormatter
+        lines = EXAMPLES.get(command, ())
+        p.epilog = "\n".join([p.epilog or "", "example:" if len(lines) == 1 else "examples:",
+                              *(f"  {line}" for line in lines)]).lstrip("\n") if lines else p.epilog
     return parser
 
 

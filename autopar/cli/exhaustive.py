@@ -171,6 +171,7 @@ def run(args) -> int:
             print(f"autopar: no feasible layout among {summary['layouts']:,} layouts of "
                   f"space {summary['space']}: {why}", file=sys.stderr)
             return 1
+        best["memory_GiB"] = best_memory(model, system, best["execution"])
         top = top_json(table, args.top_n)
         from autopar.search.headroom import PEAK
         from autopar.search.risk import p_fits
@@ -220,6 +221,8 @@ def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system, 
            "expected": "the expected pick: the highest rate x P(fits)",
            "fast": "--risk fast: ranked by rate"}[risk.choice]
     print(f"best: {layout_text(best)}")
+    if "memory_GiB" in best:
+        print(f"      memory {memory_text(best['memory_GiB'])}")
     print(f"      {fits_text(best['p_fits'])} ({errors.family} errors); {how}")
     other = ("fast pick" if headroom > user_headroom or risk.choice == "expected"
              else "fastest without headroom")
@@ -236,6 +239,42 @@ def _print_answer(summary: dict, best: dict, headroom: float, unhedged, system, 
                   .replace("no layout fits with the headroom", f"the {pick} has rate 0"))
         elif unhedged is not None:
             print(f"{other}: the same layout")
+
+
+def best_memory(model, system, execution: dict) -> dict:
+    """The memory a layout needs, in GiB: on each tier against its capacity,
+    and on tier 1 that of its first and last pipeline stage (the model's
+    ``stage_needs``; the peak is the fuller one, with the reserved amount)."""
+    from autopar.io.layouts import to_columns
+    from autopar.model import evaluate_columns
+    from autopar.model.memory import MEMORY_PARTS, stage_needs
+    from autopar.search.headroom import GIB
+    out = evaluate_columns(model, system, to_columns([execution]),
+                           stats=("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
+                                  *MEMORY_PARTS))
+    stats = {k: v[0] for k, v in out.items()}
+    first, last = stage_needs(stats, system.memory_overhead)
+    return {"tier1": float(stats["proc_mem_tier1_cap_req"]) / GIB,
+            "tier1_capacity": float(system.mem1.GiB),
+            "tier2": float(stats["proc_mem_tier2_cap_req"]) / GIB,
+            "tier2_capacity": float(system.mem2.GiB),
+            "first_stage": float(first) / GIB, "last_stage": float(last) / GIB,
+            "stages": int(execution["pipeline_par"]),
+            "peak_stage": "first" if float(first) >= float(last) else "last"}
+
+
+def memory_text(m: dict) -> str:
+    """'tier 1 61.3 of 80 GiB (peak: the first of 8 stages, 61.3; the last 44.0),
+    tier 2 0.0 of 512 GiB'."""
+    if m["stages"] > 1:
+        other = "last" if m["peak_stage"] == "first" else "first"
+        stages = (f" (peak: the {m['peak_stage']} of {m['stages']} stages, "
+                  f"{m[m['peak_stage'] + '_stage']:.2f}; the {other} {m[other + '_stage']:.2f})")
+    else:
+        stages = " (one stage)"
+    free = m["tier1_capacity"] - m["tier1"]
+    return (f"tier 1 {m['tier1']:.2f} of {m['tier1_capacity']:g} GiB{stages}, "
+            f"{free:.2f} GiB free; tier 2 {m['tier2']:.2f} of {m['tier2_capacity']:g} GiB")
 
 
 def layout_text(best: dict) -> str:

@@ -867,6 +867,22 @@ def _check_split(c: "Checker", out: dict, model: ModelSpec | None) -> None:
                          f"the model's {model.num_blocks} blocks")
 
 
+def _check_counts(c: "Checker", out: dict, model: ModelSpec | None) -> None:
+    """Counts beyond what the model has: ``recompute_layers`` above the blocks
+    of a pipeline stage (Megatron-Core's ``TransformerConfig.__post_init__``,
+    megatron/core/transformer/transformer_config.py, takes
+    recompute_num_layers up to num_layers // pipeline_model_parallel_size;
+    the model's rules say the same of a searched layout)."""
+    k = out.get("recompute_layers", 0)
+    pp = out.get("pipeline_par", 1)
+    if model is None or k <= 0 or pp < 1:
+        return
+    per = model.num_blocks // pp
+    if k > per:
+        c.fail("recompute_layers", f"{k} exceeds the {per} blocks of a pipeline stage "
+                                   f"(num_blocks {model.num_blocks} // pipeline_par {pp})")
+
+
 def execution_value(c: "Checker", f: str, v, path: str | None = None):
     """One value of execution field ``f`` checked as a file's would be: a
     choice, a flag, or an integer (>= 1 for counts, >= 0 for tiers)."""
@@ -973,6 +989,7 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
         if f in EXT_DEFAULTS and out[f] == EXT_DEFAULTS[f]:
             del out[f]
     _check_split(c, out, model)
+    _check_counts(c, out, model)
     if system is not None:
         if "datatype" in out and out["datatype"] not in system.datatypes:
             where = system.source if system.source != "dict" else "the system"

@@ -90,6 +90,13 @@ REASONS = REASONS + (
     "divisible by pipeline_interleaving",
     "infeasible: pipeline_layout balanced needs a block for every virtual stage",
 )
+# Counts beyond what the model has (issue 27): Megatron-Core's TransformerConfig
+# (megatron/core/transformer/transformer_config.py, __post_init__) takes
+# recompute_num_layers between 1 and num_layers // pipeline_model_parallel_size.
+REASONS = REASONS + (
+    "invalid: recompute_layers exceeds the blocks per pipeline stage "
+    "(num_blocks // pipeline_par)",
+)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -271,6 +278,8 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     if k.any():
         flag((k < 0) | ((k > 0) & (rec != CHOICES["activation_recompute"].index("full"))),
              "invalid: recompute_layers needs activation_recompute full")
+        flag(k > nb // pp1, "invalid: recompute_layers exceeds the blocks per pipeline stage "
+                            "(num_blocks // pipeline_par)")
     recipe = cols["fp8_recipe"]
     if (recipe != 0).any():
         dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]

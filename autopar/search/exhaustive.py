@@ -7,7 +7,8 @@ reason, and dropped.  Memory stays bounded by the chunk size whatever the size
 of the space.  With a Ray address (``address=`` or ``RAY_ADDRESS``), chunks
 are Ray tasks; model, system and space travel as JSON-like dicts, so the
 workers need no local files, and the result is the same as a local run (ties
-in sample rate go to the layout enumerated first, as in Calculon).
+in sample rate go to the layout enumerated first, as in Calculon; among layouts
+within 0.1% of the best rate the simpler is recommended: ``autopar.search.ranking``).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Mapping
 import numpy as np
 
 from autopar.io.layouts import ALL_FIELDS, CHOICES, execution_from_row, record
+from autopar.search import ranking
 from autopar.io.experiment import DEFAULT_SPACE  # noqa: F401  (every command's default)
 from autopar.search.space import Case, Space, load_space
 from autopar.io.specs import (ModelSpec, SpecError, SystemSpec, load_model,
@@ -43,15 +45,9 @@ class _Part:
 
 
 def _top_indices(rate: np.ndarray, ok: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the n best feasible rows, best first, ties by position."""
-    idx = np.flatnonzero(ok)
-    if idx.size > n:
-        r = rate[idx]
-        t = np.partition(r, r.size - n)[r.size - n]        # n-th largest
-        gt = idx[r > t]
-        eq = idx[r == t][: n - gt.size]
-        idx = np.concatenate([gt, eq])
-    return idx[np.lexsort((idx, -rate[idx]))][:n]
+    """Indices of the feasible rows that can be among the n recommended
+    (``autopar.search.ranking.candidates``)."""
+    return ranking.candidates(rate, ok, n)
 
 
 def _evaluate(model: ModelSpec, system: SystemSpec, space: Space, case: Case,
@@ -90,7 +86,7 @@ def _merge_top(a: dict | None, b: dict, n: int) -> dict:
         both = b
     else:
         both = {k: np.concatenate([a[k], b[k]]) for k in b}
-    order = np.lexsort((both["index"], -both["sample_rate"]))[:n]
+    order = ranking.reduce(both, n)      # recommended first; the whole tie group kept
     return {k: v[order] for k, v in both.items()}
 
 
@@ -321,6 +317,10 @@ def exhaustive(model, system, num_procs: int, max_batch_size: int, datatype: str
     if top is None:   # empty space
         top = {"index": np.zeros(0, np.int64), **{f: np.zeros(0, np.int64) for f in ALL_FIELDS},
                **{s: np.zeros(0) for s in perf.STATS}}
+    fast = ranking.fastest(top)
+    optimum = None if fast is None else {"execution": record(top, fast),
+                                         "sample_rate": float(top["sample_rate"][fast])}
+    top = {k: v[:int(top_n)] for k, v in top.items()}
     if keep_all:
         import pandas as pd
         table = pd.concat(kept, ignore_index=True) if kept else _table(top, perf.REASONS, perf.STATS)
@@ -345,6 +345,9 @@ def exhaustive(model, system, num_procs: int, max_batch_size: int, datatype: str
         "chunks": len(ranges), "chunk_size": int(chunk_size),
         "runner": f"ray:{address}" if address else "local",
         "best": best,
+        # the fastest layout (Calculon's pick; ``best`` is the recommended
+        # one among those within autopar.search.ranking.TOLERANCE of it)
+        "optimum": optimum,
     }
     return table, summary
 

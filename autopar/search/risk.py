@@ -289,6 +289,7 @@ def safe_search(model, system: SystemSpec, num_procs: int, max_batch_size: int,
         table, second = exhaustive(model, with_headroom(base, safe_headroom), num_procs,
                                    max_batch_size, datatype, top_n=top_n, **kw)
         second["fast_pick"] = fast
+        second["optimum"] = summary["optimum"]        # the fastest, without the safe headroom
         second["searched_headroom_GiB"] = safe_headroom
         second["seconds"] = round(second["seconds"] + summary["seconds"], 3)
         return table, second

@@ -323,6 +323,15 @@ def _best_completions(prob, cols: dict, sizes: list, params_list: list) -> list[
             reason = f"{perf.REASONS[r]} (all {b - a} completions; this one: {int(counts[r])})"
             rows.append({**pruned_row(reason, dict(params)), "layouts": b - a})
             continue
+        ties = a + np.flatnonzero(seg == seg[j])
+        if ties.size > 1:         # equally fast completions: the simplest (search.ranking)
+            from autopar.search import ranking
+            sub = {f: np.asarray(cols[f])[ties] for f in (*ranking.OFFLOADS, "pipeline_par",
+                                                          "pipeline_interleaving",
+                                                          "activation_recompute")}
+            sub.update({METRIC: rate[ties], ranking.MEMORY: np.asarray(res[ranking.MEMORY])[ties],
+                        "index": ties})
+            j = int(ties[ranking.simplest_fastest(sub)]) - a
         at = a + j
         row = {"state": "COMPLETE", "feasible": True, "reason": "", METRIC: float(rate[at])}
         row.update({s: float(res[s][at]) for s in BREAKDOWN})

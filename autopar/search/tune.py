@@ -337,17 +337,23 @@ class _Progress:
 # --------------------------------------------------------------------------
 # The best trial and the outputs
 
-def best_trial(table):
-    """The row of the best COMPLETE trial (highest sample_rate, first on ties), or None."""
+def best_trial(table, fastest: bool = False):
+    """The row of the recommended COMPLETE trial, or None: the highest
+    sample_rate, and among the trials within 0.1% of it the simplest (no
+    offload, less memory, fewer stages...; ``autopar.search.ranking``),
+    first run on ties.  ``fastest``: the highest sample_rate, first run on
+    ties (the optimum, as co-design measures a system by)."""
+    from autopar.search import ranking
     done = table[table["state"] == "COMPLETE"]
     if done.empty:
         return None
-    return done.loc[done[METRIC].idxmax()]
+    return done.iloc[ranking.fastest(done) if fastest else int(ranking.order(done)[0])]
 
 
-def best_execution(table) -> dict | None:
-    """The best trial's layout as a Calculon execution dict (23 fields)."""
-    row = best_trial(table)
+def best_execution(table, fastest: bool = False) -> dict | None:
+    """The best trial's layout as a Calculon execution dict (23 fields)
+    (``best_trial``)."""
+    row = best_trial(table, fastest)
     if row is None:
         return None
     return execution_from_row(row)

@@ -31,6 +31,26 @@ from pathlib import Path
 from autopar.io.writers import atomic_path, json_value, write_atomic_csv, write_json
 
 
+def regret_name(st) -> str:
+    """What the comparison's regret is: of the hypervolume with two
+    objectives (``autopar.studies.codesign``: ``hypervolume_curve``), else
+    of the best sample rate."""
+    return "hypervolume regret" if len(st.objectives) == 2 else "regret"
+
+
+def regret_formula(st) -> str:
+    """The regret as the axis writes it (``regret_note`` says what is what)."""
+    return "1 - HV / HV*" if len(st.objectives) == 2 else "1 - best / optimum"
+
+
+def regret_note(st, systems: int) -> str:
+    if len(st.objectives) == 2:
+        return (f"{regret_name(st)} = 1 - HV / HV*; HV: hypervolume of the front found so far, "
+                f"HV*: of the true front ({systems} systems)")
+    return (f"regret = 1 - best / optimum; best: the highest sample rate found so far, "
+            f"optimum: the ground truth's ({systems} systems)")
+
+
 def front_files(res, front) -> list[tuple[str, dict, dict, dict]]:
     """(folder name, system JSON, execution JSON, summary entry) per front point."""
     from autopar.io.specs import system_to_json
@@ -80,13 +100,10 @@ def write_outputs(res, out_dir) -> tuple[Path, ...]:
     pngs = {"front.png": lambda p: plot_front(res, p)}
     if res.curves is not None:
         from autopar.studies.regret import plot
-        two = len(st.objectives) == 2
-        what = "hypervolume" if two else "best sample rate"
-        note = (f"regret = 1 - {what} found / {what} of the enumerated optimum "
-                f"({len(res.truth)} systems)")
+        note = regret_note(st, len(res.truth))
         pngs["regret.png"] = lambda p: plot(res.curves, [s.name for s in st.compare.samplers], p,
                                             title=f"{st.name}: outer samplers", note=note,
-                                            ylabel=f"regret = 1 - {what} / optimum")
+                                            ylabel=f"{regret_name(st)} = {regret_formula(st)}")
     for name, fn in pngs.items():
         fn(out / name)
         written.append(out / name)
@@ -164,26 +181,61 @@ def summary_text(res) -> str:
     if res.base is not None and res.base["state"] == "COMPLETE":
         lines.append(f"base system: {res.base[second]:.6g}  {res.base['sample_rate']:.4f}/s")
     if res.regret is not None:
+        what = regret_name(st)
+        b = max(st.compare.budgets)
+        lines.append(f"{what}: median after {b} trials; trials to within 1%: median")
         for _, r in res.regret.iterrows():
-            b = max(st.compare.budgets)
+            if r["sampler"] == "exhaustive":      # the ground truth: no regret curve
+                lines.append(f"  {'exhaustive':>12}: the ground truth, every one of "
+                             f"{int(r['trials']):,} systems in {r['seconds_per_run']:.1f} s "
+                             f"(regret 0 once all are evaluated)")
+                continue
             lines.append(f"  {r['sampler']:>12}: regret@{b} median "
                          f"{r.get(f'regret_median@{b}', math.nan):.4f}, trials to 1%: "
                          f"{r['trials_to_1pct']}")
     return "\n".join(lines)
 
 
+def front_key(res, scale: float = 1.0, x_name: str = "cost") -> list[str]:
+    """The front's points as the lines of a fixed-width table: the number a
+    point has on the plot (and in front.csv), its cost (or second
+    objective), sample rate and hardware values, one column per dimension."""
+    st = res.study
+    names = [n for n in st.hardware.names if n in res.front.columns]
+    xl = "cost (M)" if scale == 1e6 else x_name.replace("_", " ")
+    head = ["#", xl, "samples/s", *names]
+    rows = []
+    for k, (_, r) in enumerate(res.front.iterrows()):
+        x = r[x_name] / scale
+        rows.append([str(k), f"{x:.4g}" if scale != 1 or abs(x) < 1e3 else f"{x:,.0f}",
+                     f"{r['sample_rate']:.2f}",
+                     *("-" if r[n] != r[n] else f"{r[n]:g}" for n in names)])
+    widths = [max(len(c) for c in col) for col in zip(head, *rows)]
+    return ["  ".join(c.rjust(w) for c, w in zip(cells, widths)) for cells in [head, *rows]]
+
+
 def plot_front(res, path) -> None:
+    """Sample rate against cost: every evaluated system, the front (with a
+    comparison, the true front and each sampler's); the front's points are
+    numbered, and a key beside the plot gives each number's hardware, so
+    that the picture reads without front.csv."""
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
     st = res.study
     x_name = st.objectives[1] if len(st.objectives) == 2 else "cost"
-    fig = Figure(figsize=(7.5, 4.8), dpi=120)
-    ax = fig.add_subplot(1, 1, 1)
     t = res.table
     ok = t["state"] == "COMPLETE"
     scale = 1e6 if x_name == "cost" and t.loc[ok, "cost"].max() > 1e7 else 1.0
     xl = "cost (millions)" if scale == 1e6 else x_name.replace("_", " ")
+    key = front_key(res, scale, x_name)
+    key_font = 6.5 if len(key) <= 30 else 6.0
+    # in inches: title, plot, axis labels, then the key of the front's points
+    key_height = (len(key) + 1) * key_font * 1.25 / 72 + 0.1
+    width = max(7.5, max(len(line) for line in key) * key_font * 0.62 / 72 + 0.6)
+    h = 0.35 + 3.8 + 0.65 + key_height
+    fig = Figure(figsize=(width, h), dpi=120)
+    ax = fig.add_axes((0.8 / width, (key_height + 0.65) / h, (width - 1.0) / width, 3.8 / h))
     ax.scatter(t.loc[ok, x_name] / scale, t.loc[ok, "sample_rate"], s=6, color="0.75",
                label=f"evaluated systems ({int(ok.sum())})", zorder=1)
     colors = matplotlib.colormaps["tab10"]
@@ -198,14 +250,26 @@ def plot_front(res, path) -> None:
             stairs(fr, color=colors(i), linewidth=1.1, marker="x", markersize=4, alpha=0.85,
                    label=f"{label} front, seed {st.compare.seeds[0]} ({len(fr)} points)",
                    zorder=2)
-        stairs(res.truth_front, color="k", linewidth=1.4, linestyle="--", marker="o",
-               markersize=3, label=f"true front ({len(res.truth_front)} points)", zorder=3)
+        stairs(res.front, color="k", linewidth=1.4, linestyle="--", marker="o",
+               markersize=3, label=f"true front ({len(res.front)} points, numbered)", zorder=3)
+        mark = "k"
     else:
         stairs(res.front, color=colors(0), linewidth=1.6, marker="o", markersize=4,
-               label=f"front ({len(res.front)} points)", zorder=3)
-        for k, (_, r) in enumerate(res.front.iterrows()):
-            ax.annotate(str(k), (r[x_name] / scale, r["sample_rate"]), xytext=(3, -9),
-                        textcoords="offset points", fontsize=7, color=colors(0))
+               label=f"front ({len(res.front)} points, numbered)", zorder=3)
+        mark = colors(0)
+    ax.get_xlim(), ax.get_ylim()           # (the limits set, data -> pixels is final)
+    placed: list = []
+    for k, (_, r) in enumerate(res.front.iterrows()):
+        xy = (r[x_name] / scale, r["sample_rate"])
+        px = ax.transData.transform(xy)
+        # numbers that would overprint a neighbour's are left out (the key
+        # below lists every point); alternate sides for the rest
+        if k != len(res.front) - 1 and any(abs(px[0] - q[0]) < 11 and abs(px[1] - q[1]) < 9
+                                           for q in placed):
+            continue
+        placed.append(px)
+        ax.annotate(str(k), xy, xytext=(4, -9) if len(placed) % 2 else (-10, 4),
+                    textcoords="offset points", fontsize=6.5, color=mark, zorder=5)
     b = res.base
     if b is not None and b["state"] == "COMPLETE":
         ax.scatter([b[x_name] / scale], [b["sample_rate"]], marker="*", s=110, color="tab:red",
@@ -215,6 +279,8 @@ def plot_front(res, path) -> None:
     ax.grid(True, color="0.9", linewidth=0.6)
     ax.set_title(f"{st.name}: sample rate against {x_name.replace('_', ' ')}", fontsize=10)
     ax.legend(fontsize=8, loc="lower right", frameon=False)
-    fig.tight_layout()
+    fig.text(0.25 / width, key_height / h, "front points, as in front.csv (the plot "
+             "numbers those it has room for)\n" + "\n".join(key), family="monospace", fontsize=key_font,
+             va="top", ha="left")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")

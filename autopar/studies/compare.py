@@ -279,7 +279,10 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
         why = "; ".join(f"{r} ({n:,})" for r, n in list(summ["infeasible"].items())[:3])
         raise SpecError(exp.source, "case", f"no feasible layout among {summ['layouts']:,} "
                         f"layouts of space {summ['space']}: {why or 'the space is empty'}")
-    opt = float(summ["best"]["sample_rate"])
+    # the regret's reference is the fastest layout (the optimum, as Calculon
+    # picks it), not the simpler one the ranking recommends among ties
+    # (autopar.search.ranking): its rate and layout, as before that rule
+    opt = float(summ["optimum"]["sample_rate"])
     optimum = {
         # model and system: paths from optimum.json's folder (or the inline mappings)
         "name": exp.name,
@@ -291,7 +294,7 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
         "training": exp.case.training,
         "space": summ["space"], "space_size": summ["layouts"],
         "feasible_layouts": summ["feasible"],
-        "execution": export_execution(summ["best"]["execution"], execution_format,
+        "execution": export_execution(summ["optimum"]["execution"], execution_format,
                                       "compare", "execution_format"),
         "sample_rate": opt,
         "exhaustive_seconds": summ["seconds"],
@@ -302,7 +305,7 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
         optimum["framework"] = file_ref(fw, out_dir or Path.cwd()) \
             if isinstance(fw, str) and ("/" in fw or fw.endswith(".json")) else fw
     if plain is not None:
-        optimum.update(_headroom_record(plain, summ["best"]))
+        optimum.update(_headroom_record(plain, summ["optimum"]))
     jobs = _jobs(exp)
     bar = _Progress(len(jobs) * exp.trials, show)
     bar.say(f"exhaustive: {summ['layouts']:,} layouts ({summ['feasible']:,} feasible) in "
@@ -394,7 +397,7 @@ def _headroom_case(exp, memory_headroom, address, risk=None):
     _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
                          case.datatype, space=case.space, batch_policy=case.batch_policy,
                          address=address, training=case.training)
-    plain = {"headroom": h, "system": case.system, "model": case.model, "best": summ["best"],
+    plain = {"headroom": h, "system": case.system, "model": case.model, "best": summ["optimum"],
              "errors": errors, "risk": risk}
     return replace(exp, case=replace(case, system=with_headroom(case.system, h))), plain
 

@@ -244,7 +244,7 @@ def cross_validate(names=None, reference: Path | None = None):
                         f"unknown table {unknown[0]!r} (one of: {', '.join(known)})")
     rows, res = published_folds([n for n in names if n != SWEEP_NAME])
     if SWEEP_NAME in names:
-        ref = reference or P.published_dir().parent.parent
+        ref = reference or P.shared_reference()
         got = sweep_folds(Path(ref))
         if got is not None:
             rows.append(got[0])

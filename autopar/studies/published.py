@@ -5,8 +5,9 @@ dense tables are registered here, the mixture-of-experts rows' functions are
 ``published_moe``, llm-foundry's and NeMo-Launcher's tables
 ``published_foundry``.
 
-Each table of ``../shared/reference/measured/published/`` (measured training
-throughput with the layouts that produced it) is registered here as a
+Each published table (measured training throughput with the layouts that
+produced it; the package's own ``autopar/data/published/``, written from the
+published figures with their sources) is registered here as a
 ``Table``: its CSV file, which rows it keeps, and a row function that turns
 one CSV row into what autopar needs to predict it -- a model spec, a system
 spec, an execution dict and the measured figures -- or says why the row is
@@ -36,9 +37,10 @@ import pandas as pd
 from autopar.io.errors import SpecError
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.studies.published_base import (  # noqa: F401  (the registry, read here too)
-    FRAMEWORKS, GIB, MCORE_RECOMPUTE, MODELS, NEMO1, PublishedCase, SYSTEMS,
+    FRAMEWORKS, GIB, MCORE_RECOMPUTE, MODELS, NEMO1, PACKAGED, PublishedCase, SYSTEMS,
     Skip, TABLES, Table, cases, flops_per_token, gpt_model,
     int_or_none, megatron_execution, model, number_or_none, published_dir, read_table,
+    shared_reference,
     register, system, tiers)
 from autopar.studies import published_foundry  # noqa: F401  (registers its tables)
 from autopar.studies.published_moe import bridge_qwen3, simumax_moe

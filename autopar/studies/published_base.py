@@ -20,29 +20,39 @@ import pandas as pd
 
 from autopar.io.errors import SpecError
 from autopar.io.frameworks import load_framework, with_framework
+from autopar.io.shipped import shipped_dir
 from autopar.io.specs import ModelSpec, SystemSpec, load_execution, load_model, load_system
 
 GIB = 1024 ** 3
 _ROOT = Path(__file__).resolve().parent.parent.parent
-MODELS = _ROOT / "models"
-SYSTEMS = _ROOT / "systems"
-FRAMEWORKS = _ROOT / "frameworks"
+MODELS = shipped_dir("models")
+SYSTEMS = shipped_dir("systems")
+FRAMEWORKS = shipped_dir("frameworks")
 # Megatron-Core's recompute choices (none, selective = attention core, full).
 MCORE_RECOMPUTE = ("none", "attn_only", "full")
+# autopar's own tables, written from the published figures
+# (benchmarks/write_published_tables.py; autopar/data/published/README.md)
+PACKAGED = Path(__file__).resolve().parent.parent / "data" / "published"
 
 
 def published_dir() -> Path:
-    """Where the published tables are: $AUTOPAR_PUBLISHED, else
-    ``../shared/reference/measured/published`` from the project root (or from
-    the working directory)."""
+    """Where the published tables are: $AUTOPAR_PUBLISHED, else the package's
+    own (``autopar/data/published``, in a clone and in an installed wheel)."""
     env = os.environ.get("AUTOPAR_PUBLISHED")
     if env:
         return Path(env)
+    return PACKAGED
+
+
+def shared_reference() -> Path:
+    """The shared reference data (``../shared/reference`` from the project
+    root, or from the working directory), which holds measurements autopar
+    does not ship (the LLaMA sweeps); it may be absent."""
     for base in (_ROOT, Path.cwd()):
-        p = base.parent / "shared" / "reference" / "measured" / "published"
+        p = base.parent / "shared" / "reference"
         if p.is_dir():
             return p
-    return _ROOT.parent / "shared" / "reference" / "measured" / "published"
+    return _ROOT.parent / "shared" / "reference"
 
 
 @dataclass(frozen=True)
@@ -212,8 +222,8 @@ def read_table(table: Table) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
     except FileNotFoundError:
-        raise SpecError(str(path), "(file)", "no such file (published tables live in "
-                        "../shared/reference/measured/published; set AUTOPAR_PUBLISHED)") from None
+        raise SpecError(str(path), "(file)", "no such file (the published tables are "
+                        "autopar/data/published, or the folder AUTOPAR_PUBLISHED names)") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
     if table.keep is not None:
