@@ -39,7 +39,8 @@ _TF = (True, False)
 
 def _r_tp(c, s):
     return tuple(d for d in divisors(c.num_procs)
-                 if c.hidden % d == 0 and c.heads % d == 0), None
+                 if c.hidden % d == 0 and c.heads % d == 0
+                 and (c.mamba_tp == 0 or c.mamba_tp % d == 0)), None
 
 
 def _r_pp(c, s):
@@ -51,6 +52,8 @@ def _r_pp(c, s):
 
 
 def _r_cp(c, s):
+    if c.hybrid:
+        return (1,), "1 for a hybrid model"
     rest = c.num_procs // (s["tensor_par"] * s["pipeline_par"])
     return tuple(d for d in divisors(rest) if d == 1 or c.seq % (2 * d) == 0), None
 
@@ -121,6 +124,8 @@ def _r_ppint(c, s):
     pp = s["pipeline_par"]
     if pp == 1:
         return (1,), "must be 1 when pipeline_par is 1"
+    if c.hybrid:
+        return (1,), "1 for a hybrid model (Megatron splits its pattern stage by stage)"
     if c.uneven:
         return tuple(range(1, c.blocks // pp + 1)), None
     return divisors(c.blocks // pp), None
@@ -328,7 +333,8 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden and attn_heads"),
+    Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden, attn_heads and the "
+         "mamba heads and groups"),
     Rule("pipeline_par", ("tensor_par",), _r_pp,
           "must divide num_procs/tensor_par and num_blocks"),
     Rule("context_par", ("tensor_par", "pipeline_par"), _r_cp,
