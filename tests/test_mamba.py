@@ -245,6 +245,11 @@ def test_hybrid_rules(h100):
     assert reason(s).startswith("invalid: a hybrid model's layers")
     s = run(m, h100, num_procs=2, data_par=1, context_par=2)
     assert reason(s).startswith("invalid: a hybrid model's layers")
+    # Megatron splits a pattern by first/last stage layers only
+    s = run(tiny("M*-"), h100, num_procs=2, pipeline_par=2, batch_size=2, loss_in_split=True)
+    assert reason(s).startswith("invalid: a hybrid model's pipeline split")
+    s = run(m, h100, num_procs=2, pipeline_par=2, batch_size=2, first_stage_blocks=1)
+    assert s["feasible"], reason(s)
 
 
 # ----------------------------------------------------------------------------
@@ -272,6 +277,26 @@ def test_model_files_load(name, h100):
     assert abs(total / 1e9 - billions) / billions < 0.06
 
 
+def test_hybrid_moe_model_nemotron3_nano(h100, roomy):
+    """Nemotron-3 Nano: 23 Mamba-2, 23 MoE and 6 attention layers, '3.5B
+    active parameters and 30B parameters in total' (Megatron-Bridge's model
+    page, docs/models/nemotron/nemotron3-nano.md); it runs with expert
+    parallelism, and the MoE layers' weights are the experts'."""
+    from autopar.model.mamba import layer_kinds
+    m = load_model(ROOT / "models" / "nemotron3-nano-30B-A3B.json")
+    kinds = layer_kinds(m)
+    assert (kinds.count("mamba"), kinds.count("moe"), kinds.count("attention")) == (23, 23, 6)
+    c = parameter_counts(m, h100)
+    assert abs(c["active"] / 3.5e9 - 1) < 0.03
+    assert 30e9 <= c["total"] <= 32e9
+    s = run(m, roomy, num_procs=8, data_par=8, expert_par=8, batch_size=8,
+            optimizer_sharding=True)
+    assert s["feasible"], reason(s)
+    assert s["ep_comm_link_time"] > 0
+    no_ep = run(m, roomy, num_procs=8, data_par=8, batch_size=8, optimizer_sharding=True)
+    assert no_ep["weight_space"] > s["weight_space"]
+
+
 # ----------------------------------------------------------------------------
 # Search and the commands
 
@@ -279,11 +304,12 @@ def test_model_files_load(name, h100):
 def test_space_keeps_hybrid_layouts_valid(h100):
     from autopar.search.space import Case, load_space
     m = load_model(ROOT / "models" / "nemotron-h-8B.json")
-    sp = load_space(ROOT / "search_spaces" / "small.yaml")
+    sp = load_space(ROOT / "search_spaces" / "modern.yaml")
     case = Case(m, h100, 32, 128, "bfloat16")
     parts = list(sp.enumerate(case))
     cols = {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
     assert set(cols["pipeline_interleaving"].tolist()) == {1}
+    assert not cols["loss_in_split"].any() and not cols["embedding_in_split"].any()
     assert set(cols["tensor_par"].tolist()) <= {1, 2, 4, 8}
     out = M.evaluate_columns(m, h100, cols, stats=("total_time",))
     bad = {M.REASONS[c] for c in np.unique(out["reason_code"])

@@ -92,6 +92,8 @@ REASONS = REASONS + (
     "invalid: mamba heads and groups must be divisible by tensor_par",
     "invalid: a hybrid model's layers split over the pipeline without interleaving "
     "or context_par (Megatron's split of a pattern without '|')",
+    "invalid: a hybrid model's pipeline split is first_stage_blocks and "
+    "last_stage_blocks only",
 )
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
@@ -291,8 +293,9 @@ def _check_hybrid(model: ModelSpec, cols: dict, flag, tp1, cp, ranges: Ranges) -
     """A hybrid model (``autopar.model.mamba``): Megatron's ``MambaMixer``
     splits heads and groups over tensor_par (it asserts both divide); a
     pattern without '|' separators is split over the pipeline stage by stage,
-    with no virtual stages (``select_pipeline_segment``), and the Mamba
-    layers' context parallelism is not modelled."""
+    with no virtual stages, by first/last stage layers only (no embedding or
+    loss in the split, no layout string: ``select_pipeline_segment``); the
+    Mamba layers' context parallelism is not modelled."""
     mb = model.mamba
     if mb is not None:
         flag(by_value(lambda x: (mb.heads % x != 0) | (mb.groups % x != 0), tp1, ranges=ranges),
@@ -300,6 +303,9 @@ def _check_hybrid(model: ModelSpec, cols: dict, flag, tp1, cp, ranges: Ranges) -
     flag((cols["pipeline_interleaving"] > 1) | (cp > 1),
          "invalid: a hybrid model's layers split over the pipeline without interleaving "
          "or context_par (Megatron's split of a pattern without '|')")
+    flag(cols["embedding_in_split"] | cols["loss_in_split"] | (cols["pipeline_layout"] != 0),
+         "invalid: a hybrid model's pipeline split is first_stage_blocks and "
+         "last_stage_blocks only")
 
 
 def _member(col: np.ndarray, values: list[int]) -> np.ndarray:

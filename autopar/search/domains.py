@@ -164,9 +164,16 @@ def _new_split(c, s, **kw) -> bool:
     return per is not None and per != _split(c, s, 0, 0, False, False, False)
 
 
+# Megatron's hybrid model splits its pattern by first/last stage layers only
+# (megatron/core/models/hybrid/hybrid_layer_allocation.py, select_pipeline_segment).
+_HYBRID_SPLIT = "a hybrid model's split is first/last_stage_blocks only"
+
+
 def _r_layout(c, s):
     if s["pipeline_par"] == 1:
         return ("even",), "needs pipeline_par > 1"
+    if c.hybrid:
+        return ("even",), _HYBRID_SPLIT
     return tuple(x for x in CHOICES["pipeline_layout"]
                  if x == "even" or c.blocks >= s["pipeline_par"] * s["pipeline_interleaving"]), None
 
@@ -174,6 +181,8 @@ def _r_layout(c, s):
 def _r_embedding(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
+    if c.hybrid:
+        return (False,), _HYBRID_SPLIT
     return tuple(e for e in _TF if not e or _split(c, s, embedding=True, loss=False)
                  or _split(c, s, embedding=True, loss=True)), None
 
@@ -181,6 +190,8 @@ def _r_embedding(c, s):
 def _r_loss(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
+    if c.hybrid:
+        return (False,), _HYBRID_SPLIT
     e = s["embedding_in_split"]
     return tuple(x for x in _TF if (not (x or e) and s["pipeline_layout"] == "even")
                  or _new_split(c, s, loss=x)), None
