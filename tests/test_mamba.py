@@ -268,6 +268,14 @@ def test_published_sizes(h100, name, total):
     assert counts["total"] - m.num_blocks * m.hidden + m.hidden == total
 
 
+def test_nemotron_h_56B_layers():
+    """'54 Mamba-2, 54 MLP, and 10 Self-Attention layers' (NVIDIA's
+    Nemotron-H page, research.nvidia.com/labs/adlr/nemotronh)."""
+    from autopar.model.mamba import layer_kinds
+    kinds = layer_kinds(load_model(ROOT / "models" / "nemotron-h-56B.json"))
+    assert (kinds.count("mamba"), kinds.count("mlp"), kinds.count("attention")) == (54, 54, 10)
+
+
 @pytest.mark.parametrize("name", ["nemotron-h-8B", "nemotron-h-47B", "nemotron-h-56B"])
 def test_model_files_load(name, h100):
     m = load_model(ROOT / "models" / f"{name}.json")
