@@ -346,3 +346,12 @@ def test_estimate_exhaustive_tune_round_trip(tmp_path):
                  "--trials", "20", "--sampler", "random", "--seed", "1",
                  "--output", str(best)]) == 0
     assert json.loads(best.read_text())
+
+
+def test_calculon_format_refuses_a_hybrid_model():
+    from autopar.io.export import check_calculon_run
+    m = tiny()
+    with pytest.raises(SpecError) as e:
+        check_calculon_run("calculon", m)
+    assert "hybrid_override_pattern=M*-M" in str(e.value)
+    check_calculon_run("autopar", m)
