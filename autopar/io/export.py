@@ -37,6 +37,8 @@ def model_extensions(model) -> list[str]:
         out.append(f"kv_heads={model.kv_heads}")
     if getattr(model, "vocab_size", 0):
         out.append(f"vocab_size={model.vocab_size}")
+    if getattr(model, "hybrid_pattern", ""):
+        out.append(f"hybrid_override_pattern={model.hybrid_pattern}")
     return out
 
 

@@ -6,7 +6,9 @@ The three inputs are read in Calculon's JSON formats, unchanged:
   attn_size, num_blocks``; optional extension keys ``block`` ("gpt" |
   "llama"), ``kv_heads``, ``vocab_size``, ``moe`` (mixture of experts,
   ``MoESpec``), ``mla`` (multi-head latent attention, ``MLASpec``), ``mtp``
-  (multi-token-prediction modules), ``name`` and ``description``.
+  (multi-token-prediction modules), ``hybrid_override_pattern`` (layer kinds,
+  Megatron's notation) with ``mamba`` (Mamba-2 mixers, ``MambaSpec``),
+  ``name`` and ``description``.
 * system: ``matrix, vector, mem1, mem2, processing_mode, networks``; optional
   top-level ``name`` and ``description`` strings.
 * execution: exactly Calculon's 23 fields (``autopar.io.layouts.FIELDS``).
@@ -84,6 +86,31 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class MambaSpec:
+    """Mamba-2 mixers of a hybrid model (the ``mamba`` object of a model file;
+    Megatron-Core's ``mamba_num_heads``, ``mamba_head_dim``,
+    ``mamba_state_dim``, ``mamba_num_groups``, the causal convolution's
+    ``d_conv`` and the SSD kernel's ``chunk_size``).  The inner width is
+    ``heads x head_dim``; B and C are shared by the heads of a group."""
+    heads: int
+    head_dim: int
+    state: int
+    groups: int = 1
+    conv_kernel: int = 4
+    chunk: int = 128
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+
+# The layer kinds of a hybrid pattern (Megatron-Core's hybrid_layer_allocation
+# Symbols: M Mamba, * attention, - MLP, E mixture of experts), by the block
+# kind the model evaluates for each.
+HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     hidden: int
     feedforward: int
@@ -98,6 +125,10 @@ class ModelSpec:
     moe: MoESpec | None = None    # None: every block has the dense MLP (as Calculon)
     mla: MLASpec | None = None    # None: attention as attention_type says
     mtp: int = 0                  # multi-token-prediction modules (DeepSeek-V3: 1)
+    # "": every block is attention + MLP (Calculon); else one layer kind per
+    # block (HYBRID_SYMBOLS), as Megatron's hybrid_override_pattern
+    hybrid_pattern: str = ""
+    mamba: MambaSpec | None = None
     name: str = ""
     source: str = "dict"
     description: str = ""
@@ -243,8 +274,10 @@ class SystemSpec:
 
 MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
               "num_blocks")
-MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "moe", "mla", "mtp", "name",
-                        "description")
+MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "moe", "mla", "mtp",
+                        "hybrid_override_pattern", "mamba", "name", "description")
+MAMBA_KEYS = ("heads", "head_dim", "state")
+MAMBA_OPTIONAL_KEYS = ("groups", "conv_kernel", "chunk")
 MOE_KEYS = ("experts", "top_k", "expert_feedforward")
 MOE_OPTIONAL_KEYS = ("shared_experts", "shared_feedforward", "first_dense", "router",
                      "capacity_factor", "imbalance")
@@ -504,13 +537,59 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
     moe = _moe(c, data["moe"], vals) if data.get("moe") is not None else None
     mla = _mla(c, data["mla"]) if data.get("mla") is not None else None
     mtp = c.int(data.get("mtp", 0), "mtp", minimum=0)
+    pattern, mamba = _hybrid(c, data, vals, moe, mla, mtp)
     if "name" in data:
         name = c.str(data["name"], "name")
     else:
         name = _stem(path_or_dict)
     desc = c.str(data.get("description", ""), "description")
     return ModelSpec(**vals, block=block, kv_heads=kv_heads, vocab_size=vocab, moe=moe,
-                     mla=mla, mtp=mtp, name=name, source=src, description=desc)
+                     mla=mla, mtp=mtp, hybrid_pattern=pattern, mamba=mamba, name=name,
+                     source=src, description=desc)
+
+
+def _hybrid(c: _Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "MambaSpec | None"]:
+    """The ``hybrid_override_pattern`` and ``mamba`` of a model file, checked:
+    one symbol of ``HYBRID_SYMBOLS`` per block (no '|' stage separators: the
+    pipeline splits the layers as it splits blocks), Mamba layers need
+    ``mamba``, MoE layers ``moe``."""
+    mamba = None
+    if data.get("mamba") is not None:
+        v = data["mamba"]
+        c.keys(v, "mamba", MAMBA_KEYS, MAMBA_OPTIONAL_KEYS)
+        heads = c.int(v["heads"], "mamba.heads", minimum=1)
+        groups = c.int(v.get("groups", 1), "mamba.groups", minimum=1)
+        if heads % groups:
+            c.fail("mamba.groups", f"must divide mamba.heads ({heads}), got {groups}")
+        mamba = MambaSpec(heads=heads, head_dim=c.int(v["head_dim"], "mamba.head_dim", minimum=1),
+                          state=c.int(v["state"], "mamba.state", minimum=1), groups=groups,
+                          conv_kernel=c.int(v.get("conv_kernel", 4), "mamba.conv_kernel",
+                                            minimum=1),
+                          chunk=c.int(v.get("chunk", 128), "mamba.chunk", minimum=1))
+    if data.get("hybrid_override_pattern") is None:
+        if mamba is not None:
+            c.fail("mamba", "needs hybrid_override_pattern (which layers are Mamba layers)")
+        return "", None
+    pattern = c.str(data["hybrid_override_pattern"], "hybrid_override_pattern")
+    bad = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+    if bad:
+        c.fail("hybrid_override_pattern",
+               f"unknown layer symbols {''.join(bad)!r}: one of M (Mamba), * (attention), "
+               f"- (MLP), E (MoE) per layer; '|' stage separators are not supported")
+    if len(pattern) != vals["num_blocks"]:
+        c.fail("hybrid_override_pattern",
+               f"has {len(pattern)} layers, num_blocks is {vals['num_blocks']}")
+    if "M" in pattern and mamba is None:
+        c.fail("mamba", "the pattern has Mamba layers (M): give mamba.heads, head_dim, state")
+    if "E" in pattern and moe is None:
+        c.fail("moe", "the pattern has MoE layers (E): give the moe object")
+    if moe is not None and "E" not in pattern:
+        c.fail("moe", "the pattern has no MoE layers (E)")
+    if moe is not None and moe.first_dense:
+        c.fail("moe.first_dense", "a hybrid pattern says which layers are dense: leave it out")
+    if mla is not None or mtp:
+        c.fail("hybrid_override_pattern", "not supported with mla or mtp")
+    return pattern, mamba
 
 
 def _moe(c: Checker, v, vals: dict) -> MoESpec:
@@ -591,6 +670,12 @@ def model_to_json(model: ModelSpec) -> dict:
             out["mla"]["q_lora_rank"] = a.q_lora_rank
     if model.mtp:
         out["mtp"] = model.mtp
+    if model.hybrid_pattern:
+        out["hybrid_override_pattern"] = model.hybrid_pattern
+    if model.mamba is not None:
+        mb = model.mamba
+        out["mamba"] = {"heads": mb.heads, "head_dim": mb.head_dim, "state": mb.state,
+                        "groups": mb.groups, "conv_kernel": mb.conv_kernel, "chunk": mb.chunk}
     if model.name:
         out["name"] = model.name
     if model.description:

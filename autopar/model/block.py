@@ -30,6 +30,7 @@ from autopar.model.block_inputs import ActivationSizes, BlockInputs, block_input
 from autopar.model.block_sums import BlockSums
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext
+from autopar.model.mamba import mamba_mixer
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
                                   fp8_gemm, gelu, layer, linear, residual, rotary, softmax,
@@ -49,23 +50,28 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     ``kind == "moe"`` (a model with ``moe``): the MLP is the shared experts
     (a dense MLP of ``shared_feedforward``, absent when 0) followed by the
     routed experts (``autopar.model.moe``).  A model with ``mla`` has
-    multi-head latent attention.
+    multi-head latent attention.  A hybrid model's block is one layer of
+    ``kind`` "mamba", "attention", "mlp" or "moe" (``_hybrid_layer``).
     """
     m = ctx.model
     x = block_inputs(ctx, cols)
-    if m.mla is not None:
-        seq, core_layers, q_width, kv_width = mla_attention(ctx, x)
-    else:
-        seq, core_layers = _attention(ctx, x)
+    if m.hybrid_pattern:
+        seq, core_layers = _hybrid_layer(ctx, cols, x, kind)
         q_width, kv_width = float(m.attn_heads) * float(m.attn_size) / ctx.tp, x.kv_width
-    moe = kind == "moe"
-    f = float(m.moe.shared_feedforward) if moe else float(m.feedforward)
-    seq += _mlp(ctx, x, f)
-    if moe:
-        seq += routed_experts(ctx, cols, x)
-    if not x.llama:
-        seq.append((dropout(ctx, x.A_tp, **x.full), True))
-    seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
+    else:
+        if m.mla is not None:
+            seq, core_layers, q_width, kv_width = mla_attention(ctx, x)
+        else:
+            seq, core_layers = _attention(ctx, x)
+            q_width, kv_width = float(m.attn_heads) * float(m.attn_size) / ctx.tp, x.kv_width
+        moe = kind == "moe"
+        f = float(m.moe.shared_feedforward) if moe else float(m.feedforward)
+        seq += _mlp(ctx, x, f)
+        if moe:
+            seq += routed_experts(ctx, cols, x)
+        if not x.llama:
+            seq.append((dropout(ctx, x.A_tp, **x.full), True))
+        seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
     acc = accumulate(ctx, cols, seq, x.recompute_full)
     # The attention core's own times, which the K/V exchange can hide behind.
     attn_fw, attn_bw = ctx.zeros.copy(), ctx.zeros.copy()
@@ -78,6 +84,31 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
                           x.recompute_attn)
     return replace(acc, cp_fw_link=cx.fw_link, cp_fw_exp=cx.fw_exp, cp_bw_link=cx.bw_link,
                    cp_bw_exp=cx.bw_exp, cp_re_exp=cx.re_exp, cp_fw_size=cx.fw_size)
+
+
+def _hybrid_layer(ctx: LayoutContext, cols: dict, x: BlockInputs, kind: str):
+    """One layer of a hybrid model (``autopar.model.mamba``): a pre-norm
+    residual layer holding only a Mamba-2 mixer, only attention, only an MLP
+    or only a mixture of experts (its shared experts, then the routed ones);
+    the layers and the attention core's, as (layer, rows that have it) pairs."""
+    m = ctx.model
+    core_layers = []
+    if kind == "attention":
+        seq, core_layers = _attention(ctx, x)       # (with its dropout)
+    else:
+        if kind == "mamba":
+            seq = mamba_mixer(ctx, x)
+        elif kind == "mlp":
+            seq = _mlp(ctx, x, float(m.feedforward), after_attention=False)
+        elif kind == "moe":
+            seq = (_mlp(ctx, x, float(m.moe.shared_feedforward), after_attention=False)
+                   + routed_experts(ctx, cols, x))
+        else:
+            raise ValueError(f"unknown layer kind {kind!r}")
+        if not x.llama:
+            seq.append((dropout(ctx, x.A_tp, **x.full), True))
+    seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
+    return seq, core_layers
 
 
 def _attention(ctx: LayoutContext, x: BlockInputs):
@@ -135,10 +166,11 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
     return seq, core_layers
 
 
-def _mlp(ctx: LayoutContext, x: BlockInputs, f: float) -> list:
-    """The attention's residual and the MLP half of the block of
-    feed-forward width ``f`` (none when 0), up to (not including) its
-    dropout and residual, as (layer, rows that have it) pairs."""
+def _mlp(ctx: LayoutContext, x: BlockInputs, f: float, after_attention: bool = True) -> list:
+    """The attention's residual (``after_attention``: in the attention + MLP
+    block) and the MLP half of the block of feed-forward width ``f`` (none
+    when 0), up to (not including) its dropout and residual, as (layer, rows
+    that have it) pairs."""
     h, tp = float(ctx.model.hidden), ctx.tp
     A, A_tp, B = x.A, x.A_tp, x.B
     full, shared_input = x.full, x.shared_input
@@ -146,7 +178,7 @@ def _mlp(ctx: LayoutContext, x: BlockInputs, f: float) -> list:
     ff_in = 2 * f if x.llama else f           # SwiGLU: gate and up projections
     g = partial(fp8_gemm, ctx)
     seq = [
-        (residual(ctx, A_tp, A_tp, **full, **shared_input), True),
+        (residual(ctx, A_tp, A_tp, **full, **shared_input), after_attention),
         (fork(ctx, A_tp, 2, **full, stored=True), True),
         (x.norm(ctx, A_tp, h, x.fused_norm, **full, **shared_input), True),
     ]

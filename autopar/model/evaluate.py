@@ -36,6 +36,7 @@ from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight
 from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
                                   recompute_share)
+from autopar.model.mamba import hybrid_kinds, pace_weights
 from autopar.model.moe import mix, stage_counts
 from autopar.model.overhead import launch_time
 from autopar.model.pipeline import (Schedule, bubble, chunk_times, last_stage_slack, per_batch,
@@ -278,9 +279,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         m = len(rows)
         ext = np.empty(min(CHUNK, m) + 1)          # a chunk's values, then NaN
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            blocks = BlockCache(model, system, valid, datatypes)
-            moe_blocks = (BlockCache(model, system, valid, datatypes, kind="moe")
-                          if model.moe is not None else None)
+            caches = _block_caches(model, system, valid, datatypes)
+            blocks = next(iter(caches.values()))
             sched = schedule(valid, model.num_blocks)
             direct = direct_block_stats(model)
             for i in range(0, m, CHUNK):
@@ -289,8 +289,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 shards = blocks.shards(sl)
                 ctx = LayoutContext(model, system, part, datatypes, shards)
                 foot, stage_sums = _stage_sums(
-                    model, part, blocks.rows(sl, "footprints"),
-                    moe_blocks.rows(sl, "footprints") if moe_blocks else None)
+                    model, part, {k: c.rows(sl, "footprints") for k, c in caches.items()})
                 acts = activation_sizes(ctx, part)
                 rows_sched = sched.rows(sl)
                 # Memory first: the times only of the rows that fit.
@@ -308,7 +307,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                 times = None
                 if not failed.any():
                     timed = sl
-                    sums = _pace_sums(model, part, foot, blocks, moe_blocks, sl, direct)
+                    sums = _pace_sums(model, part, foot, caches, sl, direct)
                     times = batch_time(ctx, part, sums, acts, system, head, rows_sched,
                                        checkpoint)
                 else:
@@ -319,8 +318,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                         sub_ctx = LayoutContext(model, system, sub, datatypes, None if shards
                                                 is None else tuple(c.take(fit) for c in shards))
                         foot_fit = BlockSums(**subset(foot.given(), fit))
-                        sums = _pace_sums(model, sub, foot_fit, blocks, moe_blocks, timed,
-                                          direct)
+                        sums = _pace_sums(model, sub, foot_fit, caches, timed, direct)
                         acts_fit = ActivationSizes(**subset(vars(acts), fit))
                         times = batch_time(sub_ctx, sub, sums, acts_fit,
                                            system, None if head is None else head.take(fit),
@@ -335,35 +333,47 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     return out
 
 
-def _stage_sums(model: ModelSpec, cols: dict, dense: BlockSums, moe: BlockSums | None,
-                stages: bool = True):
+def _block_caches(model: ModelSpec, system: SystemSpec, cols: dict, datatypes) -> dict:
+    """One ``BlockCache`` per block kind of the model, the first with the
+    output head's time: "dense" (and "moe" for a model with ``moe``); a
+    hybrid model's kinds (``autopar.model.mamba.hybrid_kinds``)."""
+    if model.hybrid_pattern:
+        kinds = hybrid_kinds(model)
+    else:
+        kinds = ("dense", "moe") if model.moe is not None else ("dense",)
+    return {k: BlockCache(model, system, cols, datatypes, kind=k, head=i == 0)
+            for i, k in enumerate(kinds)}
+
+
+def _stage_sums(model: ModelSpec, cols: dict, sums: dict, stages: bool = True):
     """Per-block sums of the pacing stage, and (first, last) stage sums for
-    memory (with ``stages``); a model whose blocks are all alike (no MoE, no
-    MTP) has one block."""
-    if moe is None and not model.mtp:
-        return dense, None
-    if moe is None:
-        moe = dense
-    counts = stage_counts(model, cols["pipeline_par"], cols)
+    memory (with ``stages``), from each block kind's sums ``sums``; a model
+    whose blocks are all alike (no MoE, no MTP, no hybrid pattern) has one
+    block."""
+    if len(sums) == 1 and not model.mtp:
+        return next(iter(sums.values())), None
+    if "moe" not in sums and not model.hybrid_pattern:
+        sums = dict(sums, moe=sums["dense"])
+    weights = pace_weights(model) if model.hybrid_pattern else None
+    counts = stage_counts(model, cols["pipeline_par"], cols, pace_weights=weights)
     per_stage = -(-model.num_blocks // cols["pipeline_par"])
     # (an uneven split: each stage's sums over its own blocks, and the second
     # stage's too)
-    whos = ("pace", "first", "last") + (("second",) if "second_moe" in counts else ())
+    whos = ("pace", "first", "last") + (("second",) if "second_blocks" in counts else ())
     pace, first, last, *second = (
-        mix(dense, moe, counts[f"{w}_dense"], counts[f"{w}_moe"],
-            counts.get(f"{w}_blocks", per_stage))
+        mix(sums, {k: counts[f"{w}_{k}"] for k in sums}, counts.get(f"{w}_blocks", per_stage))
         if w == "pace" or stages else None for w in whos)
     return pace, ((first, last) + tuple(second) if stages else None)
 
 
-def _pace_sums(model: ModelSpec, cols: dict, foot: BlockSums, blocks: BlockCache,
-               moe_blocks: BlockCache | None, at, direct: bool = False) -> BlockSums:
+def _pace_sums(model: ModelSpec, cols: dict, foot: BlockSums, caches: dict, at,
+               direct: bool = False) -> BlockSums:
     """The pacing stage's per-block sums of the rows ``at`` (``cols``): its
     footprint sums ``foot`` (already gathered for memory) and the others
     (``direct``: only those the batch level computes with)."""
     part = "batch" if direct else "rest"
-    rest, _ = _stage_sums(model, cols, blocks.rows(at, part),
-                          moe_blocks.rows(at, part) if moe_blocks else None, stages=False)
+    rest, _ = _stage_sums(model, cols, {k: c.rows(at, part) for k, c in caches.items()},
+                          stages=False)
     return replace(rest, **foot.given())
 
 

@@ -32,9 +32,10 @@ optimizer state are sharded over the expert-data-parallel group (see
 ``mla_attention`` is DeepSeek's attention with low-rank query and joint
 key/value compression: the down projections are replicated over tensor_par
 (as Megatron's), the up projections split by heads.  ``stage_mix`` says how
-many dense and MoE blocks a pipeline stage holds (the dense ones are the
-first blocks; multi-token-prediction modules add blocks to the last stage),
-and ``mix`` weights the two blocks' sums by those counts.
+many blocks of each kind a pipeline stage holds (dense and MoE: the dense
+ones are the first blocks; multi-token-prediction modules add blocks to the
+last stage; a hybrid model's kinds by its pattern), and ``mix`` weights the
+kinds' sums by those counts.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from autopar.model.block_inputs import BlockInputs
 from autopar.model.block_sums import MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
+from autopar.model.mamba import hybrid_kinds, layer_kinds
 from autopar.model.pipeline import distinct_splits, uneven_rows
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
                                   fp8_gemm, gelu, grouped_linear, layer, linear, no_tp_comm,
@@ -277,22 +279,39 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
 # ----------------------------------------------------------------------------
 # Which blocks a stage holds.
 
-def stage_counts(model, stages: np.ndarray, cols: dict | None = None) -> dict:
-    """Dense and MoE blocks of the first stage, the last stage and the
-    stage that paces the pipeline (the most MoE blocks, then the most
-    blocks), per row.  Stage i holds blocks [i * bps, (i + 1) * bps) with
-    ``bps = ceil(num_blocks / stages)``; the dense blocks are the first
-    ``first_dense``; the last stage also runs the ``mtp`` modules (an MoE
-    block each, as DeepSeek-V3's).  Rows of ``cols`` that split the pipeline
-    unevenly (``autopar.model.pipeline.stage_split``) hold their stages'
-    blocks in order instead, and then the second stage's counts and each
-    stage's blocks (``{w}_blocks``, without the mtp modules) are given too."""
+def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
+                 pace_weights: dict | None = None) -> dict:
+    """Blocks of each kind (``{who}_{kind}``) of the first stage, the last
+    stage and the stage that paces the pipeline, per row.  Stage i holds
+    blocks [i * bps, (i + 1) * bps) with ``bps = ceil(num_blocks / stages)``.
+    A model with ``moe`` has kinds "dense" (the first ``first_dense``) and
+    "moe"; the last stage also runs the ``mtp`` modules (an MoE block each,
+    as DeepSeek-V3's); the pace is the most MoE blocks, then the most blocks.
+    A hybrid model (``hybrid_pattern``) has one kind per block
+    (``autopar.model.mamba.layer_kinds``); its pace is the stage with the
+    most work by ``pace_weights`` (a weight per kind).  Rows of ``cols`` that
+    split the pipeline unevenly (``autopar.model.pipeline.stage_split``) hold
+    their stages' blocks in order instead, and then the second stage's
+    counts and each stage's blocks (``{w}_blocks``, without the mtp modules)
+    are given too."""
     N = model.num_blocks
-    k = model.moe.first_dense if model.moe is not None else N
-    mtp = model.mtp
+    if model.hybrid_pattern:
+        per_block, kinds = layer_kinds(model), hybrid_kinds(model)
+        weights = pace_weights or {}
+
+        def pace_key(c):
+            return (sum(n * weights.get(k, 1.0) for n, k in zip(c, kinds)), sum(c))
+    else:
+        k = model.moe.first_dense if model.moe is not None else N
+        per_block, kinds = ("dense",) * k + ("moe",) * (N - k), ("dense", "moe")
+
+        def pace_key(c):
+            return (c[1], c[0] + c[1])
+    mtp = model.mtp         # (0 for a hybrid model: the model file refuses both)
+    extra = kinds.index("moe" if model.moe is not None else "dense") if mtp else 0
     split = uneven_rows(cols) if cols is not None else None
     whos = ("first", "last", "pace") + (("second",) if split is not None else ())
-    out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in ("dense", "moe")}
+    out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in kinds}
     groups = []
     for pp in np.unique(stages):
         rows = stages == pp
@@ -314,22 +333,18 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None) -> dict:
         counts, lo = [], 0
         for i, n in enumerate(per):
             hi = min(lo + n, N)
-            dense = max(0, min(hi, k) - lo)
-            moe = (hi - lo) - dense
+            held = per_block[lo:hi]
+            c = [held.count(t) for t in kinds]
             if i == len(per) - 1:
-                if model.moe is not None:
-                    moe += mtp
-                else:
-                    dense += mtp
-            counts.append((dense, moe))
+                c[extra] += mtp
+            counts.append(tuple(c))
             lo = hi
-        pace = max(counts, key=lambda c: (c[1], c[0] + c[1]))
+        pace = max(counts, key=pace_key)
         picked = {"first": counts[0], "last": counts[-1], "pace": pace,
                   "second": counts[min(1, len(counts) - 1)]}
         for w in whos:
-            d, e = picked[w]
-            out[f"{w}_dense"][rows] = d
-            out[f"{w}_moe"][rows] = e
+            for t, n in zip(kinds, picked[w]):
+                out[f"{w}_{t}"][rows] = n
             if split is not None and split[rows].any():
                 n = {"first": per[0], "last": per[-1], "second": per[min(1, len(per) - 1)],
                      "pace": max(per)}[w]
@@ -337,16 +352,23 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None) -> dict:
     return out
 
 
-def mix(dense: BlockSums, moe: BlockSums, n_dense, n_moe, per_stage) -> BlockSums:
-    """Per-block sums of a stage holding ``n_dense`` dense and ``n_moe`` MoE
-    blocks, as the average block of its ``per_stage`` block slots (so that
-    the batch composition's ``blocks_per_stage`` multiples give the stage's
-    totals)."""
+def mix(sums: dict, counts: dict, per_stage) -> BlockSums:
+    """Per-block sums of a stage holding ``counts[kind]`` blocks of each
+    kind whose per-block sums are ``sums[kind]``, as the average block of its
+    ``per_stage`` block slots (so that the batch composition's
+    ``blocks_per_stage`` multiples give the stage's totals)."""
+    kinds = list(sums)
     out = {}
-    for key, d in dense.given().items():
-        e = getattr(moe, key)
+    for key in sums[kinds[0]].given():
+        vals = [getattr(sums[k], key) for k in kinds]
         if key in MAX_SUMS:
-            out[key] = np.maximum(np.where(n_dense > 0, d, 0.0), np.where(n_moe > 0, e, 0.0))
+            v = np.where(counts[kinds[0]] > 0, vals[0], 0.0)
+            for k, e in zip(kinds[1:], vals[1:]):
+                v = np.maximum(v, np.where(counts[k] > 0, e, 0.0))
         else:
-            out[key] = (n_dense * d + n_moe * e) / per_stage
+            v = counts[kinds[0]] * vals[0]
+            for k, e in zip(kinds[1:], vals[1:]):
+                v = v + counts[k] * e
+            v = v / per_stage
+        out[key] = v
     return BlockSums(**out)

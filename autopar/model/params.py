@@ -12,6 +12,7 @@ from __future__ import annotations
 from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.evaluate import typed_columns
+from autopar.model.mamba import hybrid_kinds, layer_kinds
 from autopar.model.rules import normalize
 from autopar.model.speedups import BlockCache
 
@@ -30,9 +31,12 @@ def _one_processor() -> dict:
 
 def parameter_counts(model: ModelSpec, system: SystemSpec) -> dict:
     """``total`` and ``active`` parameters, and those of one ``dense_block``
-    and one ``moe_block`` (its ``routed`` experts apart)."""
+    and one ``moe_block`` (its ``routed`` experts apart); a hybrid model's,
+    of one layer of each kind (``mamba_block``, ``attention_block``, ...)."""
     cols = typed_columns(normalize(to_columns([_one_processor()])))
     fp32 = [3]                                  # CHOICES["datatype"].index("float32")
+    if model.hybrid_pattern:
+        return _hybrid_counts(model, system, cols, fp32)
     dense = BlockCache(model, system, cols, fp32).rows(slice(0, 1))
     per_dense = float(dense.weight_space[0]) / 4
     n_dense = model.num_blocks if model.moe is None else model.moe.first_dense
@@ -53,4 +57,24 @@ def parameter_counts(model: ModelSpec, system: SystemSpec) -> dict:
     extra = 2.0 * model.vocab_size * model.hidden + model.mtp * 2.0 * model.hidden ** 2
     out["total"] = total + extra
     out["active"] = active + extra
+    return out
+
+
+def _hybrid_counts(model: ModelSpec, system: SystemSpec, cols: dict, fp32) -> dict:
+    """A hybrid model's counts: one layer of each kind (``{kind}_block``),
+    times the layers of that kind in its pattern."""
+    out = {"routed": 0.0}
+    total = active = 2.0 * model.vocab_size * model.hidden
+    for kind in hybrid_kinds(model):
+        sums = BlockCache(model, system, cols, fp32, kind=kind).rows(slice(0, 1))
+        per = float(sums.weight_space[0]) / 4
+        routed = float(sums.x_weight_space[0]) / 4
+        n = layer_kinds(model).count(kind)
+        out[f"{kind}_block"] = per
+        total += n * per
+        active += n * (per - routed)
+        if kind == "moe":
+            out["routed"] = routed
+            active += n * routed * model.moe.top_k / model.moe.experts
+    out["total"], out["active"] = total, active
     return out

@@ -89,6 +89,11 @@ REASONS = REASONS + (
     "infeasible: blocks per stage with the embedding and loss counted must be "
     "divisible by pipeline_interleaving",
     "infeasible: pipeline_layout balanced needs a block for every virtual stage",
+    "invalid: mamba heads and groups must be divisible by tensor_par",
+    "invalid: a hybrid model's layers split over the pipeline without interleaving "
+    "or context_par (Megatron's split of a pattern without '|')",
+    "invalid: a hybrid model's pipeline split is first_stage_blocks and "
+    "last_stage_blocks only",
 )
 # Counts beyond what the model has (issue 27): Megatron-Core's TransformerConfig
 # (megatron/core/transformer/transformer_config.py, __post_init__) takes
@@ -288,7 +293,28 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         flag((recipe != 0) & (~_member(cols["datatype"], dts_ok) | _member(recipe, lacking)),
              "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
     _check_moe(model, system, cols, flag, tp1, dp1 * cp1, ranges)
+    if model.hybrid_pattern:
+        _check_hybrid(model, cols, flag, tp1, cp, ranges)
     return code, dts
+
+
+def _check_hybrid(model: ModelSpec, cols: dict, flag, tp1, cp, ranges: Ranges) -> None:
+    """A hybrid model (``autopar.model.mamba``): Megatron's ``MambaMixer``
+    splits heads and groups over tensor_par (it asserts both divide); a
+    pattern without '|' separators is split over the pipeline stage by stage,
+    with no virtual stages, by first/last stage layers only (no embedding or
+    loss in the split, no layout string: ``select_pipeline_segment``); the
+    Mamba layers' context parallelism is not modelled."""
+    mb = model.mamba
+    if mb is not None:
+        flag(by_value(lambda x: (mb.heads % x != 0) | (mb.groups % x != 0), tp1, ranges=ranges),
+             "invalid: mamba heads and groups must be divisible by tensor_par")
+    flag((cols["pipeline_interleaving"] > 1) | (cp > 1),
+         "invalid: a hybrid model's layers split over the pipeline without interleaving "
+         "or context_par (Megatron's split of a pattern without '|')")
+    flag(cols["embedding_in_split"] | cols["loss_in_split"] | (cols["pipeline_layout"] != 0),
+         "invalid: a hybrid model's pipeline split is first_stage_blocks and "
+         "last_stage_blocks only")
 
 
 def _member(col: np.ndarray, values: list[int]) -> np.ndarray:

@@ -99,9 +99,11 @@ class BlockCache:
     changes the optimizer step, which is evaluated on its own smaller key.
     """
 
-    def __init__(self, model, system, cols: dict, datatypes, kind: str = "dense"):
+    def __init__(self, model, system, cols: dict, datatypes, kind: str = "dense",
+                 head: bool | None = None):
         n = len(cols["tensor_par"])
-        head = kind == "dense" and model.vocab_size > 0
+        # (the output head's time, with the first kind's table: "dense")
+        head = (kind == "dense" if head is None else head) and model.vocab_size > 0
         self._split = self._ext = None
         if n <= _FEW:        # a handful of layouts: no deduplication to win
             ctx = LayoutContext(model, system, cols, datatypes)
@@ -426,4 +428,4 @@ def direct_block_stats(model: ModelSpec) -> bool:
     table into the result: for a model whose blocks are all alike (they are
     the table's); one of dense and MoE blocks, or with MTP, reports the mix
     of its pacing stage (``evaluate._stage_sums``)."""
-    return model.moe is None and not model.mtp
+    return model.moe is None and not model.mtp and not model.hybrid_pattern

@@ -39,7 +39,8 @@ _TF = (True, False)
 
 def _r_tp(c, s):
     return tuple(d for d in divisors(c.num_procs)
-                 if c.hidden % d == 0 and c.heads % d == 0), None
+                 if c.hidden % d == 0 and c.heads % d == 0
+                 and (c.mamba_tp == 0 or c.mamba_tp % d == 0)), None
 
 
 def _r_pp(c, s):
@@ -51,6 +52,8 @@ def _r_pp(c, s):
 
 
 def _r_cp(c, s):
+    if c.hybrid:
+        return (1,), "1 for a hybrid model"
     rest = c.num_procs // (s["tensor_par"] * s["pipeline_par"])
     return tuple(d for d in divisors(rest) if d == 1 or c.seq % (2 * d) == 0), None
 
@@ -121,6 +124,8 @@ def _r_ppint(c, s):
     pp = s["pipeline_par"]
     if pp == 1:
         return (1,), "must be 1 when pipeline_par is 1"
+    if c.hybrid:
+        return (1,), "1 for a hybrid model (Megatron splits its pattern stage by stage)"
     if c.uneven:
         return tuple(range(1, c.blocks // pp + 1)), None
     return divisors(c.blocks // pp), None
@@ -159,9 +164,16 @@ def _new_split(c, s, **kw) -> bool:
     return per is not None and per != _split(c, s, 0, 0, False, False, False)
 
 
+# Megatron's hybrid model splits its pattern by first/last stage layers only
+# (megatron/core/models/hybrid/hybrid_layer_allocation.py, select_pipeline_segment).
+_HYBRID_SPLIT = "a hybrid model's split is first/last_stage_blocks only"
+
+
 def _r_layout(c, s):
     if s["pipeline_par"] == 1:
         return ("even",), "needs pipeline_par > 1"
+    if c.hybrid:
+        return ("even",), _HYBRID_SPLIT
     return tuple(x for x in CHOICES["pipeline_layout"]
                  if x == "even" or c.blocks >= s["pipeline_par"] * s["pipeline_interleaving"]), None
 
@@ -169,6 +181,8 @@ def _r_layout(c, s):
 def _r_embedding(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
+    if c.hybrid:
+        return (False,), _HYBRID_SPLIT
     return tuple(e for e in _TF if not e or _split(c, s, embedding=True, loss=False)
                  or _split(c, s, embedding=True, loss=True)), None
 
@@ -176,6 +190,8 @@ def _r_embedding(c, s):
 def _r_loss(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
+    if c.hybrid:
+        return (False,), _HYBRID_SPLIT
     e = s["embedding_in_split"]
     return tuple(x for x in _TF if (not (x or e) and s["pipeline_layout"] == "even")
                  or _new_split(c, s, loss=x)), None
@@ -328,7 +344,8 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden and attn_heads"),
+    Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden, attn_heads and the "
+         "mamba heads and groups"),
     Rule("pipeline_par", ("tensor_par",), _r_pp,
           "must divide num_procs/tensor_par and num_blocks"),
     Rule("context_par", ("tensor_par", "pipeline_par"), _r_cp,

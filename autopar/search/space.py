@@ -21,6 +21,8 @@ The file itself is read by ``autopar.io.spaces``; the rules are in
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping
 
@@ -68,6 +70,8 @@ class _Ctx:
     expert_ff: int = 0    # an expert's feed-forward size
     mla: bool = False     # latent attention (TP communication not overlapped)
     uneven: bool = False  # the space searches or fixes a pipeline split field
+    hybrid: bool = False  # a hybrid layer pattern (no interleaving, no context_par)
+    mamba_tp: int = 0     # gcd of the Mamba heads and groups (0: no Mamba layers)
 
 
 def _check_case(case: Case, source: str = "case") -> None:
@@ -117,6 +121,9 @@ def layout_context(case: Case, space: "Space") -> _Ctx:
                 experts=int(m.moe.experts) if getattr(m, "moe", None) else 0,
                 expert_ff=int(m.moe.expert_feedforward) if getattr(m, "moe", None) else 0,
                 mla=getattr(m, "mla", None) is not None,
+                hybrid=bool(getattr(m, "hybrid_pattern", "")),
+                mamba_tp=(math.gcd(m.mamba.heads, m.mamba.groups)
+                          if getattr(m, "mamba", None) is not None else 0),
                 uneven=any(f in space.allowed or space.fixed.get(f, EXT_DEFAULTS[f])
                            != EXT_DEFAULTS[f] for f in SPLIT_FIELDS))
 
