@@ -37,6 +37,8 @@ from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
                                   recompute_share)
 from autopar.model.moe import mix, stage_counts
+from autopar.model.finetune import real_tokens
+from autopar.model.optimizers import newton_schulz
 from autopar.model.overhead import launch_time
 from autopar.model.pipeline import (Schedule, bubble, chunk_times, last_stage_slack, per_batch,
                                     schedule)
@@ -92,6 +94,9 @@ STATS: tuple[str, ...] = (
     # mixture-of-experts dispatch/combine over the whole batch (link time, and
     # the part not hidden, which fw_time/bw_time include).
     "ep_comm_link_time", "ep_comm_exposed_time",
+    # real tokens a second (sample_rate x seq_size; with padded sequences,
+    # the sequence_fill share of them: autopar.model.finetune)
+    "token_rate",
 )
 
 
@@ -165,6 +170,10 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
     fw_time = passes * sums.fw_time
     bw_time = passes * (sums.agrad_time + sums.wgrad_time)
     optim_time = sched.blocks_per_stage * sums.optim_time
+    if ctx.optimizer is not None:
+        # Muon's Newton-Schulz iterations and their exchanges.
+        optim_time = optim_time + newton_schulz(ctx, cols, sched.blocks_per_stage,
+                                                system.networks)
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
     bw_offload = ctx.if_training(per_batch(sched, chunk["bw_base_offload"],
                                            chunk["bw_edge_offload"]))
@@ -233,6 +242,7 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
         S["system_efficiency"] = compute_time / total
         S["total_efficiency"] = perfect / total
         S["sample_rate"] = cols["batch_size"] / total
+        S["token_rate"] = S["sample_rate"] * real_tokens(cols, float(ctx.model.seq_size))
     return S
 
 
@@ -381,7 +391,7 @@ def _typed_columns(c: dict) -> dict:
               "tensor_par_net", "pipeline_par_net", "data_par_net", "context_par",
               "context_par_net", "sharding_group", "recompute_layers",
               "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
-              "first_stage_blocks", "last_stage_blocks"):
+              "first_stage_blocks", "last_stage_blocks", "adapter_rank", "sequence_fill"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
@@ -391,7 +401,7 @@ def _typed_columns(c: dict) -> dict:
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe",
-              "moe_dispatcher", "pipeline_layout"):
+              "moe_dispatcher", "pipeline_layout", "optimizer", "adapter", "adapter_targets"):
         typed[f] = c[f].astype(np.int8, copy=False)
     return typed
 
