@@ -151,8 +151,16 @@ def test_lora_syncs_only_adapter_gradients(gpt, roomy):
 
 
 def test_padded_sequences_count_real_tokens(gpt, roomy):
-    packed = run(gpt, roomy)
-    padded = run(gpt, roomy, sequence_fill=40)
+    from autopar.io.layouts import to_columns
+    from autopar.model.evaluate import STATS, evaluate_columns
+    assert "token_rate" not in STATS            # on request only
+
+    def rates(**kw):
+        out = evaluate_columns(gpt, roomy, to_columns([one_proc_execution(**kw)]),
+                               stats=("sample_rate", "total_time", "token_rate"))
+        return {k: float(v[0]) for k, v in out.items() if k != "reason_code"}
+
+    packed, padded = rates(), rates(sequence_fill=40)
     assert packed["token_rate"] == pytest.approx(packed["sample_rate"] * 2048, rel=1e-12)
     assert padded["total_time"] == packed["total_time"]
     assert padded["token_rate"] == pytest.approx(0.4 * packed["token_rate"], rel=1e-12)

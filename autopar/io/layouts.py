@@ -172,7 +172,7 @@ EXT_INT_FIELDS = EXT_INT_FIELDS | {"first_stage_blocks", "last_stage_blocks"}
 # * ``sequence_fill``: the percentage of the ``seq_size`` tokens of a
 #   sequence that are real tokens (SFT with padded sequences: the mean
 #   sample length over the padded length); the model computes the padded
-#   sequences; ``token_rate`` counts the real tokens.  100 (the default):
+#   sequences; ``token_rate`` (on request) counts the real tokens.  100 (the default):
 #   packed or pre-training sequences.
 EXT_DEFAULTS.update({"optimizer": "adam", "adapter": "none", "adapter_rank": 16,
                      "adapter_targets": "all", "sequence_fill": 100})

@@ -94,10 +94,12 @@ STATS: tuple[str, ...] = (
     # mixture-of-experts dispatch/combine over the whole batch (link time, and
     # the part not hidden, which fw_time/bw_time include).
     "ep_comm_link_time", "ep_comm_exposed_time",
-    # real tokens a second (sample_rate x seq_size; with padded sequences,
-    # the sequence_fill share of them: autopar.model.finetune)
-    "token_rate",
 )
+# Statistics reported on request only (``evaluate_columns(stats=...)``): real
+# tokens a second (sample_rate x seq_size; with padded sequences the
+# sequence_fill share of them: autopar.model.finetune).  (Not among STATS: a
+# column more in every result costs the model's throughput several per cent.)
+ON_REQUEST: tuple[str, ...] = ("token_rate",)
 
 
 # Per-block statistics: Calculon's name -> the block sum it reports.
@@ -256,7 +258,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     """Every statistic for every layout of ``cols`` (a layout table).
 
     Returns a dict of columns: each name of ``STATS`` (or of ``stats``, a
-    subset, when given, which may also name the ``MEMORY_PARTS``; NaN where the layout cannot run, except that a layout
+    subset, when given, which may also name the ``MEMORY_PARTS`` and the
+    ``ON_REQUEST`` statistics; NaN where the layout cannot run, except that a layout
     that fails on memory capacity keeps its two ``proc_mem_tier*_cap_req``
     requirements), ``feasible`` (bool) and ``reason_code`` (index in
     REASONS).  Only layouts that pass the rules are computed: the block once
@@ -265,7 +268,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     fit in memory.
     """
     names = STATS if stats is None else tuple(stats)
-    unknown = [x for x in names if x not in STATS and x not in MEMORY_PARTS]
+    unknown = [x for x in names if x not in STATS and x not in MEMORY_PARTS
+               and x not in ON_REQUEST]
     if unknown:
         raise ValueError(f"unknown statistics: {', '.join(unknown)}")
     cols = normalize(cols)

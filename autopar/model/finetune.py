@@ -38,7 +38,8 @@ Per row's ``adapter`` (``autopar.io.layouts``):
   charged as memory traffic.
 * ``sequence_fill`` < 100 (SFT on padded sequences): the model computes the
   padded ``seq_size`` tokens; only ``sequence_fill`` percent of them are
-  real, which ``token_rate`` reports (``autopar.model.evaluate``).
+  real, which ``token_rate`` reports (on request: ``autopar.model.evaluate``'s
+  ``ON_REQUEST``).
 """
 from __future__ import annotations
 
@@ -116,4 +117,7 @@ def real_tokens(cols: dict, seq_size) -> np.ndarray | float:
     fill = cols.get("sequence_fill") if hasattr(cols, "get") else None
     if fill is None:
         return float(seq_size)
+    fill = np.asarray(fill)
+    if fill.strides == (0,) and len(fill):       # one value (the default's view)
+        return seq_size * float(fill[0]) / 100.0
     return seq_size * fill / 100.0
