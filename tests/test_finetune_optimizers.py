@@ -181,3 +181,35 @@ def test_defaults_leave_layouts_as_they_were(gpt, roomy):
             adapter_targets="qv", sequence_fill=100)
     for k in a:
         assert a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]), k
+
+
+def test_finetune_space_searches_the_recipe_fields():
+    from autopar.io.specs import load_system
+    from autopar.search.space import Case, load_space
+    from tests.conftest import REPO_ROOT
+    model = load_model(REPO_ROOT / "models" / "llama2-7B.json")
+    case = Case(model, load_system(REPO_ROOT / "systems" / "a100_80g.json"), 8, 64, "bfloat16")
+    space = load_space("finetune")
+    assert space.fixed["adapter"] == "lora" and space.fixed["adapter_rank"] == 16
+    n = space.size(case)
+    assert n > 0
+    spec = space.spec
+    wide = load_space({
+        "name": "wide", "batch_policy": spec.batch_policy,
+        "params": {**{p: a.to_yaml() for p, a in spec.allowed.items()},
+                   "adapter": ["lora", "qlora"], "optimizer": "derived",
+                   "adapter_targets": "derived"},
+        "fixed": {p: v for p, v in spec.fixed.items()
+                  if p not in ("adapter", "optimizer", "adapter_targets")}})
+    # Each recipe multiplies the layouts: 2 adapters x 4 optimizers x 3 targets.
+    assert wide.size(case) == 24 * n
+    chunk = next(iter(wide.enumerate(case, 10 ** 6)))
+    assert set(np.unique(chunk["optimizer"])) == set(range(4))
+    # Without an adapter the rank and targets are forced to their defaults.
+    full = load_space({"name": "full", "batch_policy": spec.batch_policy,
+                       "params": {**{p: a.to_yaml() for p, a in spec.allowed.items()},
+                                  "adapter": "derived", "adapter_rank": [8, 16]},
+                       "fixed": {p: v for p, v in spec.fixed.items()
+                                 if p not in ("adapter", "adapter_rank")}})
+    # none: rank forced (1 layout); lora, qlora: ranks 8 and 16.
+    assert full.size(case) == (1 + 2 * 2) * n
