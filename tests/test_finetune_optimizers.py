@@ -213,3 +213,39 @@ def test_finetune_space_searches_the_recipe_fields():
                                  if p not in ("adapter", "adapter_rank")}})
     # none: rank forced (1 layout); lora, qlora: ranks 8 and 16.
     assert full.size(case) == (1 + 2 * 2) * n
+
+
+@pytest.mark.parametrize("optimizer,state,per_param", [
+    # (fp32 state bytes of a matrix of n x k, of a vector of v; FLOPs a parameter)
+    ("adam", lambda n, k: 8 * n * k, 11), ("sgd", lambda n, k: 4 * n * k, 4),
+    ("adafactor", lambda n, k: 4 * (n + k), 12), ("muon", lambda n, k: 4 * n * k, 9)])
+def test_optimizer_step_time_by_hand(gpt, roomy, optimizer, state, per_param):
+    """Each weighted layer's step: its update FLOPs on the vector engine plus
+    its master copy and state read once from memory (Calculon's count),
+    added (the system's no_overlap mode)."""
+    from autopar.model.hardware import MemoryTier
+    assert roomy.processing_mode == "no_overlap"
+    dt = np.array([CHOICES["datatype"].index("float16")])
+    vector = ComputeEngine(roomy.vector, dt, [int(dt[0])])
+    mem = MemoryTier(roomy.mem1)
+    expected = 0.0
+    for n, k in MATRICES:
+        expected += float(vector.time(np.array([n * k * per_param]))[0])
+        expected += float(mem.time(np.array([4.0 * n * k + state(n, k)]))[0])
+    for _ in range(2):          # two LayerNorms, 2 h weights each (Muon: AdamW)
+        v = 2 * h
+        vec_state = {"adam": 8, "muon": 8, "sgd": 4, "adafactor": 4}[optimizer] * v
+        vec_flops = {"muon": 11}.get(optimizer, per_param) * v
+        expected += float(vector.time(np.array([vec_flops]))[0])
+        expected += float(mem.time(np.array([4.0 * v + vec_state]))[0])
+    s = run(gpt, roomy, optimizer=optimizer)
+    assert s["block_optim_time"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_qlora_with_fp8_is_refused(gpt, roomy):
+    s = evaluate_one(gpt, roomy, one_proc_execution(adapter="qlora", datatype="bfloat16",
+                                                    fp8_recipe="tensorwise"))
+    assert not s["feasible"]
+    from autopar.model.rules import REASONS
+    assert "qlora" in REASONS[int(s["reason_code"])]
+    assert run(gpt, roomy, adapter="lora", datatype="bfloat16", fp8_recipe="tensorwise")
