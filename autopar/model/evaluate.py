@@ -131,14 +131,16 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activati
 
 
 def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: ActivationSizes,
-               system: SystemSpec, head_per_mb, sched: Schedule, checkpoint) -> dict:
+               system: SystemSpec, head_per_mb, sched: Schedule, checkpoint,
+               token_rate: bool = False) -> dict:
     """Every statistic of one batch per row but the memory ones
     (``batch_memory``) and the per-block sums (``_BLOCK_STATS``): times,
     communication, the bubble, offloading,
     efficiencies, from the pacing stage's per-block sums ``sums``;
     ``head_per_mb``: the output head's time per micro-batch (None without a
     vocabulary); ``sched``: the rows' ``schedule``; ``checkpoint``: the
-    per-block activation checkpoint (``batch_memory``)."""
+    per-block activation checkpoint (``batch_memory``); ``token_rate``: also
+    the ``ON_REQUEST`` real tokens a second."""
     training = ctx.training
     stages, micro = sched.stages, sched.microbatches
     recompute_full = acts.recompute_full
@@ -244,7 +246,8 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
         S["system_efficiency"] = compute_time / total
         S["total_efficiency"] = perfect / total
         S["sample_rate"] = cols["batch_size"] / total
-        S["token_rate"] = S["sample_rate"] * real_tokens(cols, float(ctx.model.seq_size))
+        if token_rate:          # on request only (ON_REQUEST)
+            S["token_rate"] = S["sample_rate"] * real_tokens(cols, float(ctx.model.seq_size))
     return S
 
 
@@ -268,6 +271,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     fit in memory.
     """
     names = STATS if stats is None else tuple(stats)
+    tokens = "token_rate" in names
     unknown = [x for x in names if x not in STATS and x not in MEMORY_PARTS
                and x not in ON_REQUEST]
     if unknown:
@@ -324,7 +328,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                     timed = sl
                     sums = _pace_sums(model, part, foot, blocks, moe_blocks, sl, direct)
                     times = batch_time(ctx, part, sums, acts, system, head, rows_sched,
-                                       checkpoint)
+                                       checkpoint, tokens)
                 else:
                     fit = np.flatnonzero(~failed)
                     timed = sl.start + fit
@@ -338,7 +342,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                         acts_fit = ActivationSizes(**subset(vars(acts), fit))
                         times = batch_time(sub_ctx, sub, sums, acts_fit,
                                            system, None if head is None else head.take(fit),
-                                           rows_sched.rows(fit), checkpoint.take(fit))
+                                           rows_sched.rows(fit), checkpoint.take(fit),
+                                           tokens)
                 if times is not None and not direct:
                     times.update({name: getattr(sums, key) for name, key in _BLOCK_STATS.items()})
                 write_chunk(table, kept, mem, times, names, ext,

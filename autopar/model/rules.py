@@ -292,7 +292,7 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         flag((adapter != 0) & (cols["adapter_rank"] < 1),
              "invalid: adapter_rank must be >= 1 and sequence_fill 1..100")
     fill = cols["sequence_fill"]
-    if fill.strides != (0,) or (len(fill) and fill[0] != 100):
+    if len(fill) and (fill.min() < 1 or fill.max() > 100):
         flag((fill < 1) | (fill > 100),
              "invalid: adapter_rank must be >= 1 and sequence_fill 1..100")
     _check_moe(model, system, cols, flag, tp1, dp1 * cp1, ranges)
