@@ -181,7 +181,7 @@ def test_reference_counts(a100, model, procs, batch, count):
     case = Case(load_model(REPO_ROOT / "models" / f"{model}.json"), a100, procs, batch, "float16")
     assert cal.size(case) == count
     # the memoised tree count agrees with the enumeration plan
-    assert cal._count(space_mod._ctx(case, cal), 0, ()) == count
+    assert cal._count(space_mod.layout_context(case, cal), 0, ()) == count
     # the wider default doubles it (fused_activation both ways)
     assert load_space("default").size(case) == 2 * count
 

@@ -149,6 +149,37 @@ EXT_DEFAULTS.update({"first_stage_blocks": 0, "last_stage_blocks": 0,
 CHOICES["pipeline_layout"] = ("even", "balanced")
 BOOL_FIELDS = BOOL_FIELDS | {"embedding_in_split", "loss_in_split"}
 EXT_INT_FIELDS = EXT_INT_FIELDS | {"first_stage_blocks", "last_stage_blocks"}
+# Optimizers and fine-tuning (issue 28), recipe (execution) fields because
+# the same model trains with different optimizers and is pre-trained or
+# fine-tuned on the same layouts (``autopar.model.optimizers``,
+# ``autopar.model.finetune``):
+# * ``optimizer``: ``adam`` (Calculon's: two fp32 moments, an fp32 master
+#   copy under a narrow datatype, 11 FLOPs a parameter), ``sgd`` (with
+#   momentum: one moment), ``adafactor`` (factored second moment: rows +
+#   columns of each matrix, a full one for vectors; no first moment, the
+#   paper's default) or ``muon`` (one momentum buffer for the matrices of
+#   the blocks, orthogonalised by five Newton-Schulz iterations; AdamW for
+#   the vectors, the embedding and the output layer, as Muon recipes do).
+# * ``adapter``: ``lora`` freezes every base weight (no weight gradients,
+#   optimizer state or master copy; backward still computes the activation
+#   gradients through them but not their weight-gradient GEMMs) and trains
+#   low-rank adapters of rank ``adapter_rank`` on the ``adapter_targets``
+#   (``all``: q, k, v, o and the MLP's matrices; ``attention``: q, k, v, o;
+#   ``qv``: q and v, as the LoRA paper); ``qlora`` also stores the frozen
+#   block matrices in 4-bit NF4 with double-quantised block scales,
+#   dequantised for each GEMM.  ``none`` (the default): full training
+#   (pre-training or full-weight SFT).
+# * ``sequence_fill``: the percentage of the ``seq_size`` tokens of a
+#   sequence that are real tokens (SFT with padded sequences: the mean
+#   sample length over the padded length); the model computes the padded
+#   sequences; ``token_rate`` (on request) counts the real tokens.  100 (the default):
+#   packed or pre-training sequences.
+EXT_DEFAULTS.update({"optimizer": "adam", "adapter": "none", "adapter_rank": 16,
+                     "adapter_targets": "all", "sequence_fill": 100})
+CHOICES["optimizer"] = ("adam", "sgd", "muon", "adafactor")
+CHOICES["adapter"] = ("none", "lora", "qlora")
+CHOICES["adapter_targets"] = ("all", "attention", "qv")
+EXT_INT_FIELDS = EXT_INT_FIELDS | {"adapter_rank", "sequence_fill"}
 # The fields of the pipeline split (all at their defaults: Calculon's).
 SPLIT_FIELDS = ("first_stage_blocks", "last_stage_blocks", "embedding_in_split",
                 "loss_in_split", "pipeline_layout")

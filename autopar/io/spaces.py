@@ -21,6 +21,9 @@ from autopar.io.specs import read_yaml
 # nesting; fused_activation and attention_type, which Calculon fixes, sit
 # where Calculon loops over fused_activation).
 PARAMS: tuple[str, ...] = (
+    # the recipe of a training or fine-tuning job (issue 28), usually fixed;
+    # first, as adapter_rank and adapter_targets depend on adapter (see below)
+    "optimizer", "adapter", "adapter_rank", "adapter_targets", "sequence_fill",
     "tensor_par", "pipeline_par", "context_par",
     # expert parallelism early: later nodes depend on it, and the nodes up to
     # the last one depended on are walked in Python (the prefix)

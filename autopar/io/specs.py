@@ -295,7 +295,7 @@ NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
 # Execution integer fields that count things (>= 1); the *_net tiers are >= 0.
 _COUNT_FIELDS = (INT_FIELDS - {"tensor_par_net", "pipeline_par_net", "data_par_net"}) \
-    | {"context_par", "expert_par", "expert_tensor_par"}
+    | {"context_par", "expert_par", "expert_tensor_par", "adapter_rank", "sequence_fill"}
 # The matrix datatype whose rate an fp8 recipe's GEMMs run at.
 FP8_MATRIX = {"tensorwise": "float8", "rowwise": "float8", "mxfp8": "mxfp8"}
 
@@ -1075,6 +1075,9 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
             del out[f]
     _check_split(c, out, model)
     _check_counts(c, out, model)
+    if out.get("sequence_fill", 100) > 100:
+        c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
+                                f"sequence's tokens that are real)")
     if system is not None:
         if "datatype" in out and out["datatype"] not in system.datatypes:
             where = system.source if system.source != "dict" else "the system"

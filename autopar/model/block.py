@@ -30,6 +30,8 @@ from autopar.model.block_inputs import ActivationSizes, BlockInputs, block_input
 from autopar.model.block_sums import BlockSums
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
 from autopar.model.context import LayoutContext
+from autopar.model.adapters import adapter_layers
+from autopar.model.optimizers import head_state_bytes
 from autopar.model.mamba import mamba_mixer
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
@@ -141,6 +143,7 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
         (g(linear(ctx, B, h, kv, **full, **shared_input)), separate | multiquery),
         (g(linear(ctx, B, h, kv, **full, **shared_input)), separate | multiquery),
     ]
+    seq += adapter_layers(ctx, B, (("q", h, H * d / tp), ("k", h, kv), ("v", h, kv)), **full)
     if x.llama:
         seq.append((rotary(ctx, B * (H * d / tp + kv), **attn), True))
     core, kept = x.core, ~x.recompute_attn
@@ -161,6 +164,7 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
         (g(tp_overlapped_linear(ctx, B, H * d, h, True, x.recompute_full, x.recompute_full)),
          overlapped),
     ]
+    seq += adapter_layers(ctx, B, (("o", H * d / tp, h),), **full)
     if not x.llama:
         seq.append((dropout(ctx, A_tp, **full), True))
     return seq, core_layers
@@ -190,12 +194,14 @@ def _mlp(ctx: LayoutContext, x: BlockInputs, f: float, after_attention: bool = T
                       stored=~x.regather_mlp)), separate),
             (g(tp_overlapped_linear(ctx, B, h, ff_in, False, x.recompute_mlp, x.regather_mlp)),
              overlapped),
+            *adapter_layers(ctx, B, (("mlp", h, ff_in / tp),), recompute=x.recompute_mlp),
             ((swiglu if x.llama else gelu)(ctx, f * B / tp, x.fused, recompute=x.recompute_mlp,
                                            stored=~x.mlp_only), True),
             (g(linear(ctx, B, f / tp, h, **full, stored=~x.mlp_only)), separate),
             (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), separate),
             (g(tp_overlapped_linear(ctx, B, f, h, True, x.recompute_full, x.recompute_full)),
              overlapped),
+            *adapter_layers(ctx, B, (("mlp", f / tp, h),), **full),
         ]
     return seq
 
@@ -328,8 +334,13 @@ def head_microbatch_time(ctx: LayoutContext, B) -> np.ndarray:
     logits = B * V / ctx.tp
     loss = finish(ctx, layer(ctx, fw=5 * logits, agrad=3 * logits, inputs=logits,
                              outputs=logits))
+    out_wgrad = out["time_wgrad"]
+    if ctx.frozen is not None:
+        # A frozen output layer (fine-tuning with adapters) skips its
+        # weight-gradient GEMM.
+        out_wgrad = out_wgrad * ctx.trainable
     per_mb = out["time_fw"] + loss["time_fw"] + np.where(
-        training, out["time_agrad"] + out["time_wgrad"] + loss["time_agrad"], 0.0)
+        training, out["time_agrad"] + out_wgrad + loss["time_agrad"], 0.0)
     mtp = ctx.model.mtp
     if mtp:
         # Each multi-token-prediction module projects [hidden; embedding]
@@ -376,8 +387,14 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         grad_b = b + (4.0 - b) * cols["fp32_grads"]
     # (grad_shards is 1 where the gradients stay whole: x / 1.0 is x)
     grads = grad_b / ctx.grad_shards
-    optim_b = np.where(b < 4, 8.0 + ctx.master_bytes, 8.0)     # moments + master copy
-    per_param = b + ctx.if_training(grads + optim_b / ctx.optim_shards)
+    # moments (autopar.model.optimizers: Adam's two) + master copy
+    moments = head_state_bytes(ctx)
+    optim_b = np.where(b < 4, moments + ctx.master_bytes, moments)
+    trained = grads + optim_b / ctx.optim_shards
+    if ctx.frozen is not None:
+        # Frozen (adapters): the weights only.
+        trained = trained * ctx.trainable
+    per_param = b + ctx.if_training(trained)
     matrix = params * per_param
     over = system.memory_overhead or MemoryOverhead()
     whole = B * V / (1.0 if over.logits_gathered else tp)

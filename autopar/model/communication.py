@@ -109,7 +109,7 @@ def tp_overlapped_linear(ctx: LayoutContext, m, n, k, conjugate, recompute, reco
     L = layer(ctx, fw=2 * m * n * k, agrad=2 * m * n * k, wgrad=2 * m * n * k,
               inputs=m * n, outputs=m * k, weight=n * k, weight_grads=n * k,
                act=act, act_grads=agr, optim=2 * n * k, recompute=recompute,
-               recomm=recomm, matrix=True)
+               recomm=recomm, matrix=True, factored=n + k)
     L["kind"] = "overlapped"
     L["finish"] = finish_tp_overlapped
     L["conj"] = conjugate
@@ -346,6 +346,12 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, c
     # Routed experts' gradients sync over the expert-data-parallel group instead.
     expert_bytes = sums.x_weight_space if sums.x_weight_space is not None else 0.0
     full = sums.weight_space_full if sums.weight_space_full is not None else sums.weight_space
+    if ctx.frozen is not None:
+        # Fine-tuning with adapters: only the adapters' gradients are synced
+        # (of the working datatype: the weight gradients count 4 bytes an
+        # element before sharding); the frozen experts' none.
+        full = np.where(ctx.frozen, sums.wgrad_space_full / 4.0 * ctx.elem_bytes, full)
+        expert_bytes = np.where(ctx.frozen, 0.0, expert_bytes)
     block_bytes = masked(full - expert_bytes, active)
     wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
                           net.scale("all_reduce"))

@@ -152,6 +152,21 @@ class LayoutContext:
                 code = np.where(np.isin(code, used), code, fallback)
             code = code.astype(np.int8)
             self.matrix_fp8 = ComputeEngine(system.matrix, code, used)
+        # Optimizers and fine-tuning (autopar.model.optimizers, .finetune):
+        # None where every row is Calculon's (Adam, every weight trained).
+        opt = np.asarray(_col(cols, "optimizer"))
+        self.optimizer = np.broadcast_to(opt, (self.n,)) if opt.any() else None
+        adapter = np.asarray(_col(cols, "adapter"))
+        self.frozen = self.qlora = None
+        if adapter.any():
+            adapter = np.broadcast_to(adapter, (self.n,))
+            self.frozen = adapter != 0
+            self.trainable = (~self.frozen).astype(float)
+            q = is_choice(adapter, "adapter", "qlora")
+            self.qlora = q if q.any() else None
+            self.adapter_rank = np.broadcast_to(_col(cols, "adapter_rank"),
+                                                (self.n,)).astype(float)
+            self.adapter_targets = np.broadcast_to(_col(cols, "adapter_targets"), (self.n,))
         self.tp_net = NetworkTier(system.networks, cols["tensor_par_net"])
         self.cp_net = NetworkTier(system.networks,
                                   np.broadcast_to(_col(cols, "context_par_net"), (self.n,)))

@@ -38,6 +38,8 @@ from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, o
                                   recompute_share)
 from autopar.model.mamba import hybrid_kinds, pace_weights
 from autopar.model.moe import mix, stage_counts
+from autopar.model.finetune import real_tokens
+from autopar.model.optimizers import newton_schulz
 from autopar.model.overhead import launch_time
 from autopar.model.pipeline import (Schedule, bubble, chunk_times, last_stage_slack, per_batch,
                                     schedule)
@@ -94,6 +96,11 @@ STATS: tuple[str, ...] = (
     # the part not hidden, which fw_time/bw_time include).
     "ep_comm_link_time", "ep_comm_exposed_time",
 )
+# Statistics reported on request only (``evaluate_columns(stats=...)``): real
+# tokens a second (sample_rate x seq_size; with padded sequences the
+# sequence_fill share of them: autopar.model.finetune).  (Not among STATS: a
+# column more in every result costs the model's throughput several per cent.)
+ON_REQUEST: tuple[str, ...] = ("token_rate",)
 
 
 # Per-block statistics: Calculon's name -> the block sum it reports.
@@ -125,14 +132,16 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activati
 
 
 def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: ActivationSizes,
-               system: SystemSpec, head_per_mb, sched: Schedule, checkpoint) -> dict:
+               system: SystemSpec, head_per_mb, sched: Schedule, checkpoint,
+               token_rate: bool = False) -> dict:
     """Every statistic of one batch per row but the memory ones
     (``batch_memory``) and the per-block sums (``_BLOCK_STATS``): times,
     communication, the bubble, offloading,
     efficiencies, from the pacing stage's per-block sums ``sums``;
     ``head_per_mb``: the output head's time per micro-batch (None without a
     vocabulary); ``sched``: the rows' ``schedule``; ``checkpoint``: the
-    per-block activation checkpoint (``batch_memory``)."""
+    per-block activation checkpoint (``batch_memory``); ``token_rate``: also
+    the ``ON_REQUEST`` real tokens a second."""
     training = ctx.training
     stages, micro = sched.stages, sched.microbatches
     recompute_full = acts.recompute_full
@@ -166,6 +175,10 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
     fw_time = passes * sums.fw_time
     bw_time = passes * (sums.agrad_time + sums.wgrad_time)
     optim_time = sched.blocks_per_stage * sums.optim_time
+    if ctx.optimizer is not None:
+        # Muon's Newton-Schulz iterations and their exchanges.
+        optim_time = optim_time + newton_schulz(ctx, cols, sched.blocks_per_stage,
+                                                system.networks)
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
     bw_offload = ctx.if_training(per_batch(sched, chunk["bw_base_offload"],
                                            chunk["bw_edge_offload"]))
@@ -234,6 +247,8 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
         S["system_efficiency"] = compute_time / total
         S["total_efficiency"] = perfect / total
         S["sample_rate"] = cols["batch_size"] / total
+        if token_rate:          # on request only (ON_REQUEST)
+            S["token_rate"] = S["sample_rate"] * real_tokens(cols, float(ctx.model.seq_size))
     return S
 
 
@@ -247,7 +262,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     """Every statistic for every layout of ``cols`` (a layout table).
 
     Returns a dict of columns: each name of ``STATS`` (or of ``stats``, a
-    subset, when given, which may also name the ``MEMORY_PARTS``; NaN where the layout cannot run, except that a layout
+    subset, when given, which may also name the ``MEMORY_PARTS`` and the
+    ``ON_REQUEST`` statistics; NaN where the layout cannot run, except that a layout
     that fails on memory capacity keeps its two ``proc_mem_tier*_cap_req``
     requirements), ``feasible`` (bool) and ``reason_code`` (index in
     REASONS).  Only layouts that pass the rules are computed: the block once
@@ -256,7 +272,9 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
     fit in memory.
     """
     names = STATS if stats is None else tuple(stats)
-    unknown = [x for x in names if x not in STATS and x not in MEMORY_PARTS]
+    tokens = "token_rate" in names
+    unknown = [x for x in names if x not in STATS and x not in MEMORY_PARTS
+               and x not in ON_REQUEST]
     if unknown:
         raise ValueError(f"unknown statistics: {', '.join(unknown)}")
     cols = normalize(cols)
@@ -309,7 +327,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                     timed = sl
                     sums = _pace_sums(model, part, foot, caches, sl, direct)
                     times = batch_time(ctx, part, sums, acts, system, head, rows_sched,
-                                       checkpoint)
+                                       checkpoint, tokens)
                 else:
                     fit = np.flatnonzero(~failed)
                     timed = sl.start + fit
@@ -322,7 +340,8 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
                         acts_fit = ActivationSizes(**subset(vars(acts), fit))
                         times = batch_time(sub_ctx, sub, sums, acts_fit,
                                            system, None if head is None else head.take(fit),
-                                           rows_sched.rows(fit), checkpoint.take(fit))
+                                           rows_sched.rows(fit), checkpoint.take(fit),
+                                           tokens)
                 if times is not None and not direct:
                     times.update({name: getattr(sums, key) for name, key in _BLOCK_STATS.items()})
                 write_chunk(table, kept, mem, times, names, ext,
@@ -391,7 +410,7 @@ def typed_columns(c: dict) -> dict:
               "tensor_par_net", "pipeline_par_net", "data_par_net", "context_par",
               "context_par_net", "sharding_group", "recompute_layers",
               "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
-              "first_stage_blocks", "last_stage_blocks"):
+              "first_stage_blocks", "last_stage_blocks", "adapter_rank", "sequence_fill"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",
@@ -401,7 +420,7 @@ def typed_columns(c: dict) -> dict:
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe",
-              "moe_dispatcher", "pipeline_layout"):
+              "moe_dispatcher", "pipeline_layout", "optimizer", "adapter", "adapter_targets"):
         typed[f] = c[f].astype(np.int8, copy=False)
     return typed
 

@@ -19,6 +19,8 @@ import numpy as np
 
 from autopar.io.layouts import CHOICES
 from autopar.model.context import LayoutContext
+from autopar.model.finetune import frozen_layer, quantized_weights
+from autopar.model.optimizers import layer_state
 
 # The passes of a layer, in order.
 STAGES = ("fw", "agrad", "wgrad", "optim")
@@ -27,7 +29,7 @@ STAGES = ("fw", "agrad", "wgrad", "optim")
 def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outputs=0.0,
           act=0.0, act_grads=0.0, weight=0.0, weight_grads=0.0, optim=0.0,
            recompute=False, recomm=False, reused=False, stored=True,
-           out_stored=True, matrix=False, expert=False):
+           out_stored=True, matrix=False, expert=False, adapter=False, factored=0.0):
     """A plain layer (Calculon's base Layer semantics); sizes in elements.
 
     ``fw``/``agrad``/``wgrad`` are the FLOPs of the forward pass and of the
@@ -41,6 +43,9 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
     ``weight_b``, ``act_b``, ``out_b``, ``agrad_b``, ``wgrad_sh`` (weight
     gradients after sharding), ``wgrad_full`` (fp32, unsharded) and
     ``optimizer`` (master weights and moments, after sharding).
+    ``adapter``: a LoRA adapter (trained where the base is frozen;
+    ``autopar.model.finetune``); ``factored``: the rows + columns of its
+    weight matrices (Adafactor's state; ``autopar.model.optimizers``).
     """
     z = ctx.zeros
     L = dict(fw=fw + z, agrad=agrad + z, wgrad=wgrad + z, inputs=inputs + z,
@@ -55,13 +60,25 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
     optim_shards = ctx.expert_optim_shards if expert else ctx.optim_shards
     grad_shards = ctx.expert_grad_shards if expert else ctx.grad_shards
     L["expert"] = expert
-    L["optim_flops"] = L["weight_grads"] / optim_shards * 11
+    keep = None
+    if ctx.frozen is not None and not adapter:
+        # Fine-tuning with adapters: the base weights are frozen (an
+        # adapter is a layer of only the rows that have it).
+        keep = ctx.trainable
+        frozen_layer(ctx, L, keep, matrix)
+    state, per_param = L["optim"], 11
+    if ctx.optimizer is not None:
+        state, per_param = layer_state(ctx, L["optim"], matrix, factored)
+    L["optim_flops"] = L["weight_grads"] / optim_shards * per_param
     L["mem_fw"] = (L["inputs"] + L["outputs"] + L["weight"]) * b
     L["mem_agrad"] = (L["weight"] + L["act"] + L["act_grads"]) * b
     L["mem_wgrad"] = np.where(L["weight"] == 0, 0.0,
                               (L["weight_grads"] + L["act"] + L["act_grads"]) * b)
     master = np.where(b < 4, L["weight"] * ctx.master_bytes, 0.0)
-    L["optimizer"] = (master + L["optim"] * 4) / optim_shards
+    if keep is not None:
+        master = master * keep
+        L["mem_wgrad"] = L["mem_wgrad"] * keep
+    L["optimizer"] = (master + state * 4) / optim_shards
     L["mem_optim"] = L["optimizer"]
     L["weight_b"] = L["weight"] * b
     L["act_b"] = L["act"] * b
@@ -70,6 +87,8 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
     L["wgrad_full"] = L["weight_grads"] * 4
     L["agrad_b"] = L["act_grads"] * b
     L["kind"] = "plain"
+    if ctx.qlora is not None and matrix and not adapter:
+        quantized_weights(ctx, L)
     return L
 
 
@@ -123,7 +142,8 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
 def linear(ctx, m, n, k, **kw):
     return layer(ctx, fw=2 * m * n * k, agrad=2 * m * n * k, wgrad=2 * m * n * k,
                  inputs=m * n, outputs=m * k, weight=n * k, weight_grads=n * k,
-                  act=m * n, act_grads=m * k, optim=2 * n * k, matrix=True, **kw)
+                  act=m * n, act_grads=m * k, optim=2 * n * k, matrix=True,
+                  factored=n + k, **kw)
 
 
 # FP8 recipes: bytes moved per element to quantize a tensor (read it in the
@@ -163,7 +183,8 @@ def grouped_linear(ctx, groups, m, n, k, **kw):
     L = layer(ctx, fw=2 * m * n * k, agrad=2 * m * n * k, wgrad=2 * m * n * k,
               inputs=m * n, outputs=m * k, weight=groups * n * k,
               weight_grads=groups * n * k, act=m * n, act_grads=m * k,
-              optim=2 * groups * n * k, matrix=True, expert=True, **kw)
+              optim=2 * groups * n * k, matrix=True, expert=True,
+              factored=groups * (n + k), **kw)
     L["groups"] = groups + ctx.zeros
     return L
 

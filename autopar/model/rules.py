@@ -102,6 +102,11 @@ REASONS = REASONS + (
     "invalid: recompute_layers exceeds the blocks per pipeline stage "
     "(num_blocks // pipeline_par)",
 )
+# Optimizers and fine-tuning (issue 28; autopar.model.finetune).
+REASONS = REASONS + (
+    "invalid: qlora dequantises to bfloat16 or float16 GEMMs: no fp8_recipe",
+    "invalid: adapter_rank must be >= 1 and sequence_fill 1..100",
+)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -292,6 +297,18 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         lacking = [i for i in (1, 2, 3) if rate[i] not in system.matrix]
         flag((recipe != 0) & (~_member(cols["datatype"], dts_ok) | _member(recipe, lacking)),
              "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
+    adapter = cols["adapter"]
+    if adapter.any():
+        q = adapter == CHOICES["adapter"].index("qlora")
+        dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]
+        flag(q & ((recipe != 0) | ~_member(cols["datatype"], dts_ok)),
+             "invalid: qlora dequantises to bfloat16 or float16 GEMMs: no fp8_recipe")
+        flag((adapter != 0) & (cols["adapter_rank"] < 1),
+             "invalid: adapter_rank must be >= 1 and sequence_fill 1..100")
+    fill = cols["sequence_fill"]
+    if len(fill) and (fill.min() < 1 or fill.max() > 100):
+        flag((fill < 1) | (fill > 100),
+             "invalid: adapter_rank must be >= 1 and sequence_fill 1..100")
     _check_moe(model, system, cols, flag, tp1, dp1 * cp1, ranges)
     if model.hybrid_pattern:
         _check_hybrid(model, cols, flag, tp1, cp, ranges)

@@ -51,7 +51,8 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "context_par_comm", "fp8_recipe", "sharding_group", "unsharded_grads",
                  "weight_sharding", "fp32_grads",
                  "expert_par", "expert_tensor_par", "expert_par_net",
-                 "expert_tensor_par_net", "moe_dispatcher", "moe_overlap")
+                 "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
+                 "optimizer", "adapter", "adapter_rank", "adapter_targets")
 # Per-block sums the memory footprints need (``memory.footprints``, with
 # the shard divisions of ``BlockCache.rows``): evaluate_columns gathers
 # them for every row, the others only for the rows that fit in memory.
@@ -140,6 +141,15 @@ class BlockCache:
                 cols["fused_activation"], cols["fused_norm"], cols["attention_impl"],
                 cols["attention_type"], tpnet, cols["datatype"],
                 cols["microbatch_size"]] + moe_key
+        # Optimizers and adapters (keyed only where some row uses them).
+        tune_key = []
+        if cols["optimizer"].any():
+            tune_key.append(cols["optimizer"])
+        if cols["adapter"].any():
+            on = cols["adapter"] != 0
+            tune_key += [cols["adapter"], _where_on(on, cols["adapter_rank"]),
+                         _where_on(on, cols["adapter_targets"])]
+        key1 += tune_key
         idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
         sub["tensor_par_net"] = tpnet[idx1]
@@ -162,6 +172,7 @@ class BlockCache:
             x_shard = np.where(cols["optimizer_sharding"], edp, 1)
             x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
             key2 += [x_shard] + moe_key
+        key2 += tune_key
         idx2, inv2 = distinct(*pack(key2))
         # Both tables' blocks in one evaluation (the block is row by row):
         # the first len(idx1) rows give the sums, the others the optimizer step.

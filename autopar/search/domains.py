@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-from autopar.io.layouts import CHOICES
+from autopar.io.layouts import CHOICES, EXT_DEFAULTS
 from autopar.io.spaces import DERIVED, PARAMS
 from autopar.model.pipeline import stage_split
 
@@ -106,6 +106,40 @@ def _r_fp8(c, s):
     if c.datatype not in ("bfloat16", "float16"):
         return ("none",), "needs datatype bfloat16 or float16"
     return ("none",) + c.fp8, None
+
+
+def _r_optimizer(c, s):
+    if not c.training:
+        return ("adam",), "needs training"
+    return CHOICES["optimizer"], None
+
+
+def _r_adapter(c, s):
+    if not c.training:
+        return ("none",), "needs training"
+    return CHOICES["adapter"], None
+
+
+# Adapter ranks and real-token percentages a space may fix or narrow (a
+# recipe's, not a layout's: ``derived`` offers every one).
+_RANKS = tuple(range(1, 1025))
+_FILLS = tuple(range(1, 101))
+
+
+def _r_rank(c, s):
+    if s["adapter"] == "none":
+        return (EXT_DEFAULTS["adapter_rank"],), "needs an adapter"
+    return _RANKS, None
+
+
+def _r_targets(c, s):
+    if s["adapter"] == "none":
+        return (EXT_DEFAULTS["adapter_targets"],), "needs an adapter"
+    return CHOICES["adapter_targets"], None
+
+
+def _r_fill(c, s):
+    return _FILLS, None
 
 
 def batch_for(policy: str, data_par: int, max_batch: int) -> int | None:
@@ -344,6 +378,11 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule("optimizer", (), _r_optimizer, ""),
+    Rule("adapter", (), _r_adapter, ""),
+    Rule("adapter_rank", ("adapter",), _r_rank, "1..1024"),
+    Rule("adapter_targets", ("adapter",), _r_targets, ""),
+    Rule("sequence_fill", (), _r_fill, "1..100"),
     Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden, attn_heads and the "
          "mamba heads and groups"),
     Rule("pipeline_par", ("tensor_par",), _r_pp,

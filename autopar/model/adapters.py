@@ -1,0 +1,32 @@
+"""LoRA / QLoRA adapters as layers of a block (``autopar.model.finetune`` says
+which rows train adapters and on which matrices; this module builds their
+layers with ``autopar.model.layers.layer``)."""
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.model.finetune import targeted
+from autopar.model.layers import layer
+
+
+def adapter_layers(ctx, B, shapes, **kw) -> list:
+    """The adapters of the matrices ``shapes`` ((name, n, k) on a processor,
+    for ``B`` tokens), as (layer, rows that have it) pairs; none where no
+    row has adapters."""
+    if ctx.frozen is None:
+        return []
+    r = ctx.adapter_rank
+    out = []
+    for name, n, k in shapes:
+        rows = targeted(ctx, name)
+        if not np.any(rows):
+            continue
+        w = r * (n + k)
+        flops = 2.0 * B * w
+        L = layer(ctx, fw=flops, agrad=flops, wgrad=flops, inputs=B * n, outputs=B * k,
+                  act=B * r, weight=w, weight_grads=w, optim=2.0 * w, matrix=True,
+                  adapter=True, factored=n + 2.0 * r + k, **kw)
+        # Backward reads the output's gradient (the base layer's) too.
+        L["mem_agrad"] = L["mem_agrad"] + B * k * ctx.elem_bytes
+        out.append((L, rows))
+    return out

@@ -1,0 +1,141 @@
+"""Published measurements of fine-tuning and of Muon, predicted.
+
+A handful of figures the papers state with enough of their setting to lay
+the run out (issue 28, item 5): each row names its source, what it measured
+(peak memory per GPU, or a bound the paper states), the setting it gives and
+what autopar assumes where the source is silent.  ``predict()`` returns one
+row per measurement with the prediction beside it; ``docs/validation.md``
+("Fine-tuning and Muon") shows the table.  Not the performance-summary
+tables that are not in ``../shared``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from autopar.io.frameworks import load_framework, with_framework
+from autopar.io.shipped import shipped_dir
+from autopar.io.specs import load_model, load_system
+from autopar.model import evaluate_one
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    source: str
+    measured: str              # what the source states
+    model: str                 # models/<model>.json
+    seq_size: int
+    system: str                # systems/<system>.json
+    capacity_GB: float | None  # the GPU's memory where the file's differs
+    execution: dict
+    kind: str                  # "memory_GB" (peak per GPU), "at_most_GB", "at_least_GB",
+    #                            "overhead_pct" (Muon over Adam, a range)
+    value: float | tuple
+    assumed: str
+    framework: str | None = None   # frameworks/<name>.json, where the source names one
+
+
+def _exe(n: int, **kw) -> dict:
+    e = {"num_procs": n, "tensor_par": 1, "pipeline_par": 1, "data_par": n,
+         "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+         "batch_size": n, "microbatch_size": 1, "datatype": "bfloat16",
+         "fused_activation": True, "attention_type": "multihead",
+         "activation_recompute": "full", "pipeline_interleaving": 1,
+         "optimizer_sharding": False, "tensor_par_comm_type": "ar",
+         "tensor_par_overlap": "none", "seq_par_ag_redo": False,
+         "data_par_overlap": False, "weight_offload": False,
+         "activations_offload": False, "optimizer_offload": False, "training": True,
+         "attention_impl": "flash_v2", "fused_norm": True}
+    e.update(kw)
+    return e
+
+
+ROWS = (
+    Row("QLoRA LLaMA-65B on one 48 GB GPU",
+        "Dettmers et al. 2023, QLoRA, arXiv:2305.14314 (abstract: a 65B model "
+        "fine-tuned on a single 48GB GPU)",
+        "fits in 48 GB", "llama-65B", 512, "a100_80g", 48.0,
+        _exe(1, adapter="qlora", adapter_rank=64, adapter_targets="all"),
+        "at_most_GB", 48.0,
+        "r 64 on all linear layers (the paper's setup); micro-batch 1 of 512 tokens "
+        "(source 384 + target 128), gradient checkpointing; Adam state of the adapters "
+        "in fp32 beside a bf16 copy"),
+    Row("16-bit full fine-tuning of LLaMA-65B",
+        "Dettmers et al. 2023, QLoRA, arXiv:2305.14314 (introduction: more than 780 GB "
+        "of GPU memory for regular 16-bit fine-tuning of a 65B model)",
+        "more than 780 GB", "llama-65B", 512, "a100_80g", 1e6,
+        _exe(1), "at_least_GB", 780.0,
+        "one processor with unbounded memory; Adam, bf16 weights and gradients, fp32 "
+        "master copy and moments, gradient checkpointing"),
+    Row("plain LoRA Llama 2 7B, 8,192 tokens, 8 A100",
+        "Chen et al. 2023, LongLoRA, arXiv:2309.12307 (efficiency table, plain LoRA "
+        "row; as listed in huggingface.co/datasets/odyn-network/"
+        "benchmark-finetune-lora-v1)",
+        "25.7 GB peak per GPU", "llama2-7B", 8192, "a100_80g", None,
+        _exe(8, adapter="lora", adapter_rank=8, adapter_targets="attention",
+             optimizer_sharding=True),
+        "memory_GB", 25.7,
+        "LongLoRA's LoRA: rank 8 on q, k, v, o; micro-batch 1 a GPU, FlashAttention-2, "
+        "DeepSpeed ZeRO-2 (frameworks/deepspeed-zero2.json: its gradient bucket and one "
+        "fp32 copy of the logits), gradient checkpointing (as the row states)",
+        framework="deepspeed-zero2"),
+)
+
+# Muon's end-to-end overhead over AdamW, 1 to 3 % in Moonshot's runs (Liu et
+# al. 2025, "Muon is Scalable for LLM Training", arXiv:2502.16982, Sec. 2.3;
+# quoted and reproduced at 1.1 % on 4 GPUs by J. Wei, "Reproducing and
+# Validating Distributed Muon", huggingface.co/blog/bird-of-paradise).  The
+# paper's layouts are not stated: a Llama-3-8B proxy with ZeRO-1 on 64 H100
+# and a 4M-token batch stands for them (assumed).
+MUON = Row("Muon over AdamW, end to end",
+           "Liu et al. 2025, Muon is Scalable for LLM Training, arXiv:2502.16982 "
+           "(distributed Muon: 1-3 % end-to-end overhead)",
+           "1-3 % longer steps", "llama3-8B", 8192, "h100_80g_nvl8", None,
+           _exe(64, batch_size=512, tensor_par=1, data_par=64, optimizer_sharding=True,
+                unsharded_grads=True, data_par_net=1, data_par_overlap=True),
+           "overhead_pct", (1.0, 3.0),
+           "Llama-3-8B proxy, 64 H100, ZeRO-1, 512 x 8,192 tokens a batch")
+
+
+def _case(row: Row):
+    model = load_model(shipped_dir("models") / f"{row.model}.json")
+    model = dataclasses.replace(model, seq_size=row.seq_size)
+    system = load_system(shipped_dir("systems") / f"{row.system}.json")
+    if row.capacity_GB is not None:
+        mem1 = dataclasses.replace(system.mem1, GiB=row.capacity_GB * GB / 1024 ** 3)
+        system = dataclasses.replace(system, mem1=mem1)
+    if row.framework is not None:
+        system = with_framework(system, load_framework(row.framework))
+    return model, system
+
+
+def predict() -> list[dict]:
+    """One dict per published figure: the row's name, source, measured
+    figure, prediction and whether it agrees (``ok``; for a peak, the
+    error in %)."""
+    out = []
+    for row in ROWS + (MUON,):
+        model, system = _case(row)
+        s = evaluate_one(model, system, row.execution)
+        need = s["proc_mem_tier1_cap_req"] / GB
+        rec = {"name": row.name, "source": row.source, "measured": row.measured,
+               "assumed": row.assumed, "feasible": bool(s["feasible"])}
+        if row.kind == "overhead_pct":
+            adam = evaluate_one(model, system, dict(row.execution, optimizer="adam"))
+            muon = evaluate_one(model, system, dict(row.execution, optimizer="muon"))
+            pct = 100.0 * (muon["total_time"] / adam["total_time"] - 1.0)
+            lo, hi = row.value
+            rec.update(predicted=f"{pct:.2f} % longer steps", value=pct, ok=lo <= pct <= hi)
+        elif row.kind == "memory_GB":
+            err = 100.0 * (need / row.value - 1.0)
+            rec.update(predicted=f"{need:.1f} GB", value=need, error_pct=err,
+                       ok=abs(err) <= 15.0)
+        elif row.kind == "at_most_GB":
+            rec.update(predicted=f"{need:.1f} GB", value=need, ok=need <= row.value)
+        else:
+            rec.update(predicted=f"{need:.0f} GB", value=need, ok=need >= row.value)
+        out.append(rec)
+    return out
