@@ -890,9 +890,10 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     flash_v1 | flash_v2), ``fused_norm`` (bool), ``context_par`` (>= 1),
     ``context_par_net``, ``context_par_comm`` (p2p | a2a), ``weight_sharding``
     (bool), ``sharding_group`` and ``recompute_layers`` (>= 0), ``fp8_recipe``
-    (none | tensorwise | rowwise | mxfp8 | nvfp4 | mxfp4) (see ``autopar.io.layouts``), and the pair some Calculon
-    forks write: ``attention_type: "flash"`` (multi-head attention with a
-    FlashAttention-2 kernel) and ``structure_type`` ("gpt" | "llama"), which
+    (none | tensorwise | rowwise | mxfp8 | nvfp4 | mxfp4) (see
+    ``autopar.io.layouts``), and the pair some Calculon forks write:
+    ``attention_type: "flash"`` (multi-head attention with a FlashAttention-2
+    kernel) and ``structure_type`` ("gpt" | "llama"), which
     must match the model's ``block`` when ``model`` is given.
     ``defaults`` (a framework's recipe defaults, already checked) fill the
     fields the file does not state.

@@ -55,7 +55,8 @@ REASONS = REASONS + (
     "invalid: weight_sharding needs optimizer_sharding without unsharded_grads",
     "invalid: sharding_group must divide data_par and needs optimizer_sharding",
     "invalid: recompute_layers needs activation_recompute full",
-    "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate",
+    "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's rate "
+    "for the recipe",
     "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs",
     "invalid: param_gather_overlap needs optimizer_sharding without weight_sharding",
     # mixture of experts and latent attention (issue 14)
@@ -276,7 +277,8 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         lacking = [i for i, r in enumerate(CHOICES["fp8_recipe"])
                    if i and FP8_MATRIX[r] not in system.matrix]
         flag((recipe != 0) & (~_member(cols["datatype"], dts_ok) | _member(recipe, lacking)),
-             "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
+             "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's rate "
+             "for the recipe")
     _check_moe(model, system, cols, flag, tp1, dp1 * cp1, ranges)
     return code, dts
 
