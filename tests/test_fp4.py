@@ -259,3 +259,11 @@ def test_cli_estimate_refuses_fp4_on_hopper(cli, tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "fp8_recipe" in lines[0] and "nvfp4" in lines[0]
+
+
+def test_cli_search_refuses_fp4_as_the_working_datatype(cli):
+    r = cli("exhaustive", MODEL, SYSTEM, "--num-procs", 8, "--max-batch-size", 16,
+            "--datatype", "nvfp4", "--space", "small", "--no-progress")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and ": datatype: 'nvfp4' is not supported" in lines[0]
