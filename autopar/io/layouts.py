@@ -40,14 +40,21 @@ BOOL_FIELDS = frozenset({
 
 # String fields: the code of a value is its index here.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "datatype": ("float8", "float16", "bfloat16", "float32", "mxfp8"),
+    "datatype": ("float8", "float16", "bfloat16", "float32", "mxfp8", "nvfp4", "mxfp4"),
     "attention_type": ("multihead", "multiquery"),
     "activation_recompute": ("full", "attn_only", "none", "mlp_only"),
     "tensor_par_comm_type": ("ar", "p2p_rs_ag", "rs_ag"),
     "tensor_par_overlap": ("none", "ring", "pipe"),
 }
 
-BYTES_PER_ELEMENT = {"float8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "mxfp8": 1}
+BYTES_PER_ELEMENT = {"float8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "mxfp8": 1,
+                     "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
+# Datatypes that are only a matrix rate: the GEMMs of an fp4 recipe
+# (``fp8_recipe: nvfp4 | mxfp4``) run there, no layout runs in them as its
+# working datatype (no framework trains with fp4 activations between layers).
+# Their bytes: 4-bit values plus one 1-byte scale per 16 (NVFP4's E4M3) or per
+# 32 (MXFP4's E8M0) elements.
+GEMM_ONLY_DATATYPES = frozenset({"nvfp4", "mxfp4"})
 
 # Extension fields: optional in files, absent from Calculon's format; the
 # defaults keep Calculon's meaning.  ``attention_impl`` is the attention
@@ -88,7 +95,16 @@ BOOL_FIELDS = BOOL_FIELDS | {"fused_norm", "unsharded_grads"}
 #   the high precision (bfloat16) of everything else: weights, activations
 #   between layers, the attention core, norms, the output layer; the fp32
 #   master weights and optimizer state are as for that datatype.  The casts to
-#   fp8 (and their amax reductions) are charged as memory traffic.
+#   fp8 (and their amax reductions) are charged as memory traffic.  The fp4
+#   recipes (issue 28) are values of the same field, as Transformer Engine
+#   takes them (``NVFP4BlockScaling`` is a recipe passed where the fp8 ones
+#   are, ``te.autocast(recipe=...)``): ``nvfp4`` (NVIDIA's NVFP4 pretraining
+#   recipe: 1x16 blocks with E4M3 scales and a per-tensor fp32 scale, 16x16
+#   blocks for weights, random Hadamard transforms on the weight-gradient
+#   inputs, stochastic rounding of gradients) at the system's ``nvfp4`` rate,
+#   ``mxfp4`` (OCP MX: 1x32 blocks with E8M0 scales) at its ``mxfp4`` rate;
+#   the layers the recipes keep in high precision are the fp8 recipes'
+#   (autopar/model/layers.py ``fp8_gemm``).
 # * ``fp32_grads``: weight gradients are accumulated and reduced in fp32
 #   (Megatron's main_grad buffers) rather than in the working datatype.
 # * ``param_gather_overlap``: with sharded optimizer state (and whole
@@ -101,7 +117,7 @@ EXT_DEFAULTS.update({"context_par": 1, "context_par_net": 0, "context_par_comm":
                      "recompute_layers": 0, "fp8_recipe": "none", "fp32_grads": False,
                      "param_gather_overlap": False})
 CHOICES["context_par_comm"] = ("p2p", "a2a")
-CHOICES["fp8_recipe"] = ("none", "tensorwise", "rowwise", "mxfp8")
+CHOICES["fp8_recipe"] = ("none", "tensorwise", "rowwise", "mxfp8", "nvfp4", "mxfp4")
 BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding", "fp32_grads", "param_gather_overlap"}
 EXT_INT_FIELDS = frozenset({"context_par", "context_par_net", "sharding_group",
                             "recompute_layers"})

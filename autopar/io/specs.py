@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autopar.io.errors import SpecError, brief  # noqa: F401  (re-exported)
-from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS, INT_FIELDS
+from autopar.io.layouts import (ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS,
+                                GEMM_ONLY_DATATYPES, INT_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ class SystemSpec:
     def datatypes(self) -> tuple[str, ...]:
         """Datatypes the system can run: listed in both matrix and vector."""
         return tuple(d for d in CHOICES["datatype"]
-                     if d in self.matrix and d in self.vector)
+                     if d in self.matrix and d in self.vector and d not in GEMM_ONLY_DATATYPES)
 
     def tier_holding(self, group: int) -> int:
         """The first network tier that holds ``group`` processors (the last
@@ -297,7 +298,8 @@ NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
 _COUNT_FIELDS = (INT_FIELDS - {"tensor_par_net", "pipeline_par_net", "data_par_net"}) \
     | {"context_par", "expert_par", "expert_tensor_par", "adapter_rank", "sequence_fill"}
 # The matrix datatype whose rate an fp8 recipe's GEMMs run at.
-FP8_MATRIX = {"tensorwise": "float8", "rowwise": "float8", "mxfp8": "mxfp8"}
+FP8_MATRIX = {"tensorwise": "float8", "rowwise": "float8", "mxfp8": "mxfp8",
+              "nvfp4": "nvfp4", "mxfp4": "mxfp4"}
 
 
 # --------------------------------------------------------------------------
@@ -989,9 +991,10 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
     flash_v1 | flash_v2), ``fused_norm`` (bool), ``context_par`` (>= 1),
     ``context_par_net``, ``context_par_comm`` (p2p | a2a), ``weight_sharding``
     (bool), ``sharding_group`` and ``recompute_layers`` (>= 0), ``fp8_recipe``
-    (none | tensorwise | rowwise | mxfp8) (see ``autopar.io.layouts``), and the pair some Calculon
-    forks write: ``attention_type: "flash"`` (multi-head attention with a
-    FlashAttention-2 kernel) and ``structure_type`` ("gpt" | "llama"), which
+    (none | tensorwise | rowwise | mxfp8 | nvfp4 | mxfp4) (see
+    ``autopar.io.layouts``), and the pair some Calculon forks write:
+    ``attention_type: "flash"`` (multi-head attention with a FlashAttention-2
+    kernel) and ``structure_type`` ("gpt" | "llama"), which
     must match the model's ``block`` when ``model`` is given.
     ``defaults`` (a framework's recipe defaults, already checked) fill the
     fields the file does not state.
@@ -1079,6 +1082,9 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
         c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
                                 f"sequence's tokens that are real)")
     if system is not None:
+        if out.get("datatype") in GEMM_ONLY_DATATYPES:
+            c.fail("datatype", f"{out['datatype']!r} is a GEMM rate, not a working datatype: "
+                               f"use datatype bfloat16 with fp8_recipe {out['datatype']}")
         if "datatype" in out and out["datatype"] not in system.datatypes:
             where = system.source if system.source != "dict" else "the system"
             c.fail("datatype", f"{out['datatype']!r} is not supported by {where} "

@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS
-from autopar.io.specs import ModelSpec, SystemSpec
+from autopar.io.specs import FP8_MATRIX, ModelSpec, SystemSpec
 from autopar.model.hardware import ComputeEngine, MemoryTier, NetworkTier
 
 
@@ -129,28 +129,26 @@ class LayoutContext:
             shard_counts(cols) if shards is None else shards)
         # Context parallelism: each processor holds 1/context_par of the sequence.
         self.cp = np.broadcast_to(_col(cols, "context_par"), (self.n,)).astype(float)
-        # FP8 recipes: the block's GEMMs run at the fp8 (or mxfp8) matrix rate.
+        # FP8 / FP4 recipes: the block's GEMMs run at the recipe's matrix rate
+        # (``FP8_MATRIX``: float8, mxfp8, nvfp4 or mxfp4).
         recipe = np.broadcast_to(_col(cols, "fp8_recipe"), (self.n,))
         self.fp8 = None
         if (recipe != 0).any():
             self.fp8 = recipe != 0
             self.fp8_recipe = recipe
-            mx = is_choice(recipe, "fp8_recipe", "mxfp8")
             dts = CHOICES["datatype"]
-            have = [d for d in ("float8", "mxfp8") if d in system.matrix]
-            fallback = dts.index(have[0])
-            code = choose(self.fp8, choose(mx, dts.index("mxfp8"), dts.index("float8")),
-                          fallback)
-            # The codes present, from the masks (no pass over code).
-            present = {fallback} if not self.fp8.all() else set()
-            if (self.fp8 & mx).any():
-                present.add(dts.index("mxfp8"))
-            if (self.fp8 & ~mx).any():
-                present.add(dts.index("float8"))
-            used = sorted(present & {dts.index(d) for d in have})
+            have = [dts.index(d) for d in dict.fromkeys(FP8_MATRIX.values())
+                    if d in system.matrix]
+            fallback = have[0] if have else dts.index(next(iter(system.matrix)))
+            rate = np.array([fallback] + [dts.index(FP8_MATRIX[r])
+                                          for r in CHOICES["fp8_recipe"][1:]], dtype=np.int8)
+            code = rate[recipe]
+            # The codes present, from the recipes present (a comparison each).
+            present = {int(rate[i]) for i in range(len(rate)) if (recipe == i).any()}
+            used = sorted(present & set(have))
             if len(used) < len(present):
-                code = np.where(np.isin(code, used), code, fallback)
-            code = code.astype(np.int8)
+                code = np.where(np.isin(code, used), code, fallback).astype(np.int8)
+                used = sorted(set(used) | {fallback})
             self.matrix_fp8 = ComputeEngine(system.matrix, code, used)
         # Optimizers and fine-tuning (autopar.model.optimizers, .finetune):
         # None where every row is Calculon's (Adam, every weight trained).

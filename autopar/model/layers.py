@@ -152,27 +152,87 @@ def linear(ctx, m, n, k, **kw):
 # ``mxfp8`` quantize both orientations the GEMMs of backward need.
 _FP8_CAST_COPIES = {"tensorwise": 1.0, "rowwise": 2.0, "mxfp8": 2.0}
 
+# FP4 recipes (issue 28), bytes per element of their quantized tensors:
+# 4-bit E2M1 values and one 1-byte scale per block.  NVFP4 ("Pretraining
+# Large Language Models with NVFP4", NVIDIA 2025, sections 2 and 4.3;
+# Transformer Engine's ``NVFP4BlockScaling``): activations and gradients in
+# 1x16 blocks with E4M3 scales, weights in 16x16 blocks (one scale per 256
+# elements), each tensor with one fp32 scale as well.  MXFP4 (OCP
+# Microscaling Formats spec v1.0): 1x32 blocks with E8M0 scales, no
+# per-tensor scale.
+NVFP4_BYTES = 0.5 + 1 / 16
+NVFP4_WEIGHT_BYTES = 0.5 + 1 / 256
+MXFP4_BYTES = 0.5 + 1 / 32
+
+
+def _recipe_bytes():
+    """Per recipe (indexed by its code): the bytes one element of an input or
+    output gradient moves to be quantized, as ``(reads of the working
+    precision, bytes written)``; the same for one element of a weight; the
+    bytes of the quantized weight copies kept; the bytes of the saved input.
+
+    * fp8: ``_FP8_CAST_COPIES`` quantizations, each a read and a 1-byte write.
+    * ``nvfp4``, an input or output gradient: an amax pass for the per-tensor
+      scale (one read), a row-wise quantization for the forward / data-grad
+      GEMM, a column-wise one after a 16x16 random Hadamard transform for the
+      weight-gradient GEMM (paper section 4.2; TE applies it inside the cast
+      kernel: 16 multiply-adds an element on the tensor cores, far below the
+      kernel's memory time, so only its bytes are counted); gradients are
+      stochastically rounded (section 4.4), in the same kernels (no bytes).
+      A weight: the amax read and one 2D-block quantization writing both
+      orientations (16x16 blocks are the same blocks either way, section
+      4.3); both orientations are kept across micro-batches (TE's weight
+      workspace, as for fp8).  The saved input of the weight-gradient GEMM
+      is its column-wise fp4 cast.
+    * ``mxfp4``: as ``mxfp8`` (two orientations, no amax), with fp4 values.
+    """
+    n = len(CHOICES["fp8_recipe"])
+    act_reads, act_write = np.zeros(n), np.zeros(n)
+    w_reads, w_write = np.zeros(n), np.zeros(n)
+    copy_b, saved_b = np.zeros(n), np.zeros(n)
+    for name, c in _FP8_CAST_COPIES.items():
+        i = CHOICES["fp8_recipe"].index(name)
+        act_reads[i] = w_reads[i] = c
+        act_write[i] = w_write[i] = c * 1.0
+        copy_b[i], saved_b[i] = c * 1.0, 1.0
+    i = CHOICES["fp8_recipe"].index("nvfp4")
+    act_reads[i], act_write[i] = 3.0, 2 * NVFP4_BYTES
+    w_reads[i], w_write[i] = 2.0, 2 * NVFP4_WEIGHT_BYTES
+    copy_b[i], saved_b[i] = 2 * NVFP4_WEIGHT_BYTES, NVFP4_BYTES
+    i = CHOICES["fp8_recipe"].index("mxfp4")
+    act_reads[i] = w_reads[i] = 2.0
+    act_write[i] = w_write[i] = copy_b[i] = 2 * MXFP4_BYTES
+    saved_b[i] = MXFP4_BYTES
+    return act_reads, act_write, w_reads, w_write, copy_b, saved_b
+
+
+_RECIPE_BYTES = _recipe_bytes()
+
 
 def fp8_gemm(ctx, L: dict) -> dict:
-    """Mark a linear layer's GEMMs as fp8 where the row's recipe says so: they
-    run at the fp8 matrix rate; the casts of its input and weight (forward)
-    and of its output gradient (backward) move memory; the fp8 copy of the
-    weight stays in memory beside the high-precision one."""
+    """Mark a linear layer's GEMMs as low-precision where the row's recipe
+    (fp8 or fp4) says so: they run at the recipe's matrix rate; the casts of
+    its input and weight (forward) and of its output gradient (backward) move
+    memory (``_recipe_bytes``); the quantized copies of the weight stay in
+    memory beside the high-precision one.  Only the linear layers of a block
+    are marked: the attention core's batched matmuls, norms, the embedding and
+    the output layer stay in the working precision, as the fp8 recipes and
+    NVIDIA's NVFP4 recipe keep them (paper section 4.1)."""
     if ctx.fp8 is None:
         return L
     L["fp8"] = True
     b = ctx.elem_bytes
-    copies = np.zeros(ctx.n)
-    for name, c in _FP8_CAST_COPIES.items():
-        copies = np.where(ctx.fp8_recipe == CHOICES["fp8_recipe"].index(name), c, copies)
-    per = (b + 1.0) * copies                   # bytes per element cast
-    L["mem_fw"] = L["mem_fw"] + per * (L["inputs"] + L["weight"])
-    L["mem_agrad"] = L["mem_agrad"] + per * L["act_grads"]
-    L["weight_b"] = L["weight_b"] + np.where(ctx.fp8, L["weight"] * copies, 0.0)
-    # The input kept for the weight gradient is its fp8 cast, in the one
+    r = ctx.fp8_recipe
+    act_reads, act_write, w_reads, w_write, copy_b, saved_b = (t[r] for t in _RECIPE_BYTES)
+    per_act = act_reads * b + act_write          # bytes per element cast
+    per_w = w_reads * b + w_write
+    L["mem_fw"] = L["mem_fw"] + per_act * L["inputs"] + per_w * L["weight"]
+    L["mem_agrad"] = L["mem_agrad"] + per_act * L["act_grads"]
+    L["weight_b"] = L["weight_b"] + L["weight"] * copy_b
+    # The input kept for the weight gradient is its quantized cast, in the one
     # orientation the weight-gradient GEMM reads (Transformer Engine drops
     # the row-wise data of a saved quantized input: update_usage(rowwise=False)).
-    L["act_b"] = np.where(ctx.fp8, L["act"] * 1.0, L["act_b"])
+    L["act_b"] = np.where(ctx.fp8, L["act"] * saved_b, L["act_b"])
     return L
 
 

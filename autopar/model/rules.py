@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 
 from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS, SPLIT_FIELDS
-from autopar.io.specs import ModelSpec, SystemSpec
+from autopar.io.specs import FP8_MATRIX, ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
 from autopar.model.context import choose
 from autopar.model.lookup import Ranges, by_value
@@ -55,7 +55,8 @@ REASONS = REASONS + (
     "invalid: weight_sharding needs optimizer_sharding without unsharded_grads",
     "invalid: sharding_group must divide data_par and needs optimizer_sharding",
     "invalid: recompute_layers needs activation_recompute full",
-    "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate",
+    "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's rate "
+    "for the recipe",
     "invalid: tensor_par * pipeline_par * data_par * context_par != num_procs",
     "invalid: param_gather_overlap needs optimizer_sharding without weight_sharding",
     # mixture of experts and latent attention (issue 14)
@@ -144,8 +145,7 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         if mask.any():          # (most rules hold for every row)
             code[(code == 0) & mask] = REASON_CODE[reason]
 
-    dts = [CHOICES["datatype"].index(d) for d in CHOICES["datatype"]
-           if d in system.matrix and d in system.vector]
+    dts = [CHOICES["datatype"].index(d) for d in system.datatypes]
     if not n:
         return code, dts
     t, pp, dp = cols["tensor_par"], cols["pipeline_par"], cols["data_par"]
@@ -293,10 +293,11 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
     recipe = cols["fp8_recipe"]
     if (recipe != 0).any():
         dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]
-        rate = {1: "float8", 2: "float8", 3: "mxfp8"}
-        lacking = [i for i in (1, 2, 3) if rate[i] not in system.matrix]
+        lacking = [i for i, r in enumerate(CHOICES["fp8_recipe"])
+                   if i and FP8_MATRIX[r] not in system.matrix]
         flag((recipe != 0) & (~_member(cols["datatype"], dts_ok) | _member(recipe, lacking)),
-             "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's fp8 rate")
+             "invalid: fp8_recipe needs datatype bfloat16 or float16 and the system's rate "
+             "for the recipe")
     adapter = cols["adapter"]
     if adapter.any():
         q = adapter == CHOICES["adapter"].index("qlora")
