@@ -27,7 +27,8 @@ class LaunchFormat:
     ``refuse_layout(model, execution) -> str | None``: the same for one found
     layout, before anything is written.  ``write(model, execution) -> str``:
     the file's text.  ``read(text, source) -> Imported``: the inverse, where
-    ``source`` names the file in errors.
+    ``source`` names the file in errors.  ``refuse_datatype`` (optional):
+    the run's datatype, before any search.
     """
     name: str
     suffix: str
@@ -38,3 +39,6 @@ class LaunchFormat:
     write: Callable
     read: Callable
     describe: str = ""
+    # ``refuse_datatype(datatype, space) -> str | None``: why the run's
+    # datatype cannot be written (checked before any search; None: any can).
+    refuse_datatype: Callable | None = None
