@@ -135,6 +135,20 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
     if _get(ex, "weight_sharding") and not ex.get("optimizer_sharding"):
         return refusal("weight_sharding", "true", fmt, "Megatron-FSDP shards the weights "
                        "together with the optimizer state (optimizer_sharding)")
+    if _get(ex, "moe_overlap"):
+        # transformer_config.py __post_init__ (overlap_moe_expert_parallel_comm)
+        v = ex.get("pipeline_interleaving", 1)
+        why = ("it needs expert parallelism (expert_par > 1)" if _get(ex, "expert_par") <= 1
+               else "it needs the alltoall or flex (deepep) dispatcher"
+               if _get(ex, "moe_dispatcher") == "allgather"
+               else "it cannot be combined with full recompute"
+               if ex.get("activation_recompute") == "full"
+               else "it needs a bf16 or fp16 model" if dt not in ("bfloat16", "float16")
+               else "with pipeline_par > 1 it needs virtual stages (pipeline_interleaving > 1)"
+               if ex.get("pipeline_par", 1) > 1 and v == 1 else None)
+        if why:
+            return refusal("moe_overlap", "true", fmt, "Megatron-Core's EP all-to-all "
+                           "overlap (overlap_moe_expert_parallel_comm): " + why)
     if _get(ex, "recompute_layers") and ex.get("activation_recompute") != "full":
         return refusal("recompute_layers", _get(ex, "recompute_layers"), fmt,
                        "recompute_num_layers with recompute_method block is full recompute only")
@@ -189,7 +203,10 @@ def settings(model, ex: Mapping) -> dict:
         s["model.account_for_loss_in_pipeline_split"] = bool(_get(ex, "loss_in_split"))
     s["train.micro_batch_size"] = ex["microbatch_size"]
     s["train.global_batch_size"] = ex["batch_size"]
-    s["model.sequence_parallel"] = ex["tensor_par_comm_type"] == "rs_ag"
+    # TransformerConfig refuses sequence parallelism without tensor parallelism
+    # (model_parallel_config.py __post_init__); with one TP rank there is no
+    # TP traffic to split, so rs_ag and ar are the same run
+    s["model.sequence_parallel"] = ex["tensor_par_comm_type"] == "rs_ag" and tp > 1
     s["model.tp_comm_overlap"] = ex["tensor_par_overlap"] == "ring"
     rec = ex["activation_recompute"]
     if rec == "full":
