@@ -176,6 +176,10 @@ def test_bridge_refuses_what_its_recipes_fix(llama):
     back = mt.read(text).execution
     assert (back["fp32_grads"], back["fused_norm"], back["attention_impl"]) == \
         (False, False, "unfused")
+    # TP overlap is Transformer Engine's userbuffers: not with the local spec
+    assert mt.refuse_layout(llama, _plain(fused_norm=False, attention_impl="fused_softmax",
+                                          tensor_par_overlap="ring")).startswith(
+        "megatron: tensor_par_overlap=ring")
 
 
 def test_megatron_arguments_written(llama):
@@ -228,6 +232,7 @@ torchrun --nnodes 2 --nproc_per_node 8 \\
     --micro-batch-size 1 --global-batch-size 512 \\
     --recompute-activations --use-distributed-optimizer \\
     --lr 3e-4 --data-path /data/x_text_document --save /ckpt --bf16
+echo "done: $?"
 """
     got = mt.read(script, "launch.sh")
     ex = got.execution

@@ -117,6 +117,11 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
         what = "fp8_recipe" if attn != "flash_v2" else "attention_impl"
         return refusal(what, _get(ex, what), fmt, "fused_norm false is Megatron-Core's local "
                        "layer spec, which has neither flash attention nor fp8")
+    if not fused_norm and ex.get("tensor_par_overlap", "none") != "none":
+        return refusal("tensor_par_overlap", ex["tensor_par_overlap"], fmt, "tp_comm_overlap "
+                       "is Transformer Engine's userbuffers (megatron/training/initialize.py "
+                       "_initialize_tp_communicators), not the local layer spec of fused_norm "
+                       "false")
     if not fused_norm and te_only:
         return refusal("fused_norm", "false", fmt, "Megatron-Bridge's GPT providers build "
                        "Transformer Engine's layer spec (norm fused into the linear layer)")

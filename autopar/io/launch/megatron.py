@@ -187,25 +187,32 @@ def _tokens(text: str, source: str) -> tuple[list[str], int | None]:
     """The arguments after the entry point (or all of them), and the number
     of GPUs where the script states it (NUM_GPUS=N, or torchrun's numeric
     --nnodes x --nproc-per-node)."""
-    text = re.sub(r"\\\r?\n", " ", text)
-    try:
-        toks = shlex.split(text, comments=True)
-    except ValueError as err:
-        raise SpecError(source, "script", f"cannot be split into arguments: {err}") from None
+    lines = []
+    for no, line in enumerate(re.sub(r"\\\r?\n", " ", text).splitlines(), 1):
+        try:
+            lines.append(shlex.split(line, comments=True))
+        except ValueError as err:
+            raise SpecError(source, f"line {no}", f"cannot be split into arguments: "
+                            f"{err}") from None
     gpus = None
-    for t in toks:
-        m = re.fullmatch(r"(?:export\s+)?NUM_GPUS=(\d+)", t)
+    for t in (t for line in lines for t in line):
+        m = re.fullmatch(r"NUM_GPUS=(\d+)", t)
         if m:
             gpus = int(m.group(1))
-    entry = next((i for i, t in enumerate(toks) if t.endswith(".py")), None)
-    launcher, args = (toks[:entry], toks[entry + 1:]) if entry is not None else ([], toks)
+    # the command that runs the entry point (its own line once continuations
+    # are joined); a bare argument list: every line
+    command = next((line for line in lines if any(t.endswith(".py") for t in line)), None)
+    if command is None:
+        launcher, args = [], [t for line in lines for t in line]
+    else:
+        entry = next(i for i, t in enumerate(command) if t.endswith(".py"))
+        launcher, args = command[:entry], command[entry + 1:]
     if gpus is None and launcher:
         opts = dict(_pairs(launcher))
         nodes = opts.get("--nnodes", "1")
         per = opts.get("--nproc-per-node", opts.get("--nproc_per_node"))
         if per is not None and per.isdigit() and nodes.isdigit():
             gpus = int(per) * int(nodes)
-    # a script's later lines (after the command) are not arguments
     return args, gpus
 
 
