@@ -241,6 +241,9 @@ def settings(model, ex: Mapping) -> dict:
     s["optimizer.optimizer_cpu_offload"] = bool(ex["optimizer_offload"])
     if ex["optimizer_offload"]:
         s["optimizer.optimizer_offload_fraction"] = 1.0
+        # the hybrid device optimizer runs on the precision-aware path
+        # (arguments.py validate_args asserts it)
+        s["optimizer.use_precision_aware_optimizer"] = True
     s["mixed_precision.dtype"] = ex["datatype"]
     fp8 = _get(ex, "fp8_recipe")
     s["model.fp8"] = None if fp8 == "none" else ("hybrid" if fp8 == "tensorwise" else "e4m3")
