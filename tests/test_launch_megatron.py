@@ -146,6 +146,7 @@ def llama():
     ({"datatype": "float8"}, "datatype"),
     ({"tensor_par_comm_type": "ar", "tensor_par_overlap": "ring"}, "tensor_par_overlap"),
     ({"sharding_group": 3, "data_par": 2}, "sharding_group"),
+    ({"param_gather_overlap": True, "data_par_overlap": False}, "param_gather_overlap"),
     # Megatron-Core's EP all-to-all overlap rules (transformer_config.py)
     ({"moe_overlap": True, "expert_par": 1}, "moe_overlap"),
     ({"moe_overlap": True, "expert_par": 2, "activation_recompute": "attn_only",
@@ -337,7 +338,7 @@ NAMES_AS_FACTS = {
     "--pipeline-model-parallel-layout", "--use-distributed-optimizer",
     "--overlap-grad-reduce", "--overlap-param-gather", "--accumulate-allreduce-grads-in-fp32",
     "--main-grads-dtype", "--data-parallel-sharding-strategy",
-    "--num-distributed-optimizer-instances", "--cp-comm-type", "--optimizer-cpu-offload",
+    "--num-distributed-optimizer-instances", "--cp-comm-type", "--ckpt-format", "--optimizer-cpu-offload",
     "--optimizer-offload-fraction", "--use-precision-aware-optimizer",
     "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
     "--no-bias-swiglu-fusion", "--swiglu", "--num-experts", "--group-query-attention",

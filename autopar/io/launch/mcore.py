@@ -140,6 +140,11 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
     if _get(ex, "weight_sharding") and not ex.get("optimizer_sharding"):
         return refusal("weight_sharding", "true", fmt, "Megatron-FSDP shards the weights "
                        "together with the optimizer state (optimizer_sharding)")
+    if _get(ex, "param_gather_overlap") and not (ex.get("optimizer_sharding")
+                                                  and ex.get("data_par_overlap")):
+        return refusal("param_gather_overlap", "true", fmt, "overlap_param_gather needs the "
+                       "distributed optimizer or Megatron-FSDP (optimizer_sharding) and "
+                       "overlap_grad_reduce (data_par_overlap) (arguments.py validate_args)")
     if _get(ex, "moe_overlap"):
         # transformer_config.py __post_init__ (overlap_moe_expert_parallel_comm)
         v = ex.get("pipeline_interleaving", 1)
@@ -233,6 +238,9 @@ def settings(model, ex: Mapping) -> dict:
     s["ddp.use_megatron_fsdp"] = fsdp
     if fsdp:
         s["ddp.data_parallel_sharding_strategy"] = "optim_grads_params" if ws else "optim_grads"
+        # Megatron-FSDP saves only this checkpoint format (arguments.py
+        # validate_args; Megatron-Bridge config.py likewise)
+        s["checkpoint.ckpt_format"] = "fsdp_dtensor"
     g = _get(ex, "sharding_group")
     s["ddp.num_distributed_optimizer_instances"] = ex["data_par"] // g if g else 1
     s["ddp.overlap_grad_reduce"] = bool(ex["data_par_overlap"])

@@ -157,7 +157,7 @@ def _arg_keys() -> dict:
         "model.moe_router_score_function", "model.moe_expert_capacity_factor",
         "model.kv_lora_rank", "model.q_lora_rank", "model.qk_head_dim",
         "model.qk_pos_emb_head_dim", "model.v_head_dim", "model.mtp_num_layers",
-        "model.seq_length"]
+        "model.seq_length", "checkpoint.ckpt_format"]
     for k in names:
         keys[arg_name(k)] = (k, "value")
     for k in ("model.sequence_parallel", "model.tp_comm_overlap",
