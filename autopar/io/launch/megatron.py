@@ -123,6 +123,14 @@ def write(model, execution) -> str:
     ]
     if not model.vocab_size:
         head.append("# The model file states no vocabulary: add --vocab-size for NullTokenizer.")
+    # what validate_args asserts of the environment (arguments.py): before
+    # Blackwell, TP or CP needs one CUDA connection unless Megatron-FSDP or the
+    # EP overlap runs, and Megatron-FSDP needs it unset or > 1
+    if s["ddp.use_megatron_fsdp"]:
+        head.append("unset CUDA_DEVICE_MAX_CONNECTIONS   # Megatron-FSDP: unset or > 1")
+    elif (s["model.tensor_model_parallel_size"] > 1 or s["model.context_parallel_size"] > 1) \
+            and not s.get("model.overlap_moe_expert_parallel_comm"):
+        head.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # TP/CP before Blackwell")
     head += [f"NUM_GPUS={n}", "GPUS_PER_NODE=${GPUS_PER_NODE:-8}",
              'torchrun --nproc-per-node "$GPUS_PER_NODE" '
              '--nnodes $((NUM_GPUS / GPUS_PER_NODE)) \\', "    pretrain_gpt.py \\"]
