@@ -10,6 +10,12 @@ completion of its unknown fields (``autopar.search.partial``): the stated
 fields, each unknown field's value in the best completion, whether some
 completion fits, and the spread; exit 0 when some completion fits, 1 when
 none does.
+
+``--output FILE [--format F]`` writes the (complete) execution in ``F``
+(``autopar.io.export``: autopar, calculon, or a framework's launch config such
+as ``megatron``) when it can run: a layout turned into the framework's
+arguments.  What ``F`` cannot express is refused in one line before the
+prediction; nothing is written for a layout that cannot run.
 """
 from __future__ import annotations
 

@@ -143,7 +143,6 @@ def write(model, execution) -> str:
 
 def _arg_keys() -> dict:
     """argument -> (settings key, how: value | on | off)."""
-    from autopar.io.launch import mcore as _m  # noqa: F401
     keys = {}
     names = [
         "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
