@@ -243,6 +243,11 @@ echo "done: $?"
     assert ex["optimizer_sharding"] and ex["unsharded_grads"]
     assert ex["batch_size"] == 512 and ex["datatype"] == "bfloat16" and ex["fp32_grads"]
     assert got.model["num_blocks"] == 32 and got.model["attn_size"] == 128
+    # --num-query-groups without --group-query-attention is ignored, as Megatron does
+    assert "kv_heads" not in mt.read(script.replace("--bf16", "--bf16 --num-query-groups 8"),
+                                     "launch.sh").model
+    assert mt.read(script.replace("--bf16", "--bf16 --group-query-attention "
+                                  "--num-query-groups 8"), "launch.sh").model["kv_heads"] == 8
 
 
 @pytest.mark.parametrize("fmt,text,field", [

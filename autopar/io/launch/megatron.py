@@ -187,6 +187,7 @@ def _arg_keys() -> dict:
     keys["--num-layers-per-virtual-pipeline-stage"] = ("_layers_per_virtual_stage", "value")
     keys["--recompute-activations"] = ("_recompute_activations", "on")
     keys["--disable-bias-linear"] = ("model.add_bias_linear", "off")
+    keys["--group-query-attention"] = ("_group_query_attention", "on")
     return keys
 
 
@@ -264,6 +265,10 @@ def read(text: str, source: str = "megatron arguments") -> Imported:
         values["_num_procs"] = gpus
         spelled["_num_procs"] = "NUM_GPUS"
     r = mcore.Reader(values, source, lambda k: spelled.get(k, arg_name(k)))
+    if not values.get("_group_query_attention"):
+        # --num-query-groups counts only with --group-query-attention
+        # (argument_utils.py core_transformer_config_from_args)
+        values.pop("model.num_query_groups", None)
     if values.get("_recompute_activations") and "model.recompute_granularity" not in values:
         values["model.recompute_granularity"] = "selective"
     if "_layers_per_virtual_stage" in values:
