@@ -43,7 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT,
-                   help="the execution in optimum.json: " + FORMAT_HELP)
+                   help="the execution in optimum.json (a launch format: autopar's there, "
+                        "the framework's config beside it as optimum.sh/.overrides/...): "
+                        + FORMAT_HELP)
     # issue 25: inference from the command line
     from autopar.cli import inference_option
     inference_option(p)
@@ -69,8 +71,8 @@ def run_experiment(path, output_dir=None, address=None, progress=None, data=None
     out = output_dir_arg(output_dir) or exp.output_dir or Path("results") / exp.name
     if out == NO_OUTPUT:
         out = NO_OUTPUT
-    from autopar.io.export import check_calculon_run
-    check_calculon_run(fmt, exp.case.model, exp.case.space)
+    from autopar.io.export import check_run
+    check_run(fmt, exp.case.model, exp.case.space, exp.case.datatype)
     try:
         result = compare(exp, out, address=address, progress=progress, execution_format=fmt,
                          memory_headroom=memory_headroom, risk=risk)

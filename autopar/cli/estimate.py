@@ -10,6 +10,12 @@ completion of its unknown fields (``autopar.search.partial``): the stated
 fields, each unknown field's value in the best completion, whether some
 completion fits, and the spread; exit 0 when some completion fits, 1 when
 none does.
+
+``--output FILE [--format F]`` writes the (complete) execution in ``F``
+(``autopar.io.export``: autopar, calculon, or a framework's launch config such
+as ``megatron``) when it can run: a layout turned into the framework's
+arguments.  What ``F`` cannot express is refused in one line before the
+prediction; nothing is written for a layout that cannot run.
 """
 from __future__ import annotations
 
@@ -46,6 +52,12 @@ def register(subparsers) -> None:
                    help="partial layouts: the values each unknown field may take, as this "
                         "space file allows them (default: every value autopar's rules "
                         "allow)")
+    from autopar.io.export import DEFAULT_FORMAT, FORMATS, HELP as FORMAT_HELP
+    p.add_argument("--output", metavar="FILE", default=None,
+                   help="write this execution (in --format) when it can run: e.g. a "
+                        "layout turned into its Megatron-LM arguments")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help=f"with --output (default {DEFAULT_FORMAT}): " + FORMAT_HELP)
     from autopar.search.risk import add_arguments
     add_arguments(p)
     framework_option(p)
@@ -64,7 +76,23 @@ def estimate(model, system, execution) -> dict:
     return out
 
 
+def _output(args):
+    """``--output``/``--format``: the file and the format, checked first."""
+    from autopar.cli import output_path
+    from autopar.io.specs import SpecError
+    fmt = getattr(args, "format", None)
+    out = output_path("--output", getattr(args, "output", None))
+    if fmt is not None and out is None:
+        raise SpecError("command line", "--format", "says how --output is written; give "
+                        "--output FILE")
+    if out is not None and args.partial:
+        raise SpecError("command line", "--output", "writes a complete execution; this one "
+                        "is partial (--partial)")
+    return out, fmt or "autopar"
+
+
 def run(args) -> int:
+    out, fmt = _output(args)
     model = load_model(args.model)
     from autopar.io.frameworks import check_options, load_framework, with_framework
     framework = load_framework(args.framework) if args.framework else None
@@ -73,6 +101,11 @@ def run(args) -> int:
     stated, unknown = load_partial_execution(args.execution, system=system, model=model,
                                              missing_unknown=args.partial, defaults=defaults)
     if unknown or args.partial:
+        if out is not None:
+            from autopar.io.specs import SpecError
+            raise SpecError(args.execution, ", ".join(unknown) or "execution",
+                            "--output writes a complete execution; this one leaves fields "
+                            "unknown")
         return run_partial(args, model, system, stated, unknown, framework)
     if args.space is not None:
         from autopar.io.specs import SpecError
@@ -81,6 +114,11 @@ def run(args) -> int:
                         "or null or \"?\" for a field)")
     execution = load_execution(args.execution, system=system, model=model, defaults=defaults)
     check_options(framework, execution, args.execution)
+    text = None
+    if out is not None:              # refused in one line before anything is evaluated
+        from autopar.io.export import check_run, written
+        check_run(fmt, model, None, execution["datatype"])
+        text = written(execution, fmt, model)[0]
     from autopar.search.headroom import band_gib, fits, headroom_gib
     from autopar.search.risk import layout_risk, risk_of
     headroom = headroom_gib(system, args.memory_headroom)
@@ -99,6 +137,9 @@ def run(args) -> int:
         print(report(model, system, execution, result, headroom))
     else:
         print(result["reason"])
+    if text is not None and result["feasible"]:
+        from autopar.io.writers import write_text
+        write_text(text, out)
     return 0 if result["feasible"] else 1
 
 

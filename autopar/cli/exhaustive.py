@@ -7,9 +7,14 @@ succeeds, each atomically:
 * ``--output``: the best execution (``--format autopar``, the default: every
   field, extensions included, read back by ``autopar estimate``; ``--format
   calculon``: Calculon's 23 fields for its ``llm`` command, refused in one line
-  for a model or space Calculon cannot represent; see ``autopar.io.export``);
+  for a model or space Calculon cannot represent; ``--format megatron``,
+  ``bridge``, ``torchtitan`` or ``deepspeed``: the framework's launch config,
+  refused in one line before the search for what it cannot express; see
+  ``autopar.io.export`` and docs/launch.md);
 * ``--top``: the best ``--top-n`` with their statistics, in Calculon's
-  optimal-execution layout ``{"0": {"execution": ..., "stats": ...}, ...}``;
+  optimal-execution layout ``{"0": {"execution": ..., "stats": ...}, ...}``
+  (executions as ``--format`` says for autopar/calculon, autopar's beside a
+  launch format);
 * ``--all``: every layout with its statistics (Parquet; CSV for ``*.csv``);
 * ``--summary``: layouts, feasible, infeasible counts by reason, seconds, best.
 
@@ -49,7 +54,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch-policy", choices=("max", "fixed"), default=None,
                    help="default: the space's (max)")
     p.add_argument("--top-n", type=int, default=1, help="best layouts kept (default 1)")
-    p.add_argument("--output", metavar="FILE", help="write the best execution (JSON, --format)")
+    p.add_argument("--output", metavar="FILE",
+                   help="write the best execution (JSON, or the launch config --format names)")
     p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT, help=FORMAT_HELP)
     p.add_argument("--top", metavar="FILE", help="write the top N with statistics (JSON)")
     p.add_argument("--all", dest="all_rows", metavar="FILE",
@@ -92,7 +98,7 @@ def _remove_stale_partials(p: Path) -> None:
 def run(args) -> int:
     from autopar.search.exhaustive import DEFAULT_CHUNK, DEFAULT_SPACE, exhaustive, top_json
     from autopar.search.space import load_space
-    from autopar.io.export import check_calculon_run, export_execution
+    from autopar.io.export import check_run, json_execution, written
     from autopar.io.specs import load_model, load_system
 
     positive("--num-procs", args.num_procs)
@@ -123,7 +129,9 @@ def run(args) -> int:
     space = framework_space(load_space(args.space if args.space is not None else DEFAULT_SPACE),
                             getattr(args, "framework", None))
     fmt = getattr(args, "format", DEFAULT_FORMAT)
-    check_calculon_run(fmt, model, space)
+    from autopar.io.export import format_space
+    space = format_space(fmt, space)
+    check_run(fmt, model, space, args.datatype)
     all_tmp = None
     if outs["--all"] is not None:
         p = outs["--all"]
@@ -176,13 +184,14 @@ def run(args) -> int:
         from autopar.search.headroom import PEAK
         from autopar.search.risk import p_fits
         for entry in top.values():
-            entry["execution"] = export_execution(entry["execution"], fmt)
+            entry["execution"] = json_execution(entry["execution"], fmt)
             peak = entry["stats"].get(PEAK)
             entry["p_fits"] = float(p_fits(peak, system.mem1.GiB, errors)) if peak else None
         # every output is put in place with the run's others when the command
         # has succeeded, its answer printed (autopar.io.writers.all_or_nothing)
         if outs["--output"] is not None:
-            write_json(export_execution(best["execution"], fmt), outs["--output"])
+            from autopar.io.writers import write_text
+            write_text(written(best["execution"], fmt, model)[0], outs["--output"])
         if outs["--top"] is not None:
             write_json(top, outs["--top"])
         if outs["--summary"] is not None:

@@ -7,7 +7,9 @@ run, each atomically:
 
 * ``--output``: the best execution (``--format autopar``, the default: every
   field; ``--format calculon``: Calculon's 23 fields, refused in one line for
-  what Calculon cannot represent; see ``autopar.io.export``);
+  what Calculon cannot represent; ``--format megatron|bridge|torchtitan|
+  deepspeed``: the framework's launch config, refused in one line before the
+  search for what it cannot express; see ``autopar.io.export``);
 * ``--trials-out``: one CSV row per trial (``trial, state, feasible, reason,
   sample_rate``, the breakdown, the layout, ``node_id``, ``elapsed_s``).
 
@@ -99,7 +101,8 @@ def register(subparsers) -> None:
     p.add_argument("--concurrency", type=int, default=None,
                    help="trials at once (optuna: asked and evaluated together; ray: "
                         "concurrent trials, default all CPUs)")
-    p.add_argument("--output", help="write the best execution (JSON, --format)")
+    p.add_argument("--output",
+                   help="write the best execution (JSON, or the launch config --format names)")
     p.add_argument("--format", choices=FORMATS, default=DEFAULT_FORMAT, help=FORMAT_HELP)
     p.add_argument("--trials-out", help="write every trial (CSV)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -111,20 +114,20 @@ def register(subparsers) -> None:
 
 
 def write_results(table, output: Path | None, trials_out: Path | None,
-                  fmt: str = DEFAULT_FORMAT, recommend=None) -> dict | None:
-    """Write the best execution (in ``fmt``) and the trials, both or neither;
-    returns the best (of the trials in ``recommend``, a subset of ``table``,
-    when given)."""
+                  fmt: str = DEFAULT_FORMAT, recommend=None, model=None) -> dict | None:
+    """Write the best execution (in ``fmt``; a launch format needs the
+    ``model``) and the trials, both or neither; returns the best (of the
+    trials in ``recommend``, a subset of ``table``, when given)."""
     import contextlib
-    import json
 
-    from autopar.io.export import export_execution
+    from autopar.io.export import written
     from autopar.search.tune import best_execution
     from autopar.io.writers import atomic_path
 
     best = best_execution(table if recommend is None else recommend)
+    text = None
     if best is not None and output is not None:
-        best = export_execution(best, fmt)
+        text = written(best, fmt, model)[0]
     with contextlib.ExitStack() as stack:
         if trials_out is not None:
             tmp = stack.enter_context(atomic_path(trials_out))
@@ -132,7 +135,7 @@ def write_results(table, output: Path | None, trials_out: Path | None,
         if output is not None and best is not None:
             tmp = stack.enter_context(atomic_path(output))
             with open(tmp, "w") as f:
-                f.write(json.dumps(best, indent=2) + "\n")
+                f.write(text)
     return best
 
 
@@ -259,6 +262,11 @@ def _resume(args) -> int:
             raise SpecError(SOURCE, flag, "not with --resume (the experiment keeps its case)")
     output = output_path("--output", args.output)
     trials_out = output_path("--trials-out", args.trials_out)
+    from autopar.io.export import JSON_FORMATS
+    if getattr(args, "format", DEFAULT_FORMAT) not in JSON_FORMATS:
+        raise SpecError(SOURCE, "--format", f"{args.format}: a launch config needs the model "
+                        "file, which --resume does not take; write --format autopar and "
+                        "convert it with autopar estimate --format")
     table = resume(args.resume, address=args.address)
     best = write_results(table, output, trials_out, getattr(args, "format", DEFAULT_FORMAT))
     for line in summary_lines(table, "tune (ray, resumed)"):
@@ -322,10 +330,12 @@ def run(args) -> int:
     distinct_outputs({"--output": output, "--trials-out": trials_out})
     fmt = getattr(args, "format", DEFAULT_FORMAT)
     if fmt != "autopar":
-        from autopar.io.export import check_calculon_run
+        from autopar.io.export import check_run
         from autopar.io.specs import load_model
-        check_calculon_run(fmt, load_model(args.model),
-                           load_space(args.space if args.space is not None else DEFAULT_SPACE))
+        from autopar.search.space import load_space
+        check_run(fmt, load_model(args.model),
+                  load_space(args.space if args.space is not None else DEFAULT_SPACE),
+                  args.datatype)
     from autopar.io.specs import load_system
     from autopar.search.headroom import headroom_gib
     from autopar.io.frameworks import system_under
@@ -339,6 +349,8 @@ def run(args) -> int:
     from autopar.search.space import framework_space
     space = framework_space(args.space if args.space is not None else DEFAULT_SPACE,
                             getattr(args, "framework", None))
+    from autopar.io.export import format_space
+    space = format_space(fmt, space)
     options = tune_options(args.sampler, args.trials, backend=args.backend, seed=args.seed,
                            storage=args.storage, address=args.address,
                            concurrency=args.concurrency, encoding=args.encoding,
@@ -348,7 +360,7 @@ def run(args) -> int:
                      args.batch_policy, training=training_of(args))
     table = tune(case, space, options)
     recommend = risk_recommend(table, system, headroom, risk, errors)
-    best = write_results(table, output, trials_out, fmt, recommend)
+    best = write_results(table, output, trials_out, fmt, recommend, load_model(args.model))
     if "study_name" in table.attrs:
         where = f" in {args.storage}" if args.storage else " (in memory)"
         print(f"study {table.attrs['study_name']}{where}")

@@ -202,3 +202,10 @@ def output_dir_arg(value):
     if str(value).strip().lower() == NO_OUTPUT:
         return NO_OUTPUT
     return Path(value)
+
+
+def write_text(text: str, path) -> None:
+    """A text file (a launch config), atomically as every output."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            f.write(text)

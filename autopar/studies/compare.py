@@ -65,6 +65,7 @@ class CompareResult:
     runs: list                       # per run: sampler, seed, trials, pruned, wall_s, ...
     output_dir: Path | None = None
     files: tuple[Path, ...] = ()
+    launch: tuple[str, str] | None = None   # a launch format's (text, suffix): optimum<suffix>
 
 
 # --------------------------------------------------------------------------
@@ -245,17 +246,20 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     runs become Ray tasks there (as ``parallel: ray``).  ``progress``: a bar
     on stderr (None: when stderr is a terminal).  ``execution_format``: how
     optimum.json's execution is written (``autopar.io.export``: autopar, or
-    calculon, refused before any work for what Calculon cannot represent).
+    calculon, refused before any work for what Calculon cannot represent; a
+    launch format (megatron, bridge, torchtitan, deepspeed) keeps autopar's
+    execution in optimum.json and writes the framework's config beside it as
+    ``optimum<suffix>``, refused before any work for what it cannot express).
     ``risk`` (``autopar.search.risk.Risk``; default safe): with safe, the
     optimum is the fastest layout with P(fits) >= its threshold (a headroom).
     """
-    from autopar.io.export import check_calculon_run, export_execution
+    from autopar.io.export import JSON_FORMATS, check_run, json_execution, written
     from autopar.studies import regret
     from autopar.search.exhaustive import exhaustive
 
     exp = load_experiment(experiment, overrides=overrides or None)
-    check_calculon_run(execution_format, exp.case.model, exp.case.space, source="compare",
-                       field="execution_format")
+    check_run(execution_format, exp.case.model, exp.case.space, exp.case.datatype,
+              source="compare", field="execution_format")
     from autopar.io.writers import NO_OUTPUT, file_ref
     if output_dir == NO_OUTPUT:
         out_dir = None
@@ -294,12 +298,17 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
         "training": exp.case.training,
         "space": summ["space"], "space_size": summ["layouts"],
         "feasible_layouts": summ["feasible"],
-        "execution": export_execution(summ["optimum"]["execution"], execution_format,
-                                      "compare", "execution_format"),
+        "execution": json_execution(summ["optimum"]["execution"], execution_format,
+                                    "compare", "execution_format"),
         "sample_rate": opt,
         "exhaustive_seconds": summ["seconds"],
         "exhaustive_runner": summ["runner"],
     }
+    # a launch config of the optimum: refused (one line) before the samplers run
+    launch = None if execution_format in JSON_FORMATS else written(
+        summ["best"]["execution"], execution_format, case.model, "compare", "execution_format")
+    if launch is not None:
+        optimum["launch_file"] = "optimum" + launch[1]
     fw = exp.case.framework_file
     if fw is not None:        # a shipped name or a mapping as given; a path from here
         optimum["framework"] = file_ref(fw, out_dir or Path.cwd()) \
@@ -333,7 +342,7 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     optimum["compare_seconds"] = round(time.perf_counter() - t0, 3)
     optimum["runner"] = parallel if parallel != "ray" else f"ray:{address or 'local'}"
     result = CompareResult(experiment=exp, optimum=optimum, curves=curves,
-                           summary=summary, runs=runs)
+                           summary=summary, runs=runs, launch=launch)
     if out_dir is not None:
         result.files = write_outputs(result, out_dir)
         result.output_dir = out_dir
@@ -367,6 +376,10 @@ def write_outputs(result: CompareResult, out_dir) -> tuple[Path, ...]:
     note = (f"optimum {opt['sample_rate']:.4g} samples/s; exhaustive search: "
             f"{opt['exhaustive_seconds']:.3g} s")
     regret.plot(result.curves, [e.label for e in exp.samplers], paths[3], title=title, note=note)
+    if result.launch is not None:
+        from autopar.io.writers import write_text
+        paths += (out_dir / opt["launch_file"],)
+        write_text(result.launch[0], paths[-1])
     return paths
 
 

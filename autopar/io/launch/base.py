@@ -5,6 +5,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 
+# Fields a search space may leave "derived" whose values follow the case's
+# system (fp8_recipe: the recipes whose rates the system lists): under a
+# launch format they are cut to what the format writes before the search
+# (``autopar.io.export.format_space``) rather than refused.
+SYSTEM_DERIVED = ("fp8_recipe",)
+
+
 @dataclass(frozen=True)
 class Imported:
     """What a framework config says: the execution fields it sets (a field it
@@ -27,7 +34,8 @@ class LaunchFormat:
     ``refuse_layout(model, execution) -> str | None``: the same for one found
     layout, before anything is written.  ``write(model, execution) -> str``:
     the file's text.  ``read(text, source) -> Imported``: the inverse, where
-    ``source`` names the file in errors.
+    ``source`` names the file in errors.  ``refuse_datatype`` (optional):
+    the run's datatype, before any search.
     """
     name: str
     suffix: str
@@ -38,3 +46,11 @@ class LaunchFormat:
     write: Callable
     read: Callable
     describe: str = ""
+    # ``refuse_datatype(datatype, space) -> str | None``: why the run's
+    # datatype cannot be written (checked before any search; None: any can).
+    refuse_datatype: Callable | None = None
+    # ``writes(field, value) -> bool``: whether the format can state that
+    # value of a field (None: every value it does not refuse by the checks
+    # above).  Used to cut a space's derived fields (values that follow the
+    # case, e.g. fp8_recipe from the system's rates) to what it can launch.
+    writes: Callable | None = None

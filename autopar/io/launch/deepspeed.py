@@ -48,12 +48,14 @@ from __future__ import annotations
 import json
 
 from autopar.io.launch.base import Imported, LaunchFormat
-from autopar.io.launch.expressible import Keys, divides, full, refuse_fields, refuse_values
+from autopar.io.launch.expressible import (Keys, RECIPE_DEFAULTS, RECIPE_EXPRESSIBLE, divides,
+                                           full, refuse_fields, refuse_values)
 
 NAME = "deepspeed"
 LAUNCHER = "autopar_launcher"
 UNSTATED = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
-            "expert_par_net", "expert_tensor_par_net", "fused_activation", "fused_norm")
+            "expert_par_net", "expert_tensor_par_net", "fused_activation", "fused_norm",
+            "sequence_fill")
 EXPRESSIBLE = {
     "attention_type": ("multihead",),
     "datatype": ("bfloat16", "float16", "float32"),
@@ -73,12 +75,18 @@ EXPRESSIBLE = {
     "moe_overlap": (False,),
     "param_gather_overlap": (False,),
     "training": (True,),
+    **RECIPE_EXPRESSIBLE,
 }
 FLASH = {"flash_v1": "use_flash_attn_v1", "flash_v2": "use_flash_attn_v2"}
 
 
 def refuse_model(model) -> str | None:
-    return None          # the model is the training script's: any
+    # the model is the training script's: any, but a hybrid Mamba model
+    # (Megatron-DeepSpeed's GPT script builds attention blocks only)
+    if getattr(model, "hybrid_pattern", ""):
+        return (f"{NAME}: the model {model.name or ''} has hybrid_override_pattern (Mamba "
+                "layers), which Megatron-DeepSpeed's GPT model does not build")
+    return None
 
 
 def refuse_space(model, space) -> str | None:
@@ -178,7 +186,8 @@ def read(text: str, source: str) -> Imported:
     if not isinstance(data, dict):
         k.fail("(root)", "expected a JSON object (a ds_config)")
     notes: list[str] = []
-    ex: dict = {"training": True, "attention_type": "multihead", "pipeline_layout": "even",
+    ex: dict = {**RECIPE_DEFAULTS,
+                "training": True, "attention_type": "multihead", "pipeline_layout": "even",
                 "embedding_in_split": False, "loss_in_split": False, "first_stage_blocks": 0,
                 "last_stage_blocks": 0, "sharding_group": 0, "tensor_par_overlap": "none",
                 "activations_offload": False, "fp8_recipe": "none", "expert_tensor_par": 1,
@@ -314,7 +323,13 @@ def _enabled(k: Keys, section: str) -> bool:
     return k.bool(section + ".enabled")
 
 
+def writes(field: str, value) -> bool:
+    """Whether the config states ``value`` of ``field`` (``EXPRESSIBLE``)."""
+    return field not in EXPRESSIBLE or value in EXPRESSIBLE[field]
+
+
 FORMAT = LaunchFormat(
+    writes=writes,
     name=NAME, suffix=".json", framework="deepspeed-zero1", refuse_model=refuse_model,
     refuse_space=refuse_space, refuse_layout=refuse_layout, write=write, read=read,
     describe="a DeepSpeed ds_config JSON with the launcher's parallel sizes "

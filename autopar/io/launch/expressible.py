@@ -16,6 +16,17 @@ from autopar.io.errors import SpecError, brief
 from autopar.io.layouts import BOOL_FIELDS, CHOICES, EXT_DEFAULTS
 
 
+# Recipe fields of issue 28 (``autopar.io.layouts``) that torchtitan's and
+# DeepSpeed's configs are not written with: the optimizer (Adam only), the
+# fine-tuning adapters (none) and their rank and targets.  A layout with
+# another value is refused in one line; a config read back states these
+# defaults.  ``sequence_fill`` (the real tokens of padded sequences) is the
+# data's, not the config's: not written (a format's ``UNSTATED``).
+RECIPE_DEFAULTS = {f: EXT_DEFAULTS[f] for f in ("optimizer", "adapter", "adapter_rank",
+                                                "adapter_targets")}
+RECIPE_EXPRESSIBLE = {"optimizer": ("adam",), "adapter": ("none",)}
+
+
 def space_values(space, field: str):
     """The values of ``field`` a search space may choose (a tuple), or None
     where any integer the rules allow may come.  A field the space does not

@@ -54,11 +54,12 @@ from __future__ import annotations
 import tomllib
 
 from autopar.io.launch.base import Imported, LaunchFormat
-from autopar.io.launch.expressible import Keys, divides, full, refuse_fields, refuse_values
+from autopar.io.launch.expressible import (Keys, RECIPE_DEFAULTS, RECIPE_EXPRESSIBLE, divides,
+                                           full, refuse_fields, refuse_values)
 
 NAME = "torchtitan"
 UNSTATED = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
-            "expert_par_net", "expert_tensor_par_net", "fused_activation")
+            "expert_par_net", "expert_tensor_par_net", "fused_activation", "sequence_fill")
 SINGLE_STAGE = ("1F1B",)
 MULTI_STAGE = ("Interleaved1F1B",)
 # Field values torchtitan can state whatever the other fields are.
@@ -79,6 +80,8 @@ EXPRESSIBLE = {
     "last_stage_blocks": (0,),
     "training": (True,),
     "datatype": ("bfloat16", "float32"),
+    "fp8_recipe": ("none", "tensorwise", "rowwise", "mxfp8"),
+    **RECIPE_EXPRESSIBLE,
 }
 FP8 = {"tensorwise": ("quantize.linear.float8", "tensorwise"),
        "rowwise": ("quantize.linear.float8", "rowwise"),
@@ -287,7 +290,8 @@ def read(text: str, source: str, num_procs: int | None = None) -> Imported:
         k.fail("(file)", f"not valid TOML: {e}")
     k = Keys(data, source)
     notes: list[str] = []
-    ex: dict = {"training": True, "attention_type": "multihead", "attention_impl": "flash_v2",
+    ex: dict = {**RECIPE_DEFAULTS,
+                "training": True, "attention_type": "multihead", "attention_impl": "flash_v2",
                 "fp32_grads": True, "unsharded_grads": False,
                 "activations_offload": False, "moe_overlap": False, "recompute_layers": 0,
                 "param_gather_overlap": False,
@@ -484,7 +488,13 @@ def settle(execution: dict, model) -> dict:
     return ex
 
 
+def writes(field: str, value) -> bool:
+    """Whether the config states ``value`` of ``field`` (``EXPRESSIBLE``)."""
+    return field not in EXPRESSIBLE or value in EXPRESSIBLE[field]
+
+
 FORMAT = LaunchFormat(
+    writes=writes,
     name=NAME, suffix=".toml", framework="torchtitan", refuse_model=refuse_model,
     refuse_space=refuse_space, refuse_layout=refuse_layout, write=write, read=read,
     describe="torchtitan's TOML job config (torchtitan 0.2.x, --job.config_file)")

@@ -1,0 +1,713 @@
+"""Megatron-Core's settings of a layout: what the ``megatron`` (command-line
+arguments) and ``bridge`` (recipe overrides) formats both write and read.
+
+A layout and its model become a dict of Megatron-Core config attributes, keyed
+``section.attribute`` as Megatron-Bridge's ``ConfigContainer`` names them
+(``model.*``: ``TransformerConfig`` / ``ModelParallelConfig``; ``ddp.*``:
+``DistributedDataParallelConfig``; ``optimizer.*``: ``OptimizerConfig``;
+``train.*``: ``TrainingConfig``).  ``megatron`` spells each as its
+``pretrain_gpt.py`` argument, ``bridge`` as a ``key=value`` override; the
+inverse (``layout``) turns such a dict back into execution and model fields.
+The names are those of NVIDIA/Megatron-LM@d98e8a6
+(megatron/core/transformer/transformer_config.py,
+megatron/core/model_parallel_config.py,
+megatron/core/distributed/distributed_data_parallel_config.py,
+megatron/training/arguments.py) and NVIDIA-NeMo/Megatron-Bridge@067f987
+(src/megatron/bridge/training/config.py ``ConfigContainer``); docs/launch.md
+has the table.
+
+Not a framework setting, so neither written nor read (read back: absent, the
+framework spec's default or the partial-layout machinery fills them): the
+network tiers (``*_net``: which network carries a group's traffic follows from
+where the launcher places the ranks, not from an argument) and
+``seq_par_ag_redo`` (Megatron-Core's column-parallel GEMMs keep the
+sequence-parallel shard and all-gather it again in backward,
+megatron/core/tensor_parallel/layers.py
+``LinearWithGradAccumulationAndAsyncCommunication``; no argument chooses
+otherwise).
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from autopar.io.errors import SpecError
+from autopar.io.launch.base import SYSTEM_DERIVED
+from autopar.io.layouts import CHOICES, EXT_DEFAULTS
+
+# Execution fields that are not a framework setting (see the module docstring).
+NOT_SETTINGS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
+                "expert_par_net", "expert_tensor_par_net", "seq_par_ag_redo",
+                # the data's (padded sequences), not the launch's
+                "sequence_fill",
+                # the adapters' rank and targets: no adapter is written (below)
+                "adapter_rank", "adapter_targets")
+
+# Values no Megatron-Core setting expresses: field -> {value: why}.
+UNEXPRESSED = {
+    "weight_offload": {True: "Megatron-Core has no argument that keeps the weights in host "
+                             "memory between uses (cpu_offloading_weights has no "
+                             "pretrain_gpt.py argument; arguments.py excludes it)"},
+    "activations_offload": {True: "layer-level activation offloading (cpu_offloading) has no "
+                                  "pretrain_gpt.py argument and fine-grained offloading "
+                                  "(offload_modules) does not cover every stored activation"},
+    "training": {False: "pretrain_gpt.py trains; an inference layout is not a training "
+                        "launch"},
+    "tensor_par_comm_type": {"p2p_rs_ag": "Megatron-Core's sequence parallelism uses NCCL "
+                                          "reduce-scatter/all-gather collectives"},
+    "tensor_par_overlap": {"pipe": "a pipelined TP overlap needs a per-GEMM userbuffers "
+                                   "config (tp_comm_overlap_cfg) that autopar does not write"},
+    "attention_impl": {"flash_v1": "Megatron-Core's flash backend is Transformer Engine's "
+                                   "FlashAttention-2/3, not v1"},
+    # issue 28's recipe fields: pretrain_gpt.py's --optimizer offers adam and sgd
+    # (arguments.py); fp4 is --fp4-format e2m1 with --fp4-recipe nvfp4, its only
+    # choice; pretrain_gpt.py has no LoRA (Megatron-Bridge's PEFT is a separate
+    # entry point autopar does not write yet)
+    "optimizer": {v: "pretrain_gpt.py's --optimizer offers adam and sgd"
+                  for v in ("muon", "adafactor")},
+    "fp8_recipe": {"mxfp4": "Megatron-Core's --fp4-recipe offers nvfp4 only"},
+    "adapter": {v: "pretrain_gpt.py trains every weight (no LoRA adapters)"
+                for v in ("lora", "qlora")},
+}
+
+
+def refusal(field: str, value, fmt: str, why: str) -> str:
+    return f"{fmt}: {field}={value} cannot be written: {why}"
+
+
+def refuse_model(model, fmt: str) -> str | None:
+    """Model shapes Megatron-Core cannot state (None: it can).  A hybrid
+    Mamba model (``hybrid_override_pattern``) trains through
+    pretrain_mamba.py with its own arguments, which autopar does not write
+    yet: refused rather than written as a GPT launch."""
+    if getattr(model, "hybrid_pattern", ""):
+        return (f"{fmt}: the model {model.name or ''} has hybrid_override_pattern (Mamba "
+                "layers): autopar writes pretrain_gpt.py launches only, not pretrain_mamba.py")
+    return None
+
+
+def refuse_space(space, fmt: str, unexpressed: Mapping = UNEXPRESSED) -> str | None:
+    """Why a layout this space may choose cannot be written (None: every field
+    value it can choose is expressible)."""
+    for f, bad in unexpressed.items():
+        for v, why in bad.items():
+            if space_allows(space, f, v):
+                return refusal(f, _show(v), fmt, why) + f" (space {space.name} can choose it)"
+    return None
+
+
+def space_allows(space, field: str, value) -> bool:
+    from autopar.io.layouts import ALL_FIELDS
+    if field in space.fixed:
+        return space.fixed[field] == value
+    allowed = space.allowed.get(field)
+    if allowed is not None:
+        if field in SYSTEM_DERIVED and allowed.values is None and allowed.low is None \
+                and allowed.high is None:
+            # derived from the system (its rates): cut to what the format
+            # writes before the search (``autopar.io.export.format_space``)
+            return False
+        return bool(allowed.ok(value))
+    # not listed: the field keeps its default (Calculon's for its 23 fields:
+    # training true, offloads false)
+    default = EXT_DEFAULTS.get(field, {"training": True}.get(field, False))
+    return field in ALL_FIELDS and default == value
+
+
+def writes(field: str, value, unexpressed: Mapping = UNEXPRESSED) -> bool:
+    """Whether Megatron-Core's settings state ``value`` of ``field``."""
+    return value not in unexpressed.get(field, {})
+
+
+def _show(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _get(ex: Mapping, f: str):
+    return ex.get(f, EXT_DEFAULTS.get(f))
+
+
+def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESSED,
+                  te_only: bool = False) -> str | None:
+    """Why this layout cannot be written (None: it can).  ``te_only``: the
+    format builds Transformer Engine's layer spec only (Bridge)."""
+    for f, bad in unexpressed.items():
+        v = _get(ex, f)
+        if v in bad and (not isinstance(v, bool) or type(v) is type(next(iter(bad)))):
+            return refusal(f, _show(v), fmt, bad[v])
+    dt = ex.get("datatype")
+    if dt in ("float8", "mxfp8"):
+        return refusal("datatype", dt, fmt, "Megatron-Core runs fp8 GEMMs inside a bf16/fp16 "
+                       "model (use fp8_recipe with datatype bfloat16)")
+    fused_norm, attn = _get(ex, "fused_norm"), _get(ex, "attention_impl")
+    if fused_norm and attn != "flash_v2":
+        return refusal("attention_impl", attn, fmt, "with fused_norm (Transformer Engine's "
+                       "layer spec) autopar writes the flash attention backend only")
+    if not fused_norm and (attn == "flash_v2" or _get(ex, "fp8_recipe") != "none"):
+        what = "fp8_recipe" if attn != "flash_v2" else "attention_impl"
+        return refusal(what, _get(ex, what), fmt, "fused_norm false is Megatron-Core's local "
+                       "layer spec, which has neither flash attention nor fp8")
+    if not fused_norm and ex.get("tensor_par_overlap", "none") != "none":
+        return refusal("tensor_par_overlap", ex["tensor_par_overlap"], fmt, "tp_comm_overlap "
+                       "is Transformer Engine's userbuffers (megatron/training/initialize.py "
+                       "_initialize_tp_communicators), not the local layer spec of fused_norm "
+                       "false")
+    if not fused_norm and te_only:
+        return refusal("fused_norm", "false", fmt, "Megatron-Bridge's GPT providers build "
+                       "Transformer Engine's layer spec (norm fused into the linear layer)")
+    if ex.get("tensor_par_overlap", "none") != "none" and ex.get("tensor_par_comm_type") == "ar":
+        return refusal("tensor_par_overlap", ex["tensor_par_overlap"], fmt,
+                       "tp_comm_overlap needs sequence parallelism (tensor_par_comm_type rs_ag)")
+    if _get(ex, "fp8_recipe") != "none" and dt not in ("bfloat16", "float16"):
+        return refusal("fp8_recipe", _get(ex, "fp8_recipe"), fmt,
+                       "Megatron-Core's fp8 runs inside a bf16/fp16 model")
+    g = _get(ex, "sharding_group")
+    if g and ex.get("data_par", 1) % g:
+        return refusal("sharding_group", g, fmt, f"num_distributed_optimizer_instances must "
+                       f"divide data_par ({ex.get('data_par')})")
+    if g and not ex.get("optimizer_sharding"):
+        return refusal("sharding_group", g, fmt, "without optimizer_sharding nothing is sharded")
+    if _get(ex, "weight_sharding") and not ex.get("optimizer_sharding"):
+        return refusal("weight_sharding", "true", fmt, "Megatron-FSDP shards the weights "
+                       "together with the optimizer state (optimizer_sharding)")
+    if _get(ex, "param_gather_overlap") and not (ex.get("optimizer_sharding")
+                                                  and ex.get("data_par_overlap")):
+        return refusal("param_gather_overlap", "true", fmt, "overlap_param_gather needs the "
+                       "distributed optimizer or Megatron-FSDP (optimizer_sharding) and "
+                       "overlap_grad_reduce (data_par_overlap) (arguments.py validate_args)")
+    if _get(ex, "moe_overlap"):
+        # transformer_config.py __post_init__ (overlap_moe_expert_parallel_comm)
+        v = ex.get("pipeline_interleaving", 1)
+        why = ("it needs expert parallelism (expert_par > 1)" if _get(ex, "expert_par") <= 1
+               else "it needs the alltoall or flex (deepep) dispatcher"
+               if _get(ex, "moe_dispatcher") == "allgather"
+               else "it cannot be combined with full recompute"
+               if ex.get("activation_recompute") == "full"
+               else "it needs a bf16 or fp16 model" if dt not in ("bfloat16", "float16")
+               else "with pipeline_par > 1 it needs virtual stages (pipeline_interleaving > 1)"
+               if ex.get("pipeline_par", 1) > 1 and v == 1 else None)
+        if why:
+            return refusal("moe_overlap", "true", fmt, "Megatron-Core's EP all-to-all "
+                           "overlap (overlap_moe_expert_parallel_comm): " + why)
+    if _get(ex, "recompute_layers") and ex.get("activation_recompute") != "full":
+        return refusal("recompute_layers", _get(ex, "recompute_layers"), fmt,
+                       "recompute_num_layers with recompute_method block is full recompute only")
+    return None
+
+
+# ---------------------------------------------------------------------------
+# layout -> settings
+
+def _balanced_layout(model, ex: Mapping) -> str:
+    """The ``pipeline_model_parallel_layout`` of autopar's balanced split
+    (autopar.model.pipeline.stage_split): ``p * v`` virtual stages in order,
+    ``q`` or ``q + 1`` counted layers each (the earlier ones the more), the
+    embedding ``E`` first and the loss ``L`` last (counted where
+    embedding_in_split / loss_in_split), MTP modules ``m`` before the loss."""
+    p, v = ex["pipeline_par"], ex.get("pipeline_interleaving", 1)
+    e, l_ = bool(_get(ex, "embedding_in_split")), bool(_get(ex, "loss_in_split"))
+    k = p * v
+    q, r = divmod(model.num_blocks + e + l_, k)
+    stages = []
+    for i in range(k):
+        n = q + (i < r)
+        head = "E" if i == 0 else ""
+        tail = ("m" * model.mtp + "L") if i == k - 1 else ""
+        n -= (e and i == 0) + (l_ and i == k - 1)
+        stages.append(head + "t" * n + tail)
+    return "|".join(stages)
+
+
+def settings(model, ex: Mapping) -> dict:
+    """The Megatron-Core settings (``section.attribute`` -> value) of a layout
+    that ``refuse_layout`` accepts, with the model's shape."""
+    s: dict = {}
+    s.update(model_settings(model, ex))
+    tp, pp, cp = ex["tensor_par"], ex["pipeline_par"], _get(ex, "context_par")
+    s["model.tensor_model_parallel_size"] = tp
+    s["model.pipeline_model_parallel_size"] = pp
+    s["model.context_parallel_size"] = cp
+    if model.moe is not None or _get(ex, "expert_par") > 1 or _get(ex, "expert_tensor_par") > 1:
+        s["model.expert_model_parallel_size"] = _get(ex, "expert_par")
+        s["model.expert_tensor_parallel_size"] = _get(ex, "expert_tensor_par")
+    v = ex.get("pipeline_interleaving", 1)
+    if _get(ex, "pipeline_layout") == "balanced":
+        s["model.pipeline_model_parallel_layout"] = _balanced_layout(model, ex)
+    else:
+        s["model.virtual_pipeline_model_parallel_size"] = v if v > 1 else None
+        if _get(ex, "first_stage_blocks"):
+            s["model.num_layers_in_first_pipeline_stage"] = _get(ex, "first_stage_blocks")
+        if _get(ex, "last_stage_blocks"):
+            s["model.num_layers_in_last_pipeline_stage"] = _get(ex, "last_stage_blocks")
+        s["model.account_for_embedding_in_pipeline_split"] = bool(_get(ex, "embedding_in_split"))
+        s["model.account_for_loss_in_pipeline_split"] = bool(_get(ex, "loss_in_split"))
+    s["train.micro_batch_size"] = ex["microbatch_size"]
+    s["train.global_batch_size"] = ex["batch_size"]
+    # TransformerConfig refuses sequence parallelism without tensor parallelism
+    # (model_parallel_config.py __post_init__); with one TP rank there is no
+    # TP traffic to split, so rs_ag and ar are the same run
+    s["model.sequence_parallel"] = ex["tensor_par_comm_type"] == "rs_ag" and tp > 1
+    s["model.tp_comm_overlap"] = ex["tensor_par_overlap"] == "ring"
+    rec = ex["activation_recompute"]
+    if rec == "full":
+        k = _get(ex, "recompute_layers")
+        s["model.recompute_granularity"] = "full"
+        s["model.recompute_method"] = "block" if k else "uniform"
+        s["model.recompute_num_layers"] = k if k else 1
+    elif rec in ("attn_only", "mlp_only"):
+        s["model.recompute_granularity"] = "selective"
+        s["model.recompute_modules"] = ["core_attn" if rec == "attn_only" else "mlp"]
+    else:
+        s["model.recompute_granularity"] = None
+    # data-parallel sharding: none, ZeRO-1 (the distributed optimizer),
+    # ZeRO-2 / ZeRO-3 (Megatron-FSDP's optim_grads / optim_grads_params)
+    shard, whole_grads = bool(ex["optimizer_sharding"]), bool(_get(ex, "unsharded_grads"))
+    ws = bool(_get(ex, "weight_sharding"))
+    fsdp = shard and (ws or not whole_grads)
+    s["ddp.use_distributed_optimizer"] = shard and not fsdp
+    s["ddp.use_megatron_fsdp"] = fsdp
+    if fsdp:
+        s["ddp.data_parallel_sharding_strategy"] = "optim_grads_params" if ws else "optim_grads"
+        # Megatron-FSDP saves only this checkpoint format (arguments.py
+        # validate_args; Megatron-Bridge config.py likewise)
+        s["checkpoint.ckpt_format"] = "fsdp_dtensor"
+    g = _get(ex, "sharding_group")
+    s["ddp.num_distributed_optimizer_instances"] = ex["data_par"] // g if g else 1
+    s["ddp.overlap_grad_reduce"] = bool(ex["data_par_overlap"])
+    s["ddp.overlap_param_gather"] = bool(_get(ex, "param_gather_overlap"))
+    s["ddp.grad_reduce_in_fp32"] = bool(_get(ex, "fp32_grads"))
+    s["optimizer.optimizer_cpu_offload"] = bool(ex["optimizer_offload"])
+    if ex["optimizer_offload"]:
+        s["optimizer.optimizer_offload_fraction"] = 1.0
+        # the hybrid device optimizer runs on the precision-aware path
+        # (arguments.py validate_args asserts it)
+        s["optimizer.use_precision_aware_optimizer"] = True
+    s["mixed_precision.dtype"] = ex["datatype"]
+    fp8 = _get(ex, "fp8_recipe")
+    if fp8 == "nvfp4":
+        # NVFP4: TransformerConfig.fp4 / fp4_recipe (--fp4-format e2m1 --fp4-recipe nvfp4)
+        s["model.fp8"], s["model.fp8_recipe"] = None, None
+        s["model.fp4"], s["model.fp4_recipe"] = "e2m1", "nvfp4"
+    else:
+        s["model.fp8"] = None if fp8 == "none" else ("hybrid" if fp8 == "tensorwise" else "e4m3")
+        s["model.fp8_recipe"] = {"none": None, "tensorwise": "tensorwise",
+                                 "rowwise": "blockwise", "mxfp8": "mxfp8"}[fp8]
+    if _get(ex, "optimizer") != "adam":
+        s["optimizer.optimizer"] = _get(ex, "optimizer")      # OptimizerConfig.optimizer
+    s["model.bias_activation_fusion"] = bool(ex["fused_activation"])
+    s["model.transformer_impl"] = "transformer_engine" if _get(ex, "fused_norm") else "local"
+    attn = _get(ex, "attention_impl")
+    if attn == "flash_v2":
+        s["model.attention_backend"] = "flash"
+    else:
+        s["model.masked_softmax_fusion"] = attn == "fused_softmax"
+    if cp > 1:
+        s["model.cp_comm_type"] = _get(ex, "context_par_comm")
+    if model.moe is not None:
+        d = _get(ex, "moe_dispatcher")
+        s["model.moe_token_dispatcher_type"] = "flex" if d == "deepep" else d
+        if d == "deepep":
+            s["model.moe_flex_dispatcher_backend"] = "deepep"
+        s["model.overlap_moe_expert_parallel_comm"] = bool(_get(ex, "moe_overlap"))
+    s["_num_procs"] = ex["num_procs"]
+    return s
+
+
+def model_settings(model, ex: Mapping) -> dict:
+    """The model's shape as Megatron-Core's config attributes."""
+    s = {"model.num_layers": model.num_blocks, "model.hidden_size": model.hidden,
+         "model.ffn_hidden_size": model.feedforward,
+         "model.num_attention_heads": model.attn_heads, "model.kv_channels": model.attn_size,
+         "model.seq_length": model.seq_size}
+    groups = model.kv_heads
+    if groups is None and ex.get("attention_type") == "multiquery":
+        groups = 1
+    if groups is not None:
+        s["model.num_query_groups"] = groups
+    if model.vocab_size:
+        s["model.vocab_size"] = model.vocab_size
+    llama = model.block == "llama"
+    s["model.gated_linear_unit"] = llama
+    s["model.normalization"] = "RMSNorm" if llama else "LayerNorm"
+    s["model.position_embedding_type"] = "rope" if llama else "learned_absolute"
+    s["model.add_bias_linear"] = not llama
+    if model.moe is not None:
+        m = model.moe
+        s["model.num_moe_experts"] = m.experts
+        s["model.moe_router_topk"] = m.top_k
+        s["model.moe_ffn_hidden_size"] = m.expert_feedforward
+        if m.shared_experts:
+            s["model.moe_shared_expert_intermediate_size"] = m.shared_feedforward
+        if m.first_dense:
+            s["model.moe_layer_freq"] = (f"([0]*{m.first_dense}+[1]*"
+                                         f"{model.num_blocks - m.first_dense})")
+        s["model.moe_router_score_function"] = m.router
+        if m.capacity_factor is not None:
+            s["model.moe_expert_capacity_factor"] = m.capacity_factor
+    if model.mla is not None:
+        a = model.mla
+        s["model.multi_latent_attention"] = True
+        s["model.kv_lora_rank"] = a.kv_lora_rank
+        s["model.q_lora_rank"] = a.q_lora_rank or None
+        s["model.qk_head_dim"] = a.qk_nope_head_dim
+        s["model.qk_pos_emb_head_dim"] = a.qk_rope_head_dim
+        s["model.v_head_dim"] = a.v_head_dim
+    if model.mtp:
+        s["model.mtp_num_layers"] = model.mtp
+    return s
+
+
+# ---------------------------------------------------------------------------
+# settings -> layout
+
+class Reader:
+    """Typed access to settings read from a file, errors naming the file and
+    the argument as the file spells it (``spell(key)``)."""
+
+    def __init__(self, values: Mapping, source: str, spell):
+        self.v, self.source, self.spell = values, source, spell   # the caller's dict
+
+    def has(self, key):
+        return key in self.v
+
+    def fail(self, key, msg):
+        raise SpecError(self.source, self.spell(key), msg)
+
+    def int(self, key, default=None, minimum=1):
+        if key not in self.v:
+            return default
+        raw = self.v[key]
+        if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null")):
+            return None
+        try:
+            n = int(str(raw))
+        except ValueError:
+            self.fail(key, f"expected an integer, got {raw!r}")
+        if n < minimum:
+            self.fail(key, f"must be >= {minimum}, got {n}")
+        return n
+
+    def float(self, key, default=None):
+        if key not in self.v:
+            return default
+        try:
+            return float(str(self.v[key]))
+        except ValueError:
+            self.fail(key, f"expected a number, got {self.v[key]!r}")
+
+    def bool(self, key, default=None):
+        if key not in self.v:
+            return default
+        raw = self.v[key]
+        if isinstance(raw, bool):
+            return raw
+        t = str(raw).lower()
+        if t in ("true", "1", "yes"):
+            return True
+        if t in ("false", "0", "no"):
+            return False
+        self.fail(key, f"expected true or false, got {raw!r}")
+
+    def choice(self, key, options, default=None):
+        if key not in self.v:
+            return default
+        raw = self.v[key]
+        if raw is None or str(raw).lower() in ("none", "null"):
+            return None
+        if str(raw) not in options:
+            self.fail(key, f"expected one of {', '.join(options)}, got {raw!r}")
+        return str(raw)
+
+    def list(self, key):
+        if key not in self.v:
+            return None
+        raw = self.v[key]
+        if raw is None:
+            return None
+        if isinstance(raw, (list, tuple)):
+            return [str(x) for x in raw]
+        return [x for x in re.split(r"[\s,\[\]'\"]+", str(raw)) if x]
+
+
+def _unroll(layout: str) -> str:
+    """Megatron's layout shorthand ``(ab|)*n`` and ``x*n`` written out."""
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        layout = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), layout)
+    return layout.replace(",", "").replace(" ", "")
+
+
+def _read_layout(r: Reader, key: str, pp: int, num_blocks: int | None) -> dict:
+    """A ``pipeline_model_parallel_layout`` -> autopar's balanced split fields,
+    or a one-line error where it is not one autopar can represent."""
+    text = _unroll(str(r.v[key]))
+    stages = text.split("|")
+    if not pp or len(stages) % pp:
+        r.fail(key, f"has {len(stages)} stages, not a multiple of the pipeline size {pp}")
+    if set(text) - set("Etm|L"):
+        r.fail(key, f"autopar reads layouts of E, t, m and L only, got {text!r}")
+    if not stages[0].startswith("E") or not stages[-1].endswith("L") \
+            or text.count("E") != 1 or text.count("L") != 1:
+        r.fail(key, "needs the embedding E first and the loss L last, once each")
+    blocks = [s.count("t") for s in stages]
+    if num_blocks is not None and sum(blocks) != num_blocks:
+        r.fail(key, f"holds {sum(blocks)} transformer layers, the model has {num_blocks}")
+    k = len(stages)
+    for e in (False, True):
+        for l_ in (False, True):
+            q, rem = divmod(sum(blocks) + e + l_, k)
+            want = [q + (i < rem) for i in range(k)]
+            want[0] -= e
+            want[-1] -= l_
+            if q >= 1 and want == blocks:
+                return {"pipeline_layout": "balanced", "pipeline_interleaving": k // pp,
+                        "embedding_in_split": e, "loss_in_split": l_}
+    r.fail(key, f"is not a balanced split autopar can represent: layers per stage {blocks}")
+
+
+def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
+    """Execution and model fields from Megatron-Core settings.  With
+    ``framework_defaults`` (Megatron-LM's command line) an absent argument
+    means its argparse default; otherwise (a recipe override list) an absent
+    key is left out."""
+    d = framework_defaults
+    ex: dict = {}
+    model = _read_model(r)
+
+    def put(f, v):
+        if v is not None:
+            ex[f] = v
+    tp = r.int("model.tensor_model_parallel_size", 1 if d else None)
+    pp = r.int("model.pipeline_model_parallel_size", 1 if d else None)
+    cp = r.int("model.context_parallel_size", 1 if d else None)
+    put("tensor_par", tp)
+    put("pipeline_par", pp)
+    put("context_par", cp)
+    put("expert_par", r.int("model.expert_model_parallel_size", 1 if d else None))
+    etp = r.int("model.expert_tensor_parallel_size", None)
+    put("expert_tensor_par", etp if etp is not None else (tp if d and model.get("moe") else
+                                                          (1 if d else None)))
+    n = r.int("_num_procs", None)
+    if n is not None:
+        ex["num_procs"] = n
+        if None not in (tp, pp, cp):
+            if n % (tp * pp * cp):
+                r.fail("_num_procs", f"{n} GPUs do not divide by tensor x pipeline x context "
+                       f"parallel sizes ({tp * pp * cp})")
+            ex["data_par"] = n // (tp * pp * cp)
+    if r.has("model.pipeline_model_parallel_layout") and \
+            r.v["model.pipeline_model_parallel_layout"] not in (None, "None", "null"):
+        ex.update(_read_layout(r, "model.pipeline_model_parallel_layout", pp or 1,
+                               model.get("num_blocks")))
+    else:
+        if r.has("model.virtual_pipeline_model_parallel_size") or d:
+            # absent or null: no virtual stages
+            ex["pipeline_interleaving"] = r.int("model.virtual_pipeline_model_parallel_size",
+                                                None) or 1
+        put("first_stage_blocks", r.int("model.num_layers_in_first_pipeline_stage",
+                                        0 if d else None))
+        put("last_stage_blocks", r.int("model.num_layers_in_last_pipeline_stage",
+                                       0 if d else None))
+        put("embedding_in_split", r.bool("model.account_for_embedding_in_pipeline_split",
+                                         False if d else None))
+        put("loss_in_split", r.bool("model.account_for_loss_in_pipeline_split",
+                                    False if d else None))
+        if d or r.has("model.virtual_pipeline_model_parallel_size"):
+            ex["pipeline_layout"] = "even"
+    put("microbatch_size", r.int("train.micro_batch_size", 1 if d else None))
+    put("batch_size", r.int("train.global_batch_size", None))
+    if "batch_size" not in ex and d and "data_par" in ex:
+        ex["batch_size"] = ex["microbatch_size"] * ex["data_par"]
+    sp = r.bool("model.sequence_parallel", False if d else None)
+    if sp is not None:
+        ex["tensor_par_comm_type"] = "rs_ag" if sp else "ar"
+    ov = r.bool("model.tp_comm_overlap", False if d else None)
+    if ov is not None:
+        ex["tensor_par_overlap"] = "ring" if ov else "none"
+    _read_recompute(r, ex, d)
+    _read_sharding(r, ex, d)
+    put("data_par_overlap", r.bool("ddp.overlap_grad_reduce", False if d else None))
+    put("param_gather_overlap", r.bool("ddp.overlap_param_gather", False if d else None))
+    put("fp32_grads", r.bool("ddp.grad_reduce_in_fp32", None))
+    put("optimizer_offload", r.bool("optimizer.optimizer_cpu_offload", False if d else None))
+    if ex.get("optimizer_offload") and \
+            r.float("optimizer.optimizer_offload_fraction", 1.0) != 1.0:
+        r.fail("optimizer.optimizer_offload_fraction", "autopar offloads all of the optimizer "
+               "(1.0) or none of it")
+    put("datatype", r.choice("mixed_precision.dtype", CHOICES["datatype"], None))
+    fmt8 = r.choice("model.fp8", ("e4m3", "hybrid"), None)
+    recipe = r.choice("model.fp8_recipe", ("tensorwise", "delayed", "mxfp8", "blockwise"),
+                      "delayed" if fmt8 else None)
+    if fmt8 is not None or r.has("model.fp8"):
+        ex["fp8_recipe"] = "none" if fmt8 is None else \
+            {"tensorwise": "tensorwise", "delayed": "tensorwise", "blockwise": "rowwise",
+             "mxfp8": "mxfp8"}[recipe]
+    if r.choice("model.fp4", ("e2m1",), None) is not None:
+        r.choice("model.fp4_recipe", ("nvfp4",), "nvfp4")
+        ex["fp8_recipe"] = "nvfp4"
+    put("optimizer", r.choice("optimizer.optimizer", ("adam", "sgd"), "adam" if d else None))
+    put("fused_activation", r.bool("model.bias_activation_fusion", True if d else None))
+    impl = r.choice("model.transformer_impl", ("transformer_engine", "local"),
+                    "transformer_engine" if d else None)
+    if impl is not None:
+        ex["fused_norm"] = impl == "transformer_engine"
+    backend = r.choice("model.attention_backend", ("flash", "fused", "unfused", "local", "auto"),
+                       None)
+    if impl == "local" or backend == "local":
+        fused = r.bool("model.masked_softmax_fusion", True if d else None)
+        if fused is not None:
+            ex["attention_impl"] = "fused_softmax" if fused else "unfused"
+    elif backend in ("flash", "fused", "auto") or (backend is None and d):
+        ex["attention_impl"] = "flash_v2"
+    elif backend == "unfused":
+        r.fail("model.attention_backend", "Transformer Engine's unfused backend is not one "
+               "autopar models (flash, or the local layer spec)")
+    cpc = r.list("model.cp_comm_type")
+    if cpc:
+        if len(set(cpc)) != 1 or cpc[0] not in CHOICES["context_par_comm"]:
+            r.fail("model.cp_comm_type", f"autopar models one of "
+                   f"{', '.join(CHOICES['context_par_comm'])} for every layer, got {cpc}")
+        ex["context_par_comm"] = cpc[0]
+    elif d:
+        ex["context_par_comm"] = "p2p"
+    disp = r.choice("model.moe_token_dispatcher_type", ("allgather", "alltoall", "flex"),
+                    None)
+    if disp is not None:
+        if disp == "flex":
+            r.choice("model.moe_flex_dispatcher_backend", ("deepep", "hybridep"), "deepep")
+        ex["moe_dispatcher"] = "deepep" if disp == "flex" else disp
+    elif d and model.get("moe"):
+        ex["moe_dispatcher"] = "allgather"     # TransformerConfig's default
+    put("moe_overlap", r.bool("model.overlap_moe_expert_parallel_comm", False if d else None))
+    groups = model.get("kv_heads")
+    if groups == 1:             # one key/value head: Calculon's multi-query attention
+        ex["attention_type"] = "multiquery"
+        del model["kv_heads"]
+    elif groups is not None or d:
+        ex["attention_type"] = "multihead"
+    # what neither format can say otherwise (UNEXPRESSED)
+    ex.update(training=True, weight_offload=False, activations_offload=False)
+    return ex, model
+
+
+def _read_recompute(r: Reader, ex: dict, d: bool) -> None:
+    gran = r.choice("model.recompute_granularity", ("full", "selective"), None)
+    if gran is None:
+        if d or r.has("model.recompute_granularity"):
+            ex["activation_recompute"] = "none"
+            ex["recompute_layers"] = 0
+        return
+    if gran == "selective":
+        mods = r.list("model.recompute_modules") or ["core_attn"]
+        if mods == ["core_attn"]:
+            ex["activation_recompute"] = "attn_only"
+        elif mods == ["mlp"]:
+            ex["activation_recompute"] = "mlp_only"
+        else:
+            r.fail("model.recompute_modules", f"autopar models core_attn or mlp alone, "
+                   f"got {' '.join(mods)}")
+        ex["recompute_layers"] = 0
+        return
+    method = r.choice("model.recompute_method", ("uniform", "block"), None)
+    k = r.int("model.recompute_num_layers", None)
+    if method is None:
+        r.fail("model.recompute_method", "full recompute needs uniform or block")
+    if method == "uniform":
+        if k not in (None, 1):
+            r.fail("model.recompute_num_layers", f"autopar models uniform recompute of "
+                   f"every layer (1), got {k}")
+        ex.update(activation_recompute="full", recompute_layers=0)
+    else:
+        if k is None:
+            r.fail("model.recompute_num_layers", "block recompute needs a number of layers")
+        ex.update(activation_recompute="full", recompute_layers=k)
+
+
+def _read_sharding(r: Reader, ex: dict, d: bool) -> None:
+    distopt = r.bool("ddp.use_distributed_optimizer", False if d else None)
+    if distopt is None:
+        distopt = r.bool("optimizer.use_distributed_optimizer", None)
+    fsdp = r.bool("ddp.use_megatron_fsdp", False if d else None)
+    if fsdp:
+        strat = r.choice("ddp.data_parallel_sharding_strategy",
+                         ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+                         "optim_grads_params")
+        if strat in ("no_shard", "optim"):
+            ex.update(optimizer_sharding=strat == "optim", unsharded_grads=strat == "optim",
+                      weight_sharding=False)
+        else:
+            ex.update(optimizer_sharding=True, unsharded_grads=False,
+                      weight_sharding=strat == "optim_grads_params")
+    elif distopt is not None:
+        ex.update(optimizer_sharding=distopt, unsharded_grads=distopt, weight_sharding=False)
+    inst = r.int("ddp.num_distributed_optimizer_instances", 1 if d else None)
+    if inst is not None:
+        if inst == 1:
+            ex["sharding_group"] = 0
+        elif "data_par" in ex:
+            if ex["data_par"] % inst:
+                r.fail("ddp.num_distributed_optimizer_instances",
+                       f"must divide the data-parallel size {ex['data_par']}, got {inst}")
+            ex["sharding_group"] = ex["data_par"] // inst
+        else:
+            r.fail("ddp.num_distributed_optimizer_instances",
+                   "needs the number of GPUs to know the data-parallel size")
+
+
+def _read_model(r: Reader) -> dict:
+    m: dict = {}
+    for key, f in (("model.num_layers", "num_blocks"), ("model.hidden_size", "hidden"),
+                   ("model.ffn_hidden_size", "feedforward"),
+                   ("model.num_attention_heads", "attn_heads"),
+                   ("model.kv_channels", "attn_size"), ("model.seq_length", "seq_size"),
+                   ("model.num_query_groups", "kv_heads"), ("model.vocab_size", "vocab_size"),
+                   ("model.mtp_num_layers", "mtp")):
+        v = r.int(key, None, minimum=0 if f in ("vocab_size", "mtp") else 1)
+        if v is not None:
+            m[f] = v
+    if "attn_size" not in m and "hidden" in m and m.get("attn_heads"):
+        m["attn_size"] = m["hidden"] // m["attn_heads"]
+    glu = r.bool("model.gated_linear_unit", None)
+    norm = r.choice("model.normalization", ("LayerNorm", "RMSNorm"), None)
+    if glu is not None or norm is not None:
+        llama = bool(glu) and norm == "RMSNorm"
+        if bool(glu) != (norm == "RMSNorm"):
+            r.fail("model.gated_linear_unit" if glu else "model.normalization",
+                   "autopar models gpt (LayerNorm, GeLU MLP) or llama (RMSNorm, SwiGLU) blocks")
+        m["block"] = "llama" if llama else "gpt"
+    experts = r.int("model.num_moe_experts", None)
+    if experts is not None:
+        moe = {"experts": experts, "top_k": r.int("model.moe_router_topk", 2),
+               "expert_feedforward": r.int("model.moe_ffn_hidden_size", None)
+               or m.get("feedforward")}
+        shared = r.int("model.moe_shared_expert_intermediate_size", None)
+        if shared:
+            moe["shared_experts"] = 1
+            moe["shared_feedforward"] = shared
+        if r.has("model.moe_layer_freq"):
+            moe["first_dense"] = _first_dense(r, "model.moe_layer_freq")
+        router = r.choice("model.moe_router_score_function", ("softmax", "sigmoid"), None)
+        if router:
+            moe["router"] = router
+        cap = r.float("model.moe_expert_capacity_factor", None)
+        if cap is not None:
+            moe["capacity_factor"] = cap
+        m["moe"] = moe
+    if r.bool("model.multi_latent_attention", False):
+        m["mla"] = {"kv_lora_rank": r.int("model.kv_lora_rank", 512),
+                    "q_lora_rank": r.int("model.q_lora_rank", 0, minimum=0) or 0,
+                    "qk_nope_head_dim": r.int("model.qk_head_dim", 128),
+                    "qk_rope_head_dim": r.int("model.qk_pos_emb_head_dim", 64, minimum=0),
+                    "v_head_dim": r.int("model.v_head_dim", 128)}
+    return m
+
+
+def _first_dense(r: Reader, key: str) -> int:
+    """``moe_layer_freq`` as autopar has it: dense blocks first, MoE after."""
+    text = str(r.v[key]).replace(" ", "")
+    if text == "1":
+        return 0
+    m = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", text)
+    if m:
+        return int(m.group(1))
+    r.fail(key, f"autopar models the first blocks dense and the rest MoE "
+           f"(([0]*N+[1]*M)), got {text!r}")
