@@ -266,6 +266,29 @@ def test_megatron_loss_counted_by_hand():
         pytest.approx(4 * tokens * V / tp, rel=1e-12)
 
 
+def test_megatron_2023_loss_holds_two_fp32_copies_by_hand():
+    """The Megatron-LM of 2023 (the LLaMA sweeps' framework) subtracts the
+    max out of place in its vocab-parallel cross entropy (until 9634c0e,
+    2024-06): the fp32 upcast and the max-subtracted fp32 copy are both
+    alive at the loss's forward peak beside the bf16 logits, 10 B a shard
+    element.  Against Megatron-Core's one copy, the sweeps' last stage needs
+    4 B x tokens x V / tensor_par more, grown by the framework's allocator
+    fraction (the loss buffers are transient)."""
+    from autopar.io.specs import load_model
+    model = load_model("models/llama-13B.json")
+    hw = load_system("systems/a100_80g.json")
+    over = load_framework("megatron-llama-sweeps").memory_overhead
+    assert (over.logits_fp32_copies, over.logits_gathered) == (2.0, False)
+    base = load_framework("megatron-llama-sweeps-counted-base").memory_overhead
+    assert (base.logits_fp32_copies, base.logits_gathered) == (2.0, False)
+    tokens, V, tp = 2 * model.seq_size, model.vocab_size, LAYOUT["tensor_par"]
+    two = _one_stage(model, dataclasses.replace(hw, memory_overhead=over))
+    one = _one_stage(model, dataclasses.replace(
+        hw, memory_overhead=dataclasses.replace(over, logits_fp32_copies=1.0)))
+    assert two.proc_mem_tier1_cap_req - one.proc_mem_tier1_cap_req == \
+        pytest.approx((1 + over.fraction) * 4 * tokens * V / tp, rel=1e-12)
+
+
 def test_apex_master_remainders_counted_by_hand():
     """NeMo 1.x / Apex store_param_remainders: the fp32 master of a bf16
     weight is the weight and a 2-byte remainder, so the optimizer holds
