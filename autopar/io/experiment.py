@@ -72,10 +72,8 @@ from autopar.io.specs import ModelSpec, SystemSpec, load_model, load_system, rea
 # The vocabulary of experiment files (the search layer implements these names).
 # autopar tune's samplers: per-layout ones, then skeleton ones (``autopar.search.skeleton``:
 # a trial is a skeleton, completed by the array model).
-LAYOUT_SAMPLERS: tuple[str, ...] = ("tpe", "cmaes", "random", "grid", "bohb", "smac")
-SKELETON_SAMPLERS: tuple[str, ...] = ("skeleton-tpe", "skeleton-random", "skeleton-cmaes",
-                                      "skeleton-smac")
-SAMPLERS: tuple[str, ...] = LAYOUT_SAMPLERS + SKELETON_SAMPLERS
+# (the registry, ``autopar.io.sampler_names``, names them)
+from autopar.io.sampler_names import LAYOUT_SAMPLERS, SAMPLERS, SKELETON_SAMPLERS  # noqa: E402
 # The default sampler: skeleton TPE had the lowest median regret at every
 # budget of every sampler comparison run (docs/compare.md).
 DEFAULT_SAMPLER = "skeleton-tpe"

@@ -14,10 +14,11 @@ users write (``tpe``, ``skeleton-tpe``) are parsed here once, at the edge; the
 rest of the search reads the ``Choice``.
 
 Adding a sampler ``foo``: a module ``foo.py`` with ``SAMPLER = Foo()`` (a
-``Sampler`` subclass), the line ``"foo": "foo"`` in ``REGISTRY``, and the
-name in the file vocabulary ``autopar.io.experiment.LAYOUT_SAMPLERS`` (and
-``SKELETON_SAMPLERS`` when it can search skeletons), which
-``tests/test_samplers_registry.py`` checks against this registry.
+``Sampler`` subclass) and the line ``"foo": ("foo", True)`` in the registry,
+``autopar.io.sampler_names.REGISTRY`` (the names files and the command line
+may use, read by the io layer without importing this one);
+``tests/test_samplers_registry.py`` checks that the line and the module
+agree.
 """
 from __future__ import annotations
 
@@ -26,16 +27,12 @@ from dataclasses import dataclass
 
 from autopar.io.errors import SpecError
 
-# sampler name -> its module under autopar/search/samplers/
-REGISTRY: dict[str, str] = {
-    "tpe": "tpe",
-    "cmaes": "cmaes",
-    "random": "uniform",
-    "grid": "grid",
-    "bohb": "bohb",
-    "smac": "smac",
-}
-SKELETON_PREFIX = "skeleton-"        # the user-facing names of the skeleton wrapper
+from autopar.io import sampler_names
+from autopar.io.sampler_names import SKELETON_PREFIX  # noqa: F401  (the wrapper's names)
+
+# sampler name -> its module under autopar/search/samplers/ (the registry:
+# autopar.io.sampler_names)
+REGISTRY: dict[str, str] = {n: m for n, (m, _) in sampler_names.REGISTRY.items()}
 
 
 def get(name: str):
