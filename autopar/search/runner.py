@@ -14,7 +14,8 @@ co-design and processor-count studies) hands the runner three things:
   ``reduce(a, b)``, an associative fold: items are grouped into few, large
   tasks (``per_task`` consecutive items; by default about
   ``TASKS_PER_SLOT`` tasks per parallel slot), and with ``reduce`` each task
-  folds its own results on the worker and sends back one value.
+  folds its own results on the worker and sends back one value.  Default
+  tasks are as equal in items as can be, so the slots finish together.
 
 Results come back in item order (task order for folded values) whatever the
 backend, so serial, processes and Ray give identical results.  A task's
@@ -25,7 +26,6 @@ long its work took, so overheads can be measured (benchmarks/cluster_exhaustive.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import pickle
 import time
@@ -42,18 +42,22 @@ TASKS_PER_SLOT = 4
 # --------------------------------------------------------------------------
 # The worker side (top-level functions: they run in pool processes and Ray tasks)
 
-_CONTEXTS: dict = {}          # digest of shared -> context, in this process
+_CONTEXTS: dict = {}          # setup and digest of shared -> context, in this process
 _KEEP_CONTEXTS = 4
+_SHARED: dict = {}            # digest -> payload, in a pool's processes
 
 
 def _context(setup: Callable | None, shared: Any, key: str | None):
     """The context of ``shared`` in this process, built once (``setup``);
-    without a key, ``shared`` is the context itself (a serial run's)."""
+    without a key, ``shared`` is the context itself (a serial run's).  A
+    pool process has the payload from its initializer (``shared`` None)."""
     if key is None:
         return setup(shared) if setup is not None else shared
     if key in _CONTEXTS:
         return _CONTEXTS[key]
-    if _is_ref_box(shared):               # a Ray object: fetched only when not yet known
+    if shared is None:
+        shared = _SHARED[key.rpartition(":")[2]]
+    elif _is_ref_box(shared):             # a Ray object: fetched only when not yet known
         import ray
         shared = ray.get(shared[0])
     ctx = setup(shared) if setup is not None else shared
@@ -72,8 +76,9 @@ def _is_ref_box(x) -> bool:
     return isinstance(x, _RefBox)
 
 
-def _pool_init(setup, shared, key) -> None:
-    _context(setup, shared, key)
+def _pool_init(shared, data: str) -> None:
+    _SHARED.clear()
+    _SHARED[data] = shared
 
 
 def _task(fn: Callable, setup: Callable | None, shared: Any, key: str, items: Sequence,
@@ -92,6 +97,12 @@ def _task(fn: Callable, setup: Callable | None, shared: Any, key: str, items: Se
             value = r if i == 0 else reduce(value, r)
     t2 = time.perf_counter()
     return value, (_node_id(), os.getpid(), t1 - t0, t2 - t1, len(items))
+
+
+def _ray_connected() -> bool:
+    import sys
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _node_id() -> str:
@@ -132,6 +143,10 @@ class Stats:
 def digest(shared: Any) -> str:
     """The key of a shared payload: equal payloads give equal keys."""
     return hashlib.sha1(pickle.dumps(shared, protocol=5)).hexdigest()
+
+
+def _name(fn) -> str:
+    return "-" if fn is None else f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)}"
 
 
 def _check_backend(backend) -> str:
@@ -197,12 +212,12 @@ class Runner:
                 from autopar.search.tune_ray import start_local_ray
                 start_local_ray(num_cpus=self.workers)
             self._ray_started = True
-        self.slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
-    def _processes(self, setup, shared, key):
-        """The pool for this payload: started with it (the initializer builds
-        the context once per process); a different payload gets a new pool."""
-        if self._pool is not None and self._pool_key == key:
+    def _processes(self, shared, key):
+        """The pool for this payload: its processes get it once, from the
+        initializer; a different payload gets a new pool."""
+        data = key.rpartition(":")[2]
+        if self._pool is not None and self._pool_key == data:
             return self._pool
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -210,19 +225,23 @@ class Runner:
             self._pool.shutdown(wait=True, cancel_futures=True)
         # fork where there is one: a spawned worker re-imports the caller's
         # main module (scripts without a __main__ guard break) and pays the
-        # imports again; a forked one starts at once.
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        # imports again; a forked one starts at once.  Not from a process
+        # connected to Ray: its children would inherit Ray's threads and
+        # signal handlers (and die with them).
+        fork = "fork" in mp.get_all_start_methods() and not _ray_connected()
+        ctx = mp.get_context("fork" if fork else "spawn")
         self._pool = ProcessPoolExecutor(self.slots, mp_context=ctx, initializer=_pool_init,
-                                         initargs=(setup, shared, key))
-        self._pool_key = key
+                                         initargs=(shared, data))
+        self._pool_key = data
         self.stats.puts += 1
         return self._pool
 
     def _ray_shared(self, shared, key):
-        box = self._refs.get(key)
+        data = key.rpartition(":")[2]          # one object per payload, whatever the setup
+        box = self._refs.get(data)
         if box is None:
             import ray
-            box = self._refs[key] = _RefBox([ray.put(shared)])
+            box = self._refs[data] = _RefBox([ray.put(shared)])
             self.stats.puts += 1
         return box
 
@@ -235,11 +254,19 @@ class Runner:
         (``window`` tasks in flight, default twice the slots), so the caller
         may do other work before it iterates."""
         items = list(items)
-        if per_task is None:
-            per_task = max(1, math.ceil(len(items) / (TASKS_PER_SLOT * self.slots)))
-        groups = [items[i:i + per_task] for i in range(0, len(items), max(1, int(per_task)))]
+        if self.backend == "ray":          # nodes may have come or gone since
+            import ray
+            self.slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        if per_task is None:        # TASKS_PER_SLOT per slot, as equal as can be
+            n = min(len(items), TASKS_PER_SLOT * self.slots)
+            cuts = [len(items) * k // n for k in range(n + 1)] if n else [0]
+            groups = [items[a:b] for a, b in zip(cuts, cuts[1:])]
+        else:
+            step = max(1, int(per_task))
+            groups = [items[i:i + step] for i in range(0, len(items), step)]
         # a serial run without setup passes shared as it is: nothing to key
-        key = None if self.backend == "serial" and setup is None else digest(shared)
+        key = None if self.backend == "serial" and setup is None else \
+            f"{_name(setup)}:{digest(shared)}"
         if self.backend == "serial" or (self.backend == "processes" and len(groups) <= 1):
             return self._serial(fn, setup, shared, key, groups, reduce)
         window = max(1, int(window or 2 * self.slots))
@@ -277,9 +304,9 @@ class Runner:
 
     def _pooled(self, fn, setup, shared, key, groups, reduce, window):
         from concurrent.futures import FIRST_COMPLETED, wait
-        pool = self._processes(setup, shared, key)
+        pool = self._processes(shared, key)
 
-        def submit(g):        # the pool's processes know the context: shared stays behind
+        def submit(g):        # the pool's processes have the payload: it stays behind
             return pool.submit(_task, fn, setup, None, key, g, reduce)
 
         def first_done(pending):
