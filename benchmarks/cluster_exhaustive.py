@@ -99,11 +99,14 @@ def main() -> int:
         if c not in CASES:
             p.error(f"unknown case {c!r}")
 
-    def search(case, runner):
+    cpu: dict = {}          # (case, label) -> this process's CPU seconds per search
+
+    def search(case, runner, label=None):
         m, s, n, b, dt, sp = CASES[case]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         _, summ = exhaustive(str(ROOT / m), str(ROOT / s), n, b, dt, space=sp,
                              runner=runner, progress=False)
+        cpu.setdefault((case, label), []).append(time.process_time() - c0)
         return time.perf_counter() - t0, summ
 
     times = {c: {"in process": [], "1 node": [], "2 nodes": []} for c in cases}
@@ -112,7 +115,7 @@ def main() -> int:
 
     def timed(case, label, runner):
         before = len(runner.stats.tasks) if runner is not None else 0
-        t, summ = search(case, runner)
+        t, summ = search(case, runner, label)
         times[case][label].append(t)
         key = (summ["best"], summ["feasible"], summ["infeasible"], summ["layouts"])
         found.setdefault(case, set()).add(repr(key))
@@ -200,11 +203,24 @@ def main() -> int:
             t, _, tasks = extra[(c, label)]
             nodes: dict = {}
             for k in tasks:
-                nodes[k.node] = nodes.get(k.node, 0.0) + k.work_s
-            busiest = max(nodes.values()) if nodes else 0.0
-            print(f"  {label:<11} last run: {len(tasks)} tasks, work per node "
-                  f"{', '.join(f'{v:.2f}' for v in nodes.values())} s; wall {t:.2f} s, "
-                  f"{t - busiest:.2f} s beyond the busiest node's work")
+                w, u = nodes.get(k.node, (0.0, 0.0))
+                nodes[k.node] = (w + k.work_s, u + k.cpu_s)
+            busiest = max(w for w, _ in nodes.values()) if nodes else 0.0
+            print(f"  {label:<11} last run: {len(tasks)} tasks; per node work "
+                  f"{', '.join(f'{w:.2f}' for w, _ in nodes.values())} s wall, "
+                  f"{', '.join(f'{u:.2f}' for _, u in nodes.values())} s CPU; search wall "
+                  f"{t:.2f} s, {t - busiest:.2f} s beyond the busiest node's work")
+        # CPU time does not count the waits for a core that other jobs cause
+        _, _, tasks = extra[(c, "2 nodes")]
+        per_node: dict = {}
+        for k in tasks:
+            per_node[k.node] = per_node.get(k.node, 0.0) + k.cpu_s
+        c_in = min(cpu[(c, "in process")])
+        c_two = max(per_node.values())
+        c_drv = cpu[(c, "2 nodes")][-1]
+        print(f"  CPU         in process {c_in:.2f} s (best); 2 nodes: busiest node {c_two:.2f} s"
+              f" + driver {c_drv:.2f} s = {c_two + c_drv:.2f} s, "
+              f"{c_in / (c_two + c_drv):.2f}x (what an idle machine would show, waits aside)")
         print(f"  same optimum and counts on every runner: {same}")
     print(f"\nload average at the end: {_loadavg()} ({os.cpu_count()} CPUs)")
     return 0 if ok else 1

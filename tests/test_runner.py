@@ -152,3 +152,16 @@ def test_only_the_runner_spreads_work():
                 if name in SPREADING:
                     found.append(f"{path.name}:{node.lineno} uses {name}")
     assert found == []
+
+
+def test_interleaved_tasks_take_every_nth_item():
+    seen = []
+    with Runner("serial") as r:
+        r.slots = 2                   # as if two slots: 8 tasks
+        total = r.map(_sq, list(range(40)), reduce=_add, interleave=True,
+                      on_done=seen.append)
+        assert total == sum(i * i for i in range(40))
+        assert seen[0] == sum(i * i for i in range(0, 40, 8))      # items 0, 8, 16, ...
+        assert [t.items for t in r.stats.tasks] == [5] * 8
+        with pytest.raises(ValueError):
+            r.map(_sq, [1, 2], interleave=True)

@@ -41,7 +41,7 @@ DEFAULT_CHUNK = 1 << 17
 @dataclass
 class _Part:
     """What one chunk leaves behind."""
-    start: int
+    start: int                         # the first and last layout + 1 it covers
     stop: int
     counts: np.ndarray                 # per reason code
     top: dict                          # name -> array: 'index', layout fields, stats
@@ -142,8 +142,9 @@ def _evaluate_range(job: _Job, rng: tuple[int, int]) -> _Part:
 
 
 def _merge_parts(a: _Part, b: _Part) -> _Part:
-    """Two adjacent parts as one: counts added, best layouts merged (rows
-    are never folded: a search that keeps them sends every part)."""
+    """Two parts as one: counts added, best layouts merged (ties go to the
+    lower index, so the order of folding does not matter; rows are never
+    folded: a search that keeps them sends every part)."""
     return _Part(min(a.start, b.start), max(a.stop, b.stop), a.counts + b.counts,
                  _merge_top(a.top, b.top, a.limit), None, a.limit)
 
@@ -292,9 +293,11 @@ def _search(job: _Job, runner: Runner, ranges, progress, all_path, keep_all, t0,
     # data, in few large tasks that fold their parts (unless every row is kept).
     one_by_one = runner.backend == "serial" or job.keep_rows
     local = runner.backend == "serial"
+    # (A task takes every n-th range: the costly regions of a space, where
+    # many layouts are feasible, are shared out alike.)
     parts = runner.imap(_evaluate_range, ranges, shared=job if local else _payload(job),
                         setup=None if local else _job_from_payload, reduce=_merge_parts,
-                        per_task=1 if one_by_one else None)
+                        per_task=1 if one_by_one else None, interleave=not one_by_one)
     if progress is None:
         progress = sys.stderr.isatty()
     bar = None
@@ -316,7 +319,7 @@ def _search(job: _Job, runner: Runner, ranges, progress, all_path, keep_all, t0,
             if keep_all:
                 kept.append(_table(part.rows, perf.REASONS, perf.STATS))
             if bar is not None:
-                bar.update(part.stop - part.start)
+                bar.update(int(part.counts.sum()))     # every layout has one reason
         ok = True
     finally:
         if bar is not None:

@@ -12,10 +12,11 @@ co-design and processor-count studies) hands the runner three things:
   transfer and the rebuild.
 * ``fn(context, item) -> result`` for each item, and optionally
   ``reduce(a, b)``, an associative fold: items are grouped into few, large
-  tasks (``per_task`` consecutive items; by default about
-  ``TASKS_PER_SLOT`` tasks per parallel slot), and with ``reduce`` each task
-  folds its own results on the worker and sends back one value.  Default
-  tasks are as equal in items as can be, so the slots finish together.
+  tasks (``per_task`` consecutive items; by default ``TASKS_PER_SLOT``
+  tasks per parallel slot, as equal in items as can be, or with
+  ``interleave`` every n-th item, so that they cost alike), and with
+  ``reduce`` each task folds its own results on the worker and sends back
+  one value.
 
 Results come back in item order (task order for folded values) whatever the
 backend, so serial, processes and Ray give identical results.  A task's
@@ -87,7 +88,7 @@ def _task(fn: Callable, setup: Callable | None, shared: Any, key: str, items: Se
     with where it ran and how long it worked."""
     t0 = time.perf_counter()
     ctx = _context(setup, shared, key)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     if reduce is None:
         value = [fn(ctx, it) for it in items]
     else:
@@ -95,8 +96,8 @@ def _task(fn: Callable, setup: Callable | None, shared: Any, key: str, items: Se
         for i, it in enumerate(items):
             r = fn(ctx, it)
             value = r if i == 0 else reduce(value, r)
-    t2 = time.perf_counter()
-    return value, (_node_id(), os.getpid(), t1 - t0, t2 - t1, len(items))
+    t2, c2 = time.perf_counter(), time.process_time()
+    return value, (_node_id(), os.getpid(), t1 - t0, t2 - t1, c2 - c1, len(items))
 
 
 def _ray_connected() -> bool:
@@ -125,6 +126,7 @@ class TaskStat:
     pid: int
     setup_s: float            # rebuilding the context (0 where the worker knew it)
     work_s: float             # running fn (and reduce) over its items
+    cpu_s: float              # the CPU time of that work (its process's)
     items: int
 
 
@@ -248,17 +250,28 @@ class Runner:
     # -- work ---------------------------------------------------------------
     def imap(self, fn: Callable, items: Sequence, *, shared: Any = None,
              setup: Callable | None = None, reduce: Callable | None = None,
-             per_task: int | None = None, window: int | None = None) -> Iterator:
+             per_task: int | None = None, window: int | None = None,
+             interleave: bool = False) -> Iterator:
         """Yields one value per task, in task order: the list of its items'
         results, or (with ``reduce``) their fold.  Work is submitted at once
         (``window`` tasks in flight, default twice the slots), so the caller
-        may do other work before it iterates."""
+        may do other work before it iterates.  ``interleave`` (with a
+        ``reduce`` that does not care about order): task k of n takes items
+        k, k + n, k + 2n ..., so tasks cost alike where the cost of items
+        drifts along the list (a layout space's expensive regions)."""
         items = list(items)
         if self.backend == "ray":          # nodes may have come or gone since
             import ray
             self.slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        if interleave and reduce is None:
+            raise ValueError("interleave needs a reduce: results would come out of order")
         if per_task is None:        # TASKS_PER_SLOT per slot, as equal as can be
             n = min(len(items), TASKS_PER_SLOT * self.slots)
+        else:
+            n = -(-len(items) // max(1, int(per_task)))
+        if interleave:
+            groups = [items[k::n] for k in range(n)]
+        elif per_task is None:
             cuts = [len(items) * k // n for k in range(n + 1)] if n else [0]
             groups = [items[a:b] for a, b in zip(cuts, cuts[1:])]
         else:
