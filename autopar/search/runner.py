@@ -289,14 +289,15 @@ class Runner:
 
     def map(self, fn: Callable, items: Sequence, *, shared: Any = None,
             setup: Callable | None = None, reduce: Callable | None = None,
-            per_task: int | None = None, on_done: Callable | None = None):
+            per_task: int | None = None, on_done: Callable | None = None,
+            interleave: bool = False):
         """Every item's result in item order (a list); with ``reduce``, the
         fold of all of them (None for no items).  ``on_done`` sees each
         task's value as it is taken."""
         out: list = []
         folded, first = None, True
         for value in self.imap(fn, items, shared=shared, setup=setup, reduce=reduce,
-                               per_task=per_task):
+                               per_task=per_task, interleave=interleave):
             if on_done is not None:
                 on_done(value)
             if reduce is None:
