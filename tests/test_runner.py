@@ -13,7 +13,7 @@ import pytest
 
 import autopar
 from autopar.io.specs import SpecError
-from autopar.search.runner import Runner
+from autopar.search.runner import TASKS_PER_SLOT, Runner
 
 PKG = Path(autopar.__file__).resolve().parent
 CASE = ("models/gpt3-13B.json", "systems/a100_80g.json", 64, 512, "float16")
@@ -81,8 +81,8 @@ def test_backends_give_identical_results_and_send_the_payload_once(local_ray, mo
             assert all(len(t) == 1 for t in built.values()), built
             if r.backend != "serial":
                 assert os.getpid() not in built       # built where the tasks ran
-            # 23 items by 2, then twice 4 tasks per slot (1 serial, 2 here)
-            assert len(r.stats.tasks) == 12 + 2 * 4 * r.slots
+            # 23 items by 2, then twice TASKS_PER_SLOT tasks per slot (1 serial, 2 here)
+            assert len(r.stats.tasks) == 12 + 2 * min(23, TASKS_PER_SLOT * r.slots)
             got[r.backend] = ([x[0] for x in first], total)
             if r.backend == "ray":
                 assert r.slots == 2
@@ -101,7 +101,7 @@ def test_a_worker_error_is_raised_as_itself(local_ray):
 
 def test_exhaustive_is_the_same_on_every_backend(local_ray):
     from autopar.search.exhaustive import exhaustive
-    kw = dict(space="small", top_n=4, chunk_size=300, progress=False)
+    kw = dict(space="small", top_n=4, chunk_size=100, progress=False)
     table0, s0 = exhaustive(*CASE, **kw)
     assert s0["chunks"] > 8 and s0["best"] is not None
     for r in list(_runners(local_ray))[1:]:
@@ -157,11 +157,12 @@ def test_only_the_runner_spreads_work():
 def test_interleaved_tasks_take_every_nth_item():
     seen = []
     with Runner("serial") as r:
-        r.slots = 2                   # as if two slots: 8 tasks
-        total = r.map(_sq, list(range(40)), reduce=_add, interleave=True,
-                      on_done=seen.append)
-        assert total == sum(i * i for i in range(40))
-        assert seen[0] == sum(i * i for i in range(0, 40, 8))      # items 0, 8, 16, ...
-        assert [t.items for t in r.stats.tasks] == [5] * 8
+        r.slots = 2                   # as if two slots
+        n = 2 * TASKS_PER_SLOT
+        items = list(range(5 * n))
+        total = r.map(_sq, items, reduce=_add, interleave=True, on_done=seen.append)
+        assert total == sum(i * i for i in items)
+        assert seen[0] == sum(i * i for i in items[::n])      # items 0, n, 2n, ...
+        assert [t.items for t in r.stats.tasks] == [5] * n
         with pytest.raises(ValueError):
             r.map(_sq, [1, 2], interleave=True)

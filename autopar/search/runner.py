@@ -38,7 +38,7 @@ from autopar.io.specs import SpecError
 BACKENDS = ("serial", "processes", "ray")
 # Tasks per parallel slot when the caller does not say: enough that a slow or
 # late worker is balanced by the others, few enough that per-task costs vanish.
-TASKS_PER_SLOT = 4
+TASKS_PER_SLOT = 8
 
 # --------------------------------------------------------------------------
 # The worker side (top-level functions: they run in pool processes and Ray tasks)
