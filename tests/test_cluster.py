@@ -351,6 +351,8 @@ def test_runner_works_on_both_nodes_with_one_payload(cluster, tmp_path):
     from autopar.search.exhaustive import exhaustive
     from autopar.search.runner import TASKS_PER_SLOT, Runner
     cloudpickle.register_pickle_by_value(sys.modules[__name__])    # tests/ is no package
+    if len(cluster.alive_nodes()) < 2:       # a test before killed the worker node
+        cluster.worker = cluster.add_worker()
     shared = {"folder": str(tmp_path)}
     case = (REPO_ROOT / MODEL, REPO_ROOT / SYSTEM, 1024, 1536, "float16")
     kw = dict(space=REPO_ROOT / "search_spaces/small.yaml", top_n=3, chunk_size=64,
