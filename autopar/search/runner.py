@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -101,19 +102,15 @@ def _task(fn: Callable, setup: Callable | None, shared: Any, key: str, items: Se
 
 
 def _ray_connected() -> bool:
-    import sys
+    """Whether this process is connected to Ray (never imports it)."""
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
 
 
 def _node_id() -> str:
-    try:
-        import ray
-        if ray.is_initialized():
-            return ray.get_runtime_context().get_node_id()
-    except Exception:         # noqa: BLE001  (outside Ray: the host is the node)
-        pass
-    return "local"
+    if _ray_connected():
+        return sys.modules["ray"].get_runtime_context().get_node_id()
+    return "local"            # outside Ray the host is the node
 
 
 # --------------------------------------------------------------------------
@@ -254,8 +251,9 @@ class Runner:
              interleave: bool = False) -> Iterator:
         """Yields one value per task, in task order: the list of its items'
         results, or (with ``reduce``) their fold.  Work is submitted at once
-        (``window`` tasks in flight, default twice the slots), so the caller
-        may do other work before it iterates.  ``interleave`` (with a
+        (``window`` tasks in flight: with ``reduce`` every task, else by
+        default twice the slots, so that whole results wait in bounded
+        numbers), and the caller may do other work before it iterates.  ``interleave`` (with a
         ``reduce`` that does not care about order): task k of n takes items
         k, k + n, k + 2n ..., so tasks cost alike where the cost of items
         drifts along the list (a layout space's expensive regions)."""
@@ -282,7 +280,7 @@ class Runner:
             f"{_name(setup)}:{digest(shared)}"
         if self.backend == "serial" or (self.backend == "processes" and len(groups) <= 1):
             return self._serial(fn, setup, shared, key, groups, reduce)
-        window = max(1, int(window or 2 * self.slots))
+        window = max(1, int(window or (len(groups) if reduce is not None else 2 * self.slots)))
         if self.backend == "processes":
             return self._pooled(fn, setup, shared, key, groups, reduce, window)
         return self._ray(fn, setup, shared, key, groups, reduce, window)
@@ -355,15 +353,15 @@ class Runner:
                               lambda r: ray.cancel(r, force=False))
 
     def _in_order(self, groups, window, submit, first_done, cancel):
-        """Keep ``window`` tasks in flight or waiting to be taken (the first
-        ones submitted now); yield their values in task order."""
+        """Keep ``window`` tasks in flight (the first ones submitted now);
+        yield their values in task order."""
         pending: dict = {}          # handle -> task number
         done: dict = {}             # task number -> value
         nxt = 0
 
         def fill():
             nonlocal nxt
-            while nxt < len(groups) and len(pending) + len(done) < window:
+            while nxt < len(groups) and len(pending) < window:
                 pending[submit(groups[nxt])] = nxt
                 nxt += 1
 
