@@ -112,6 +112,7 @@ def main() -> int:
     times = {c: {"in process": [], "1 node": [], "2 nodes": []} for c in cases}
     found: dict = {}
     extra: dict = {}
+    spread = {(c, lb): [] for c in cases for lb in ("1 node", "2 nodes")}
 
     def timed(case, label, runner):
         before = len(runner.stats.tasks) if runner is not None else 0
@@ -122,6 +123,8 @@ def main() -> int:
         if runner is not None:
             tasks = runner.stats.tasks[before:]
             extra[(case, label)] = (t, summ, tasks)
+            spread[(case, label)].append(sorted(
+                sum(k.node == n for k in tasks) for n in {k.node for k in tasks}))
         return t, summ
 
     tmp = Path(tempfile.mkdtemp(prefix="apb-"))
@@ -199,6 +202,8 @@ def main() -> int:
                   f"  ({rate:,.0f} layouts/s; runs {', '.join(f'{x:.2f}' for x in ts)})")
         print(f"  ratio       in process / 2 nodes {best['in process'] / best['2 nodes']:.2f}x,"
               f" 1 node / 2 nodes {best['1 node'] / best['2 nodes']:.2f}x (best of each)")
+        print(f"  tasks per node, run by run: 2 nodes "
+              f"{'; '.join(' + '.join(map(str, x)) for x in spread[(c, '2 nodes')])}")
         for label in ("1 node", "2 nodes"):
             t, _, tasks = extra[(c, label)]
             nodes: dict = {}
