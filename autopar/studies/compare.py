@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.io.experiment import (Experiment, SamplerEntry, is_compare,  # noqa: F401
+from autopar.io.experiment import (Experiment, is_compare,  # noqa: F401
                                    load_experiment)
 from autopar.io.specs import SpecError
 from autopar.search.runner import Runner

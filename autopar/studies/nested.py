@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from autopar.io.experiment import INNER_SEARCHES, PARALLEL, Inner  # noqa: F401
+from autopar.io.experiment import INNER_SEARCHES, Inner  # noqa: F401
 from autopar.io.specs import SpecError
 from autopar.search.runner import Runner  # noqa: F401  (the studies' runner)
 
