@@ -330,3 +330,46 @@ def test_lost_worker_node_loses_no_trial(cluster, tmp_path):
     assert len(alive) == 1
     # trials ran on both nodes, the lost one included; every trial ended
     assert table["node_id"].nunique() == 2 and set(alive) < set(table["node_id"])
+
+
+def _both_nodes(ctx, item):
+    """A task that marks its node in a shared folder and waits (at most a
+    minute) until a task has started on two nodes: with one CPU per node,
+    two such tasks at once can only run on different nodes."""
+    node = ray.get_runtime_context().get_node_id()
+    folder = Path(ctx["folder"])
+    (folder / f"{node}-{item}").touch()
+    end = time.monotonic() + 60
+    while len({p.name.split("-")[0] for p in folder.iterdir()}) < 2 \
+            and time.monotonic() < end:
+        time.sleep(0.05)
+    return node
+
+
+def test_runner_works_on_both_nodes_with_one_payload(cluster, tmp_path):
+    from ray import cloudpickle
+    from autopar.search.exhaustive import exhaustive
+    from autopar.search.runner import TASKS_PER_SLOT, Runner
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])    # tests/ is no package
+    if len(cluster.alive_nodes()) < 2:       # a test before killed the worker node
+        cluster.worker = cluster.add_worker()
+    shared = {"folder": str(tmp_path)}
+    case = (REPO_ROOT / MODEL, REPO_ROOT / SYSTEM, 1024, 1536, "float16")
+    kw = dict(space=REPO_ROOT / "search_spaces/small.yaml", top_n=3, chunk_size=64,
+              progress=False)
+    with Runner("ray", address=cluster.address) as r:
+        nodes = r.map(_both_nodes, range(4), shared=shared, per_task=1)
+        assert r.slots == 2 and r.stats.puts == 1
+        assert len(set(nodes)) == 2 and set(nodes) == set(cluster.alive_nodes())
+        assert set(r.stats.by_node()) == set(nodes)
+        # the search on the same session: sent once more (its own payload), in
+        # few tasks, each folding several chunks
+        before = len(r.stats.tasks)
+        table, s = exhaustive(*case, runner=r, **kw)
+        tasks = r.stats.tasks[before:]
+        assert r.stats.puts == 2 and 1 < len(tasks) <= 2 * TASKS_PER_SLOT < s["chunks"]
+    assert not ray.is_initialized()
+    local, s0 = exhaustive(*case, **kw)
+    assert table.equals(local) and s["best"] == s0["best"] is not None
+    for k in ("layouts", "feasible", "infeasible"):
+        assert s[k] == s0[k]

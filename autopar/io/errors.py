@@ -24,3 +24,7 @@ class SpecError(ValueError):
     def __init__(self, source: str, field: str, message: str):
         self.source, self.field, self.message = source, field, message
         super().__init__(f"{source}: {field}: {message}")
+
+    def __reduce__(self):
+        # raised in a pool process or a Ray task, it comes back as itself
+        return type(self), (self.source, self.field, self.message)

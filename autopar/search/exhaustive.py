@@ -4,14 +4,19 @@ The space (``autopar.search.space``) is enumerated in chunks of layouts; each ch
 is evaluated at once by the array model (``autopar.model.evaluate_columns``),
 reduced to its best ``top_n`` layouts and its counts of unusable layouts by
 reason, and dropped.  Memory stays bounded by the chunk size whatever the size
-of the space.  With a Ray address (``address=`` or ``RAY_ADDRESS``), chunks
-are Ray tasks; model, system and space travel as JSON-like dicts, so the
-workers need no local files, and the result is the same as a local run (ties
-in sample rate go to the layout enumerated first, as in Calculon; among layouts
-within 0.1% of the best rate the simpler is recommended: ``autopar.search.ranking``).
+of the space.  With a Ray address (``address=`` or ``RAY_ADDRESS``) or a
+``Runner`` of processes or Ray, the chunks run on its workers
+(``autopar.search.runner``): model, system, space and case travel once, as
+JSON-like dicts, so the workers need no local files; each task evaluates a
+run of consecutive chunks and sends back only their counts and best layouts
+(every row only where every row is kept).  The result is the same as a
+local run (ties in sample rate go to the layout enumerated first, as in
+Calculon; among layouts within 0.1% of the best rate the simpler is
+recommended: ``autopar.search.ranking``).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -25,6 +30,7 @@ import numpy as np
 from autopar.io.layouts import ALL_FIELDS, CHOICES, execution_from_row, record
 from autopar.search import ranking
 from autopar.io.experiment import DEFAULT_SPACE  # noqa: F401  (every command's default)
+from autopar.search.runner import Runner
 from autopar.search.space import Case, Space, load_space
 from autopar.io.specs import (ModelSpec, SpecError, SystemSpec, load_model,
                            load_system, model_to_json, system_to_json)
@@ -37,11 +43,12 @@ DEFAULT_CHUNK = 1 << 17
 @dataclass
 class _Part:
     """What one chunk leaves behind."""
-    start: int
+    start: int                         # the first and last layout + 1 it covers
     stop: int
     counts: np.ndarray                 # per reason code
     top: dict                          # name -> array: 'index', layout fields, stats
     rows: dict | None = None           # every row (layout fields, feasible, reason_code, stats)
+    limit: int = 1                     # how many best layouts ``top`` keeps
 
 
 def _top_indices(rate: np.ndarray, ok: np.ndarray, n: int) -> np.ndarray:
@@ -78,7 +85,7 @@ def _evaluate(model: ModelSpec, system: SystemSpec, space: Space, case: Case,
         rows["reason_code"] = code
         for s in perf.STATS:
             rows[s] = np.asarray(res[s])
-    return _Part(start, stop, counts, top, rows)
+    return _Part(start, stop, counts, top, rows, top_n)
 
 
 def _merge_top(a: dict | None, b: dict, n: int) -> dict:
@@ -91,69 +98,51 @@ def _merge_top(a: dict | None, b: dict, n: int) -> dict:
 
 
 # --------------------------------------------------------------------------
-# Ray
+# The work the runner spreads: ranges of layouts, folded on the workers
 
-def _ray_part(model_json, system_json, space_json, case_args, start, stop, top_n, keep_rows):
-    """A Ray task: rebuild the inputs from plain data, evaluate one chunk."""
-    model = load_model(model_json, source="model")
-    system = load_system(system_json, source="system")
-    space = _worker_space(space_json)
-    case = Case(model=model, system=system, **case_args)
-    return _evaluate(model, system, space, case, start, stop, top_n, keep_rows)
-
-
-_WORKER_SPACES: dict = {}
-
-
-def _worker_space(space_json) -> Space:
-    key = repr(space_json)
-    sp = _WORKER_SPACES.get(key)
-    if sp is None:        # keep the plan cache across tasks in one worker
-        sp = _WORKER_SPACES[key] = load_space(space_json, source="space")
-    return sp
+@dataclass(frozen=True)
+class _Job:
+    """What every range of one search needs."""
+    model: ModelSpec
+    system: SystemSpec
+    space: Space
+    case: Case
+    top_n: int
+    keep_rows: bool
 
 
-def _reachable(address: str) -> None:
-    from autopar.search.cluster import reachable
-    reachable(address)
+def _payload(job: _Job) -> dict:
+    """The job as plain data: workers elsewhere need no local files."""
+    c = job.case
+    return {"model": model_to_json(job.model), "model_source": job.model.source,
+            "system": system_to_json(job.system), "system_source": job.system.source,
+            "space": job.space.to_dict(),
+            "case": {"num_procs": c.num_procs, "max_batch_size": c.max_batch_size,
+                     "datatype": c.datatype, "batch_policy": c.batch_policy,
+                     "training": c.training},
+            "top_n": job.top_n, "keep_rows": job.keep_rows}
 
 
-def _ray_parts(model, system, space, case, ranges, top_n, keep_rows, address):
-    """Yield the parts of ``ranges`` in order, computed as Ray tasks."""
-    import ray
-    from autopar.search.cluster import join
-    started = False
-    if not ray.is_initialized():
-        join(address)     # the package travels with the job: workers need no copy
-        started = True
-    try:
-        task = ray.remote(num_cpus=1, max_retries=2)(_ray_part)
-        m_ref = ray.put(model_to_json(model))
-        s_ref = ray.put(system_to_json(system))
-        case_args = {"num_procs": case.num_procs, "max_batch_size": case.max_batch_size,
-                     "datatype": case.datatype, "batch_policy": case.batch_policy,
-                     "training": case.training}
-        sp_json = space.to_dict()
-        window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-        pending: dict = {}
-        done: dict = {}
-        nxt = 0   # next range to submit
-        emit = 0  # next range to yield
-        while emit < len(ranges):
-            while nxt < len(ranges) and len(pending) < window:
-                a, b = ranges[nxt]
-                ref = task.remote(m_ref, s_ref, sp_json, case_args, a, b, top_n, keep_rows)
-                pending[ref] = nxt
-                nxt += 1
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                done[pending.pop(ref)] = ray.get(ref)
-            while emit in done:
-                yield done.pop(emit)
-                emit += 1
-    finally:
-        if started:
-            ray.shutdown()
+def _job_from_payload(p: Mapping) -> _Job:
+    """A worker's setup: the job rebuilt once per process (``Runner``)."""
+    model = load_model(dict(p["model"]), source=p["model_source"])
+    system = load_system(dict(p["system"]), source=p["system_source"])
+    case = Case(model=model, system=system, **p["case"])
+    return _Job(model, system, load_space(dict(p["space"]), source="space"), case,
+                int(p["top_n"]), bool(p["keep_rows"]))
+
+
+def _evaluate_range(job: _Job, rng: tuple[int, int]) -> _Part:
+    return _evaluate(job.model, job.system, job.space, job.case, rng[0], rng[1],
+                     job.top_n, job.keep_rows)
+
+
+def _merge_parts(a: _Part, b: _Part) -> _Part:
+    """Two parts as one: counts added, best layouts merged (ties go to the
+    lower index, so the order of folding does not matter; rows are never
+    folded: a search that keeps them sends every part)."""
+    return _Part(min(a.start, b.start), max(a.stop, b.stop), a.counts + b.counts,
+                 _merge_top(a.top, b.top, a.limit), None, a.limit)
 
 
 # --------------------------------------------------------------------------
@@ -247,7 +236,8 @@ def exhaustive(model, system, num_procs: int, max_batch_size: int, datatype: str
                space=DEFAULT_SPACE, batch_policy: str | None = None, top_n: int = 1,
                keep_all: bool = False, address: str | None = None,
                progress: bool | None = None, chunk_size: int = DEFAULT_CHUNK,
-               training: bool = True, all_path: str | os.PathLike | None = None):
+               training: bool = True, all_path: str | os.PathLike | None = None,
+               runner: Runner | None = None):
     """Evaluate every layout of ``space`` for one model, system and size.
 
     ``model``/``system``: a path, a Calculon-format dict or a spec.  ``space``:
@@ -259,8 +249,9 @@ def exhaustive(model, system, num_procs: int, max_batch_size: int, datatype: str
     ``seconds`` and ``best`` (``execution`` and ``sample_rate``, or None).
     ``all_path`` writes every layout with its statistics to a Parquet file
     (CSV when it ends in .csv), chunk by chunk, atomically.
+    ``runner`` (``autopar.search.runner.Runner``, entered): where the ranges
+    of layouts run; by default this process, or Ray tasks with an address.
     """
-    from autopar import model as perf
     t0 = time.perf_counter()
     model = load_model(model)
     system = load_system(system)
@@ -277,14 +268,32 @@ def exhaustive(model, system, num_procs: int, max_batch_size: int, datatype: str
     if dts is not None and datatype not in dts:
         raise SpecError(system.source, "datatype",
                         f"{datatype!r} is not supported by the system (it runs: {', '.join(dts)})")
-    address = address or os.environ.get("RAY_ADDRESS") or None
     ranges = [(a, min(a + chunk_size, size)) for a in range(0, size, chunk_size)]
     keep_rows = keep_all or all_path is not None
-    if address:
-        parts = _ray_parts(model, system, space, case, ranges, int(top_n), keep_rows, address)
-    else:
-        parts = (_evaluate(model, system, space, case, a, b, int(top_n), keep_rows)
-                 for a, b in ranges)
+    job = _Job(model, system, space, case, int(top_n), keep_rows)
+    with contextlib.ExitStack() as stack:
+        if runner is None:
+            address = address or os.environ.get("RAY_ADDRESS") or None
+            runner = stack.enter_context(Runner("ray", address=address) if address
+                                         else Runner("serial"))
+        return _search(job, runner, ranges, progress, all_path, keep_all, t0,
+                       int(chunk_size))
+
+
+def _search(job: _Job, runner: Runner, ranges, progress, all_path, keep_all, t0, chunk_size):
+    """The search proper, its parts computed by ``runner``."""
+    from autopar import model as perf
+    model, system, space, case = job.model, job.system, job.space, job.case
+    size, top_n = space.size(case), job.top_n
+    # In this process the job goes as it is, part by part; elsewhere as plain
+    # data, in few large tasks that fold their parts (unless every row is kept).
+    one_by_one = runner.backend == "serial" or job.keep_rows
+    local = runner.backend == "serial"
+    # (A task takes every n-th range: the costly regions of a space, where
+    # many layouts are feasible, are shared out alike.)
+    parts = runner.imap(_evaluate_range, ranges, shared=job if local else _payload(job),
+                        setup=None if local else _job_from_payload, reduce=_merge_parts,
+                        per_task=1 if one_by_one else None, interleave=not one_by_one)
     if progress is None:
         progress = sys.stderr.isatty()
     bar = None
@@ -306,7 +315,7 @@ def exhaustive(model, system, num_procs: int, max_batch_size: int, datatype: str
             if keep_all:
                 kept.append(_table(part.rows, perf.REASONS, perf.STATS))
             if bar is not None:
-                bar.update(part.stop - part.start)
+                bar.update(int(part.counts.sum()))     # every layout has one reason
         ok = True
     finally:
         if bar is not None:
@@ -336,14 +345,15 @@ def exhaustive(model, system, num_procs: int, max_batch_size: int, datatype: str
         best = {"execution": record(top, 0), "sample_rate": float(top["sample_rate"][0])}
     summary = {
         "space": space.name, "model": model.name, "system": system.name,
-        "num_procs": int(num_procs), "max_batch_size": int(max_batch_size),
-        "datatype": datatype, "batch_policy": batch_policy or space.batch_policy,
-        "training": bool(training),
+        "num_procs": int(case.num_procs), "max_batch_size": int(case.max_batch_size),
+        "datatype": case.datatype, "batch_policy": case.batch_policy or space.batch_policy,
+        "training": bool(case.training),
         "layouts": int(size), "feasible": feasible, "infeasible": bad,
         "seconds": round(seconds, 3),
         "layouts_per_second": round(size / seconds, 1) if seconds > 0 else None,
         "chunks": len(ranges), "chunk_size": int(chunk_size),
-        "runner": f"ray:{address}" if address else "local",
+        "runner": "local" if runner.backend == "serial" else
+                  f"ray:{runner.address or 'local'}" if runner.backend == "ray" else runner.backend,
         "best": best,
         # the fastest layout (Calculon's pick; ``best`` is the recommended
         # one among those within autopar.search.ranking.TOLERANCE of it)

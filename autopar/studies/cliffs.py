@@ -40,7 +40,8 @@ import numpy as np
 
 from autopar.io.experiment import Sweep, load_sweep  # noqa: F401
 from autopar.io.specs import SpecError
-from autopar.studies.nested import Runner, context_of, points_task, with_run_options
+from autopar.search.runner import Runner
+from autopar.studies.nested import context_of, map_points, with_run_options
 
 LAYOUT_COLUMNS = ("tensor_par", "pipeline_par", "data_par", "batch_size", "microbatch_size",
                   "pipeline_interleaving", "activation_recompute", "tensor_par_net",
@@ -72,8 +73,8 @@ def sweep(spec, output_dir=None, *, address: str | None = None, parallel: str | 
             # Big counts first: they take longest, so the pool drains evenly.
             order = sorted(range(len(counts)), key=lambda i: -counts[i]["num_procs"])
             chunk = max(1, min(8, len(counts) // (4 * runner.workers) or 1))
-            rows = runner.map(points_task, context_of(sw).payload(), [counts[i] for i in order],
-                              chunk=chunk,
+            rows = map_points(runner, context_of(sw).payload(), [counts[i] for i in order],
+                              per_task=chunk,
                               on_done=(lambda part: bar.update(len(part))) if bar else None)
     finally:
         if bar is not None:

@@ -38,7 +38,8 @@ import numpy as np
 from autopar.io.experiment import (OBJECTIVES, CodesignCompare, Search, Study,  # noqa: F401
                                    load_study)
 from autopar.io.specs import SpecError
-from autopar.studies.nested import BREAKDOWN, Runner, context_of, points_task, with_run_options
+from autopar.search.runner import Runner
+from autopar.studies.nested import BREAKDOWN, context_of, map_points, with_run_options
 
 # Hypervolume reference: rate 0 and this multiple of the dearest system's cost
 # (or of the largest processor count).
@@ -141,7 +142,7 @@ def enumerate_systems(study: Study, runner: Runner, progress: bool | None = None
     bar = progress_bar(len(grid), f"{study.name} (all systems)", progress)
     chunk = max(1, min(16, len(grid) // (4 * runner.workers) or 1))
     try:
-        rows = runner.map(points_task, context_of(study).payload(), grid, chunk=chunk,
+        rows = map_points(runner, context_of(study).payload(), grid, per_task=chunk,
                           on_done=(lambda part: bar.update(len(part))) if bar else None)
     finally:
         if bar is not None:
@@ -195,7 +196,7 @@ def run_search(study: Study, search: Search, runner: Runner, cache: dict | None 
     from autopar.search.samplers import run_seed
     hw = study.hardware
     cache = {} if cache is None else cache
-    batch = search.batch or (runner.workers if runner.parallel != "serial" else 1)
+    batch = search.batch or (runner.workers if runner.backend != "serial" else 1)
     name = search.study_name or f"autopar-codesign-{study.name}-{search.name}-seed{search.seed}"
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -212,7 +213,7 @@ def run_search(study: Study, search: Search, runner: Runner, cache: dict | None 
         if old:            # resumed: the finished trials' rows, from their systems
             vals = [dict(t.params) for t in old]
             need = _unique([v for v in vals if hw.key(v) not in cache], hw)
-            for r in runner.map(points_task, payload, need):
+            for r in map_points(runner, payload, need):
                 cache[hw.key(r)] = r
             for t, v in zip(old, vals):
                 rows[t.number] = {**cache[hw.key(v)], "trial": t.number, "cached": True}
@@ -228,7 +229,7 @@ def run_search(study: Study, search: Search, runner: Runner, cache: dict | None 
                 vals = [hw.suggest(t) for t in asked]
                 need = _unique([v for v in vals if hw.key(v) not in cache], hw)
                 overhead = time.perf_counter() - t0
-                fresh = runner.map(points_task, payload, need) if need else []
+                fresh = map_points(runner, payload, need) if need else []
                 for r in fresh:
                     cache[hw.key(r)] = r
                 t1 = time.perf_counter()

@@ -49,9 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from autopar.io.experiment import (Experiment, SamplerEntry, is_compare,  # noqa: F401
+from autopar.io.experiment import (Experiment, is_compare,  # noqa: F401
                                    load_experiment)
 from autopar.io.specs import SpecError
+from autopar.search.runner import Runner
 
 OUTPUT_FILES = ("optimum.json", "curves.csv", "summary.csv", "regret.png")
 
@@ -74,7 +75,8 @@ class CompareResult:
 def _job_base(exp: Experiment) -> dict:
     """What every run needs, as plain data (no files needed where it runs)."""
     from autopar.io.specs import model_to_json, system_to_json
-    return {"model": model_to_json(exp.case.model), "system": system_to_json(exp.case.system),
+    return {"source": exp.source,
+            "model": model_to_json(exp.case.model), "system": system_to_json(exp.case.system),
             "num_procs": exp.case.num_procs, "max_batch_size": exp.case.max_batch_size,
             "datatype": exp.case.datatype, "space": exp.case.space.to_dict(),
             "batch_policy": exp.case.batch_policy, "trials": exp.trials,
@@ -110,98 +112,44 @@ def run_one(base: Mapping, sampler: str, label: str, options: Mapping, seed: int
             "wall_s": wall, "best_execution": best}
 
 
-def _wrap_tune_error(exp: Experiment, entry: SamplerEntry, err: SpecError) -> SpecError:
-    """tune's complaints about an option name the experiment's field."""
-    if err.source == "tune":
-        i = exp.samplers.index(entry)
-        return SpecError(exp.source, f"samplers[{i}].{err.field}", err.message)
-    return err
+def _run_job(base: Mapping, job: tuple) -> dict:
+    """One run where the runner puts it (``autopar.search.runner``); tune's
+    complaints about an option name the experiment's field."""
+    i, sampler, label, options, seed, address = job
+    try:
+        return run_one(base, sampler, label, options, seed, address)
+    except SpecError as err:
+        if err.source == "tune":
+            raise SpecError(base["source"], f"samplers[{i}].{err.field}", err.message) from None
+        raise
 
 
 # --------------------------------------------------------------------------
 # Spreading the runs
 
-def _jobs(exp: Experiment):
-    return [(e, s) for e in exp.samplers for s in exp.seeds]
+def _jobs(exp: Experiment, address: str | None) -> list[tuple]:
+    """Every (sampler, seed) run as a runner item, sampler by sampler."""
+    return [(i, e.name, e.label, dict(e.options), s, address)
+            for i, e in enumerate(exp.samplers) for s in exp.seeds]
 
 
-def _run_serial(exp, base, jobs, address, done):
-    out = []
-    for entry, seed in jobs:
-        try:
-            rec = run_one(base, entry.name, entry.label, entry.options, seed, address)
-        except SpecError as err:
-            raise _wrap_tune_error(exp, entry, err) from None
-        done(rec)
-        out.append(rec)
+def _run_all(runner, base: Mapping, jobs: list, done) -> list:
+    """Every run's record; ``done`` sees each as it is taken.  On Ray, Tune
+    experiments (``backend: ray``) are driven from here, one at a time, while
+    the other runs go on as tasks."""
+    def took(records):
+        for rec in records:
+            done(rec)
+        return records
+    if runner.backend != "ray":
+        return runner.map(_run_job, jobs, shared=base, per_task=1, on_done=took)
+    here = [j for j in jobs if j[3].get("backend") == "ray"]
+    tasks = runner.imap(_run_job, [j for j in jobs if j[3].get("backend") != "ray"],
+                        shared=base, per_task=1)         # submitted now
+    out = [took([_run_job(base, j)])[0] for j in here]
+    for records in tasks:
+        out.extend(took(records))
     return out
-
-
-def _run_processes(exp, base, jobs, workers, done):
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    out = []
-    # fork where there is one: a spawned worker re-imports the caller's main
-    # module, which breaks scripts without a __main__ guard.  Ray is never
-    # started on this path, so there is nothing unsafe to fork.
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-        futs = {pool.submit(run_one, base, e.name, e.label, dict(e.options), s): e
-                for e, s in jobs}
-        try:
-            for f in as_completed(futs):
-                try:
-                    rec = f.result()
-                except SpecError as err:
-                    raise _wrap_tune_error(exp, futs[f], err) from None
-                done(rec)
-                out.append(rec)
-        except BaseException:
-            for f in futs:
-                f.cancel()
-            raise
-    return out
-
-
-def _run_ray(exp, base, jobs, address, done):
-    import ray
-    started = False
-    if not ray.is_initialized():
-        if address:
-            from autopar.search.cluster import join
-            join(address)           # ships the package in the job's runtime_env
-        else:
-            from autopar.search.cluster import start_local_ray
-            start_local_ray()
-        started = True
-    try:
-        out = []
-        driver = [(e, s) for e, s in jobs if e.options.get("backend") == "ray"]
-        tasks = [(e, s) for e, s in jobs if e.options.get("backend") != "ray"]
-        remote = ray.remote(num_cpus=1, max_retries=1)(run_one)
-        base_ref = ray.put(dict(base))
-        pending = {remote.remote(base_ref, e.name, e.label, dict(e.options), s): e
-                   for e, s in tasks}
-        # Tune experiments (backend: ray) are driven from here, one at a time,
-        # while the tasks run on the cluster.
-        out.extend(_run_serial(exp, base, driver, address, done))
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                entry = pending.pop(ref)
-                try:
-                    rec = ray.get(ref)
-                except ray.exceptions.RayTaskError as err:
-                    cause = getattr(err, "cause", None)
-                    if isinstance(cause, SpecError):
-                        raise _wrap_tune_error(exp, entry, cause) from None
-                    raise
-                done(rec)
-                out.append(rec)
-        return out
-    finally:
-        if started:
-            ray.shutdown()
 
 
 # --------------------------------------------------------------------------
@@ -271,66 +219,69 @@ def compare(experiment, output_dir=None, *, address: str | None = None,
     parallel = exp.parallel or ("ray" if address else "serial")
     show = sys.stderr.isatty() if progress is None else bool(progress)
 
-    t0 = time.perf_counter()
-    exp, plain = _headroom_case(exp, memory_headroom, address if parallel == "ray" else None,
-                                risk)
-    case = exp.case
-    _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
-                         case.datatype, space=case.space, batch_policy=case.batch_policy,
-                         address=address if parallel == "ray" else None, progress=show,
-                         training=case.training)
-    if summ["best"] is None:
-        why = "; ".join(f"{r} ({n:,})" for r, n in list(summ["infeasible"].items())[:3])
-        raise SpecError(exp.source, "case", f"no feasible layout among {summ['layouts']:,} "
-                        f"layouts of space {summ['space']}: {why or 'the space is empty'}")
-    # the regret's reference is the fastest layout (the optimum, as Calculon
-    # picks it), not the simpler one the ranking recommends among ties
-    # (autopar.search.ranking): its rate and layout, as before that rule
-    opt = float(summ["optimum"]["sample_rate"])
-    optimum = {
-        # model and system: paths from optimum.json's folder (or the inline mappings)
-        "name": exp.name,
-        "model": file_ref(exp.case.model_file, out_dir or Path.cwd()),
-        "system": file_ref(exp.case.system_file, out_dir or Path.cwd()),
-        "model_name": exp.case.model.name, "system_name": exp.case.system.name,
-        "num_procs": exp.case.num_procs, "max_batch_size": exp.case.max_batch_size,
-        "datatype": exp.case.datatype, "batch_policy": summ["batch_policy"],
-        "training": exp.case.training,
-        "space": summ["space"], "space_size": summ["layouts"],
-        "feasible_layouts": summ["feasible"],
-        "execution": json_execution(summ["optimum"]["execution"], execution_format,
-                                    "compare", "execution_format"),
-        "sample_rate": opt,
-        "exhaustive_seconds": summ["seconds"],
-        "exhaustive_runner": summ["runner"],
-    }
-    # a launch config of the optimum: refused (one line) before the samplers run
-    launch = None if execution_format in JSON_FORMATS else written(
-        summ["best"]["execution"], execution_format, case.model, "compare", "execution_format")
-    if launch is not None:
-        optimum["launch_file"] = "optimum" + launch[1]
-    fw = exp.case.framework_file
-    if fw is not None:        # a shipped name or a mapping as given; a path from here
-        optimum["framework"] = file_ref(fw, out_dir or Path.cwd()) \
-            if isinstance(fw, str) and ("/" in fw or fw.endswith(".json")) else fw
-    if plain is not None:
-        optimum.update(_headroom_record(plain, summ["optimum"]))
-    jobs = _jobs(exp)
-    bar = _Progress(len(jobs) * exp.trials, show)
-    bar.say(f"exhaustive: {summ['layouts']:,} layouts ({summ['feasible']:,} feasible) in "
-            f"{summ['seconds']:.1f} s; optimum {opt:.6g} samples/s")
-    base = _job_base(exp)
-    done = lambda rec: bar.run_done(rec, opt)     # noqa: E731
-    try:
-        if parallel == "ray":
-            runs = _run_ray(exp, base, jobs, address, done)
-        elif parallel == "processes" and len(jobs) > 1 and exp.workers > 1:
-            runs = _run_processes(exp, base, jobs, exp.workers, done)
-        else:
-            runs = _run_serial(exp, base, jobs, address, done)
-    finally:
-        bar.close()
-    order = {(e.label, s): i for i, (e, s) in enumerate(jobs)}
+    if parallel == "ray":
+        runner = Runner("ray", workers=None, address=address, retries=1)
+    elif parallel == "processes" and len(exp.samplers) * len(exp.seeds) > 1 and exp.workers > 1:
+        runner = Runner("processes", workers=exp.workers)
+    else:
+        runner = Runner("serial")
+    # the optimum's searches: on the cluster when there is one, else here
+    on_ray = runner if parallel == "ray" and address else None
+    with runner:
+        t0 = time.perf_counter()
+        exp, plain = _headroom_case(exp, memory_headroom, on_ray, risk)
+        case = exp.case
+        _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
+                             case.datatype, space=case.space, batch_policy=case.batch_policy,
+                             runner=on_ray, progress=show, training=case.training)
+        if summ["best"] is None:
+            why = "; ".join(f"{r} ({n:,})" for r, n in list(summ["infeasible"].items())[:3])
+            raise SpecError(exp.source, "case", f"no feasible layout among {summ['layouts']:,} "
+                            f"layouts of space {summ['space']}: {why or 'the space is empty'}")
+        # the regret's reference is the fastest layout (the optimum, as Calculon
+        # picks it), not the simpler one the ranking recommends among ties
+        # (autopar.search.ranking): its rate and layout, as before that rule
+        opt = float(summ["optimum"]["sample_rate"])
+        optimum = {
+            # model and system: paths from optimum.json's folder (or the inline mappings)
+            "name": exp.name,
+            "model": file_ref(exp.case.model_file, out_dir or Path.cwd()),
+            "system": file_ref(exp.case.system_file, out_dir or Path.cwd()),
+            "model_name": exp.case.model.name, "system_name": exp.case.system.name,
+            "num_procs": exp.case.num_procs, "max_batch_size": exp.case.max_batch_size,
+            "datatype": exp.case.datatype, "batch_policy": summ["batch_policy"],
+            "space": summ["space"], "space_size": summ["layouts"],
+            "feasible_layouts": summ["feasible"],
+            "training": exp.case.training,
+            "execution": json_execution(summ["optimum"]["execution"], execution_format,
+                                        "compare", "execution_format"),
+            "sample_rate": opt,
+            "exhaustive_seconds": summ["seconds"],
+            "exhaustive_runner": summ["runner"],
+        }
+        fw = exp.case.framework_file
+        if fw is not None:        # a shipped name or a mapping as given; a path from here
+            optimum["framework"] = file_ref(fw, out_dir or Path.cwd()) \
+                if isinstance(fw, str) and ("/" in fw or fw.endswith(".json")) else fw
+        if plain is not None:
+            optimum.update(_headroom_record(plain, summ["optimum"]))
+        # a launch config of the optimum: refused (one line) before the samplers run
+        launch = None if execution_format in JSON_FORMATS else written(
+            summ["optimum"]["execution"], execution_format, case.model, "compare",
+            "execution_format")
+        if launch is not None:
+            optimum["launch_file"] = "optimum" + launch[1]
+        jobs = _jobs(exp, None if parallel == "processes" else address)
+        bar = _Progress(len(jobs) * exp.trials, show)
+        bar.say(f"exhaustive: {summ['layouts']:,} layouts ({summ['feasible']:,} feasible) in "
+                f"{summ['seconds']:.1f} s; optimum {opt:.6g} samples/s")
+        base = _job_base(exp)
+        done = lambda rec: bar.run_done(rec, opt)     # noqa: E731
+        try:
+            runs = _run_all(runner, base, jobs, done)
+        finally:
+            bar.close()
+    order = {(exp.samplers[j[0]].label, j[4]): i for i, j in enumerate(jobs)}
     runs.sort(key=lambda r: order[(r["sampler"], r["seed"])])
     labels = [e.label for e in exp.samplers]
     curves = regret.curves(runs, opt)
@@ -386,7 +337,7 @@ def write_outputs(result: CompareResult, out_dir) -> tuple[Path, ...]:
 # --------------------------------------------------------------------------
 # The summary as text
 
-def _headroom_case(exp, memory_headroom, address, risk=None):
+def _headroom_case(exp, memory_headroom, runner=None, risk=None):
     """With a memory headroom (asked, else the system's default; with the
     safe risk, at least the one its P(fits) threshold sets): the experiment on
     the system whose first tier is that much smaller (samplers and optimum
@@ -409,7 +360,7 @@ def _headroom_case(exp, memory_headroom, address, risk=None):
         return exp, None
     _, summ = exhaustive(case.model, case.system, case.num_procs, case.max_batch_size,
                          case.datatype, space=case.space, batch_policy=case.batch_policy,
-                         address=address, training=case.training)
+                         runner=runner, training=case.training)
     plain = {"headroom": h, "system": case.system, "model": case.model, "best": summ["optimum"],
              "errors": errors, "risk": risk}
     return replace(exp, case=replace(case, system=with_headroom(case.system, h))), plain

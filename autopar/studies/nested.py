@@ -9,22 +9,24 @@ again on its own with every statistic, and those are the figures reported,
 so an exported system and execution re-evaluate to them exactly.
 
 ``Point`` evaluation (one system of a co-design space -> one result row) and
-``run_tasks`` (serial, a process pool, or Ray tasks) serve the co-design
-search and the processor-count sweep.  Tasks carry only plain data
-(``Context.payload``), so Ray workers on other machines need no local files.
+``map_points`` (over ``autopar.search.runner.Runner``: serial, a process pool,
+or Ray tasks) serve the co-design search and the processor-count sweep.
+Tasks carry only plain data (``Context.payload``, sent once per runner), so
+Ray workers on other machines need no local files.
 """
 from __future__ import annotations
 
 import json
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from autopar.io.experiment import INNER_SEARCHES, PARALLEL, Inner  # noqa: F401
+from autopar.io.experiment import INNER_SEARCHES, Inner  # noqa: F401
 from autopar.io.specs import SpecError
+from autopar.search.runner import Runner  # noqa: F401  (the studies' runner)
 
 # Reported with every point: Calculon's names.
 BREAKDOWN = ("total_time", "proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req",
@@ -210,30 +212,30 @@ def context_of(study) -> Context:
                    case.datatype, case.batch_policy, case.training, study.inner)
 
 
-_CONTEXTS: dict = {}
-
-
 def context_from_payload(payload: Mapping) -> Context:
-    key = json.dumps(payload, sort_keys=True, default=str)
-    ctx = _CONTEXTS.get(key)
-    if ctx is None:
-        from autopar.io.hardware import hardware_from_dict
-        from autopar.search.space import load_space
-        from autopar.io.specs import load_model
-        ctx = Context(load_model(dict(payload["model"]), source="model"),
-                      hardware_from_dict(payload["hardware"]),
-                      load_space(dict(payload["space"]), source="space"),
-                      payload["max_batch_size"], payload["datatype"], payload["batch_policy"],
-                      payload["training"], Inner(**payload["inner"]))
-        _CONTEXTS.clear()
-        _CONTEXTS[key] = ctx
-    return ctx
+    """A worker's setup: the study's Context rebuilt from plain data (the
+    runner keeps it per process, so this runs once per worker)."""
+    from autopar.io.hardware import hardware_from_dict
+    from autopar.search.space import load_space
+    from autopar.io.specs import load_model
+    return Context(load_model(dict(payload["model"]), source="model"),
+                   hardware_from_dict(payload["hardware"]),
+                   load_space(dict(payload["space"]), source="space"),
+                   payload["max_batch_size"], payload["datatype"], payload["batch_policy"],
+                   payload["training"], Inner(**payload["inner"]))
 
 
-def points_task(payload: Mapping, values_list: Sequence[Mapping]) -> list[dict]:
-    """A task: evaluate several points (in a worker process or a Ray task)."""
-    ctx = context_from_payload(payload)
-    return [ctx.point(v) for v in values_list]
+def _point(ctx: Context, values: Mapping) -> dict:
+    return ctx.point(values)
+
+
+def map_points(runner, payload: Mapping, values: Sequence[Mapping], per_task: int | None = None,
+               on_done: Callable[[list], None] | None = None) -> list[dict]:
+    """Every system of ``values`` evaluated by ``runner``
+    (``autopar.search.runner.Runner``; the payload travels once): their rows
+    in order.  ``on_done`` sees each task's rows as they are taken."""
+    return runner.map(_point, values, shared=dict(payload), setup=context_from_payload,
+                      per_task=per_task, on_done=on_done)
 
 
 # --------------------------------------------------------------------------
@@ -250,88 +252,6 @@ def with_run_options(spec, address: str | None = None, parallel: str | None = No
     if workers:
         spec = replace(spec, workers=int(workers))
     return spec
-
-
-class Runner:
-    """Evaluates batches of points ``fn(payload, items) -> list`` serially, in
-    a pool of processes, or as Ray tasks (a local Ray on loopback without a
-    dashboard, or the cluster at ``address``).  Use as a context manager."""
-
-    def __init__(self, parallel: str = "serial", workers: int = 2, address: str | None = None):
-        if parallel not in PARALLEL:
-            raise SpecError("arguments", "parallel", f"expected one of {', '.join(PARALLEL)}, "
-                                                     f"got {parallel!r}")
-        self.parallel, self.workers, self.address = parallel, max(1, int(workers)), address
-        self._pool = None
-        self._ray_started = False
-        self._remote = {}
-
-    def __enter__(self):
-        if self.parallel == "processes":
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-            self._pool = ProcessPoolExecutor(self.workers,
-                                             mp_context=multiprocessing.get_context("spawn"))
-        elif self.parallel == "ray":
-            self._start_ray()
-        return self
-
-    def __exit__(self, *exc):
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        if self._ray_started:
-            import ray
-            ray.shutdown()
-            self._ray_started = False
-        return False
-
-    def _start_ray(self) -> None:
-        import ray
-        if ray.is_initialized():
-            return
-        if self.address:
-            from autopar.search.cluster import join
-            join(self.address)      # ships the package in the job's runtime_env
-        else:
-            from autopar.search.cluster import start_local_ray
-            start_local_ray(num_cpus=self.workers)
-        self._ray_started = True
-
-    def map(self, fn: Callable, payload: Mapping, items: Sequence, chunk: int = 1,
-            on_done: Callable[[list], None] | None = None) -> list:
-        """``fn(payload, items[i:i+chunk])`` for every chunk; the results in
-        order, concatenated.  ``on_done`` sees each chunk's results as they
-        arrive."""
-        chunks = [list(items[i:i + chunk]) for i in range(0, len(items), max(1, chunk))]
-        results: list = [None] * len(chunks)
-        if self.parallel == "serial" or len(chunks) <= 1 and self.parallel != "ray":
-            for i, c in enumerate(chunks):
-                results[i] = fn(payload, c)
-                if on_done:
-                    on_done(results[i])
-        elif self.parallel == "processes":
-            futs = {self._pool.submit(fn, payload, c): i for i, c in enumerate(chunks)}
-            from concurrent.futures import as_completed
-            for f in as_completed(futs):
-                results[futs[f]] = f.result()
-                if on_done:
-                    on_done(results[futs[f]])
-        else:
-            import ray
-            remote = self._remote.get(fn)
-            if remote is None:
-                remote = self._remote[fn] = ray.remote(num_cpus=1, max_retries=1)(fn)
-            ref = ray.put(dict(payload))
-            pending = {remote.remote(ref, c): i for i, c in enumerate(chunks)}
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for r in ready:
-                    i = pending.pop(r)
-                    results[i] = ray.get(r)
-                    if on_done:
-                        on_done(results[i])
-        return [x for part in results for x in part]
 
 
 def progress_bar(total: int, desc: str, show: bool | None):
