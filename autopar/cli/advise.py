@@ -20,7 +20,6 @@ can run, 2 on bad input.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from autopar.cli import (distinct_outputs, framework_option, inference_option, output_path,

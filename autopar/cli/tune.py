@@ -332,7 +332,6 @@ def run(args) -> int:
     if fmt != "autopar":
         from autopar.io.export import check_run
         from autopar.io.specs import load_model
-        from autopar.search.space import load_space
         check_run(fmt, load_model(args.model),
                   load_space(args.space if args.space is not None else DEFAULT_SPACE),
                   args.datatype)

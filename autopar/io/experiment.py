@@ -73,7 +73,7 @@ from autopar.io.specs import ModelSpec, SystemSpec, load_model, load_system, rea
 # autopar tune's samplers: per-layout ones, then skeleton ones (``autopar.search.skeleton``:
 # a trial is a skeleton, completed by the array model).
 # (the registry, ``autopar.io.sampler_names``, names them)
-from autopar.io.sampler_names import LAYOUT_SAMPLERS, SAMPLERS, SKELETON_SAMPLERS  # noqa: E402
+from autopar.io.sampler_names import LAYOUT_SAMPLERS, SAMPLERS, SKELETON_SAMPLERS  # noqa: E402,F401
 # The default sampler: skeleton TPE had the lowest median regret at every
 # budget of every sampler comparison run (docs/compare.md).
 DEFAULT_SAMPLER = "skeleton-tpe"

@@ -550,7 +550,7 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
                      source=src, description=desc)
 
 
-def _hybrid(c: _Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "MambaSpec | None"]:
+def _hybrid(c: Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "MambaSpec | None"]:
     """The ``hybrid_override_pattern`` and ``mamba`` of a model file, checked:
     one symbol of ``HYBRID_SYMBOLS`` per block (no '|' stage separators: the
     pipeline splits the layers as it splits blocks), Mamba layers need

@@ -30,7 +30,6 @@ and ``summary.json``.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,6 @@ from typing import Mapping
 import numpy as np
 
 from autopar.io.experiment import Sweep, load_sweep  # noqa: F401
-from autopar.io.specs import SpecError
 from autopar.search.runner import Runner
 from autopar.studies.nested import context_of, map_points, with_run_options
 
