@@ -181,8 +181,6 @@ def test_bad_input_is_one_line_exit_2(what, field, tmp_path, cli):
     assert not r_out.exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("autopar.io.launch.megatron") is None,
-                    reason="megatron launch format not merged yet")
 def test_poor_megatron_config_gets_megatron_arguments(tmp_path, cli):
     """A deliberately poor Megatron argument file: advise finds a better
     layout and prints it as Megatron arguments, which read back as it."""
