@@ -180,3 +180,70 @@ def test_hybrid_stages_sized_and_paced_by_what_they_hold(flat):
     # the first stage's weights: what it holds
     assert s["first"]["weight_space"] == s["bf16"]["weight_space"]
     assert s["last"]["weight_space"] == s["fp4"]["weight_space"]
+
+
+# ------------------------------------------------------------ command line
+
+SPACE = """name: fp4-bf16-last
+description: fp4 recipes with the recipe's last blocks in BF16.
+batch_policy: max
+params:
+  tensor_par: [1, 2]
+  pipeline_par: [1, 2]
+  microbatch_size: {max: 2}
+  fp8_recipe: derived
+fixed:
+  bf16_last_blocks: 2
+  tensor_par_net: 0
+  pipeline_par_net: 0
+  data_par_net: 0
+  activation_recompute: none
+  optimizer_sharding: true
+  tensor_par_comm_type: rs_ag
+  pipeline_interleaving: 1
+  seq_par_ag_redo: false
+  data_par_overlap: true
+  tensor_par_overlap: none
+  weight_offload: false
+  activations_offload: false
+  optimizer_offload: false
+  fused_activation: true
+  attention_type: multihead
+  attention_impl: flash_v2
+"""
+MODEL = "models/gpt3-5B.json"
+SYSTEM = "systems/b200_nvl8.json"
+
+
+def test_cli_exhaustive_and_estimate_round_trip_bf16_blocks(cli, tmp_path):
+    import json
+
+    import pandas as pd
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    best, allp = tmp_path / "best.json", tmp_path / "all.parquet"
+    r = cli("exhaustive", MODEL, SYSTEM, "--num-procs", 8, "--max-batch-size", 16,
+            "--datatype", "bfloat16", "--space", space, "--output", best,
+            "--all", allp, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    table = pd.read_parquet(allp)
+    # the fixed count where a recipe is, 0 (forced) where none is
+    recipe = table["fp8_recipe"].astype(str)
+    assert set(table.loc[recipe != "none", "bf16_last_blocks"]) == {2}
+    assert set(table.loc[recipe == "none", "bf16_last_blocks"]) == {0}
+    rec = json.loads(best.read_text())
+    load_execution(best)
+    e = cli("estimate", MODEL, SYSTEM, best, "--json")
+    assert e.returncode == 0, e.stderr
+    assert json.loads(e.stdout)["sample_rate"] == pytest.approx(
+        table["sample_rate"].max(), rel=1e-9)
+    if rec.get("fp8_recipe", "none") != "none":
+        assert rec["bf16_last_blocks"] == 2
+    # a count beyond a stage's blocks: one line naming file and field, exit 2
+    bad = dict(rec, fp8_recipe="nvfp4", bf16_last_blocks=99)
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(bad))
+    r = cli("estimate", MODEL, SYSTEM, f)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bf16_last_blocks" in lines[0] and str(f) in lines[0]
