@@ -299,7 +299,8 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
                           "param_gather_overlap") if e.get(f)]
     flags += [f"{f}={e[f]}" for f in ("sharding_group", "recompute_layers", "fp8_recipe",
                                       "attention_impl", "pipeline_layout",
-                                      "first_stage_blocks", "last_stage_blocks") if f in e]
+                                      "first_stage_blocks", "last_stage_blocks",
+                                      "bf16_first_blocks", "bf16_last_blocks") if f in e]
     flags += [f for f in ("embedding_in_split", "loss_in_split") if e.get(f)]
     add("        " + ", ".join(flags))
     if e.get("expert_par", 1) > 1 or e.get("expert_tensor_par", 1) > 1:

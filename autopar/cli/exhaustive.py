@@ -296,7 +296,8 @@ def layout_text(best: dict) -> str:
                                                  "fp8_recipe", "expert_par", "expert_tensor_par",
                                                  "pipeline_layout", "embedding_in_split",
                                                  "loss_in_split", "first_stage_blocks",
-                                                 "last_stage_blocks")
+                                                 "last_stage_blocks", "bf16_first_blocks",
+                                                 "bf16_last_blocks")
                       if k in ex))
 
 

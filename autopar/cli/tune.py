@@ -149,7 +149,8 @@ def _layout_line(row) -> str:
                                                  "sharding_group", "fp8_recipe", "expert_par",
                                                  "expert_tensor_par", "pipeline_layout",
                                                  "embedding_in_split", "loss_in_split",
-                                                 "first_stage_blocks", "last_stage_blocks")
+                                                 "first_stage_blocks", "last_stage_blocks",
+                                                 "bf16_first_blocks", "bf16_last_blocks")
                       if k in row and row[k] == row[k]
                       and str(row[k]) not in ("1", "False", "0", "none", "even")))
 

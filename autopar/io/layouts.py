@@ -196,6 +196,19 @@ CHOICES["optimizer"] = ("adam", "sgd", "muon", "adafactor")
 CHOICES["adapter"] = ("none", "lora", "qlora")
 CHOICES["adapter_targets"] = ("all", "attention", "qv")
 EXT_INT_FIELDS = EXT_INT_FIELDS | {"adapter_rank", "sequence_fill"}
+# The fp8 / fp4 recipe's blocks kept in BF16 (issue 28, NVFP4 follow-up):
+# ``bf16_first_blocks`` / ``bf16_last_blocks`` blocks at the start / end of
+# the model run without the ``fp8_recipe`` (their GEMMs at the working
+# precision's rate, no casts or quantized weight copies), as Megatron-Core's
+# ``--first-last-layers-bf16`` with ``--num-layers-at-start-in-bf16`` /
+# ``--num-layers-at-end-in-bf16`` (megatron/core/fp8_utils.py
+# ``is_first_last_bf16_layer``, fp4_utils.py ``get_fp4_context``: a global
+# layer index below the start count or at or above num_layers - end count
+# gets no quantization context).  Each at most num_blocks // pipeline_par
+# (transformer_config.py ``__post_init__``).  Without a recipe they change
+# nothing; 0 (the default): every block quantized, today's meaning.
+EXT_DEFAULTS.update({"bf16_first_blocks": 0, "bf16_last_blocks": 0})
+EXT_INT_FIELDS = EXT_INT_FIELDS | {"bf16_first_blocks", "bf16_last_blocks"}
 # The fields of the pipeline split (all at their defaults: Calculon's).
 SPLIT_FIELDS = ("first_stage_blocks", "last_stage_blocks", "embedding_in_split",
                 "loss_in_split", "pipeline_layout")

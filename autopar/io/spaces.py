@@ -41,7 +41,8 @@ PARAMS: tuple[str, ...] = (
     # autopar's extensions (optional in a file: when absent, fixed at their
     # defaults, which keep Calculon's meaning).
     "attention_impl", "fused_norm", "unsharded_grads",
-    "context_par_net", "context_par_comm", "fp8_recipe", "fp32_grads", "param_gather_overlap",
+    "context_par_net", "context_par_comm", "fp8_recipe", "bf16_first_blocks", "bf16_last_blocks",
+    "fp32_grads", "param_gather_overlap",
     # mixture of experts (neutral for a dense model)
     "expert_par_net", "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
 )
@@ -58,7 +59,7 @@ NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par
               "expert_par_net", "expert_tensor_par_net")
 # Integer parameters whose smallest value is 0.
 _ZERO_OK = NET_FIELDS + ("sharding_group", "recompute_layers", "first_stage_blocks",
-                         "last_stage_blocks")
+                         "last_stage_blocks", "bf16_first_blocks", "bf16_last_blocks")
 
 
 

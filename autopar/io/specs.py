@@ -962,12 +962,19 @@ def _check_counts(c: "Checker", out: dict, model: ModelSpec | None) -> None:
     the model's rules say the same of a searched layout)."""
     k = out.get("recompute_layers", 0)
     pp = out.get("pipeline_par", 1)
-    if model is None or k <= 0 or pp < 1:
+    if model is None or pp < 1:
         return
     per = model.num_blocks // pp
     if k > per:
         c.fail("recompute_layers", f"{k} exceeds the {per} blocks of a pipeline stage "
                                    f"(num_blocks {model.num_blocks} // pipeline_par {pp})")
+    # The recipe's BF16 blocks: each count at most a stage's blocks
+    # (transformer_config.py ``__post_init__``, max_bf16_layers_per_pipeline_stage).
+    for f in ("bf16_first_blocks", "bf16_last_blocks"):
+        n = out.get(f, 0)
+        if n > per and out.get("fp8_recipe", "none") != "none":
+            c.fail(f, f"{n} exceeds the {per} blocks of a pipeline stage "
+                      f"(num_blocks {model.num_blocks} // pipeline_par {pp})")
 
 
 def execution_value(c: "Checker", f: str, v, path: str | None = None):

@@ -37,7 +37,7 @@ from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
                                   recompute_share)
 from autopar.model.mamba import hybrid_kinds, pace_weights
-from autopar.model.moe import mix, stage_counts
+from autopar.model.moe import BF16, bf16_blocks, mix, stage_counts
 from autopar.model.finetune import real_tokens
 from autopar.model.optimizers import newton_schulz
 from autopar.model.overhead import launch_time
@@ -300,7 +300,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
             caches = _block_caches(model, system, valid, datatypes)
             blocks = next(iter(caches.values()))
             sched = schedule(valid, model.num_blocks)
-            direct = direct_block_stats(model)
+            direct = direct_block_stats(model) and len(caches) == 1
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
                 part = {f: v[sl] for f, v in valid.items()}
@@ -355,13 +355,22 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
 def _block_caches(model: ModelSpec, system: SystemSpec, cols: dict, datatypes) -> dict:
     """One ``BlockCache`` per block kind of the model, the first with the
     output head's time: "dense" (and "moe" for a model with ``moe``); a
-    hybrid model's kinds (``autopar.model.mamba.hybrid_kinds``)."""
+    hybrid model's kinds (``autopar.model.mamba.hybrid_kinds``); where some
+    row keeps the recipe's first or last blocks in BF16
+    (``autopar.model.moe.bf16_blocks``), each kind again as the same block
+    without the ``fp8_recipe`` (named with ``BF16`` appended)."""
     if model.hybrid_pattern:
         kinds = hybrid_kinds(model)
     else:
         kinds = ("dense", "moe") if model.moe is not None else ("dense",)
-    return {k: BlockCache(model, system, cols, datatypes, kind=k, head=i == 0)
-            for i, k in enumerate(kinds)}
+    caches = {k: BlockCache(model, system, cols, datatypes, kind=k, head=i == 0)
+              for i, k in enumerate(kinds)}
+    if bf16_blocks(cols) is not None:
+        # The recipe's BF16 blocks: each kind again, without the recipe.
+        plain = dict(cols, fp8_recipe=np.zeros_like(cols["fp8_recipe"]))
+        caches.update({k + BF16: BlockCache(model, system, plain, datatypes, kind=k, head=False)
+                       for k in kinds})
+    return caches
 
 
 def _stage_sums(model: ModelSpec, cols: dict, sums: dict, stages: bool = True):
@@ -373,6 +382,8 @@ def _stage_sums(model: ModelSpec, cols: dict, sums: dict, stages: bool = True):
         return next(iter(sums.values())), None
     if "moe" not in sums and not model.hybrid_pattern:
         sums = dict(sums, moe=sums["dense"])
+        if "dense" + BF16 in sums:
+            sums["moe" + BF16] = sums["dense" + BF16]
     weights = pace_weights(model) if model.hybrid_pattern else None
     counts = stage_counts(model, cols["pipeline_par"], cols, pace_weights=weights)
     per_stage = -(-model.num_blocks // cols["pipeline_par"])
@@ -410,7 +421,8 @@ def typed_columns(c: dict) -> dict:
               "tensor_par_net", "pipeline_par_net", "data_par_net", "context_par",
               "context_par_net", "sharding_group", "recompute_layers",
               "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
-              "first_stage_blocks", "last_stage_blocks", "adapter_rank", "sequence_fill"):
+              "first_stage_blocks", "last_stage_blocks", "adapter_rank", "sequence_fill",
+              "bf16_first_blocks", "bf16_last_blocks"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",

@@ -279,6 +279,31 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
 # ----------------------------------------------------------------------------
 # Which blocks a stage holds.
 
+# The suffix of a block kind run without the fp8 / fp4 recipe: the recipe's
+# BF16 first and last blocks (``bf16_first_blocks`` / ``bf16_last_blocks``).
+BF16 = "_bf16"
+
+
+def bf16_blocks(cols: dict | None):
+    """The recipe's BF16 blocks of each row, ``(first, last)`` counts (0
+    where the row has no ``fp8_recipe``: they change nothing there), or None
+    where no row has any (every block quantized, the model's blocks as
+    before).  Megatron-Core keeps a layer out of the quantization context by
+    its global index (megatron/core/fp8_utils.py ``is_first_last_bf16_layer``,
+    fp4_utils.py ``get_fp4_context``): the first ``num_layers_at_start_in_bf16``
+    and the last ``num_layers_at_end_in_bf16`` of the model."""
+    if cols is None or "bf16_first_blocks" not in cols:
+        return None
+    first, last = cols["bf16_first_blocks"], cols["bf16_last_blocks"]
+    if not (first.any() or last.any()):
+        return None
+    on = cols["fp8_recipe"] != 0
+    first, last = np.where(on, first, 0), np.where(on, last, 0)
+    if not (first.any() or last.any()):
+        return None
+    return first, last
+
+
 def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
                  pace_weights: dict | None = None) -> dict:
     """Blocks of each kind (``{who}_{kind}``) of the first stage, the last
@@ -293,25 +318,37 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
     split the pipeline unevenly (``autopar.model.pipeline.stage_split``) hold
     their stages' blocks in order instead, and then the second stage's
     counts and each stage's blocks (``{w}_blocks``, without the mtp modules)
-    are given too."""
+    are given too.  Rows with the recipe's BF16 blocks (``bf16_blocks``)
+    count those as kinds of their own (each kind with ``BF16`` appended);
+    the pace counts a BF16 block as its kind and, between stages of equal
+    work, is the one with more BF16 blocks (the same work without the
+    recipe's faster GEMMs)."""
     N = model.num_blocks
     if model.hybrid_pattern:
         per_block, kinds = layer_kinds(model), hybrid_kinds(model)
         weights = pace_weights or {}
 
-        def pace_key(c):
+        def base_key(c):
             return (sum(n * weights.get(k, 1.0) for n, k in zip(c, kinds)), sum(c))
     else:
         k = model.moe.first_dense if model.moe is not None else N
         per_block, kinds = ("dense",) * k + ("moe",) * (N - k), ("dense", "moe")
 
-        def pace_key(c):
+        def base_key(c):
             return (c[1], c[0] + c[1])
+    nk = len(kinds)
+    bf = bf16_blocks(cols)
+    all_kinds = kinds + (tuple(t + BF16 for t in kinds) if bf is not None else ())
+
+    def pace_key(c):
+        if bf is None:
+            return base_key(c)
+        return base_key([c[i] + c[i + nk] for i in range(nk)]) + (sum(c[nk:]),)
     mtp = model.mtp         # (0 for a hybrid model: the model file refuses both)
     extra = kinds.index("moe" if model.moe is not None else "dense") if mtp else 0
     split = uneven_rows(cols) if cols is not None else None
     whos = ("first", "last", "pace") + (("second",) if split is not None else ())
-    out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in kinds}
+    out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in all_kinds}
     groups = []
     for pp in np.unique(stages):
         rows = stages == pp
@@ -327,14 +364,25 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
             rows = np.zeros(len(stages), dtype=bool)
             rows[at[inv == j]] = True
             groups.append((rows, per))
+    if bf is not None:
+        # (each group again by its rows' BF16 counts)
+        pairs = bf[0] * (N + 1) + bf[1]
+        groups = [(rows & (pairs == v), per) for rows, per in groups
+                  for v in np.unique(pairs[rows])]
     for rows, per in groups:
         if not rows.any():
             continue
+        held_kinds = per_block
+        if bf is not None:
+            i = np.flatnonzero(rows)[0]
+            f, l = int(bf[0][i]), int(bf[1][i])
+            held_kinds = tuple(t + BF16 if b < f or b >= N - l else t
+                               for b, t in enumerate(per_block))
         counts, lo = [], 0
         for i, n in enumerate(per):
             hi = min(lo + n, N)
-            held = per_block[lo:hi]
-            c = [held.count(t) for t in kinds]
+            held = held_kinds[lo:hi]
+            c = [held.count(t) for t in all_kinds]
             if i == len(per) - 1:
                 c[extra] += mtp
             counts.append(tuple(c))
@@ -343,7 +391,7 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
         picked = {"first": counts[0], "last": counts[-1], "pace": pace,
                   "second": counts[min(1, len(counts) - 1)]}
         for w in whos:
-            for t, n in zip(kinds, picked[w]):
+            for t, n in zip(all_kinds, picked[w]):
                 out[f"{w}_{t}"][rows] = n
             if split is not None and split[rows].any():
                 n = {"first": per[0], "last": per[-1], "second": per[min(1, len(per) - 1)],

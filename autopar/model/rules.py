@@ -103,6 +103,12 @@ REASONS = REASONS + (
     "invalid: recompute_layers exceeds the blocks per pipeline stage "
     "(num_blocks // pipeline_par)",
 )
+# The recipe's BF16 first / last blocks (issue 28): Megatron-Core's
+# TransformerConfig.__post_init__ takes num_layers_at_start_in_bf16 and
+# num_layers_at_end_in_bf16 between 0 and num_layers // pipeline_model_parallel_size.
+REASONS = REASONS + (
+    "invalid: bf16_first_blocks and bf16_last_blocks must be 0..num_blocks // pipeline_par",
+)
 # Optimizers and fine-tuning (issue 28; autopar.model.finetune).
 REASONS = REASONS + (
     "invalid: qlora dequantises to bfloat16 or float16 GEMMs: no fp8_recipe",
@@ -291,6 +297,12 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         flag(k > nb // pp1, "invalid: recompute_layers exceeds the blocks per pipeline stage "
                             "(num_blocks // pipeline_par)")
     recipe = cols["fp8_recipe"]
+    for f in ("bf16_first_blocks", "bf16_last_blocks"):
+        b = cols[f]
+        if b.any():
+            flag((b < 0) | ((recipe != 0) & (b > nb // pp1)),
+                 "invalid: bf16_first_blocks and bf16_last_blocks must be "
+                 "0..num_blocks // pipeline_par")
     if (recipe != 0).any():
         dts_ok = [CHOICES["datatype"].index(d) for d in ("bfloat16", "float16")]
         lacking = [i for i, r in enumerate(CHOICES["fp8_recipe"])

@@ -108,6 +108,14 @@ def _r_fp8(c, s):
     return ("none",) + c.fp8, None
 
 
+def _r_bf16_blocks(c, s):
+    # The recipe's BF16 first / last blocks: 0 up to a stage's blocks
+    # (num_blocks // pipeline_par, Megatron-Core's bound), with a recipe only.
+    if s["fp8_recipe"] == "none":
+        return (0,), "needs an fp8_recipe"
+    return tuple(range(c.blocks // s["pipeline_par"] + 1)), None
+
+
 def _r_optimizer(c, s):
     if not c.training:
         return ("adam",), "needs training"
@@ -442,6 +450,10 @@ RULES: tuple[Rule, ...] = (
     Rule("context_par_net", ("context_par",), _r_net("context_par"), "network tier"),
     Rule("context_par_comm", ("tensor_par", "context_par"), _r_cpcomm, ""),
     Rule("fp8_recipe", (), _r_fp8, ""),
+    Rule("bf16_first_blocks", ("pipeline_par", "fp8_recipe"), _r_bf16_blocks,
+         "0 up to the blocks per stage (num_blocks // pipeline_par)"),
+    Rule("bf16_last_blocks", ("pipeline_par", "fp8_recipe"), _r_bf16_blocks,
+         "0 up to the blocks per stage (num_blocks // pipeline_par)"),
     Rule("fp32_grads", (), _r_fp32grads, ""),
     Rule("param_gather_overlap", ("optimizer_sharding", "weight_sharding"), _r_pgo, ""),
     Rule("expert_par_net", ("expert_par",), _r_net("expert_par"), "network tier"),
