@@ -103,3 +103,15 @@ def test_derived_fields_are_cut_to_what_the_format_writes(tmp_path):
     assert run.returncode == 0, run.stderr
     back = get("megatron").read((tmp_path / "best.sh").read_text(), "best.sh").execution
     assert back["fp8_recipe"] == "nvfp4"
+
+
+def test_megatron_writes_and_reads_the_recipes_bf16_blocks():
+    """--first-last-layers-bf16 with the counts (Megatron-LM arguments.py)."""
+    text, back = _megatron_back({**BASE, "fp8_recipe": "nvfp4", "bf16_first_blocks": 1,
+                                 "bf16_last_blocks": 2})
+    assert "--first-last-layers-bf16" in text
+    assert "--num-layers-at-start-in-bf16 1" in text and "--num-layers-at-end-in-bf16 2" in text
+    assert (back["bf16_first_blocks"], back["bf16_last_blocks"]) == (1, 2)
+    text, back = _megatron_back({**BASE, "fp8_recipe": "tensorwise"})
+    assert "--first-last-layers-bf16" not in text
+    assert (back["bf16_first_blocks"], back["bf16_last_blocks"]) == (0, 0)

@@ -23,8 +23,10 @@ from autopar.io.layouts import BOOL_FIELDS, CHOICES, EXT_DEFAULTS
 # defaults.  ``sequence_fill`` (the real tokens of padded sequences) is the
 # data's, not the config's: not written (a format's ``UNSTATED``).
 RECIPE_DEFAULTS = {f: EXT_DEFAULTS[f] for f in ("optimizer", "adapter", "adapter_rank",
-                                                "adapter_targets")}
-RECIPE_EXPRESSIBLE = {"optimizer": ("adam",), "adapter": ("none",)}
+                                                "adapter_targets", "bf16_first_blocks",
+                                                "bf16_last_blocks")}
+RECIPE_EXPRESSIBLE = {"optimizer": ("adam",), "adapter": ("none",),
+                      "bf16_first_blocks": (0,), "bf16_last_blocks": (0,)}
 
 
 def space_values(space, field: str):

@@ -294,6 +294,14 @@ def settings(model, ex: Mapping) -> dict:
                                  "rowwise": "blockwise", "mxfp8": "mxfp8"}[fp8]
     if _get(ex, "optimizer") != "adam":
         s["optimizer.optimizer"] = _get(ex, "optimizer")      # OptimizerConfig.optimizer
+    first, last = _get(ex, "bf16_first_blocks"), _get(ex, "bf16_last_blocks")
+    if fp8 != "none" and (first or last):
+        # TransformerConfig.first_last_layers_bf16 with the counts
+        # (arguments.py --first-last-layers-bf16, --num-layers-at-start-in-bf16,
+        # --num-layers-at-end-in-bf16)
+        s["model.first_last_layers_bf16"] = True
+        s["model.num_layers_at_start_in_bf16"] = int(first)
+        s["model.num_layers_at_end_in_bf16"] = int(last)
     s["model.bias_activation_fusion"] = bool(ex["fused_activation"])
     s["model.transformer_impl"] = "transformer_engine" if _get(ex, "fused_norm") else "local"
     attn = _get(ex, "attention_impl")
@@ -545,6 +553,12 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
         r.choice("model.fp4_recipe", ("nvfp4",), "nvfp4")
         ex["fp8_recipe"] = "nvfp4"
     put("optimizer", r.choice("optimizer.optimizer", ("adam", "sgd"), "adam" if d else None))
+    if r.bool("model.first_last_layers_bf16", False):
+        # Megatron's defaults for the counts are 1 each (arguments.py)
+        ex["bf16_first_blocks"] = r.int("model.num_layers_at_start_in_bf16", 1, minimum=0)
+        ex["bf16_last_blocks"] = r.int("model.num_layers_at_end_in_bf16", 1, minimum=0)
+    elif d:
+        ex["bf16_first_blocks"] = ex["bf16_last_blocks"] = 0
     put("fused_activation", r.bool("model.bias_activation_fusion", True if d else None))
     impl = r.choice("model.transformer_impl", ("transformer_engine", "local"),
                     "transformer_engine" if d else None)

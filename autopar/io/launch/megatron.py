@@ -156,6 +156,7 @@ def _arg_keys() -> dict:
         "ddp.data_parallel_sharding_strategy", "ddp.num_distributed_optimizer_instances",
         "optimizer.optimizer_offload_fraction", "model.fp8", "model.fp8_recipe",
         "model.fp4", "model.fp4_recipe", "optimizer.optimizer",
+        "model.num_layers_at_start_in_bf16", "model.num_layers_at_end_in_bf16",
         "model.transformer_impl", "model.attention_backend", "model.cp_comm_type",
         "model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend",
         "model.num_layers", "model.hidden_size", "model.ffn_hidden_size",
@@ -169,7 +170,7 @@ def _arg_keys() -> dict:
         "model.seq_length", "checkpoint.ckpt_format"]
     for k in names:
         keys[arg_name(k)] = (k, "value")
-    for k in ("model.sequence_parallel", "model.tp_comm_overlap",
+    for k in ("model.sequence_parallel", "model.tp_comm_overlap", "model.first_last_layers_bf16",
               "ddp.use_distributed_optimizer", "ddp.use_megatron_fsdp",
               "ddp.overlap_grad_reduce", "ddp.overlap_param_gather",
               "optimizer.optimizer_cpu_offload", "model.gated_linear_unit",

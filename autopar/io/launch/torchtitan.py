@@ -78,13 +78,11 @@ EXPRESSIBLE = {
     "param_gather_overlap": (False,),
     "first_stage_blocks": (0,),
     "last_stage_blocks": (0,),
-    # (its converters quantize every block's linear layers: no BF16 blocks
-    # are written; a job config's filter_fqns is not read)
-    "bf16_first_blocks": (0,),
-    "bf16_last_blocks": (0,),
     "training": (True,),
     "datatype": ("bfloat16", "float32"),
     "fp8_recipe": ("none", "tensorwise", "rowwise", "mxfp8"),
+    # optimizer Adam, no adapters, no BF16 blocks (its converters quantize
+    # every block's linear layers; a job config's filter_fqns is not read)
     **RECIPE_EXPRESSIBLE,
 }
 FP8 = {"tensorwise": ("quantize.linear.float8", "tensorwise"),
