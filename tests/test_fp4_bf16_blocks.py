@@ -227,10 +227,19 @@ def test_cli_exhaustive_and_estimate_round_trip_bf16_blocks(cli, tmp_path):
             "--all", allp, "--no-progress")
     assert r.returncode == 0, r.stderr
     table = pd.read_parquet(allp)
-    # the fixed count where a recipe is, 0 (forced) where none is
+    # the fixed count on every row; where no recipe is, it changes nothing
     recipe = table["fp8_recipe"].astype(str)
-    assert set(table.loc[recipe != "none", "bf16_last_blocks"]) == {2}
-    assert set(table.loc[recipe == "none", "bf16_last_blocks"]) == {0}
+    assert set(table["bf16_last_blocks"]) == {2}
+    plain = table[(recipe == "none") & table["feasible"]].iloc[0]
+    from autopar.io.layouts import execution_from_row
+    ex = execution_from_row(plain)
+    for k in (2, 0):
+        f = tmp_path / f"plain{k}.json"
+        f.write_text(json.dumps(dict(ex, bf16_last_blocks=k)))
+        out = cli("estimate", MODEL, SYSTEM, f, "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["sample_rate"] == pytest.approx(plain["sample_rate"],
+                                                                       rel=1e-12)
     rec = json.loads(best.read_text())
     load_execution(best)
     e = cli("estimate", MODEL, SYSTEM, best, "--json")
