@@ -49,7 +49,8 @@ import json
 
 from autopar.io.launch.base import Imported, LaunchFormat
 from autopar.io.launch.expressible import (Keys, RECIPE_DEFAULTS, RECIPE_EXPRESSIBLE, divides,
-                                           full, refuse_fields, refuse_values)
+                                           full, json_object, refuse_fields, refuse_values,
+                                           states)
 
 NAME = "deepspeed"
 LAUNCHER = "autopar_launcher"
@@ -177,14 +178,7 @@ def write(model, execution) -> str:
 
 
 def read(text: str, source: str) -> Imported:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        Keys({}, source).fail("(file)", f"invalid JSON at line {e.lineno} column {e.colno}: "
-                                        f"{e.msg}")
-    k = Keys(data, source)
-    if not isinstance(data, dict):
-        k.fail("(root)", "expected a JSON object (a ds_config)")
+    data, k = json_object(text, source, "a ds_config")
     notes: list[str] = []
     ex: dict = {**RECIPE_DEFAULTS,
                 "training": True, "attention_type": "multihead", "pipeline_layout": "even",
@@ -323,13 +317,8 @@ def _enabled(k: Keys, section: str) -> bool:
     return k.bool(section + ".enabled")
 
 
-def writes(field: str, value) -> bool:
-    """Whether the config states ``value`` of ``field`` (``EXPRESSIBLE``)."""
-    return field not in EXPRESSIBLE or value in EXPRESSIBLE[field]
-
-
 FORMAT = LaunchFormat(
-    writes=writes,
+    writes=states(EXPRESSIBLE),
     name=NAME, suffix=".json", framework="deepspeed-zero1", refuse_model=refuse_model,
     refuse_space=refuse_space, refuse_layout=refuse_layout, write=write, read=read,
     describe="a DeepSpeed ds_config JSON with the launcher's parallel sizes "

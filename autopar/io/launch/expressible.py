@@ -70,6 +70,29 @@ def refuse_fields(fmt: str, execution: Mapping, expressible: Mapping[str, tuple]
     return None
 
 
+def states(expressible: Mapping[str, tuple]):
+    """``LaunchFormat.writes`` of a format that lists its values per field:
+    whether it can state ``value`` of ``field`` (a field it does not list:
+    any)."""
+    return lambda field, value: field not in expressible or value in expressible[field]
+
+
+def json_object(text: str, source: str, what: str) -> "tuple[dict, Keys]":
+    """A JSON config's top-level object and its ``Keys``; one line naming the
+    file where the text is not JSON or not an object (``what``: the config
+    it should be)."""
+    import json
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        Keys({}, source).fail("(file)", f"invalid JSON at line {e.lineno} column {e.colno}: "
+                                        f"{e.msg}")
+    k = Keys(data, source)
+    if not isinstance(data, dict):
+        k.fail("(root)", f"expected a JSON object ({what})")
+    return data, k
+
+
 def full(execution: Mapping) -> dict:
     """An execution with every extension field, at its default where absent."""
     return {**EXT_DEFAULTS, **execution}

@@ -36,10 +36,9 @@ block, attention sinks and biases; tied embeddings; quantized checkpoints).
 """
 from __future__ import annotations
 
-import json
 
 from autopar.io.launch.base import Imported, LaunchFormat
-from autopar.io.launch.expressible import Keys
+from autopar.io.launch.expressible import Keys, json_object
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
@@ -48,14 +47,7 @@ ACTIVATIONS = ("silu", "swiglu")
 
 
 def read(text: str, source: str) -> Imported:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        Keys({}, source).fail("(file)", f"invalid JSON at line {e.lineno} column {e.colno}: "
-                                        f"{e.msg}")
-    k = Keys(data, source)
-    if not isinstance(data, dict):
-        k.fail("(root)", "expected a JSON object (a Hugging Face config.json)")
+    data, k = json_object(text, source, "a Hugging Face config.json")
     mt = k.raw("model_type")
     if mt is None:
         k.fail("model_type", "missing key (a Hugging Face config.json names its model_type)")

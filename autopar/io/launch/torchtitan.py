@@ -55,7 +55,7 @@ import tomllib
 
 from autopar.io.launch.base import Imported, LaunchFormat
 from autopar.io.launch.expressible import (Keys, RECIPE_DEFAULTS, RECIPE_EXPRESSIBLE, divides,
-                                           full, refuse_fields, refuse_values)
+                                           full, refuse_fields, refuse_values, states)
 
 NAME = "torchtitan"
 UNSTATED = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
@@ -490,13 +490,8 @@ def settle(execution: dict, model) -> dict:
     return ex
 
 
-def writes(field: str, value) -> bool:
-    """Whether the config states ``value`` of ``field`` (``EXPRESSIBLE``)."""
-    return field not in EXPRESSIBLE or value in EXPRESSIBLE[field]
-
-
 FORMAT = LaunchFormat(
-    writes=writes,
+    writes=states(EXPRESSIBLE),
     name=NAME, suffix=".toml", framework="torchtitan", refuse_model=refuse_model,
     refuse_space=refuse_space, refuse_layout=refuse_layout, write=write, read=read,
     describe="torchtitan's TOML job config (torchtitan 0.2.x, --job.config_file)")
