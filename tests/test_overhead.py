@@ -175,3 +175,72 @@ def test_foundry_h100_attention_is_flash2_published_rate():
     assert h.time_overhead.attention_speed == pytest.approx(0.35 / 0.8, abs=1e-4)
     a = foundry_system("a100_40g")
     assert a.time_overhead is None or a.time_overhead.attention_speed == 0
+
+
+def test_attention_backward_speed_moves_only_the_backward(a100):
+    """``time_overhead.attention_backward_speed`` runs the fused kernel's
+    backward (input gradients and recomputed scores, 3 x the forward's
+    counted flops) at its own speed: the forward does not move, the
+    backward's attention time scales as 1 / speed (halving it doubles the
+    difference), the backward at ``attention_speed``'s value is exactly the
+    one-rate count, and memory does not move; bad values are a SpecError."""
+    m = gpt(seq_size=2048)
+    ex = dict(BASE, batch_size=8)
+
+    def with_speeds(fw, bw):
+        return dataclasses.replace(a100, time_overhead=TimeOverhead(
+            attention_speed=fw, attention_backward_speed=bw))
+    one = evaluate_one(m, with_speeds(0.5, 0), ex)
+    assert evaluate_one(m, with_speeds(0.5, 0.5), ex) == one
+    half = evaluate_one(m, with_speeds(0.5, 0.25), ex)
+    quarter = evaluate_one(m, with_speeds(0.5, 0.125), ex)
+    assert half["block_fw_time"] == one["block_fw_time"]
+    d1 = half["block_agrad_time"] - one["block_agrad_time"]
+    d2 = quarter["block_agrad_time"] - one["block_agrad_time"]
+    assert d1 > 0 and d2 == pytest.approx(3 * d1, rel=1e-9)
+    # The backward's attention time at 0.5 equals d1 (doubling it at 0.25).
+    slower_fw = evaluate_one(m, with_speeds(0.25, 0.5), ex)
+    fw_attention = slower_fw["block_fw_time"] - one["block_fw_time"]
+    assert d1 == pytest.approx(3 * fw_attention, rel=1e-9)   # 3 x the forward's work
+    assert half["proc_mem_tier1_cap_req"] == one["proc_mem_tier1_cap_req"]
+    d = system_to_json(a100)
+    d["time_overhead"] = {"attention_backward_speed": -0.1}
+    with pytest.raises(SpecError) as e:
+        load_system(d)
+    assert e.value.field == "time_overhead.attention_backward_speed"
+    d["time_overhead"] = {"attention_speed": 0.42, "attention_backward_speed": 0.3409}
+    back = load_system(system_to_json(load_system(d))).time_overhead
+    assert (back.attention_speed, back.attention_backward_speed) == (0.42, 0.3409)
+
+
+def test_attention_tile_counts_the_diagonal_tiles(a100):
+    """``time_overhead.attention_tile``: a causal kernel computes the tiles
+    on the diagonal whole, (n + 1) / 2n of the dense work for n tiles.  By
+    hand at 512 tokens and tiles of 128 (n = 4): 5/8 instead of 1/2, so the
+    kernel's forward time grows by a quarter; at 2048 (n = 16) by 1/16; a
+    tile as long as the sequence computes the dense square (twice the
+    half).  0 keeps the exact half; a negative or fractional tile is a
+    SpecError."""
+    ex = dict(BASE, batch_size=8)
+
+    def fw_time(seq, speed, tile):
+        sy = dataclasses.replace(a100, time_overhead=TimeOverhead(
+            attention_speed=speed, attention_tile=tile))
+        return evaluate_one(gpt(seq_size=seq), sy, ex)["block_fw_time"]
+    for seq, n in ((512, 4), (2048, 16)):
+        attention = 2 * (fw_time(seq, 0.5, 0) - fw_time(seq, 1.0, 0))   # the kernel at 0.5
+        grown = fw_time(seq, 0.5, 128) - fw_time(seq, 0.5, 0)
+        assert grown == pytest.approx(attention / n, rel=1e-9)
+    attention = 2 * (fw_time(512, 0.5, 0) - fw_time(512, 1.0, 0))
+    assert fw_time(512, 0.5, 512) - fw_time(512, 0.5, 0) == pytest.approx(attention, rel=1e-9)
+    assert evaluate_one(gpt(seq_size=512), dataclasses.replace(
+        a100, time_overhead=TimeOverhead(attention_tile=0)), ex) == evaluate_one(
+        gpt(seq_size=512), a100, ex)
+    d = system_to_json(a100)
+    for bad in (-1, 1.5):
+        d["time_overhead"] = {"attention_tile": bad}
+        with pytest.raises(SpecError) as e:
+            load_system(d)
+        assert e.value.field == "time_overhead.attention_tile"
+    d["time_overhead"] = {"attention_tile": 128}
+    assert load_system(system_to_json(load_system(d))).time_overhead.attention_tile == 128

@@ -221,11 +221,21 @@ class TimeOverhead:
     ``attention_speed``: the speed of the framework's fused (Flash)
     attention kernel relative to the system's matrix curve, where the
     framework's kernel is known to run slower or faster than the model's
-    default for the execution's ``attention_impl`` (0: that default)."""
+    default for the execution's ``attention_impl`` (0: that default).
+    ``attention_backward_speed``: the same for the kernel's backward pass
+    (its counted work: the attention's input gradients and the recomputed
+    scores), where the kernel's backward runs at another rate than its
+    forward (0: ``attention_speed`` for both passes).
+    ``attention_tile``: the query/key tile (tokens) of the fused kernel's
+    causal loop: a tile that straddles the diagonal is computed whole, so a
+    causal kernel executes (n + 1) / 2n of the dense work for n tiles along
+    the keys, not a half (0: exactly a half, the model's count)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
     attention_speed: float = 0.0
+    attention_backward_speed: float = 0.0
+    attention_tile: int = 0
 
 
 @dataclass(frozen=True)
@@ -867,7 +877,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
     """A ``time_overhead`` object -> TimeOverhead."""
-    c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed"))
+    c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
+                         "attention_backward_speed", "attention_tile"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -880,7 +891,11 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     speed = c.number(o.get("attention_speed", 0.0), f"{path}.attention_speed")
     if not 0 <= speed <= 2:
         c.fail(f"{path}.attention_speed", f"must be in [0, 2], got {speed}")
-    return TimeOverhead(frac, moe_s, launch, speed)
+    bw = c.number(o.get("attention_backward_speed", 0.0), f"{path}.attention_backward_speed")
+    if not 0 <= bw <= 2:
+        c.fail(f"{path}.attention_backward_speed", f"must be in [0, 2], got {bw}")
+    tile = c.int(o.get("attention_tile", 0), f"{path}.attention_tile", minimum=0)
+    return TimeOverhead(frac, moe_s, launch, speed, bw, tile)
 
 
 def read_memory_headroom(c: "Checker", o, capacity_GiB: float | None = None,
@@ -916,7 +931,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
 
 def time_overhead_json(t: TimeOverhead) -> dict:
     out = {"pipeline_fraction": _num(t.pipeline_fraction)}
-    for k in ("moe_block_s", "launch_s", "attention_speed"):
+    for k in ("moe_block_s", "launch_s", "attention_speed", "attention_backward_speed",
+              "attention_tile"):
         if getattr(t, k):
             out[k] = _num(getattr(t, k))
     return out

@@ -116,6 +116,10 @@ class LayoutContext:
         # The framework's fused-attention speed, where stated (layers.flash_attention).
         self.attention_speed = (system.time_overhead.attention_speed
                                 if system.time_overhead else 0.0)
+        # ... its backward's speed and its causal tile, where stated.
+        self.attention_backward_speed = (system.time_overhead.attention_backward_speed
+                                         if system.time_overhead else 0.0)
+        self.attention_tile = system.time_overhead.attention_tile if system.time_overhead else 0
         # Bytes of the optimizer's master copy per weight (narrow datatypes).
         over = system.memory_overhead
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0

@@ -129,7 +129,7 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
         L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
     if "time_scale" in L:
         for s in ("fw", "agrad"):
-            L["flops_time_" + s] = L["flops_time_" + s] * L["time_scale"]
+            L["flops_time_" + s] = L["flops_time_" + s] * L.get("time_scale_" + s, L["time_scale"])
     if L["kind"] == "plain":
         for s in STAGES:
             L["time_" + s] = ctx.processing_time(L["flops_time_" + s], L["mem_time_" + s])
@@ -304,8 +304,10 @@ def swiglu(ctx, size, fused, **kw):
 
 
 # Executed work of a causal FlashAttention kernel relative to the counted
-# (dense) attention flops, and its speed relative to the matrix engine's
-# curve; FlashAttention-2 partitions work better than v1.
+# (dense) attention flops (exactly a half unless time_overhead.attention_tile
+# names the kernel's tile), and its speed relative to the matrix engine's
+# curve (both passes, unless time_overhead.attention_backward_speed names the
+# backward's); FlashAttention-2 partitions work better than v1.
 _FLASH_CAUSAL = 0.5
 _FLASH_SPEED = {"flash_v1": 0.6, "flash_v2": 0.75}
 
@@ -337,8 +339,16 @@ def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=No
     if ctx.attention_speed:
         # The framework's kernel as stated (time_overhead.attention_speed).
         speed = np.full_like(speed, ctx.attention_speed, dtype=float)
+    causal = _FLASH_CAUSAL
+    if ctx.attention_tile:
+        # A tile on the diagonal is computed whole (time_overhead.attention_tile).
+        tiles = np.ceil(sk / ctx.attention_tile)
+        causal = _FLASH_CAUSAL * (1.0 + 1.0 / tiles)
     # Scale the executed flops into the time the kernel takes.
-    L["time_scale"] = _FLASH_CAUSAL / speed
+    L["time_scale"] = causal / speed
+    if ctx.attention_backward_speed:
+        # The kernel's backward at its own rate (time_overhead.attention_backward_speed).
+        L["time_scale_agrad"] = causal / ctx.attention_backward_speed + ctx.zeros
     L["agrad_extra"] = fw                                      # recomputed forward
     return L
 

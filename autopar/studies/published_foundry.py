@@ -57,19 +57,38 @@ FLASH2_LARGE_SCALE = ("H100 80GB BF16 (Large Scale", frozenset({"1b", "3b", "7b"
 #   utilization on the H100 GPU").  On A100 the model's default
 #   (0.75 of the matrix curve: 66% of peak) is inside the 50-73% the
 #   FlashAttention-2 paper reports (Dao 2023, arXiv 2307.08691).
-# * The Triton kernel is FlashAttention(-1)'s algorithm; its own docstring
-#   says "Overall Triton forward + backward is slightly slower than CUDA
-#   forward + backward" (the CUDA FlashAttention-1 of the time).
-#   FlashAttention-1 reaches "only 25-40% of the theoretical maximum
-#   FLOPs/s" (Dao 2023, arXiv 2307.08691, abstract): on A100 the Triton
-#   kernel is taken at that range's upper bound, 40%.  On H100 no
-#   FlashAttention-1 figure is published; FlashAttention-2 is "1.3-2.5x
-#   faster than FlashAttention in Triton" (ibid., section 4.1), so the
-#   Triton kernel on H100 is taken at FlashAttention-2's 35% / 1.3, the
-#   upper bound again.  (Bounds, not fits: the midpoints would be slower.)
+# * The Triton kernel is FlashAttention(-1)'s algorithm in Triton, begun from
+#   the Triton tutorial's fused attention (its docstring); it "only has been
+#   tested on A100", and its forward is "generally faster than CUDA forward,
+#   while Triton backward is generally slower".  On A100, forward and
+#   backward separately: Triton's own performance regression test of its
+#   fused attention (openai/triton python/test/regression/
+#   test_performance.py, ``flash_attention_data['a100']``, the version
+#   without the seq_par/causal arguments, early 2023: causal, 4 x 48 heads
+#   of 64, 4096 tokens, fp16) holds the forward at 37% and the backward at
+#   25% of the tensor-core peak, the backward's work counted as 2.5 x the
+#   forward's (``total_flops *= 2.5``, as flash-attention's
+#   benchmarks/benchmark_flash_attention.py ``flops()`` counts it).  On H100,
+#   for which no Triton figure is published, one rate for both passes:
+#   FlashAttention-2's 35% divided by the least of "1.3-2.5x faster than
+#   FlashAttention in Triton" (FlashAttention-2 paper, section 4.1): 26.9%.
 FA2_H100_PEAK_FRACTION = 0.35
-TRITON_PEAK_FRACTION = {"a100_40g": 0.40, "a100_80g": 0.40,
-                        "h100_80g_nvl8": round(FA2_H100_PEAK_FRACTION / 1.3, 4)}
+TRITON_PEAK_FRACTION = {"a100_40g": (0.37, 0.25), "a100_80g": (0.37, 0.25),
+                        "h100_80g_nvl8": (round(FA2_H100_PEAK_FRACTION / 1.3, 4), None)}
+# A published backward rate counts the kernel's backward as this many
+# forwards (2 for the input gradients + 0.5 for the recomputed scores, the
+# sources above); the model counts 3 (``layers.flash_attention``: input
+# gradients 2 x forward + the recomputed forward), so a published backward
+# rate r runs the model's backward at r x 3 / 2.5.
+KERNEL_BACKWARD_WORK = 2.5
+MODEL_BACKWARD_WORK = 3.0
+# The Triton kernel's causal loop (flash_attn_triton.py at the tables'
+# commits): forward tiles of BLOCK = 128 queries x 128 keys, the loop over
+# keys ending at the tile holding the diagonal (``end_n``); backward tiles of
+# BLOCK_M = BLOCK_N = 128 (its only autotune configs), the loop over queries
+# starting at the diagonal's tile (``begin_m``).  A tile that straddles the
+# diagonal is computed whole.
+TRITON_TILE = 128
 
 
 def attention_kernel(section: str, name: str) -> str:
@@ -83,20 +102,27 @@ def attention_kernel(section: str, name: str) -> str:
 def foundry_system(name: str, kernel: str = "flash"):
     """The system file of a llm-foundry GPU with the row's attention kernel
     at its published rate (``time_overhead.attention_speed`` = the rate as a
-    fraction of peak over the file's bf16 matrix plateau): FlashAttention-2
-    on H100; the Triton kernel on A100 and H100.  FlashAttention-2 on A100:
-    the model's default."""
+    fraction of peak over the file's bf16 matrix plateau; where the forward
+    and backward rates are published apart, ``attention_backward_speed`` =
+    the backward's, on the model's count of the backward's work): FlashAttention-2
+    on H100; the Triton kernel on A100 and H100, with its causal tile
+    (``attention_tile``).  FlashAttention-2 on A100: the model's default."""
     sy = P.system(name, "llm-foundry")
+    backward, tile = None, 0
     if kernel == "triton":
-        rate = TRITON_PEAK_FRACTION[name]
+        rate, backward = TRITON_PEAK_FRACTION[name]
+        tile = TRITON_TILE
     elif name == "h100_80g_nvl8":
         rate = FA2_H100_PEAK_FRACTION
     else:
         return sy
     plateau = max(e for _, e in sy.matrix["bfloat16"].gflops_efficiency)
     t = sy.time_overhead or TimeOverhead()
+    bw = 0.0 if backward is None else round(
+        backward * MODEL_BACKWARD_WORK / KERNEL_BACKWARD_WORK / plateau, 4)
     return dataclasses.replace(sy, time_overhead=dataclasses.replace(
-        t, attention_speed=round(rate / plateau, 4)))
+        t, attention_speed=round(rate / plateau, 4), attention_backward_speed=bw,
+        attention_tile=tile))
 
 
 def mpt_params(name: str, seq: int) -> int:
