@@ -221,11 +221,18 @@ class TimeOverhead:
     ``attention_speed``: the speed of the framework's fused (Flash)
     attention kernel relative to the system's matrix curve, where the
     framework's kernel is known to run slower or faster than the model's
-    default for the execution's ``attention_impl`` (0: that default)."""
+    default for the execution's ``attention_impl`` (0: that default).
+    ``grad_accum_bytes``: bytes of memory traffic per weight, per
+    micro-batch, of a framework that accumulates each weight gradient
+    outside the GEMM that computes it (an optimizer hook adding the fresh
+    16-bit gradient into an fp32 buffer: read 2 + read 4 + write 4 = 10);
+    added to every weighted layer's weight-gradient pass.  0: the GEMM
+    writes or accumulates its gradient in place (Calculon's meaning)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
     attention_speed: float = 0.0
+    grad_accum_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -867,7 +874,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
     """A ``time_overhead`` object -> TimeOverhead."""
-    c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed"))
+    c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
+                         "grad_accum_bytes"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -880,7 +888,10 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     speed = c.number(o.get("attention_speed", 0.0), f"{path}.attention_speed")
     if not 0 <= speed <= 2:
         c.fail(f"{path}.attention_speed", f"must be in [0, 2], got {speed}")
-    return TimeOverhead(frac, moe_s, launch, speed)
+    accum = c.number(o.get("grad_accum_bytes", 0.0), f"{path}.grad_accum_bytes")
+    if not 0 <= accum <= 64:
+        c.fail(f"{path}.grad_accum_bytes", f"must be in [0, 64] bytes, got {accum}")
+    return TimeOverhead(frac, moe_s, launch, speed, accum)
 
 
 def read_memory_headroom(c: "Checker", o, capacity_GiB: float | None = None,
@@ -916,7 +927,7 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
 
 def time_overhead_json(t: TimeOverhead) -> dict:
     out = {"pipeline_fraction": _num(t.pipeline_fraction)}
-    for k in ("moe_block_s", "launch_s", "attention_speed"):
+    for k in ("moe_block_s", "launch_s", "attention_speed", "grad_accum_bytes"):
         if getattr(t, k):
             out[k] = _num(getattr(t, k))
     return out
