@@ -39,19 +39,81 @@ def test_foundry_rows_all_predicted_and_fit(reference):
 
 
 def test_launcher_rows_all_predicted_and_fit(reference):
-    """Every NeMo-Launcher row is predicted to fit with the launcher's default
-    layouts; the convergence run's 1440 global batch on 160 GPUs takes
-    micro-batch 3."""
+    """Every NeMo-Launcher row is predicted to fit with the launcher's
+    configurations of the time; the convergence run's 1440 global batch on
+    160 GPUs is its own run (22.03: TP 2, micro-batch 2, 9 micro-batches)."""
     from autopar.studies.published import TABLES, cases, predict
     table = TABLES["nemo_launcher_a100"]
     rows = predict(table, rank=False)
     assert len(rows) == 12
     assert (rows.status == "predicted").all() and rows.feasible.all()
     conv = [c for _, c in cases(table) if c.execution["batch_size"] == 1440]
-    assert len(conv) == 1 and conv[0].execution["microbatch_size"] == 3
-    big = [c for _, c in cases(table) if c.model.num_blocks == 96]
-    assert big and all(c.execution["tensor_par"] == 4 and c.execution["pipeline_par"] == 8
-                       and c.execution.get("pipeline_interleaving") == 12 for c in big)
+    assert len(conv) == 1
+    ex = conv[0].execution
+    assert (ex["tensor_par"], ex["microbatch_size"], ex["data_par"]) == (2, 2, 80)
+    assert not ex["optimizer_sharding"] and not ex["data_par_overlap"]
+
+
+def test_launcher_rows_map_the_2022_configurations(reference):
+    """The rows run what the launcher's yamls of the figures' dates turn on
+    (docs/validation.md, "NeMo-Megatron-Launcher 2023: what the
+    configurations turn on"): 5B TP 1 / PP 1 / micro-batch 2, no recompute
+    (full/block/0), no sequence parallelism, the gradient reduce-scatter
+    behind the backward; 175B TP 8 / PP 8 / no interleaving / micro-batch 2,
+    selective (core-attention) recompute, sequence parallelism with the
+    input re-gathered in backward, no overlapped gradient sync; every row
+    bf16 with fp32 gradients and fp32 master weights, unfused attention with
+    the fused softmax, the weights gathered in the optimizer step."""
+    from autopar.studies.published import TABLES, cases
+    from autopar.studies.published_foundry import LAUNCHER_FRAMEWORK, LAUNCHER_RUNS
+    got = [c for _, c in cases(TABLES["nemo_launcher_a100"])]
+    five = [c for c in got if c.model.num_blocks == 24 and c.execution["batch_size"] == 2048]
+    big = [c for c in got if c.model.num_blocks == 96]
+    assert len(five) == 6 and len(big) == 5
+    for c in five:
+        ex = c.execution
+        assert (ex["tensor_par"], ex["pipeline_par"], ex["microbatch_size"]) == (1, 1, 2)
+        assert ex["activation_recompute"] == "none" and ex["tensor_par_comm_type"] == "ar"
+        assert ex["optimizer_sharding"] and ex["unsharded_grads"] and ex["data_par_overlap"]
+    for c in big:
+        ex = c.execution
+        assert (ex["tensor_par"], ex["pipeline_par"], ex["pipeline_interleaving"],
+                ex["microbatch_size"]) == (8, 8, 1, 2)
+        assert ex["activation_recompute"] == "attn_only"
+        assert ex["tensor_par_comm_type"] == "rs_ag" and ex["seq_par_ag_redo"]
+        assert not ex["data_par_overlap"]
+    for c in got:
+        ex = c.execution
+        assert ex["attention_impl"] == "fused_softmax" and ex["fp32_grads"]
+        assert ex["datatype"] == "bfloat16" and not ex.get("param_gather_overlap", False)
+        assert c.system.memory_overhead.master_weight_bytes == 4.0
+    assert all("@" in run.source and run.source.endswith(".yaml")
+               for run in LAUNCHER_RUNS.values())
+    assert LAUNCHER_FRAMEWORK == "nemo-megatron-2022"
+
+
+def test_launcher_2022_settings_move_the_prediction(reference):
+    """Each counted setting changes what is predicted the way its source says:
+    the unfused attention and fp32 gradients are slower and larger than
+    flash attention with bf16 gradients, the 175B's selective recompute is
+    slower and smaller than none, and the input re-gathered in backward saves memory."""
+    from autopar.model import evaluate_one
+    from autopar.studies.published import TABLES, cases
+    got = [c for _, c in cases(TABLES["nemo_launcher_a100"])]
+    five = next(c for c in got if c.model.num_blocks == 24 and c.execution["num_procs"] == 8)
+    big = next(c for c in got if c.model.num_blocks == 96 and c.execution["num_procs"] == 1024)
+
+    def run(c, **chg):
+        return evaluate_one(c.model, c.system, dict(c.execution, **chg))
+    base = run(five)
+    flash = run(five, attention_impl="flash_v2", fp32_grads=False)
+    assert base["sample_rate"] < flash["sample_rate"]
+    assert base["proc_mem_tier1_cap_req"] > flash["proc_mem_tier1_cap_req"]
+    sel, none = run(big), run(big, activation_recompute="none")
+    assert sel["recompute_time"] > 0 == none["recompute_time"]
+    assert sel["proc_mem_tier1_cap_req"] < none["proc_mem_tier1_cap_req"]
+    assert sel["proc_mem_tier1_cap_req"] < \
+        run(big, seq_par_ag_redo=False)["proc_mem_tier1_cap_req"]
 
 
 @pytest.mark.parametrize("name", ["llm_foundry_mpt", "nemo_launcher_a100"])

@@ -229,13 +229,20 @@ class TimeOverhead:
     ``attention_tile``: the query/key tile (tokens) of the fused kernel's
     causal loop: a tile that straddles the diagonal is computed whole, so a
     causal kernel executes (n + 1) / 2n of the dense work for n tiles along
-    the keys, not a half (0: exactly a half, the model's count)."""
+    the keys, not a half (0: exactly a half, the model's count).
+    ``grad_accum_bytes``: bytes of memory traffic per weight, per
+    micro-batch, of a framework that accumulates each weight gradient
+    outside the GEMM that computes it (an optimizer hook adding the fresh
+    16-bit gradient into an fp32 buffer: read 2 + read 4 + write 4 = 10);
+    added to every weighted layer's weight-gradient pass.  0: the GEMM
+    writes or accumulates its gradient in place (Calculon's meaning)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
     attention_speed: float = 0.0
     attention_backward_speed: float = 0.0
     attention_tile: int = 0
+    grad_accum_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -878,7 +885,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
     """A ``time_overhead`` object -> TimeOverhead."""
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
-                         "attention_backward_speed", "attention_tile"))
+                         "attention_backward_speed", "attention_tile", "grad_accum_bytes"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -895,7 +902,10 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     if not 0 <= bw <= 2:
         c.fail(f"{path}.attention_backward_speed", f"must be in [0, 2], got {bw}")
     tile = c.int(o.get("attention_tile", 0), f"{path}.attention_tile", minimum=0)
-    return TimeOverhead(frac, moe_s, launch, speed, bw, tile)
+    accum = c.number(o.get("grad_accum_bytes", 0.0), f"{path}.grad_accum_bytes")
+    if not 0 <= accum <= 64:
+        c.fail(f"{path}.grad_accum_bytes", f"must be in [0, 64] bytes, got {accum}")
+    return TimeOverhead(frac, moe_s, launch, speed, bw, tile, accum)
 
 
 def read_memory_headroom(c: "Checker", o, capacity_GiB: float | None = None,
@@ -932,7 +942,7 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
 def time_overhead_json(t: TimeOverhead) -> dict:
     out = {"pipeline_fraction": _num(t.pipeline_fraction)}
     for k in ("moe_block_s", "launch_s", "attention_speed", "attention_backward_speed",
-              "attention_tile"):
+              "attention_tile", "grad_accum_bytes"):
         if getattr(t, k):
             out[k] = _num(getattr(t, k))
     return out

@@ -120,6 +120,10 @@ class LayoutContext:
         self.attention_backward_speed = (system.time_overhead.attention_backward_speed
                                          if system.time_overhead else 0.0)
         self.attention_tile = system.time_overhead.attention_tile if system.time_overhead else 0
+        # Weight-gradient accumulation outside the GEMM, bytes per weight and
+        # micro-batch (layers.layer: the weight-gradient pass's memory time).
+        self.grad_accum_bytes = (system.time_overhead.grad_accum_bytes
+                                 if system.time_overhead else 0.0)
         # Bytes of the optimizer's master copy per weight (narrow datatypes).
         over = system.memory_overhead
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0

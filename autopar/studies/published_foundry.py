@@ -17,9 +17,10 @@ NeMo-Megatron-Launcher's GPT-3 weak scaling on DGX A100.
   the GPT block autopar models.
 * ``nemo_launcher_a100`` (``nemo_launcher_a100_gpt3_scaling.csv``): GPT-3
   5B and 175B weak scaling on DGX A100 80GB (NeMo-Megatron-Launcher README,
-  2023).  The README does not state the layouts; the row notes give the
-  launcher's default ``conf/training/gpt3/{5b,175b}.yaml`` of the same
-  commit, which the source says may not match the runs.
+  figures of 2022).  The README does not state the layouts; the rows take
+  the launcher's ``conf/training/gpt3/{5b,175b}.yaml`` of the dates the
+  figures were written (NeMo Megatron 22.08 and 22.03, ``LAUNCHER_RUNS``),
+  under ``frameworks/nemo-megatron-2022.json``.
 
 What each table leaves unstated and what is assumed: ``docs/validation.md``.
 """
@@ -204,16 +205,81 @@ P.register(P.Table(
 
 # NeMo-Megatron-Launcher GPT-3 on DGX A100 ------------------------------------
 
-# The launcher's conf/training/gpt3/<size>.yaml defaults (the row notes):
-# model file, TP, PP, interleaving, micro-batch, sequence parallelism.
-LAUNCHER_LAYOUTS = {"GPT-3 5B": ("gpt3-5B", 1, 1, 1, 4, False),
-                    "GPT-3 175B": ("gpt3-175B", 4, 8, 12, 1, True)}
+# When the README's GPT-3 tables were measured, and with what.  The README at
+# 80353286 (2023-10-04) that the table cites carries figures written long
+# before: the 5B weak scaling first appears in NVIDIA/NeMo-Megatron-Launcher
+# a2b2f83a (2022-09-06), the 175B weak scaling in 1f1e6be5 (2022-09-07), the
+# 5B convergence run (160 GPUs, global batch 1440) in 261d93af (2022-03-24);
+# none changed afterwards (``git log -S``).  The launcher's
+# conf/training/gpt3/{5b,175b}.yaml of those dates, not those of 2023, say
+# what ran (the 22.08 release, c6ac205a 2022-08-30, and 22.03, 261d93af):
+#
+# * 5B weak scaling (22.08): TP 1, PP 1, micro-batch 2, global batch 2048,
+#   activations_checkpoint_granularity full with method block and 0 layers
+#   (NeMo 1.11's ParallelTransformer._checkpointed_forward then checkpoints
+#   no layer: no recompute), no sequence parallelism, distributed_fused_adam.
+# * 175B weak scaling (22.08): TP 8, PP 8 (no interleaving), micro-batch 2,
+#   selective recompute (the core attention), sequence parallelism,
+#   distributed_fused_adam (NeMo turns its overlapped gradient sync off with
+#   pipeline or sequence parallelism).  64 GPUs, the table's first column,
+#   is exactly one TP 8 x PP 8 model.
+# * 5B convergence run (22.03): TP 2, PP 1, micro-batch 2, global batch 1440,
+#   method block with 0 layers (no recompute), fused_adam (no sharding;
+#   O2's fp32 main gradients all-reduced after the backward: NeMo 1.7
+#   MegatronGPTModel.training_step, allreduce_main_grads).
+#
+# The 2023 yamls the table's notes name (TP 1 / MBS 4 for 5B; TP 4, PP 8,
+# VP 12, MBS 1 for 175B; Megatron-Core GPT, transformer_engine False) came
+# with NeMo Framework 23.x and post-date every figure.
+# What the rest of those stacks did (fp32 master weights and gradients,
+# unfused attention with Apex's fused softmax, ...): frameworks/
+# nemo-megatron-2022.json, with file@commit citations; docs/validation.md
+# "NeMo-Megatron-Launcher 2023: what the configurations turn on".
+
+
+@dataclasses.dataclass(frozen=True)
+class LauncherRun:
+    """One run of the Launcher's README as its configuration of the time set
+    it: the model file, the layout, recompute (autopar's
+    ``activation_recompute``), sequence parallelism, the optimizer (Apex's
+    distributed fused Adam or plain fused Adam) and whether the gradient
+    reduction ran behind the backward, and where that is written."""
+    model: str
+    tp: int
+    pp: int
+    vp: int
+    mbs: int
+    sp: bool
+    recompute: str
+    dist_opt: bool
+    dp_overlap: bool
+    source: str
+
+
+LAUNCHER_FRAMEWORK = "nemo-megatron-2022"
+_L22_08 = "NVIDIA/NeMo-Megatron-Launcher@c6ac205a (2022-08-30, 22.08)"
+# (model, stated global batch or None) -> the run.
+LAUNCHER_RUNS = {
+    ("GPT-3 5B", None): LauncherRun(
+        "gpt3-5B", tp=1, pp=1, vp=1, mbs=2, sp=False, recompute="none", dist_opt=True,
+        dp_overlap=True, source=f"{_L22_08} conf/training/gpt3/5b.yaml"),
+    ("GPT-3 175B", None): LauncherRun(
+        "gpt3-175B", tp=8, pp=8, vp=1, mbs=2, sp=True, recompute="attn_only", dist_opt=True,
+        dp_overlap=False, source=f"{_L22_08} conf/training/gpt3/175b.yaml"),
+    ("GPT-3 5B", 1440): LauncherRun(
+        "gpt3-5B", tp=2, pp=1, vp=1, mbs=2, sp=False, recompute="none", dist_opt=False,
+        dp_overlap=False,
+        source="NVIDIA/NeMo-Megatron-Launcher@261d93af (2022-03-24, 22.03) "
+               "conf/training/gpt3/5b.yaml"),
+}
 LAUNCHER_GLOBAL_BATCH = 2048
 
 
 # What the Launcher's README leaves unstated (``validate published
 # --partial``): the whole layout but the model, the GPUs and the sequence
-# (global batch only on the convergence row).  Searched: tensor, pipeline and
+# (global batch only on the convergence row); the configurations of the
+# time (``LAUNCHER_RUNS``) are the evidence the row function uses, but the
+# README does not say the runs used them.  Searched: tensor, pipeline and
 # interleaving sizes, micro-batch (every value autopar's rules allow),
 # recompute (Megatron-Core's none / selective / full), sequence parallelism
 # (rs_ag or plain all-reduce) and TP communication overlap; the distributed
@@ -226,46 +292,57 @@ LAUNCHER_UNSTATED = {"tensor_par": None, "pipeline_par": None, "pipeline_interle
                      "data_par_overlap": (True, False), "param_gather_overlap": (True, False)}
 
 
+def launcher_execution(run: LauncherRun, system_, n: int, gbs: int) -> dict:
+    """The execution of ``run`` on ``n`` GPUs at global batch ``gbs``: the
+    layout and options of ``LAUNCHER_RUNS``, with what NeMo Megatron
+    22.03-22.08 did besides (``frameworks/nemo-megatron-2022.json``): bf16
+    O2 with fp32 main gradients, unfused attention with the fused
+    scale-mask-softmax, the weights all-gathered in the optimizer step (not
+    overlapped), and with sequence parallelism the column-parallel layers'
+    input all-gathered again in backward (``seq_par_ag_redo``: Apex saved
+    the shard)."""
+    dp = n // (run.tp * run.pp)
+    ex = P.megatron_execution(system_, n=n, tp=run.tp, pp=run.pp, dp=dp, gbs=gbs,
+                              mbs=run.mbs, vp=run.vp, sp=run.sp, recompute=run.recompute,
+                              dist_opt=run.dist_opt, dp_overlap=run.dp_overlap,
+                              flash=False, fp32_grads=True)
+    ex.update(attention_impl="fused_softmax", param_gather_overlap=False,
+              seq_par_ag_redo=run.sp and run.tp > 1)
+    return ex
+
+
 def launcher_row(row) -> "P.PublishedCase | P.Skip":
-    """One NeMo-Megatron-Launcher row: the launcher's default layout for the
-    model (``LAUNCHER_LAYOUTS``), global batch 2048 unless the row states
-    one (then the largest micro-batch up to the default that divides it), bf16 with ``megatron_amp_O2``, no recompute, Apex's distributed
-    fused Adam with overlapped gradient and parameter sync (gradients synced
-    in bf16, master weights as 16-bit remainders: NeMo 1.x, as ``nemo_h100``),
-    flash attention (NeMo 1.x builds its Megatron-Core GPT, ``mcore_gpt:
-    True``, from Transformer Engine's layer spec, whose attention is fused;
-    with the unfused attention the 5B default, micro-batch 4, does not fit
-    in 80 GB: 105-111 GiB predicted)."""
+    """One NeMo-Megatron-Launcher row: the run's configuration of the time
+    (``LAUNCHER_RUNS``, keyed by model and the stated global batch; 2048,
+    the launcher's, where none is stated) on the A100 system under
+    ``frameworks/nemo-megatron-2022.json`` (``launcher_execution``)."""
     n = int(row.n_gpus)
-    label = f"{row.model} {n} GPUs" + (f" gbs {int(row.global_batch)}"
-                                       if P.int_or_none(row.global_batch) else "")
-    if row.model not in LAUNCHER_LAYOUTS:
-        return P.Skip(f"no launcher default layout for {row.model}", label)
-    name, tp, pp, vp, mbs, sp = LAUNCHER_LAYOUTS[row.model]
-    m = P.model(name, seq_size=int(row.seq_len))
-    sy = P.system("a100_80g", "nemo1-apex")      # Apex master-weight remainders
-    if n % (tp * pp):
-        return P.Skip(f"{n} GPUs do not hold TP {tp} x PP {pp}", label)
-    dp = n // (tp * pp)
-    gbs = P.int_or_none(row.global_batch) or LAUNCHER_GLOBAL_BATCH
-    if gbs % dp:
-        return P.Skip(f"global batch {gbs} not divisible by data_par {dp}", label)
-    # A stated global batch the default micro-batch does not divide (the
-    # convergence run: 1440 on 160 GPUs, 9 per rank) takes the largest
-    # micro-batch below the default that does.
-    mbs = max(b for b in range(1, mbs + 1) if (gbs // dp) % b == 0)
-    if m.num_blocks % (pp * vp):
-        return P.Skip(f"{m.num_blocks} blocks do not split into PP {pp} x VP {vp}", label)
-    ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, gbs=gbs, mbs=mbs, vp=vp,
-                              sp=sp, fp32_grads=False)
+    stated = P.int_or_none(row.global_batch)
+    label = f"{row.model} {n} GPUs" + (f" gbs {stated}" if stated else "")
+    run = LAUNCHER_RUNS.get((row.model, stated))
+    if run is None:
+        return P.Skip(f"no launcher configuration for {row.model}"
+                      + (f" at global batch {stated}" if stated else ""), label)
+    m = P.model(run.model, seq_size=int(row.seq_len))
+    sy = P.system("a100_80g", LAUNCHER_FRAMEWORK)
+    if n % (run.tp * run.pp):
+        return P.Skip(f"{n} GPUs do not hold TP {run.tp} x PP {run.pp}", label)
+    dp = n // (run.tp * run.pp)
+    gbs = stated or LAUNCHER_GLOBAL_BATCH
+    if gbs % (dp * run.mbs):
+        return P.Skip(f"global batch {gbs} not divisible by data_par {dp} x "
+                      f"micro-batch {run.mbs}", label)
+    if m.num_blocks % (run.pp * run.vp):
+        return P.Skip(f"{m.num_blocks} blocks do not split into PP {run.pp} x VP {run.vp}",
+                      label)
+    ex = launcher_execution(run, sy, n, gbs)
     tok = float(row.tokens_per_sec) / n
     return P.PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
 
 
 P.register(P.Table(
     "nemo_launcher_a100", "nemo_launcher_a100_gpt3_scaling.csv", launcher_row,
-    "NeMo-Megatron-Launcher (NeMo 1.x, 2023)",
-    "GPT-3 5B and 175B weak scaling on DGX A100 80GB; layouts from the launcher's default "
-    "configurations (not stated by the source)",
+    "NeMo Megatron 22.03-22.08 (NeMo-Megatron-Launcher README)",
+    "GPT-3 5B and 175B weak scaling on DGX A100 80GB; layouts from the launcher's "
+    "configurations of the dates the figures were written (not stated by the source)",
     unstated=LAUNCHER_UNSTATED))
-
