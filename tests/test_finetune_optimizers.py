@@ -129,6 +129,41 @@ def test_lora_targets_and_rank(gpt, roomy):
     assert att["block_weight_grad_space"] == 2 * 8 * 4 * (2 * h)
 
 
+def test_lora_fused_qkv_adapter_by_hand(gpt, roomy):
+    # NeMo's attention_qkv: one adapter on the fused QKV projection, A of
+    # h x r and B of r x 3h (q, k, v of h each here): r (h + 3h) weights.
+    qkv = run(gpt, roomy, adapter="lora", adapter_rank=8, adapter_targets="qkv")
+    full = run(gpt, roomy)
+    assert qkv["block_weight_grad_space"] == 2 * 8 * (h + 3 * h)
+    assert qkv["block_optimizer_space"] == 12 * 8 * (h + 3 * h)
+    assert qkv["block_fw_flops"] - full["block_fw_flops"] == 2 * TOKENS * 8 * (h + 3 * h)
+    # Fewer weights than three adapters of its own for q, k and v.
+    att = run(gpt, roomy, adapter="lora", adapter_rank=8, adapter_targets="attention")
+    assert qkv["block_weight_grad_space"] < att["block_weight_grad_space"] - 2 * 8 * 2 * h
+
+
+def test_attention_span_shortens_only_the_flash_core_by_hand(gpt, roomy):
+    # Packed documents (attention_span l): the FlashAttention core computes
+    # 4 mbs heads s l d forward FLOPs instead of 4 mbs heads s s d; nothing
+    # else changes.
+    flash = {"attention_impl": "flash_v2"}
+    whole = run(gpt, roomy, **flash)
+    packed = run(gpt, roomy, attention_span=256, **flash)
+    heads, d, s, mbs = GPT["attn_heads"], GPT["attn_size"], GPT["seq_size"], 2
+    assert whole["block_fw_flops"] - packed["block_fw_flops"] == \
+        4 * mbs * heads * s * (s - 256) * d
+    assert packed["fw_time"] < whole["fw_time"]
+    assert packed["block_weight_space"] == whole["block_weight_space"]
+    assert packed["proc_mem_tier1_cap_req"] == whole["proc_mem_tier1_cap_req"]
+    # A span of the whole sequence (or more) is the default's figures.
+    same = run(gpt, roomy, attention_span=s, **flash)
+    assert same["total_time"] == whole["total_time"]
+    # An unfused attention computes the masked s x s scores in full.
+    unfused = run(gpt, roomy, attention_impl="unfused")
+    unfused_packed = run(gpt, roomy, attention_impl="unfused", attention_span=256)
+    assert unfused_packed["total_time"] == unfused["total_time"]
+
+
 def test_qlora_stores_nf4_and_dequantises(gpt, roomy):
     lora = run(gpt, roomy, adapter="lora")
     q = run(gpt, roomy, adapter="qlora")
@@ -201,8 +236,10 @@ def test_finetune_space_searches_the_recipe_fields():
                    "adapter_targets": "derived"},
         "fixed": {p: v for p, v in spec.fixed.items()
                   if p not in ("adapter", "optimizer", "adapter_targets")}})
-    # Each recipe multiplies the layouts: 2 adapters x 4 optimizers x 3 targets.
-    assert wide.size(case) == 24 * n
+    # Each recipe multiplies the layouts: 2 adapters x 4 optimizers x 4 targets
+    # (all, attention, qv, qkv).
+    assert len(CHOICES["adapter_targets"]) == 4
+    assert wide.size(case) == 32 * n
     chunk = next(iter(wide.enumerate(case, 10 ** 6)))
     assert set(np.unique(chunk["optimizer"])) == set(range(4))
     # Without an adapter the rank and targets are forced to their defaults.

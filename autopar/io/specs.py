@@ -1088,6 +1088,10 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
     if out.get("sequence_fill", 100) > 100:
         c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
                                 f"sequence's tokens that are real)")
+    if model is not None and out.get("attention_span", 0) > model.seq_size:
+        c.fail("attention_span", f"{out['attention_span']} exceeds the model's seq_size "
+                                 f"{model.seq_size} (the keys a query of a packed document "
+                                 f"attends to)")
     if system is not None:
         if out.get("datatype") in GEMM_ONLY_DATATYPES:
             c.fail("datatype", f"{out['datatype']!r} is a GEMM rate, not a working datatype: "
