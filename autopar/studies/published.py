@@ -43,6 +43,7 @@ from autopar.studies.published_base import (  # noqa: F401  (the registry, read 
     shared_reference,
     register, system, tiers)
 from autopar.studies import published_foundry  # noqa: F401  (registers its tables)
+from autopar.studies import published_finetune  # noqa: F401  (registers its table)
 from autopar.studies.published_moe import bridge_qwen3, simumax_moe
 
 

@@ -139,3 +139,68 @@ def predict() -> list[dict]:
             rec.update(predicted=f"{need:.0f} GB", value=need, ok=need >= row.value)
         out.append(rec)
     return out
+
+
+# ----------------------------------------------------------------------------
+# Qwen's LoRA profile (throughput): the table ``qwen_lora_a100``.
+#
+# QwenLM/Qwen README.md, "Profiling of Memory and Speed": peak memory and
+# seconds per iteration of Qwen 1.8B-72B fine-tuned with LoRA, LoRA (emb),
+# Q-LoRA and in full on A100-SXM4-80G GPUs, batch 1 a GPU and gradient
+# accumulation 8 (an iteration is 8 sequences a GPU), FlashAttention-2, for
+# sequences of 256-8192 tokens.  The runs are the repository's finetune.py
+# (Hugging Face Trainer + PEFT): bf16 weights, gradient checkpointing (every
+# finetune/*.sh passes --gradient_checkpointing), LoRA of r 64 on c_attn (the
+# fused QKV projection), c_proj (the attention's output and the MLP's down
+# projection: PEFT matches the name's suffix), w1 and w2 (the MLP's two
+# input projections) -- autopar's ``all`` (it counts q, k, v as three
+# adapters and w1, w2 as one of twice the width: a few MFLOPs a token off),
+# dropout 0.05 on each adapter's input not counted; sequences padded to the
+# length (finetune.py ``preprocess`` pads every sample to max_len), so
+# every token is computed; Qwen's modeling code runs its RMSNorm and SwiGLU
+# as separate PyTorch ops unless flash-attention's optional csrc/layer_norm
+# is built (the README leaves it commented out): unfused norms and
+# activation.  Skipped: LoRA (emb) (the embedding and output layer trained
+# beside the adapters: not modelled), Q-LoRA (GPTQ int4 checkpoints through
+# auto-gptq, not NF4), full-parameter and multi-GPU rows (their DeepSpeed
+# configuration and, across nodes, the network are not stated; memory is
+# printed summed over the GPUs), 72B (no model file).
+
+QWEN_MODELS = {"Qwen-1.8B": "qwen-1.8B", "Qwen-7B": "qwen-7B", "Qwen-14B": "qwen-14B"}
+QWEN_LORA = {"adapter": "lora", "adapter_rank": 64, "adapter_targets": "all"}
+
+
+def _qwen_lora(row):
+    from autopar.studies.published_base import PublishedCase, Skip, model, system
+    label = f"{row.model} {row.method} seq {int(row.seq_len)}"
+    if str(row.s_per_it) in ("", "nan"):
+        return Skip("no figure printed (out of memory)", label)
+    if row.method != "LoRA":
+        why = {"LoRA (emb)": "trainable embedding and output layer beside the adapters "
+                             "are not modelled",
+               "Q-LoRA": "Q-LoRA here is GPTQ int4 (auto-gptq), not NF4"}
+        return Skip(why.get(row.method, "DeepSpeed configuration (and network) not stated"),
+                    label)
+    if row.model not in QWEN_MODELS:
+        return Skip(f"no model file for {row.model}", label)
+    seq = int(row.seq_len)
+    m = model(QWEN_MODELS[row.model], seq_size=seq)
+    sy = system("a100_80g")
+    per_gpu = int(row.batch_per_gpu) * int(row.grad_accum)
+    ex = _exe(1, batch_size=per_gpu, microbatch_size=int(row.batch_per_gpu),
+              fused_activation=False, fused_norm=False, **QWEN_LORA)
+    tok = seq * per_gpu / float(row.s_per_it)
+    return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok,
+                                     "peak_mem_gib": float(row.memory_G)}, label)
+
+
+def _register():
+    from autopar.studies.published_base import Table, register
+    register(Table(
+        "qwen_lora_a100", "qwen_lora_a100.csv", _qwen_lora, "Hugging Face + PEFT (Qwen)",
+        "Qwen 1.8B/7B/14B LoRA on one A100 80GB (QwenLM/Qwen README profile): "
+        "sequences of 256-8192 tokens; LoRA (emb), Q-LoRA, full and multi-GPU rows skipped",
+        unstated={"fused_norm": (False, True), "fused_activation": (False, True)}))
+
+
+_register()
