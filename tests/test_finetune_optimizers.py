@@ -164,6 +164,28 @@ def test_attention_span_shortens_only_the_flash_core_by_hand(gpt, roomy):
     assert unfused_packed["total_time"] == unfused["total_time"]
 
 
+def test_framework_adapter_elementwise_bytes_by_hand(gpt, roomy):
+    # A framework's adapter work beyond its GEMMs (PEFT 0.5: casts, dropout,
+    # scaling, the add; frameworks/hf-peft.json): per adapter of n inputs
+    # and k outputs, B (n fw_in + k fw_out) bytes forward and B (n bw_in +
+    # k bw_out) backward, B the micro-batch's tokens.
+    from autopar.io.frameworks import load_framework, with_framework
+    peft = with_framework(roomy, load_framework("hf-peft"))
+    fw_in, fw_out, bw_in, bw_out = peft.time_overhead.adapter_bytes
+    assert (fw_in, fw_out, bw_in, bw_out) == (21, 10, 27, 4)
+    plain = run(gpt, roomy, adapter="lora", adapter_rank=R)
+    framed = run(gpt, peft, adapter="lora", adapter_rank=R)
+    sum_n = sum(m for m, n in MATRICES)          # the adapters' inputs
+    sum_k = sum(n for m, n in MATRICES)          # and outputs
+    assert framed["block_fw_mem_accessed"] - plain["block_fw_mem_accessed"] == \
+        TOKENS * (sum_n * fw_in + sum_k * fw_out)
+    assert framed["block_agrad_mem_accessed"] - plain["block_agrad_mem_accessed"] == \
+        TOKENS * (sum_n * bw_in + sum_k * bw_out)
+    assert framed["total_time"] > plain["total_time"]
+    # Without adapters the framework's record changes nothing.
+    assert run(gpt, peft)["total_time"] == run(gpt, roomy)["total_time"]
+
+
 def test_qlora_stores_nf4_and_dequantises(gpt, roomy):
     lora = run(gpt, roomy, adapter="lora")
     q = run(gpt, roomy, adapter="qlora")
@@ -286,3 +308,11 @@ def test_qlora_with_fp8_is_refused(gpt, roomy):
     from autopar.model.rules import REASONS
     assert "qlora" in REASONS[int(s["reason_code"])]
     assert run(gpt, roomy, adapter="lora", datatype="bfloat16", fp8_recipe="tensorwise")
+
+
+@pytest.mark.parametrize("bad", [{"forward_input": -1}, {"forward_in": 3}, [21, 10, 27, 4]])
+def test_adapter_elementwise_bytes_bad_input_names_the_field(bad):
+    from autopar.io.frameworks import load_framework
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "time_overhead": {"adapter_elementwise_bytes": bad}})
+    assert "adapter_elementwise_bytes" in str(e.value)

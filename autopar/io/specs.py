@@ -221,11 +221,18 @@ class TimeOverhead:
     ``attention_speed``: the speed of the framework's fused (Flash)
     attention kernel relative to the system's matrix curve, where the
     framework's kernel is known to run slower or faster than the model's
-    default for the execution's ``attention_impl`` (0: that default)."""
+    default for the execution's ``attention_impl`` (0: that default).
+    ``adapter_bytes``: bytes the framework's LoRA adapter moves beyond its
+    two GEMMs, per element of the adapted layer's input and output, in the
+    forward and in the backward pass -- (forward_input, forward_output,
+    backward_input, backward_output): its casts, dropout, scaling and the
+    add into the base layer's output (``autopar.model.adapters``; zeros:
+    the GEMMs only)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
     attention_speed: float = 0.0
+    adapter_bytes: tuple = (0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -867,7 +874,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
     """A ``time_overhead`` object -> TimeOverhead."""
-    c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed"))
+    c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
+                         "adapter_elementwise_bytes"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -880,7 +888,22 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     speed = c.number(o.get("attention_speed", 0.0), f"{path}.attention_speed")
     if not 0 <= speed <= 2:
         c.fail(f"{path}.attention_speed", f"must be in [0, 2], got {speed}")
-    return TimeOverhead(frac, moe_s, launch, speed)
+    ab = (0.0, 0.0, 0.0, 0.0)
+    if "adapter_elementwise_bytes" in o:
+        ap = f"{path}.adapter_elementwise_bytes"
+        a = o["adapter_elementwise_bytes"]
+        if not isinstance(a, dict):
+            c.fail(ap, f"expected an object of {', '.join(ADAPTER_BYTES_KEYS)}")
+        c.keys(a, ap, (), ADAPTER_BYTES_KEYS)
+        ab = tuple(c.number(a.get(k, 0.0), f"{ap}.{k}") for k in ADAPTER_BYTES_KEYS)
+        for k, x in zip(ADAPTER_BYTES_KEYS, ab):
+            if not 0 <= x <= 1000:
+                c.fail(f"{ap}.{k}", f"must be in [0, 1000] bytes an element, got {x}")
+    return TimeOverhead(frac, moe_s, launch, speed, ab)
+
+
+# The keys of ``time_overhead.adapter_elementwise_bytes`` (TimeOverhead.adapter_bytes).
+ADAPTER_BYTES_KEYS = ("forward_input", "forward_output", "backward_input", "backward_output")
 
 
 def read_memory_headroom(c: "Checker", o, capacity_GiB: float | None = None,
@@ -919,6 +942,9 @@ def time_overhead_json(t: TimeOverhead) -> dict:
     for k in ("moe_block_s", "launch_s", "attention_speed"):
         if getattr(t, k):
             out[k] = _num(getattr(t, k))
+    if any(t.adapter_bytes):
+        out["adapter_elementwise_bytes"] = {k: _num(x) for k, x in
+                                            zip(ADAPTER_BYTES_KEYS, t.adapter_bytes)}
     return out
 
 

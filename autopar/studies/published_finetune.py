@@ -185,7 +185,7 @@ def _qwen_lora(row):
         return Skip(f"no model file for {row.model}", label)
     seq = int(row.seq_len)
     m = model(QWEN_MODELS[row.model], seq_size=seq)
-    sy = system("a100_80g")
+    sy = system("a100_80g", "hf-peft")
     per_gpu = int(row.batch_per_gpu) * int(row.grad_accum)
     ex = _exe(1, batch_size=per_gpu, microbatch_size=int(row.batch_per_gpu),
               fused_activation=False, fused_norm=False, **QWEN_LORA)
