@@ -36,6 +36,9 @@ class Row:
     value: float | tuple
     assumed: str
     framework: str | None = None   # frameworks/<name>.json, where the source names one
+    # memory_overhead fields the run's own configuration sets (replacing the
+    # framework file's), each counted from the run's code or config
+    overhead: dict | None = None
 
 
 def _exe(n: int, **kw) -> dict:
@@ -76,12 +79,28 @@ ROWS = (
         "benchmark-finetune-lora-v1)",
         "25.7 GB peak per GPU", "llama2-7B", 8192, "a100_80g", None,
         _exe(8, adapter="lora", adapter_rank=8, adapter_targets="attention",
-             optimizer_sharding=True),
+             optimizer_sharding=True, fused_norm=False, fused_activation=False),
         "memory_GB", 25.7,
-        "LongLoRA's LoRA: rank 8 on q, k, v, o; micro-batch 1 a GPU, FlashAttention-2, "
-        "DeepSpeed ZeRO-2 (frameworks/deepspeed-zero2.json: its gradient bucket and one "
-        "fp32 copy of the logits), gradient checkpointing (as the row states)",
-        framework="deepspeed-zero2"),
+        "LongLoRA's fine-tune.py: LoRA rank 8 on q, k, v, o (dropout 0), bf16 base; micro-"
+        "batch 1 a GPU, FlashAttention-2, gradient checkpointing; Hugging Face Llama "
+        "(transformers 4.34, requirements.txt): RMSNorm and SwiGLU as separate ops; "
+        "DeepSpeed ZeRO-2 (frameworks/deepspeed-zero2.json) with the repository's "
+        "ds_configs/stage2.json: reduce_bucket_size 1e9 with overlap_comm, so two 16-bit "
+        "gradient buckets of 1e9 elements (3.73 GiB); the loss holds three fp32 copies of "
+        "the logits at its peak (LlamaForCausalLM.forward)",
+        framework="deepspeed-zero2",
+        # DeepSpeed v0.10.3 deepspeed/runtime/zero/stage_1_and_2.py
+        # DeepSpeedZeroOptimizer.backward: with contiguous_gradients it
+        # allocates ipg_buffer of reduce_bucket_size elements in the 16-bit
+        # dtype, and a second one with overlap_comm ("double buffers");
+        # LongLoRA's ds_configs/stage2.json sets reduce_bucket_size 1e9 and
+        # overlap_comm true: 2 x 1e9 x 2 bytes.  transformers 4.34
+        # LlamaForCausalLM.forward: logits.float() (fp32 logits, returned),
+        # shift_logits = logits[..., :-1, :].contiguous() (a second fp32
+        # copy), CrossEntropyLoss's log_softmax output (a third, saved for
+        # backward): 12 bytes a logit at the peak, when the bf16 logits are
+        # already freed -- the model's 2 (bf16 logits) + 2.5 fp32 copies.
+        overhead={"reserved_GiB": 2 * 1e9 * 2 / 1024 ** 3, "logits_fp32_copies": 2.5}),
 )
 
 # Muon's end-to-end overhead over AdamW, 1 to 3 % in Moonshot's runs (Liu et
@@ -109,6 +128,9 @@ def _case(row: Row):
         system = dataclasses.replace(system, mem1=mem1)
     if row.framework is not None:
         system = with_framework(system, load_framework(row.framework))
+    if row.overhead:
+        over = dataclasses.replace(system.memory_overhead, **row.overhead)
+        system = dataclasses.replace(system, memory_overhead=over)
     return model, system
 
 
