@@ -14,7 +14,7 @@ from autopar.model.finetune import NF4_BYTES
 from autopar.model.hardware import ComputeEngine
 from autopar.model.optimizers import newton_schulz_flops
 from autopar.io.layouts import CHOICES
-from tests.conftest import one_proc_execution
+from tests.conftest import REPO_ROOT, one_proc_execution
 
 h, f, BLOCKS = 1024, 4096, 8
 GPT = {"hidden": h, "feedforward": f, "seq_size": 2048, "attn_heads": 16,
@@ -316,3 +316,18 @@ def test_adapter_elementwise_bytes_bad_input_names_the_field(bad):
     with pytest.raises(SpecError) as e:
         load_framework({"name": "x", "time_overhead": {"adapter_elementwise_bytes": bad}})
     assert "adapter_elementwise_bytes" in str(e.value)
+
+
+def test_attention_span_shortens_multi_head_latent_attention_too(roomy):
+    # DeepSeek-V2's MLA core (heads x (qk 192, v 128)): forward FLOPs
+    # 2 mbs heads s span (dqk + dv) instead of ... s s ...
+    import dataclasses
+    m = load_model(REPO_ROOT / "models" / "deepseek-v2.json")
+    m = dataclasses.replace(m, num_blocks=2, seq_size=4096)
+    kw = {"attention_impl": "flash_v2", "datatype": "bfloat16", "microbatch_size": 1}
+    whole = evaluate_one(m, roomy, one_proc_execution(**kw))
+    packed = evaluate_one(m, roomy, one_proc_execution(attention_span=512, **kw))
+    heads, dqk, dv, s = m.attn_heads, 192, 128, 4096
+    assert whole["block_fw_flops"] - packed["block_fw_flops"] == \
+        2 * heads * s * (s - 512) * (dqk + dv)
+    assert packed["fw_time"] < whole["fw_time"]
