@@ -14,7 +14,7 @@ from autopar.model.finetune import NF4_BYTES
 from autopar.model.hardware import ComputeEngine
 from autopar.model.optimizers import newton_schulz_flops
 from autopar.io.layouts import CHOICES
-from tests.conftest import one_proc_execution
+from tests.conftest import REPO_ROOT, one_proc_execution
 
 h, f, BLOCKS = 1024, 4096, 8
 GPT = {"hidden": h, "feedforward": f, "seq_size": 2048, "attn_heads": 16,
@@ -129,6 +129,63 @@ def test_lora_targets_and_rank(gpt, roomy):
     assert att["block_weight_grad_space"] == 2 * 8 * 4 * (2 * h)
 
 
+def test_lora_fused_qkv_adapter_by_hand(gpt, roomy):
+    # NeMo's attention_qkv: one adapter on the fused QKV projection, A of
+    # h x r and B of r x 3h (q, k, v of h each here): r (h + 3h) weights.
+    qkv = run(gpt, roomy, adapter="lora", adapter_rank=8, adapter_targets="qkv")
+    full = run(gpt, roomy)
+    assert qkv["block_weight_grad_space"] == 2 * 8 * (h + 3 * h)
+    assert qkv["block_optimizer_space"] == 12 * 8 * (h + 3 * h)
+    assert qkv["block_fw_flops"] - full["block_fw_flops"] == 2 * TOKENS * 8 * (h + 3 * h)
+    # Fewer weights than three adapters of its own for q, k and v.
+    att = run(gpt, roomy, adapter="lora", adapter_rank=8, adapter_targets="attention")
+    assert qkv["block_weight_grad_space"] < att["block_weight_grad_space"] - 2 * 8 * 2 * h
+
+
+def test_attention_span_shortens_only_the_flash_core_by_hand(gpt, roomy):
+    # Packed documents (attention_span l): the FlashAttention core computes
+    # 4 mbs heads s l d forward FLOPs instead of 4 mbs heads s s d; nothing
+    # else changes.
+    flash = {"attention_impl": "flash_v2"}
+    whole = run(gpt, roomy, **flash)
+    packed = run(gpt, roomy, attention_span=256, **flash)
+    heads, d, s, mbs = GPT["attn_heads"], GPT["attn_size"], GPT["seq_size"], 2
+    assert whole["block_fw_flops"] - packed["block_fw_flops"] == \
+        4 * mbs * heads * s * (s - 256) * d
+    assert packed["fw_time"] < whole["fw_time"]
+    assert packed["block_weight_space"] == whole["block_weight_space"]
+    assert packed["proc_mem_tier1_cap_req"] == whole["proc_mem_tier1_cap_req"]
+    # A span of the whole sequence (or more) is the default's figures.
+    same = run(gpt, roomy, attention_span=s, **flash)
+    assert same["total_time"] == whole["total_time"]
+    # An unfused attention computes the masked s x s scores in full.
+    unfused = run(gpt, roomy, attention_impl="unfused")
+    unfused_packed = run(gpt, roomy, attention_impl="unfused", attention_span=256)
+    assert unfused_packed["total_time"] == unfused["total_time"]
+
+
+def test_framework_adapter_elementwise_bytes_by_hand(gpt, roomy):
+    # A framework's adapter work beyond its GEMMs (PEFT 0.5: casts, dropout,
+    # scaling, the add; frameworks/hf-peft.json): per adapter of n inputs
+    # and k outputs, B (n fw_in + k fw_out) bytes forward and B (n bw_in +
+    # k bw_out) backward, B the micro-batch's tokens.
+    from autopar.io.frameworks import load_framework, with_framework
+    peft = with_framework(roomy, load_framework("hf-peft"))
+    fw_in, fw_out, bw_in, bw_out = peft.time_overhead.adapter_bytes
+    assert (fw_in, fw_out, bw_in, bw_out) == (21, 10, 27, 4)
+    plain = run(gpt, roomy, adapter="lora", adapter_rank=R)
+    framed = run(gpt, peft, adapter="lora", adapter_rank=R)
+    sum_n = sum(m for m, n in MATRICES)          # the adapters' inputs
+    sum_k = sum(n for m, n in MATRICES)          # and outputs
+    assert framed["block_fw_mem_accessed"] - plain["block_fw_mem_accessed"] == \
+        TOKENS * (sum_n * fw_in + sum_k * fw_out)
+    assert framed["block_agrad_mem_accessed"] - plain["block_agrad_mem_accessed"] == \
+        TOKENS * (sum_n * bw_in + sum_k * bw_out)
+    assert framed["total_time"] > plain["total_time"]
+    # Without adapters the framework's record changes nothing.
+    assert run(gpt, peft)["total_time"] == run(gpt, roomy)["total_time"]
+
+
 def test_qlora_stores_nf4_and_dequantises(gpt, roomy):
     lora = run(gpt, roomy, adapter="lora")
     q = run(gpt, roomy, adapter="qlora")
@@ -201,8 +258,10 @@ def test_finetune_space_searches_the_recipe_fields():
                    "adapter_targets": "derived"},
         "fixed": {p: v for p, v in spec.fixed.items()
                   if p not in ("adapter", "optimizer", "adapter_targets")}})
-    # Each recipe multiplies the layouts: 2 adapters x 4 optimizers x 3 targets.
-    assert wide.size(case) == 24 * n
+    # Each recipe multiplies the layouts: 2 adapters x 4 optimizers x 4 targets
+    # (all, attention, qv, qkv).
+    assert len(CHOICES["adapter_targets"]) == 4
+    assert wide.size(case) == 32 * n
     chunk = next(iter(wide.enumerate(case, 10 ** 6)))
     assert set(np.unique(chunk["optimizer"])) == set(range(4))
     # Without an adapter the rank and targets are forced to their defaults.
@@ -249,3 +308,26 @@ def test_qlora_with_fp8_is_refused(gpt, roomy):
     from autopar.model.rules import REASONS
     assert "qlora" in REASONS[int(s["reason_code"])]
     assert run(gpt, roomy, adapter="lora", datatype="bfloat16", fp8_recipe="tensorwise")
+
+
+@pytest.mark.parametrize("bad", [{"forward_input": -1}, {"forward_in": 3}, [21, 10, 27, 4]])
+def test_adapter_elementwise_bytes_bad_input_names_the_field(bad):
+    from autopar.io.frameworks import load_framework
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "time_overhead": {"adapter_elementwise_bytes": bad}})
+    assert "adapter_elementwise_bytes" in str(e.value)
+
+
+def test_attention_span_shortens_multi_head_latent_attention_too(roomy):
+    # DeepSeek-V2's MLA core (heads x (qk 192, v 128)): forward FLOPs
+    # 2 mbs heads s span (dqk + dv) instead of ... s s ...
+    import dataclasses
+    m = load_model(REPO_ROOT / "models" / "deepseek-v2.json")
+    m = dataclasses.replace(m, num_blocks=2, seq_size=4096)
+    kw = {"attention_impl": "flash_v2", "datatype": "bfloat16", "microbatch_size": 1}
+    whole = evaluate_one(m, roomy, one_proc_execution(**kw))
+    packed = evaluate_one(m, roomy, one_proc_execution(attention_span=512, **kw))
+    heads, dqk, dv, s = m.attn_heads, 192, 128, 4096
+    assert whole["block_fw_flops"] - packed["block_fw_flops"] == \
+        2 * heads * s * (s - 512) * (dqk + dv)
+    assert packed["fw_time"] < whole["fw_time"]

@@ -39,6 +39,9 @@ def test_tables_are_package_data_for_every_registered_table(monkeypatch):
 @pytest.mark.parametrize("name", sorted(P.TABLES))
 def test_packaged_table_gives_the_source_tables_cases(reference, monkeypatch, name):
     table = P.TABLES[name]
+    if not (reference / "measured" / "published" / table.csv).is_file():
+        pytest.skip(f"{table.csv}: written here from its source (the row's `source`), "
+                    "no collected copy in ../shared to compare with")
     monkeypatch.delenv("AUTOPAR_PUBLISHED", raising=False)
     ours = P.cases(table)
     monkeypatch.setenv("AUTOPAR_PUBLISHED", str(reference / "measured" / "published"))

@@ -31,12 +31,107 @@ def test_qlora_65b_fits_one_48gb_gpu_and_full_finetuning_does_not(rows):
 
 
 def test_lora_peak_within_the_documented_error(rows):
-    # docs/validation.md: -19.6 % (the loss's fp32 logits as the model code
-    # keeps them are not counted by the DeepSpeed framework file).
+    # docs/validation.md: +1.0 % (was -19.6 % before the run's two 1e9-element
+    # gradient buckets and the Llama loss's three fp32 logits copies were
+    # counted).
     r = rows["plain LoRA Llama 2 7B, 8,192 tokens, 8 A100"]
-    assert -25.0 < r["error_pct"] < 0.0
+    assert abs(r["error_pct"]) < 5.0 and r["ok"]
+
+
+def test_longlora_counted_terms_by_hand():
+    # The two counted terms, by hand: two 16-bit buckets of 1e9 elements
+    # (4e9 bytes) instead of the framework file's one of 5e8 (0.931 GiB),
+    # and 1.5 more fp32 copies of the 8,192 x 32,000 logits.
+    import dataclasses
+    from autopar.model import evaluate_one
+    from autopar.studies.published_finetune import ROWS, _case
+    row = next(r for r in ROWS if "LongLoRA" in r.source)
+    model, system = _case(row)
+    plain = dataclasses.replace(row, overhead=None)
+    m2, s2 = _case(plain)
+    a = evaluate_one(model, system, row.execution)["proc_mem_tier1_cap_req"]
+    b = evaluate_one(m2, s2, row.execution)["proc_mem_tier1_cap_req"]
+    expect = (4e9 - 0.931 * 1024 ** 3) + 1.5 * 8192 * 32000 * 4
+    assert a - b == pytest.approx(expect, rel=1e-9)
 
 
 def test_muon_overhead_small_and_positive(rows):
     r = rows["Muon over AdamW, end to end"]
     assert 0.0 < r["value"] < 3.0
+
+
+# ------------------------------------------- NeMo 24.07 SFT and LoRA rows
+
+def test_nemo_lora_rows_map_the_launcher_recipe():
+    from autopar.studies.published import TABLES, cases
+    table = TABLES["nemo_h100"]
+    got = {c.label: c for _, c in cases(table) if hasattr(c, "execution")}
+    lora = {k: c for k, c in got.items() if k.startswith("lora ")}
+    sft = {k: c for k, c in got.items() if k.startswith("sft ")}
+    assert len(lora) == 3 and len(sft) == 3
+    for c in lora.values():
+        ex = c.execution
+        # NeMo 24.07's default LoRA: rank 32 on the fused QKV projection;
+        # fused_adam (nothing sharded); packed SQuAD's per-sample attention.
+        assert (ex["adapter"], ex["adapter_rank"], ex["adapter_targets"]) == \
+            ("lora", 32, "qkv")
+        assert not ex["optimizer_sharding"] and ex["attention_span"] == 256
+    # The 70B LoRA run on TP 2 has no sequence parallelism, so no TP overlap.
+    ex70 = lora["lora LLAMA2-70B 8 GPUs"].execution
+    assert ex70["tensor_par_comm_type"] == "ar" and ex70["tensor_par_overlap"] == "none"
+    # SFT: the launcher scripts' interleaving; full training.
+    assert sft["sft LLAMA2-13B 8 GPUs"].execution["pipeline_interleaving"] == 10
+    assert sft["sft LLAMA2-70B 16 GPUs"].execution["pipeline_interleaving"] == 20
+    assert all(c.execution.get("adapter", "none") == "none" for c in sft.values())
+
+
+def test_nemo_finetune_rows_predicted_within_the_bar():
+    import numpy as np
+    from autopar.studies.published import TABLES, predict
+    rows = predict(TABLES["nemo_h100"], rank=False)
+    ft = rows[rows.label.str.match(r"^(sft|lora) ")]
+    assert len(ft) == 6 and (ft.status == "predicted").all() and ft.feasible.all()
+    err = ft.set_index("label").tok_error.abs()
+    # Measured (docs/validation.md): LoRA +4.1 %, -1.2 %, -5.9 %; SFT
+    # +19.8 %, -0.9 %, +6.9 %; median 5.0 %.
+    assert err.filter(like="lora").max() < 0.09
+    assert err.max() < 0.22
+    assert float(np.median(err)) < 0.08
+
+
+# ------------------------------------------------ Qwen's LoRA profile (A100)
+
+def test_qwen_lora_rows_predicted_and_the_rest_skipped_with_reasons():
+    import numpy as np
+    from autopar.studies.published import TABLES, predict
+    rows = predict(TABLES["qwen_lora_a100"], rank=False)
+    assert len(rows) == 84
+    pred = rows[rows.status == "predicted"]
+    assert len(pred) == 18 and pred.feasible.all()
+    assert set(rows[rows.status == "skipped"].reason.str.split().str[0]) <= {
+        "trainable", "Q-LoRA", "DeepSpeed", "no"}
+    err = pred.set_index("label").tok_error
+    # Measured (docs/validation.md): 7B and 14B from 512 tokens within
+    # 7.1 % (PEFT's element-wise adapter work counted, frameworks/hf-peft.json);
+    # the host-bound short runs (1.8B up to 1024 tokens, 7B at 256: the same
+    # seconds an iteration at 256 and 512 tokens) predicted far too fast.
+    long = err[[not k.startswith("Qwen-1.8B") and not k.endswith("seq 256") for k in err.index]]
+    assert len(long) == 10 and long.abs().max() < 0.09
+    assert (err[["Qwen-1.8B LoRA seq 256", "Qwen-1.8B LoRA seq 512"]] > 1.0).all()
+    assert float(np.median(err.abs())) < 0.07
+
+
+def test_qwen_lora_rows_slower_with_the_peft_adapter_work():
+    # Without the framework's adapter bytes the 7B/14B rows come out 15-30 %
+    # fast: the counted term is what brings them in.
+    import dataclasses
+    from autopar.studies.published import TABLES, predict
+    from autopar.studies.published_base import system
+
+    def bare(case):
+        return dataclasses.replace(case, system=system("a100_80g"))
+    with_peft = predict(TABLES["qwen_lora_a100"], rank=False)
+    without = predict(TABLES["qwen_lora_a100"], rank=False, transform=bare)
+    a = with_peft[with_peft.status == "predicted"].pred_tokens_per_s_per_gpu.to_numpy()
+    b = without[without.status == "predicted"].pred_tokens_per_s_per_gpu.to_numpy()
+    assert (a < b).all() and (b / a).min() > 1.05

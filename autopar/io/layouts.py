@@ -181,7 +181,8 @@ EXT_INT_FIELDS = EXT_INT_FIELDS | {"first_stage_blocks", "last_stage_blocks"}
 #   gradients through them but not their weight-gradient GEMMs) and trains
 #   low-rank adapters of rank ``adapter_rank`` on the ``adapter_targets``
 #   (``all``: q, k, v, o and the MLP's matrices; ``attention``: q, k, v, o;
-#   ``qv``: q and v, as the LoRA paper); ``qlora`` also stores the frozen
+#   ``qv``: q and v, as the LoRA paper; ``qkv``: one adapter on the fused
+#   QKV projection, NeMo's default ``attention_qkv``); ``qlora`` also stores the frozen
 #   block matrices in 4-bit NF4 with double-quantised block scales,
 #   dequantised for each GEMM.  ``none`` (the default): full training
 #   (pre-training or full-weight SFT).
@@ -194,8 +195,19 @@ EXT_DEFAULTS.update({"optimizer": "adam", "adapter": "none", "adapter_rank": 16,
                      "adapter_targets": "all", "sequence_fill": 100})
 CHOICES["optimizer"] = ("adam", "sgd", "muon", "adafactor")
 CHOICES["adapter"] = ("none", "lora", "qlora")
-CHOICES["adapter_targets"] = ("all", "attention", "qv")
+CHOICES["adapter_targets"] = ("all", "attention", "qv", "qkv")
 EXT_INT_FIELDS = EXT_INT_FIELDS | {"adapter_rank", "sequence_fill"}
+# * ``attention_span``: packed sequences whose attention stays inside each
+#   packed document (SFT on packed samples: NeMo's GPTSFTPackedDataset passes
+#   ``cu_seqlens`` and ``qkv_format='thd'`` to Transformer Engine's fused
+#   attention, megatron_gpt_model.py ``get_forward_output_and_loss_func``):
+#   the keys a query attends to, length-weighted over the documents
+#   (``sum l_i^2 / sum l_i`` for documents of l_i tokens).  It shortens the
+#   FlashAttention core only (an unfused attention computes the masked
+#   ``seq_size`` x ``seq_size`` scores in full).  0 (the default): one
+#   document fills the sequence, Calculon's meaning.
+EXT_DEFAULTS.update({"attention_span": 0})
+EXT_INT_FIELDS = EXT_INT_FIELDS | {"attention_span"}
 # The fp8 / fp4 recipe's blocks kept in BF16 (issue 28, NVFP4 follow-up):
 # ``bf16_first_blocks`` / ``bf16_last_blocks`` blocks at the start / end of
 # the model run without the ``fp8_recipe`` (their GEMMs at the working

@@ -24,6 +24,7 @@ PARAMS: tuple[str, ...] = (
     # the recipe of a training or fine-tuning job (issue 28), usually fixed;
     # first, as adapter_rank and adapter_targets depend on adapter (see below)
     "optimizer", "adapter", "adapter_rank", "adapter_targets", "sequence_fill",
+    "attention_span",
     "tensor_par", "pipeline_par", "context_par",
     # expert parallelism early: later nodes depend on it, and the nodes up to
     # the last one depended on are walked in Python (the prefix)
@@ -59,7 +60,8 @@ NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par
               "expert_par_net", "expert_tensor_par_net")
 # Integer parameters whose smallest value is 0.
 _ZERO_OK = NET_FIELDS + ("sharding_group", "recompute_layers", "first_stage_blocks",
-                         "last_stage_blocks", "bf16_first_blocks", "bf16_last_blocks")
+                         "last_stage_blocks", "bf16_first_blocks", "bf16_last_blocks",
+                         "attention_span")
 
 
 

@@ -235,7 +235,13 @@ class TimeOverhead:
     outside the GEMM that computes it (an optimizer hook adding the fresh
     16-bit gradient into an fp32 buffer: read 2 + read 4 + write 4 = 10);
     added to every weighted layer's weight-gradient pass.  0: the GEMM
-    writes or accumulates its gradient in place (Calculon's meaning)."""
+    writes or accumulates its gradient in place (Calculon's meaning).
+    ``adapter_bytes``: bytes the framework's LoRA adapter moves beyond its
+    two GEMMs, per element of the adapted layer's input and output, in the
+    forward and in the backward pass -- (forward_input, forward_output,
+    backward_input, backward_output): its casts, dropout, scaling and the
+    add into the base layer's output (``autopar.model.adapters``; zeros:
+    the GEMMs only)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
@@ -243,6 +249,7 @@ class TimeOverhead:
     attention_backward_speed: float = 0.0
     attention_tile: int = 0
     grad_accum_bytes: float = 0.0
+    adapter_bytes: tuple = (0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -885,7 +892,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
     """A ``time_overhead`` object -> TimeOverhead."""
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
-                         "attention_backward_speed", "attention_tile", "grad_accum_bytes"))
+                         "attention_backward_speed", "attention_tile", "grad_accum_bytes",
+                         "adapter_elementwise_bytes"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -905,7 +913,23 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     accum = c.number(o.get("grad_accum_bytes", 0.0), f"{path}.grad_accum_bytes")
     if not 0 <= accum <= 64:
         c.fail(f"{path}.grad_accum_bytes", f"must be in [0, 64] bytes, got {accum}")
-    return TimeOverhead(frac, moe_s, launch, speed, bw, tile, accum)
+    ab = (0.0, 0.0, 0.0, 0.0)
+    if "adapter_elementwise_bytes" in o:
+        ap = f"{path}.adapter_elementwise_bytes"
+        a = o["adapter_elementwise_bytes"]
+        if not isinstance(a, dict):
+            c.fail(ap, f"expected an object of {', '.join(ADAPTER_BYTES_KEYS)}")
+        c.keys(a, ap, (), ADAPTER_BYTES_KEYS)
+        ab = tuple(c.number(a.get(k, 0.0), f"{ap}.{k}") for k in ADAPTER_BYTES_KEYS)
+        for k, x in zip(ADAPTER_BYTES_KEYS, ab):
+            if not 0 <= x <= 1000:
+                c.fail(f"{ap}.{k}", f"must be in [0, 1000] bytes an element, got {x}")
+    return TimeOverhead(frac, moe_s, launch, speed, attention_backward_speed=bw,
+                        attention_tile=tile, grad_accum_bytes=accum, adapter_bytes=ab)
+
+
+# The keys of ``time_overhead.adapter_elementwise_bytes`` (TimeOverhead.adapter_bytes).
+ADAPTER_BYTES_KEYS = ("forward_input", "forward_output", "backward_input", "backward_output")
 
 
 def read_memory_headroom(c: "Checker", o, capacity_GiB: float | None = None,
@@ -945,6 +969,9 @@ def time_overhead_json(t: TimeOverhead) -> dict:
               "attention_tile", "grad_accum_bytes"):
         if getattr(t, k):
             out[k] = _num(getattr(t, k))
+    if any(t.adapter_bytes):
+        out["adapter_elementwise_bytes"] = {k: _num(x) for k, x in
+                                            zip(ADAPTER_BYTES_KEYS, t.adapter_bytes)}
     return out
 
 
@@ -1114,6 +1141,10 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
     if out.get("sequence_fill", 100) > 100:
         c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
                                 f"sequence's tokens that are real)")
+    if model is not None and out.get("attention_span", 0) > model.seq_size:
+        c.fail("attention_span", f"{out['attention_span']} exceeds the model's seq_size "
+                                 f"{model.seq_size} (the keys a query of a packed document "
+                                 f"attends to)")
     if system is not None:
         if out.get("datatype") in GEMM_ONLY_DATATYPES:
             c.fail("datatype", f"{out['datatype']!r} is a GEMM rate, not a working datatype: "

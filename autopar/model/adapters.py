@@ -28,5 +28,12 @@ def adapter_layers(ctx, B, shapes, **kw) -> list:
                   adapter=True, factored=n + 2.0 * r + k, **kw)
         # Backward reads the output's gradient (the base layer's) too.
         L["mem_agrad"] = L["mem_agrad"] + B * k * ctx.elem_bytes
+        # The framework's element-wise work around the two GEMMs
+        # (time_overhead.adapter_elementwise_bytes): casts, dropout, the
+        # scaling and the add into the base output, and their backward.
+        fw_in, fw_out, bw_in, bw_out = ctx.adapter_bytes
+        if fw_in or fw_out or bw_in or bw_out:
+            L["mem_fw"] = L["mem_fw"] + B * (n * fw_in + k * fw_out)
+            L["mem_agrad"] = L["mem_agrad"] + B * (n * bw_in + k * bw_out)
         out.append((L, rows))
     return out

@@ -143,7 +143,8 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
         (g(linear(ctx, B, h, kv, **full, **shared_input)), separate | multiquery),
         (g(linear(ctx, B, h, kv, **full, **shared_input)), separate | multiquery),
     ]
-    seq += adapter_layers(ctx, B, (("q", h, H * d / tp), ("k", h, kv), ("v", h, kv)), **full)
+    seq += adapter_layers(ctx, B, (("q", h, H * d / tp), ("k", h, kv), ("v", h, kv),
+                                   ("qkv", h, H * d / tp + 2 * kv)), **full)
     if x.llama:
         seq.append((rotary(ctx, B * (H * d / tp + kv), **attn), True))
     core, kept = x.core, ~x.recompute_attn
@@ -155,7 +156,7 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
         core_layers.append((dropout(ctx, scores, **attn, stored=kept), core))
     core_layers += [
         (batched_matmul(ctx, mbs * heads_tp, sq, s, d, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, sq, d, kv, x.impl, sk=s, **full), x.flash),
+        (flash_attention(ctx, mbs, heads_tp, sq, d, kv, x.impl, sk=x.span, **full), x.flash),
     ]
     seq += core_layers
     seq += [

@@ -78,6 +78,7 @@ class BlockInputs:
     multiquery: np.ndarray
     kv_width: np.ndarray        # K (and V) width per processor
     impl: np.ndarray            # attention_impl codes
+    span: np.ndarray | float    # keys a query attends to (seq_size; packed: attention_span)
     flash: np.ndarray           # a FlashAttention kernel
     core: np.ndarray            # the unfused attention core (no FlashAttention)
     fused_norm: np.ndarray
@@ -131,6 +132,10 @@ def block_inputs(ctx: LayoutContext, cols: dict) -> BlockInputs:
     multiquery = cols["attention_type"] == CHOICES["attention_type"].index("multiquery")
     impl = cols["attention_impl"]
     flash = impl >= CHOICES["attention_impl"].index("flash_v1")
+    # Packed documents (``attention_span``): FlashAttention's variable-length
+    # (THD) kernel attends within each document only.
+    span_col = cols.get("attention_span", 0)
+    span = np.where(span_col > 0, np.minimum(span_col, s), s) if np.any(span_col) else s
     return BlockInputs(
         llama=llama, norm=rms_norm if llama else layer_norm,
         mbs=cols["microbatch_size"].astype(float), sq=sq, B=acts.B, A=acts.A,
@@ -141,7 +146,8 @@ def block_inputs(ctx: LayoutContext, cols: dict) -> BlockInputs:
         keep_shard_attn=keep_shard_attn, keep_shard_mlp=keep_shard_mlp,
         keep_qkv_input=keep_qkv_input,
         tp_separate=tp_separate, tp_overlapped=~tp_separate, multiquery=multiquery,
-        kv_width=np.where(multiquery, d, KV * d / ctx.tp), impl=impl, flash=flash, core=~flash,
+        kv_width=np.where(multiquery, d, KV * d / ctx.tp), impl=impl, span=span, flash=flash,
+        core=~flash,
         fused_norm=cols["fused_norm"], fused=cols["fused_activation"],
         full={"recompute": recompute_full}, attn={"recompute": recompute_attn},
         shared_input={"stored": False, "reused": True})

@@ -124,6 +124,9 @@ class LayoutContext:
         # micro-batch (layers.layer: the weight-gradient pass's memory time).
         self.grad_accum_bytes = (system.time_overhead.grad_accum_bytes
                                  if system.time_overhead else 0.0)
+        # The framework's LoRA adapter's element-wise bytes (adapters.adapter_layers).
+        self.adapter_bytes = (system.time_overhead.adapter_bytes
+                              if system.time_overhead else (0.0, 0.0, 0.0, 0.0))
         # Bytes of the optimizer's master copy per weight (narrow datatypes).
         over = system.memory_overhead
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0

@@ -422,7 +422,7 @@ def typed_columns(c: dict) -> dict:
               "context_par_net", "sharding_group", "recompute_layers",
               "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
               "first_stage_blocks", "last_stage_blocks", "adapter_rank", "sequence_fill",
-              "bf16_first_blocks", "bf16_last_blocks"):
+              "bf16_first_blocks", "bf16_last_blocks", "attention_span"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",

@@ -24,7 +24,10 @@ Per row's ``adapter`` (``autopar.io.layouts``):
   Targets: ``all`` q, k, v, o and the MLP's matrices (QLoRA's "all linear
   layers", Megatron-Bridge's default ``linear_qkv, linear_proj, linear_fc1,
   linear_fc2``); ``attention`` q, k, v, o; ``qv`` q and v (the LoRA paper's
-  choice).  Routed experts and multi-head latent attention take no
+  choice); ``qkv`` one adapter on the fused QKV projection, A of h x r and
+  B of r x (q + 2 kv) (NeMo 1.x's default ``target_modules``
+  ``attention_qkv``, nemo/collections/nlp/parts/peft_config.py
+  ``get_target_modules``, its ``LoraKQVAdapter``).  Routed experts and multi-head latent attention take no
   adapters here (frozen, as every base weight).
 * ``qlora`` (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of
   Quantized LLMs", arXiv:2305.14314, Sec. 3): as ``lora``, and the frozen
@@ -54,16 +57,19 @@ from autopar.io.layouts import CHOICES
 NF4_BYTES = (4.0 + 8.0 / 64 + 32.0 / (64 * 256)) / 8.0
 
 _TARGETS = CHOICES["adapter_targets"]
-_ALL, _ATTENTION, _QV = (_TARGETS.index(t) for t in ("all", "attention", "qv"))
+_ALL, _ATTENTION, _QV, _QKV = (_TARGETS.index(t) for t in ("all", "attention", "qv", "qkv"))
 
 
 def targeted(ctx, name: str):
-    """Rows whose adapters target the matrix ``name`` (q, k, v, o, mlp)."""
+    """Rows whose adapters target the matrix ``name`` (q, k, v, o, mlp, or
+    qkv: the fused QKV projection's one adapter)."""
     t = ctx.adapter_targets
+    if name == "qkv":
+        return ctx.frozen & (t == _QKV)
     if name in ("q", "v"):
-        return ctx.frozen
+        return ctx.frozen & (t != _QKV)
     if name in ("k", "o"):
-        return ctx.frozen & (t != _QV)
+        return ctx.frozen & (t != _QV) & (t != _QKV)
     return ctx.frozen & (t == _ALL)
 
 

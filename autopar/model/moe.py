@@ -265,7 +265,7 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
         (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=kept), core),
         (softmax(ctx, heads_tp * sq * s * mbs, x.impl, True, **attn, out_stored=kept), core),
         (batched_matmul(ctx, mbs * heads_tp, sq, s, dv, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, x.impl, sk=s, dv=dv,
+        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, x.impl, sk=x.span, dv=dv,
                          kv_v=heads_tp * dv, **full), x.flash),
     ]
     seq += core_layers

@@ -52,7 +52,7 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "weight_sharding", "fp32_grads",
                  "expert_par", "expert_tensor_par", "expert_par_net",
                  "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
-                 "optimizer", "adapter", "adapter_rank", "adapter_targets")
+                 "optimizer", "adapter", "adapter_rank", "adapter_targets", "attention_span")
 # Per-block sums the memory footprints need (``memory.footprints``, with
 # the shard divisions of ``BlockCache.rows``): evaluate_columns gathers
 # them for every row, the others only for the rows that fit in memory.
@@ -149,6 +149,8 @@ class BlockCache:
             on = cols["adapter"] != 0
             tune_key += [cols["adapter"], _where_on(on, cols["adapter_rank"]),
                          _where_on(on, cols["adapter_targets"])]
+        if cols["attention_span"].any():      # packed documents' attention
+            tune_key.append(cols["attention_span"])
         key1 += tune_key
         idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}

@@ -153,6 +153,12 @@ def _r_fill(c, s):
     return _FILLS, None
 
 
+def _r_span(c, s):
+    # The packed documents' attention span (the data's): 0 (one document a
+    # sequence) or 1 up to the sequence.
+    return tuple(range(c.seq + 1)), None
+
+
 def batch_for(policy: str, data_par: int, max_batch: int) -> int | None:
     """The global batch of a layout, or None when its data_par allows none."""
     if policy == "fixed":
@@ -394,6 +400,7 @@ RULES: tuple[Rule, ...] = (
     Rule("adapter_rank", ("adapter",), _r_rank, "1..1024"),
     Rule("adapter_targets", ("adapter",), _r_targets, ""),
     Rule("sequence_fill", (), _r_fill, "1..100"),
+    Rule("attention_span", (), _r_span, "0 up to seq_size"),
     Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden, attn_heads and the "
          "mamba heads and groups"),
     Rule("pipeline_par", ("tensor_par",), _r_pp,

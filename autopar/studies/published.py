@@ -43,6 +43,7 @@ from autopar.studies.published_base import (  # noqa: F401  (the registry, read 
     shared_reference,
     register, system, tiers)
 from autopar.studies import published_foundry  # noqa: F401  (registers its tables)
+from autopar.studies import published_finetune  # noqa: F401  (registers its table)
 from autopar.studies.published_moe import bridge_qwen3, simumax_moe
 
 
@@ -273,10 +274,35 @@ PRECISIONS = {"FP8": ("bfloat16", "tensorwise"), "BF16": ("bfloat16", "none"),
               "FP8-CS": ("bfloat16", "tensorwise")}
 
 
+# The fine-tuning rows (SFT and LoRA, SQuAD v1.1 packed to 4096 tokens) ran
+# NeMo-Framework-Launcher 24.07's examples/peft/llama/h100/*.sh (the runs'
+# names: 7b_1node, 13b_1node, 70b_2node, *_lora; they set the table's GPUs,
+# batch, TP and PP), which state what the table leaves blank: the SFT rows'
+# interleaving (13B 10, 70B 20; the 70B with sequence parallelism and TP
+# overlap) and, for LoRA, NeMo's default adapter (conf/peft/llama/sft.yaml
+# ``lora_tuning``: adapter_dim 32, dropout 0, no target_modules, so
+# nemo/collections/nlp/parts/peft_config.py ``get_target_modules`` gives
+# ``attention_qkv``: one adapter on the fused QKV projection), the
+# non-distributed ``fused_adam`` (nothing sharded) and, on the 70B TP 2
+# run, no sequence parallelism (sft.yaml's default), under which NeMo turns
+# ``ub_tp_comm_overlap`` off (megatron_base_model.py: "Pipelined
+# tensor-parallel communication overlap is available with
+# sequence-parallelism").  Packed sequences keep attention inside each
+# SQuAD sample (GPTSFTPackedDataset's cu_seqlens, qkv_format 'thd' in
+# megatron_gpt_model.py): ``attention_span`` NEMO_SQUAD_SPAN.
+NEMO_FINETUNE_VP = {("sft", "LLAMA2-13B"): 10, ("sft", "LLAMA2-70B"): 20}
+NEMO_LORA = {"adapter": "lora", "adapter_rank": 32, "adapter_targets": "qkv"}
+# The length-weighted mean length of a SQuAD v1.1 sample ("{input} {output}":
+# context, question, answer) in Llama 2 tokens, assumed: the training set's
+# 87,599 samples hold ~1 kB of text each (TensorFlow Datasets' squad/v1.1:
+# 94 MiB), ~4 characters a token, ~200 tokens a sample, x1.25 for the
+# length weighting (spread of the contexts' lengths).  The predictions move
+# by < 2 % between 190 and 512 (docs/validation.md).
+NEMO_SQUAD_SPAN = 256
+
+
 def _nemo_perf(row) -> PublishedCase | Skip:
     label = f"{row.workload} {row.model} {int(row.n_gpus)} GPUs"
-    if row.workload == "lora":
-        return Skip("LoRA fine-tuning (frozen weights, adapters) is not modelled", label)
     if row.model not in NEMO_MODELS:
         return Skip(f"no model file for {row.model}", label)
     name, changes = NEMO_MODELS[row.model]
@@ -285,15 +311,22 @@ def _nemo_perf(row) -> PublishedCase | Skip:
     sy = system(NEMO_SYSTEMS[row.system], NEMO1)
     n, tp, pp = int(row.n_gpus), int(row.tp), int(row.pp)
     cp = int_or_none(row.cp) or 1
-    vp = int_or_none(row.vp) or 1
+    vp = int_or_none(row.vp) or NEMO_FINETUNE_VP.get((row.workload, row.model), 1)
     dp = n // (tp * pp * cp)
     datatype, fp8 = PRECISIONS[row.precision]
+    lora = row.workload == "lora"
     # NeMo's GPT/Llama training configurations of the time synchronise
     # gradients in bf16 (distributed_fused_adam with grad_sync_dtype bf16):
-    # no fp32 gradient buffers.
+    # no fp32 gradient buffers.  LoRA: fused_adam, sequence parallelism off
+    # and with it the TP overlap (above).
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=int(row.gbs),
                             mbs=int(row.mbs), vp=vp if pp > 1 else 1, datatype=datatype,
-                            fp8=fp8, tp_overlap=True, fp32_grads=False)
+                            fp8=fp8, tp_overlap=not lora, fp32_grads=False,
+                            dist_opt=not lora, sp=False if lora else None)
+    if lora:
+        ex.update(NEMO_LORA)
+    if row.workload in ("sft", "lora"):
+        ex["attention_span"] = NEMO_SQUAD_SPAN
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": float(row.tokens_per_sec_per_gpu)},
                          label)
 
@@ -301,7 +334,7 @@ def _nemo_perf(row) -> PublishedCase | Skip:
 register(Table(
     "nemo_h100", "nemo_2407_h100_perf_summary.csv", _nemo_perf, "NeMo 24.07",
     "NeMo 24.07 performance summary on DGX H100 (final version of the page): pre-training "
-    "and SFT in FP8; LoRA rows skipped",
+    "SFT and LoRA in FP8",
     keep=lambda f: f.doc_version == "final",
     unstated={"activation_recompute": MCORE_RECOMPUTE, **DIST_OPT_OPTIONS,
               "tensor_par_overlap": ("ring", "none"), "fp32_grads": (False, True)}))

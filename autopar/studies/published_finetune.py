@@ -36,6 +36,9 @@ class Row:
     value: float | tuple
     assumed: str
     framework: str | None = None   # frameworks/<name>.json, where the source names one
+    # memory_overhead fields the run's own configuration sets (replacing the
+    # framework file's), each counted from the run's code or config
+    overhead: dict | None = None
 
 
 def _exe(n: int, **kw) -> dict:
@@ -76,12 +79,28 @@ ROWS = (
         "benchmark-finetune-lora-v1)",
         "25.7 GB peak per GPU", "llama2-7B", 8192, "a100_80g", None,
         _exe(8, adapter="lora", adapter_rank=8, adapter_targets="attention",
-             optimizer_sharding=True),
+             optimizer_sharding=True, fused_norm=False, fused_activation=False),
         "memory_GB", 25.7,
-        "LongLoRA's LoRA: rank 8 on q, k, v, o; micro-batch 1 a GPU, FlashAttention-2, "
-        "DeepSpeed ZeRO-2 (frameworks/deepspeed-zero2.json: its gradient bucket and one "
-        "fp32 copy of the logits), gradient checkpointing (as the row states)",
-        framework="deepspeed-zero2"),
+        "LongLoRA's fine-tune.py: LoRA rank 8 on q, k, v, o (dropout 0), bf16 base; micro-"
+        "batch 1 a GPU, FlashAttention-2, gradient checkpointing; Hugging Face Llama "
+        "(transformers 4.34, requirements.txt): RMSNorm and SwiGLU as separate ops; "
+        "DeepSpeed ZeRO-2 (frameworks/deepspeed-zero2.json) with the repository's "
+        "ds_configs/stage2.json: reduce_bucket_size 1e9 with overlap_comm, so two 16-bit "
+        "gradient buckets of 1e9 elements (3.73 GiB); the loss holds three fp32 copies of "
+        "the logits at its peak (LlamaForCausalLM.forward)",
+        framework="deepspeed-zero2",
+        # DeepSpeed v0.10.3 deepspeed/runtime/zero/stage_1_and_2.py
+        # DeepSpeedZeroOptimizer.backward: with contiguous_gradients it
+        # allocates ipg_buffer of reduce_bucket_size elements in the 16-bit
+        # dtype, and a second one with overlap_comm ("double buffers");
+        # LongLoRA's ds_configs/stage2.json sets reduce_bucket_size 1e9 and
+        # overlap_comm true: 2 x 1e9 x 2 bytes.  transformers 4.34
+        # LlamaForCausalLM.forward: logits.float() (fp32 logits, returned),
+        # shift_logits = logits[..., :-1, :].contiguous() (a second fp32
+        # copy), CrossEntropyLoss's log_softmax output (a third, saved for
+        # backward): 12 bytes a logit at the peak, when the bf16 logits are
+        # already freed -- the model's 2 (bf16 logits) + 2.5 fp32 copies.
+        overhead={"reserved_GiB": 2 * 1e9 * 2 / 1024 ** 3, "logits_fp32_copies": 2.5}),
 )
 
 # Muon's end-to-end overhead over AdamW, 1 to 3 % in Moonshot's runs (Liu et
@@ -109,6 +128,9 @@ def _case(row: Row):
         system = dataclasses.replace(system, mem1=mem1)
     if row.framework is not None:
         system = with_framework(system, load_framework(row.framework))
+    if row.overhead:
+        over = dataclasses.replace(system.memory_overhead, **row.overhead)
+        system = dataclasses.replace(system, memory_overhead=over)
     return model, system
 
 
@@ -139,3 +161,68 @@ def predict() -> list[dict]:
             rec.update(predicted=f"{need:.0f} GB", value=need, ok=need >= row.value)
         out.append(rec)
     return out
+
+
+# ----------------------------------------------------------------------------
+# Qwen's LoRA profile (throughput): the table ``qwen_lora_a100``.
+#
+# QwenLM/Qwen README.md, "Profiling of Memory and Speed": peak memory and
+# seconds per iteration of Qwen 1.8B-72B fine-tuned with LoRA, LoRA (emb),
+# Q-LoRA and in full on A100-SXM4-80G GPUs, batch 1 a GPU and gradient
+# accumulation 8 (an iteration is 8 sequences a GPU), FlashAttention-2, for
+# sequences of 256-8192 tokens.  The runs are the repository's finetune.py
+# (Hugging Face Trainer + PEFT): bf16 weights, gradient checkpointing (every
+# finetune/*.sh passes --gradient_checkpointing), LoRA of r 64 on c_attn (the
+# fused QKV projection), c_proj (the attention's output and the MLP's down
+# projection: PEFT matches the name's suffix), w1 and w2 (the MLP's two
+# input projections) -- autopar's ``all`` (it counts q, k, v as three
+# adapters and w1, w2 as one of twice the width: a few MFLOPs a token off),
+# dropout 0.05 on each adapter's input not counted; sequences padded to the
+# length (finetune.py ``preprocess`` pads every sample to max_len), so
+# every token is computed; Qwen's modeling code runs its RMSNorm and SwiGLU
+# as separate PyTorch ops unless flash-attention's optional csrc/layer_norm
+# is built (the README leaves it commented out): unfused norms and
+# activation.  Skipped: LoRA (emb) (the embedding and output layer trained
+# beside the adapters: not modelled), Q-LoRA (GPTQ int4 checkpoints through
+# auto-gptq, not NF4), full-parameter and multi-GPU rows (their DeepSpeed
+# configuration and, across nodes, the network are not stated; memory is
+# printed summed over the GPUs), 72B (no model file).
+
+QWEN_MODELS = {"Qwen-1.8B": "qwen-1.8B", "Qwen-7B": "qwen-7B", "Qwen-14B": "qwen-14B"}
+QWEN_LORA = {"adapter": "lora", "adapter_rank": 64, "adapter_targets": "all"}
+
+
+def _qwen_lora(row):
+    from autopar.studies.published_base import PublishedCase, Skip, model, system
+    label = f"{row.model} {row.method} seq {int(row.seq_len)}"
+    if str(row.s_per_it) in ("", "nan"):
+        return Skip("no figure printed (out of memory)", label)
+    if row.method != "LoRA":
+        why = {"LoRA (emb)": "trainable embedding and output layer beside the adapters "
+                             "are not modelled",
+               "Q-LoRA": "Q-LoRA here is GPTQ int4 (auto-gptq), not NF4"}
+        return Skip(why.get(row.method, "DeepSpeed configuration (and network) not stated"),
+                    label)
+    if row.model not in QWEN_MODELS:
+        return Skip(f"no model file for {row.model}", label)
+    seq = int(row.seq_len)
+    m = model(QWEN_MODELS[row.model], seq_size=seq)
+    sy = system("a100_80g", "hf-peft")
+    per_gpu = int(row.batch_per_gpu) * int(row.grad_accum)
+    ex = _exe(1, batch_size=per_gpu, microbatch_size=int(row.batch_per_gpu),
+              fused_activation=False, fused_norm=False, **QWEN_LORA)
+    tok = seq * per_gpu / float(row.s_per_it)
+    return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok,
+                                     "peak_mem_gib": float(row.memory_G)}, label)
+
+
+def _register():
+    from autopar.studies.published_base import Table, register
+    register(Table(
+        "qwen_lora_a100", "qwen_lora_a100.csv", _qwen_lora, "Hugging Face + PEFT (Qwen)",
+        "Qwen 1.8B/7B/14B LoRA on one A100 80GB (QwenLM/Qwen README profile): "
+        "sequences of 256-8192 tokens; LoRA (emb), Q-LoRA, full and multi-GPU rows skipped",
+        unstated={"fused_norm": (False, True), "fused_activation": (False, True)}))
+
+
+_register()

@@ -56,7 +56,7 @@ NAME = "deepspeed"
 LAUNCHER = "autopar_launcher"
 UNSTATED = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
             "expert_par_net", "expert_tensor_par_net", "fused_activation", "fused_norm",
-            "sequence_fill")
+            "sequence_fill", "attention_span")
 EXPRESSIBLE = {
     "attention_type": ("multihead",),
     "datatype": ("bfloat16", "float16", "float32"),

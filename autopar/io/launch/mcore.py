@@ -39,7 +39,7 @@ from autopar.io.layouts import CHOICES, EXT_DEFAULTS
 NOT_SETTINGS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
                 "expert_par_net", "expert_tensor_par_net", "seq_par_ag_redo",
                 # the data's (padded sequences), not the launch's
-                "sequence_fill",
+                "sequence_fill", "attention_span",
                 # the adapters' rank and targets: no adapter is written (below)
                 "adapter_rank", "adapter_targets")
 

@@ -59,7 +59,8 @@ from autopar.io.launch.expressible import (Keys, RECIPE_DEFAULTS, RECIPE_EXPRESS
 
 NAME = "torchtitan"
 UNSTATED = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
-            "expert_par_net", "expert_tensor_par_net", "fused_activation", "sequence_fill")
+            "expert_par_net", "expert_tensor_par_net", "fused_activation", "sequence_fill",
+            "attention_span")
 SINGLE_STAGE = ("1F1B",)
 MULTI_STAGE = ("Interleaved1F1B",)
 # Field values torchtitan can state whatever the other fields are.
