@@ -1,0 +1,246 @@
+"""Which LLaMA-sweep layouts does the counted framework misjudge, and does
+any term that Megatron-LM of 2023 holds (and autopar does not count) explain
+them?  (Issue #24: retire the fitted 17 fp32 logits copies by counted terms.)
+
+1. The flips: layouts predicted to fit that ran out of memory, or the
+   reverse, under ``--framework`` (default the counted
+   ``megatron-llama-sweeps``) on the calibrated DGX A100 system, with the
+   need of the first and the last pipeline stage (``stage_needs``), the stage
+   that binds ("one" without pipelining), and how the flips fall by kernel,
+   checkpointing, sequence parallelism, tensor / pipeline parallelism and
+   micro-batch; then the same for the fitted spec.
+2. The terms of the Megatron-LM of mid-2023 (and the kernels it calls) that
+   autopar's count leaves out or counts differently, each with its source,
+   its size per row (GiB on the first and the last stage; transient terms
+   grown by the framework's allocator fraction) and the out-of-memory
+   agreement when it is added alone and all together.  Each is counted, none
+   fitted: a term's size follows from the layout and the model's shape.
+3. The counted framework's out-of-memory agreement on each model size: its
+   memory has no free constant, so leaving a size out changes nothing but the
+   band (the headroom), and the per-size agreement is the leave-one-size-out
+   figure.
+
+Memory only (no step times); needs ../shared/reference.
+
+    python benchmarks/memory_flips.py [--framework megatron-llama-sweeps]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llama_sweep import SWEEP  # noqa: E402
+from autopar.io.frameworks import system_under  # noqa: E402
+from autopar.io.layouts import to_columns  # noqa: E402
+from autopar.model.evaluate import evaluate_columns  # noqa: E402
+from autopar.model.memory import MEMORY_PARTS, stage_needs  # noqa: E402
+from autopar.studies.calibrate import Sweep  # noqa: E402
+from autopar.studies.validate import GIB, unbounded  # noqa: E402
+
+SYSTEM = ROOT / "systems/a100_80g_dgx_hdr200.json"
+PATTERN = ("model", "seq_size", "kernel", "checkpointing", "sequence_parallel",
+           "tensor_par", "pipeline_par", "microbatch_size", "bind")
+MB4 = "NVIDIA/Megatron-LM@b90fb26 (2023-06)"
+
+
+def stages(sweep: Sweep, system) -> pd.DataFrame:
+    """The sweep with each row's first- and last-stage need (GiB), the
+    stage that binds, whether it is predicted to fit and whether it ran."""
+    first, last = stage_needs(sweep.parts, system.memory_overhead)
+    f = sweep.frame.copy()
+    f["first_gib"], f["last_gib"] = first / GIB, last / GIB
+    f["need_gib"] = np.maximum(first, last) / GIB
+    f["bind"] = np.where(f.pipeline_par == 1, "one", np.where(last > first, "last", "first"))
+    f["fits"] = sweep.structural & (f.need_gib <= sweep.capacity)
+    f["ran"] = sweep.ran
+    return f
+
+
+def flips(f: pd.DataFrame) -> pd.DataFrame:
+    return f[f.fits != f.ran]
+
+
+def pattern_counts(f: pd.DataFrame) -> dict:
+    """column -> {value: 'flips/rows'}."""
+    fl = flips(f)
+    out = {}
+    for c in PATTERN:
+        n, k = f.groupby(c).size(), fl.groupby(c).size()
+        out[c] = {v: f"{int(k.get(v, 0))}/{int(n[v])}" for v in n.index}
+    return out
+
+
+def shapes(sweep: Sweep) -> dict:
+    """Per-row model shape and layout arrays the terms are counted from."""
+    n = len(sweep.frame)
+    out = {k: np.zeros(n) for k in ("h", "f", "heads", "d", "blocks")}
+    for rows, model, _ in sweep.groups:
+        at = rows.index.to_numpy()
+        out["h"][at], out["f"][at] = model.hidden, model.feedforward
+        out["heads"][at], out["d"][at] = model.attn_heads, model.attn_size
+        out["blocks"][at] = model.num_blocks
+    fr = sweep.frame
+    tp = fr.tensor_par.to_numpy(float)
+    pp = fr.pipeline_par.to_numpy(float)
+    b = fr.microbatch_size.to_numpy(float)
+    s = fr.seq_size.to_numpy(float)
+    dp = fr.world_size.to_numpy(float) / (tp * pp)
+    m = fr.global_batch.to_numpy(float) / (dp * b)
+    out.update(tp=tp, pp=pp, b=b, s=s, tok=b * s,
+               in_flight=np.minimum(m, pp),          # 1F1B, first stage (Calculon's)
+               per_stage=np.ceil(out["blocks"] / pp),
+               full=(fr.checkpointing == "every_layer").to_numpy(),
+               flash=fr.kernel.str.startswith("flash").to_numpy(),
+               rms_kernel=(fr.kernel == "flash_attention2 + RMS kernel").to_numpy(),
+               # Megatron's fused scale-mask-softmax runs only for keys <= 4096
+               # (fused_softmax.py is_kernel_available); above, the torch path.
+               torch_softmax=((fr.kernel == "torch")
+                              | ((fr.kernel == "fused") & (s > 4096))).to_numpy())
+    return out
+
+
+def _per_block(x: dict, per_token_block, grow):
+    """A tensor of ``per_token_block`` bytes that each block keeps for
+    backward: every block of the stage and micro-batch in flight without
+    recompute (first stage: ``in_flight``; last: one), one block's (the one
+    recomputed) under full recompute; grown by the allocator fraction."""
+    keep = per_token_block * x["tok"]
+    first = np.where(x["full"], keep, keep * x["per_stage"] * x["in_flight"])
+    last = np.where(x["full"], keep, keep * x["per_stage"])
+    return first * grow, last * grow
+
+
+def swiglu_unfused(sweep: Sweep, system):
+    """The model's own count with ``fused_activation`` false (first, last
+    stage need minus the sweep's), bytes."""
+    n = len(sweep.frame)
+    parts = {p: np.full(n, np.nan) for p in MEMORY_PARTS}
+    free = unbounded(system)
+    for rows, model, exes in sweep.groups:
+        at = rows.index.to_numpy()
+        r = evaluate_columns(model, free, to_columns([dict(e, fused_activation=False)
+                                                      for e in exes]), stats=MEMORY_PARTS)
+        for p in MEMORY_PARTS:
+            parts[p][at] = r[p]
+    a = stage_needs(parts, system.memory_overhead)
+    b = stage_needs(sweep.parts, system.memory_overhead)
+    return a[0] - b[0], a[1] - b[1]
+
+
+def terms(sweep: Sweep, system) -> list:
+    """(name, source, (first, last) bytes per row, adds) for each counted
+    term; ``adds``: the term is memory autopar leaves out (else a count
+    autopar holds above Megatron's, negative)."""
+    x = shapes(sweep)
+    grow = 1.0 + system.memory_overhead.fraction
+    zero = np.zeros(len(sweep.frame))
+    tp = x["tp"]
+    scores = x["b"] * x["heads"] / tp * x["s"] * x["s"]          # per block
+    sp = sweep.frame.sequence_parallel.astype(str).str.lower().eq("true").to_numpy()
+    buf = np.where(x["flash"], 0.0, scores * 2)
+    dq = np.where(x["flash"], x["tok"] * x["heads"] * x["d"] / tp * 4 * grow, 0.0)
+    rms = np.where(x["rms_kernel"], 0.0, -2 * 4 * x["h"] / np.where(sp, tp, 1.0))
+    soft = np.where(x["torch_softmax"], -2 * scores / x["tok"], 0.0)
+    return [
+        ("SwiGLU unfused: silu(gate) kept beside gate and up",
+         f"{MB4} megatron/model/transformer.py ParallelMLP (swiglu = torch.chunk, "
+         "F.silu(x[0]) * x[1]; fused bias_swiglu from 8503f75, 2023-11)",
+         swiglu_unfused(sweep, system), True),
+        ("non-flash attention: persistent scores buffer (b np/t s s, bf16)",
+         f"{MB4} megatron/model/transformer.py CoreAttention.forward "
+         "(mpu.get_global_memory_buffer().get_tensor(..., 'mpu') for baddbmm); "
+         "megatron/core/parallel_state.py GlobalMemoryBuffer (kept, never freed)",
+         (buf, buf), True),
+        ("flash backward: fp32 dq accumulator (one block)",
+         "Dao-AILab/flash-attention v1.0.8 csrc/flash_attn/fmha_api.cpp mha_bwd "
+         "(dq_tmp fp32 when seqlen_k > blocksize); v2.0 csrc/flash_attn/flash_api.cpp "
+         "mha_bwd (dq_accum fp32)",
+         (dq, dq), True),
+        ("RMSNorm without the kernel: Megatron's keeps fp32 x and bf16 x/rms "
+         "(autopar's unfused count keeps 4 B an element more, two norms a block)",
+         "NVIDIA/Megatron-LM@4dc0715 (2023-09) megatron/model/rms_norm.py RMSNorm.forward "
+         "(self._norm(x.float()).type_as(x) * self.weight)",
+         _per_block(x, rms, grow), False),
+        ("torch softmax: Megatron's keeps fp32 probs and their bf16 cast, 6 B a score "
+         "(autopar's unfused LLaMA count 8 B)",
+         f"{MB4} megatron/model/fused_softmax.py forward_torch_softmax "
+         "(softmax_in_fp32 with apply_query_key_layer_scaling, the default)",
+         _per_block(x, soft, grow), False),
+    ]
+
+
+def agreement(sweep: Sweep, f: pd.DataFrame, first, last) -> tuple:
+    """(OOM agreement, predicted fit but ran out, predicted out but ran)."""
+    need = np.maximum(f.first_gib.to_numpy() + first / GIB, f.last_gib.to_numpy() + last / GIB)
+    fits = sweep.structural & (need <= sweep.capacity)
+    ran = sweep.ran
+    return float((fits == ran).mean()), int((fits & ~ran).sum()), int((~fits & ran).sum())
+
+
+def report(framework: str) -> tuple:
+    system = system_under(SYSTEM, framework)
+    sweep = Sweep(SWEEP, system, ROOT / "models")
+    return system, sweep, stages(sweep, system)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--framework", default="megatron-llama-sweeps")
+    p.add_argument("--compare", default="megatron-llama-sweeps-fitted")
+    args = p.parse_args()
+    if not SWEEP.is_file():
+        print(f"no sweep at {SWEEP}", file=sys.stderr)
+        return 1
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_rows", 500)
+    system, sweep, f = report(args.framework)
+    fl = flips(f)
+    cols = ["model", "seq_size", "tensor_par", "pipeline_par", "microbatch_size",
+            "checkpointing", "kernel", "sequence_parallel", "status", "first_gib",
+            "last_gib", "bind"]
+    print(f"1. Flips under {args.framework}: {len(fl)} of {len(f)} "
+          f"({int((fl.status == 'oom').sum())} ran out of memory, predicted to fit; "
+          f"{int((fl.status == 'ok').sum())} ran, predicted not to)")
+    print(fl[cols].sort_values(["status", "model", "seq_size", "kernel"]).round(1).to_string())
+    for c, v in pattern_counts(f).items():
+        print(f"   {c}: " + ", ".join(f"{k} {n}" for k, n in v.items()))
+    _, _, g = report(args.compare)
+    both = fl.index.intersection(flips(g).index)
+    print(f"   under {args.compare}: {len(flips(g))} flips, {len(both)} of them shared")
+    tok = (fl.seq_size * fl.microbatch_size).to_numpy(float)
+    short = (fl.need_gib.to_numpy() - sweep.capacity) / tok * 1024
+    oom = (fl.status == "oom").to_numpy()
+    print(f"   missing per token of a micro-batch on the out-of-memory flips (MiB): median "
+          f"{np.median(-short[oom]):.2f}, largest {np.max(-short[oom]):.2f}")
+
+    print(f"\n2. Counted terms of Megatron-LM 2023 (alone: OOM agreement, fit-but-oom, "
+          f"oom-but-ran; base {agreement(sweep, f, 0.0, 0.0)})")
+    tot_add, tot_all = [0.0, 0.0], [0.0, 0.0]
+    for name, src, (a, b), adds in terms(sweep, system):
+        big = np.maximum(np.abs(a), np.abs(b)) / GIB
+        print(f"   {'+' if adds else '-'} {name}\n       {src}\n       size GiB median "
+              f"{np.median(big):.2f}, largest {big.max():.2f}; alone "
+              f"{agreement(sweep, f, a, b)}")
+        if adds:
+            tot_add = [tot_add[0] + a, tot_add[1] + b]
+        tot_all = [tot_all[0] + a, tot_all[1] + b]
+    print(f"   the terms autopar leaves out, together: {agreement(sweep, f, *tot_add)}")
+    print(f"   every term (Megatron's count throughout): {agreement(sweep, f, *tot_all)}")
+
+    print("\n3. OOM agreement per model size (no free memory constant: the "
+          "leave-one-size-out figure)")
+    for m, g in f.groupby("model"):
+        print(f"   {m}: {float((g.fits == g.ran).mean()):.3f} ({len(g)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
