@@ -185,6 +185,35 @@ def agreement(sweep: Sweep, f: pd.DataFrame, first, last) -> tuple:
     return float((fits == ran).mean()), int((fits & ~ran).sum()), int((~fits & ran).sum())
 
 
+def markdown(system, sweep: Sweep, f: pd.DataFrame, other: pd.DataFrame) -> str:
+    """The flips of ``f`` and of ``other`` (the fitted spec) as a Markdown
+    table: each row's layout, label, first/last-stage need (GiB), the stage
+    that binds, and whether it is still a flip with the counted terms
+    autopar leaves out added ("+terms") and under the other spec."""
+    add = [0.0, 0.0]
+    for _, _, (a, b), adds in terms(sweep, system):
+        if adds:
+            add = [add[0] + a, add[1] + b]
+    need = np.maximum(f.first_gib + add[0] / GIB, f.last_gib + add[1] / GIB)
+    plus = (sweep.structural & (need <= sweep.capacity)) != f.ran
+    fo = other.fits != other.ran
+    rows = f[(f.fits != f.ran) | fo | plus]
+    kern = {"torch": "torch", "fused": "fused", "flash_attentionv1.0.8": "flash1",
+            "flash_attention2": "flash2", "flash_attention2 + RMS kernel": "flash2+RMS"}
+    out = ["| model | seq | tp | pp | mb | recompute | kernel | SP | status | first | last "
+           "| binds | counted | +terms | fitted |", "|" + "---|" * 15]
+    yes = {True: "flip", False: "ok"}
+    for i, r in rows.sort_values(["status", "model", "seq_size", "kernel", "tensor_par",
+                                  "pipeline_par", "microbatch_size"]).iterrows():
+        out.append(f"| {r.model[6:]} | {r.seq_size // 1024}k | {r.tensor_par} | "
+                   f"{r.pipeline_par} | {r.microbatch_size} | "
+                   f"{'full' if r.checkpointing == 'every_layer' else 'none'} | "
+                   f"{kern[r.kernel]} | {'y' if str(r.sequence_parallel) == 'True' else 'n'} | "
+                   f"{r.status} | {r.first_gib:.1f} | {r.last_gib:.1f} | {r.bind} | "
+                   f"{yes[bool(r.fits != r.ran)]} | {yes[bool(plus[i])]} | {yes[bool(fo[i])]} |")
+    return "\n".join(out)
+
+
 def report(framework: str) -> tuple:
     system = system_under(SYSTEM, framework)
     sweep = Sweep(SWEEP, system, ROOT / "models")
@@ -195,6 +224,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--framework", default="megatron-llama-sweeps")
     p.add_argument("--compare", default="megatron-llama-sweeps-fitted")
+    p.add_argument("--markdown", action="store_true",
+                   help="print only the row-level table of flips (docs/validation.md)")
     args = p.parse_args()
     if not SWEEP.is_file():
         print(f"no sweep at {SWEEP}", file=sys.stderr)
@@ -203,6 +234,9 @@ def main() -> int:
     pd.set_option("display.max_rows", 500)
     system, sweep, f = report(args.framework)
     fl = flips(f)
+    if args.markdown:
+        print(markdown(system, sweep, f, report(args.compare)[2]))
+        return 0
     cols = ["model", "seq_size", "tensor_par", "pipeline_par", "microbatch_size",
             "checkpointing", "kernel", "sequence_parallel", "status", "first_gib",
             "last_gib", "bind"]
