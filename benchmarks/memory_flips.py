@@ -19,6 +19,8 @@ them?  (Issue #24: retire the fitted 17 fp32 logits copies by counted terms.)
    memory has no free constant, so leaving a size out changes nothing but the
    band (the headroom), and the per-size agreement is the leave-one-size-out
    figure.
+4. A lead, not adopted: the same agreement with the loss counted as a plain
+   PyTorch cross entropy on gathered logits, by vocabulary size.
 
 Memory only (no step times); needs ../shared/reference.
 
@@ -214,6 +216,48 @@ def markdown(system, sweep: Sweep, f: pd.DataFrame, other: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+# A plain PyTorch cross entropy on the logits gathered whole on every
+# tensor rank (Megatron's parallel_output=False gathers them with
+# gather_from_tensor_model_parallel_region): beside the bf16 logits, the
+# backward peak holds the saved fp32 log-probabilities, nll_loss's fp32
+# gradient and log_softmax's fp32 gradient (three fp32 copies).
+GATHERED_TORCH_LOSS = {"logits_gathered": True, "logits_fp32_copies": 3.0}
+GATHERED_TORCH_LOSS_SOURCE = (
+    "pytorch/pytorch aten/src/ATen/native/LossNLL.cpp cross_entropy_loss "
+    "(log_softmax, then nll_loss), tools/autograd/derivatives.yaml _log_softmax "
+    "(backward from the result), aten/src/ATen/native/cuda/Loss.cu "
+    "nll_loss_backward_out_cuda (grad_input.zero_(): a gradient of the input's shape)")
+
+
+def vocabulary_lead(vocab: int, framework: str = "megatron-llama-sweeps") -> dict:
+    """OOM agreement (overall and per model size) of ``framework`` with its
+    loss replaced by ``GATHERED_TORCH_LOSS`` and the sweep's models given a
+    vocabulary of ``vocab`` (embedding, output layer and logits): the lead
+    that the fitted 17 gathered copies of a 32,000-entry vocabulary (70 B a
+    token and entry) are the counted 14 B of a gathered PyTorch loss over a
+    vocabulary about four times as large.  Memory only."""
+    import dataclasses
+    import json
+    import tempfile
+
+    from autopar.io.frameworks import load_framework
+
+    fw = load_framework(framework)
+    fw = dataclasses.replace(fw, memory_overhead=dataclasses.replace(
+        fw.memory_overhead, **GATHERED_TORCH_LOSS))
+    system = system_under(SYSTEM, fw)
+    with tempfile.TemporaryDirectory() as d:
+        for name in ("llama-13B", "llama-65B"):
+            m = json.loads((ROOT / "models" / f"{name}.json").read_text())
+            (Path(d) / f"{name}.json").write_text(json.dumps(dict(m, vocab_size=int(vocab))))
+        sweep = Sweep(SWEEP, system, d)
+    f = stages(sweep, system)
+    ok = f.fits == f.ran
+    out = {"overall": float(ok.mean())}
+    out.update({m: float(ok[f.model == m].mean()) for m in f.model.unique()})
+    return out
+
+
 def report(framework: str) -> tuple:
     system = system_under(SYSTEM, framework)
     sweep = Sweep(SWEEP, system, ROOT / "models")
@@ -273,6 +317,14 @@ def main() -> int:
           "leave-one-size-out figure)")
     for m, g in f.groupby("model"):
         print(f"   {m}: {float((g.fits == g.ran).mean()):.3f} ({len(g)} rows)")
+
+    print("\n4. A lead, not adopted: the loss as a plain PyTorch cross entropy on "
+          "gathered logits (bf16 + 3 fp32 copies, counted from\n   "
+          f"{GATHERED_TORCH_LOSS_SOURCE}),\n   by vocabulary size "
+          "(the sweeps' reference states 32,000): OOM agreement overall, 13B, 65B")
+    for v in (32000, 64000, 96000, 128000, 160000):
+        r = vocabulary_lead(v, args.framework)
+        print(f"   {v:>7}: {r['overall']:.3f}  {r['llama-13B']:.3f}  {r['llama-65B']:.3f}")
     return 0
 
 
