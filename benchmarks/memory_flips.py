@@ -120,27 +120,40 @@ def _per_block(x: dict, per_token_block, grow):
     return first * grow, last * grow
 
 
-def swiglu_unfused(sweep: Sweep, system):
-    """The model's own count with ``fused_activation`` false (first, last
-    stage need minus the sweep's), bytes."""
+def _needs_with(sweep: Sweep, system, **fields):
+    """(first, last) stage needs (bytes) with ``fields`` set in every row's
+    execution."""
     n = len(sweep.frame)
     parts = {p: np.full(n, np.nan) for p in MEMORY_PARTS}
     free = unbounded(system)
     for rows, model, exes in sweep.groups:
         at = rows.index.to_numpy()
-        r = evaluate_columns(model, free, to_columns([dict(e, fused_activation=False)
-                                                      for e in exes]), stats=MEMORY_PARTS)
+        r = evaluate_columns(model, free, to_columns([dict(e, **fields) for e in exes]),
+                             stats=MEMORY_PARTS)
         for p in MEMORY_PARTS:
             parts[p][at] = r[p]
-    a = stage_needs(parts, system.memory_overhead)
-    b = stage_needs(sweep.parts, system.memory_overhead)
+    return stage_needs(parts, system.memory_overhead)
+
+
+def swiglu_unfused(sweep: Sweep, system):
+    """The model's own count of the unfused activation against the fused
+    one (``fused_activation`` false minus true: first, last stage), bytes."""
+    a = _needs_with(sweep, system, fused_activation=False)
+    b = _needs_with(sweep, system, fused_activation=True)
     return a[0] - b[0], a[1] - b[1]
+
+
+def in_spec(sweep: Sweep) -> bool:
+    """Whether the sweep's executions already count the unfused SwiGLU (the
+    framework's ``defaults.fused_activation`` false)."""
+    return all(not e["fused_activation"] for _, _, exes in sweep.groups for e in exes)
 
 
 def terms(sweep: Sweep, system) -> list:
     """(name, source, (first, last) bytes per row, adds) for each counted
     term; ``adds``: the term is memory autopar leaves out (else a count
-    autopar holds above Megatron's, negative)."""
+    autopar holds above Megatron's, negative); None: the framework spec
+    counts it already."""
     x = shapes(sweep)
     grow = 1.0 + system.memory_overhead.fraction
     zero = np.zeros(len(sweep.frame))
@@ -155,7 +168,7 @@ def terms(sweep: Sweep, system) -> list:
         ("SwiGLU unfused: silu(gate) kept beside gate and up",
          f"{MB4} megatron/model/transformer.py ParallelMLP (swiglu = torch.chunk, "
          "F.silu(x[0]) * x[1]; fused bias_swiglu from 8503f75, 2023-11)",
-         swiglu_unfused(sweep, system), True),
+         swiglu_unfused(sweep, system), None if in_spec(sweep) else True),
         ("non-flash attention: persistent scores buffer (b np/t s s, bf16)",
          f"{MB4} megatron/model/transformer.py CoreAttention.forward "
          "(mpu.get_global_memory_buffer().get_tensor(..., 'mpu') for baddbmm); "
@@ -187,11 +200,13 @@ def agreement(sweep: Sweep, f: pd.DataFrame, first, last) -> tuple:
     return float((fits == ran).mean()), int((fits & ~ran).sum()), int((~fits & ran).sum())
 
 
-def markdown(system, sweep: Sweep, f: pd.DataFrame, other: pd.DataFrame) -> str:
-    """The flips of ``f`` and of ``other`` (the fitted spec) as a Markdown
-    table: each row's layout, label, first/last-stage need (GiB), the stage
-    that binds, and whether it is still a flip with the counted terms
-    autopar leaves out added ("+terms") and under the other spec."""
+def markdown(system, sweep: Sweep, f: pd.DataFrame, other: pd.DataFrame,
+             before: pd.DataFrame) -> str:
+    """The flips of ``f``, of ``before`` (the spec without its recipe
+    defaults) and of ``other`` (the fitted spec) as a Markdown table: each
+    row's layout, label, first/last-stage need under ``f`` (GiB), the stage
+    that binds, and whether it is a flip before, after, with the counted
+    terms autopar leaves out added ("+terms") and under the other spec."""
     add = [0.0, 0.0]
     for _, _, (a, b), adds in terms(sweep, system):
         if adds:
@@ -199,11 +214,12 @@ def markdown(system, sweep: Sweep, f: pd.DataFrame, other: pd.DataFrame) -> str:
     need = np.maximum(f.first_gib + add[0] / GIB, f.last_gib + add[1] / GIB)
     plus = (sweep.structural & (need <= sweep.capacity)) != f.ran
     fo = other.fits != other.ran
-    rows = f[(f.fits != f.ran) | fo | plus]
+    fb = before.fits != before.ran
+    rows = f[(f.fits != f.ran) | fo | plus | fb]
     kern = {"torch": "torch", "fused": "fused", "flash_attentionv1.0.8": "flash1",
             "flash_attention2": "flash2", "flash_attention2 + RMS kernel": "flash2+RMS"}
     out = ["| model | seq | tp | pp | mb | recompute | kernel | SP | status | first | last "
-           "| binds | counted | +terms | fitted |", "|" + "---|" * 15]
+           "| binds | before | after | +terms | fitted |", "|" + "---|" * 16]
     yes = {True: "flip", False: "ok"}
     for i, r in rows.sort_values(["status", "model", "seq_size", "kernel", "tensor_par",
                                   "pipeline_par", "microbatch_size"]).iterrows():
@@ -212,7 +228,8 @@ def markdown(system, sweep: Sweep, f: pd.DataFrame, other: pd.DataFrame) -> str:
                    f"{'full' if r.checkpointing == 'every_layer' else 'none'} | "
                    f"{kern[r.kernel]} | {'y' if str(r.sequence_parallel) == 'True' else 'n'} | "
                    f"{r.status} | {r.first_gib:.1f} | {r.last_gib:.1f} | {r.bind} | "
-                   f"{yes[bool(r.fits != r.ran)]} | {yes[bool(plus[i])]} | {yes[bool(fo[i])]} |")
+                   f"{yes[bool(fb[i])]} | {yes[bool(r.fits != r.ran)]} | {yes[bool(plus[i])]} | "
+                   f"{yes[bool(fo[i])]} |")
     return "\n".join(out)
 
 
@@ -250,7 +267,7 @@ def vocabulary_lead(vocab: int, framework: str = "megatron-llama-sweeps") -> dic
         for name in ("llama-13B", "llama-65B"):
             m = json.loads((ROOT / "models" / f"{name}.json").read_text())
             (Path(d) / f"{name}.json").write_text(json.dumps(dict(m, vocab_size=int(vocab))))
-        sweep = Sweep(SWEEP, system, d)
+        sweep = Sweep(SWEEP, system, d, fw.defaults)
     f = stages(sweep, system)
     ok = f.fits == f.ran
     out = {"overall": float(ok.mean())}
@@ -258,9 +275,15 @@ def vocabulary_lead(vocab: int, framework: str = "megatron-llama-sweeps") -> dic
     return out
 
 
-def report(framework: str) -> tuple:
-    system = system_under(SYSTEM, framework)
-    sweep = Sweep(SWEEP, system, ROOT / "models")
+def report(framework: str, defaults: bool = True) -> tuple:
+    """(system, sweep, ``stages``) under ``framework``; without ``defaults``
+    the framework's recipe defaults are left out (the sweep's own
+    assumptions: the spec before issue #24's round 2)."""
+    from autopar.io.frameworks import load_framework
+
+    fw = load_framework(framework)
+    system = system_under(SYSTEM, fw)
+    sweep = Sweep(SWEEP, system, ROOT / "models", fw.defaults if defaults else None)
     return system, sweep, stages(sweep, system)
 
 
@@ -279,7 +302,8 @@ def main() -> int:
     system, sweep, f = report(args.framework)
     fl = flips(f)
     if args.markdown:
-        print(markdown(system, sweep, f, report(args.compare)[2]))
+        print(markdown(system, sweep, f, report(args.compare)[2],
+                       report(args.framework, defaults=False)[2]))
         return 0
     cols = ["model", "seq_size", "tensor_par", "pipeline_par", "microbatch_size",
             "checkpointing", "kernel", "sequence_parallel", "status", "first_gib",
@@ -304,6 +328,11 @@ def main() -> int:
     tot_add, tot_all = [0.0, 0.0], [0.0, 0.0]
     for name, src, (a, b), adds in terms(sweep, system):
         big = np.maximum(np.abs(a), np.abs(b)) / GIB
+        if adds is None:
+            print(f"   = {name} (in the spec)\n       {src}\n       size GiB median "
+                  f"{np.median(big):.2f}, largest {big.max():.2f}; without it "
+                  f"{agreement(sweep, f, -a, -b)}")
+            continue
         print(f"   {'+' if adds else '-'} {name}\n       {src}\n       size GiB median "
               f"{np.median(big):.2f}, largest {big.max():.2f}; alone "
               f"{agreement(sweep, f, a, b)}")

@@ -73,7 +73,7 @@ def main() -> int:
     # The loss buffers are refitted only where the framework lists them as
     # free (as ``autopar calibrate`` does); a counted loss keeps its copies.
     copies = "memory_overhead.logits_fp32_copies" in framework.free
-    sweep = C.Sweep(SWEEP, base_sys, ROOT / "models")
+    sweep = C.Sweep(SWEEP, base_sys, ROOT / "models", framework.defaults)
     base = C.base_constants(base_sys)
     cap = sweep.capacity
     print(f"{'sweep':<22}{'OOM':>6}{'rho':>7}{'med':>7}  "
