@@ -172,11 +172,12 @@ def terms(sweep: Sweep, system) -> list:
         ("non-flash attention: persistent scores buffer (b np/t s s, bf16)",
          f"{MB4} megatron/model/transformer.py CoreAttention.forward "
          "(mpu.get_global_memory_buffer().get_tensor(..., 'mpu') for baddbmm); "
-         "megatron/core/parallel_state.py GlobalMemoryBuffer (kept, never freed)",
+         "megatron/core/utils.py GlobalMemoryBuffer.get_tensor (kept, never freed; its "
+         "instance in megatron/core/parallel_state.py)",
          (buf, buf), True),
         ("flash backward: fp32 dq accumulator (one block)",
          "Dao-AILab/flash-attention v1.0.8 csrc/flash_attn/fmha_api.cpp mha_bwd "
-         "(dq_tmp fp32 when seqlen_k > blocksize); v2.0 csrc/flash_attn/flash_api.cpp "
+         "(dq_tmp fp32 when seqlen_k > blocksize); v2 csrc/flash_attn/flash_api.cpp "
          "mha_bwd (dq_accum fp32)",
          (dq, dq), True),
         ("RMSNorm without the kernel: Megatron's keeps fp32 x and bf16 x/rms "
