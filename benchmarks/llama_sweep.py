@@ -34,7 +34,8 @@ def load(description: str):
     if args is None:
         return None
     sys.path.insert(0, str(ROOT))
-    from autopar.io.frameworks import system_under
+    from autopar.io.frameworks import load_framework, system_under
     from autopar.studies.calibrate import Sweep
-    system = system_under(args.system, args.framework)
-    return system, Sweep(SWEEP, system, ROOT / "models")
+    framework = load_framework(args.framework)
+    system = system_under(args.system, framework)
+    return system, Sweep(SWEEP, system, ROOT / "models", framework.defaults)

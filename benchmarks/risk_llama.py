@@ -68,8 +68,12 @@ def main() -> int:
         return 1
     t0 = time.perf_counter()
     from autopar.io.frameworks import load_framework, with_framework
-    base_sys = with_framework(load_system(args.system), load_framework(args.framework))
-    sweep = C.Sweep(SWEEP, base_sys, ROOT / "models")
+    framework = load_framework(args.framework)
+    base_sys = with_framework(load_system(args.system), framework)
+    # The loss buffers are refitted only where the framework lists them as
+    # free (as ``autopar calibrate`` does); a counted loss keeps its copies.
+    copies = "memory_overhead.logits_fp32_copies" in framework.free
+    sweep = C.Sweep(SWEEP, base_sys, ROOT / "models", framework.defaults)
     base = C.base_constants(base_sys)
     cap = sweep.capacity
     print(f"{'sweep':<22}{'OOM':>6}{'rho':>7}{'med':>7}  "
@@ -80,7 +84,7 @@ def main() -> int:
     held = []
     for left in sweep.frame["model"].unique():
         out = (sweep.frame["model"] == left).to_numpy()
-        k = C.fit(sweep, ~out, base)
+        k = C.fit(sweep, ~out, base, copies=copies)
         train = sweep.predict(k)[~out]
         err = memory_errors(train, cap)
         rows = sweep.predict(k)[out]

@@ -316,3 +316,40 @@ def test_validate_sweep_bad_input(tmp_path, cli, repo_root):
     r = cli("validate", tmp_path / "missing.csv", "--system",
             repo_root / "systems" / "a100_80g_dgx_hdr200.json")
     assert r.returncode == 2 and "missing.csv" in r.stderr
+
+
+def test_sweep_takes_the_frameworks_activation_fusion(tmp_path, repo_root, cli):
+    """The sweep's format does not state the activation's fusion; a
+    framework's ``defaults.fused_activation`` replaces the sweep's assumption
+    (fused), its other defaults do not touch what a row states.  The LLaMA
+    sweeps' counted framework says unfused (Megatron-LM 2023's SwiGLU), so
+    its predicted peaks are higher than under the same records without it:
+    by silu(gate), f / tensor_par bf16 elements a token and block."""
+    import pandas as pd
+
+    from autopar.io.frameworks import load_framework, system_under
+    from autopar.studies.validate import sweep_execution, validate_sweep
+    cols = "sweep,model,seq_size,global_batch,world_size,tensor_par,pipeline_par," \
+           "microbatch_size,checkpointing,kernel,sequence_parallel,status,step_time_s,mfu\n"
+    csv = tmp_path / "s.csv"
+    csv.write_text(cols + "s,llama-13B,2048,2048,64,2,1,1,disabled,flash_attention2,False,"
+                          "ok,30.0,0.5\n")
+    fw = load_framework("megatron-llama-sweeps")
+    assert fw.defaults == {"fused_activation": False}
+    system = system_under(repo_root / "systems" / "a100_80g_dgx_hdr200.json", fw)
+    row = next(pd.read_csv(csv).itertuples())
+    assert sweep_execution(row, system)["fused_activation"] is True
+    ex = sweep_execution(row, system, {"fused_activation": False, "tensor_par": 8})
+    assert ex["fused_activation"] is False and ex["tensor_par"] == 2
+    plain = validate_sweep(csv, system, models_dir=repo_root / "models")
+    counted = validate_sweep(csv, system, models_dir=repo_root / "models",
+                             defaults=fw.defaults)
+    grow = 1 + fw.memory_overhead.fraction
+    silu = 40 * 2048 * 13824 / 2 * 2 * grow / 1024 ** 3    # 40 blocks, one micro-batch
+    assert counted.pred_mem_gib[0] - plain.pred_mem_gib[0] == pytest.approx(silu, rel=1e-6)
+    # the command line passes the framework's defaults
+    out = tmp_path / "pred.csv"
+    r = cli("validate", csv, "--system", repo_root / "systems" / "a100_80g_dgx_hdr200.json",
+            "--framework", "megatron-llama-sweeps", "--output", out)
+    assert r.returncode == 0, r.stderr
+    assert pd.read_csv(out).pred_mem_gib[0] == pytest.approx(counted.pred_mem_gib[0])

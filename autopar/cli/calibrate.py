@@ -82,7 +82,8 @@ def run(args) -> int:
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
     t0 = time.time()
     cal = calibrate(args.sweep, base, models_dir=models_dir, progress=not args.no_progress,
-                    overheads=args.fit_overheads, copies=copies)
+                    overheads=args.fit_overheads, copies=copies,
+                    defaults=framework.defaults if framework is not None else None)
     k = cal.constants
     print(f"calibrated on {Path(args.sweep).name} in {time.time() - t0:.0f} s "
           f"({cal.evaluations} model evaluations of the sweep)")

@@ -100,15 +100,17 @@ def run(args) -> int:
     from autopar.studies.validate import sweep_report, validate_sweep
 
     from autopar.search.headroom import headroom_gib
-    from autopar.io.frameworks import system_under
-    system = system_under(load_system(args.system), args.framework)
+    from autopar.io.frameworks import load_framework, with_framework
+    framework = load_framework(args.framework) if args.framework else None
+    system = with_framework(load_system(args.system), framework)
     headroom = headroom_gib(system, args.memory_headroom)
     from autopar.io.shipped import resolve, shipped_dir
     models_dir = resolve(args.models) if args.models else shipped_dir("models")
     from autopar.search.risk import parse_risk
     risk = parse_risk(args.risk or "fast", args.min_p_fits)
     rows = validate_sweep(args.target, system, models_dir=models_dir, headroom_gib=headroom,
-                          partial=args.partial)
+                          partial=args.partial,
+                          defaults=framework.defaults if framework is not None else None)
     _risk_favourites(rows, system, risk)
     report = sweep_report(rows)
     print(report.to_string(float_format=lambda x: f"{x:.3f}"))

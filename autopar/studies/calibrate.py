@@ -139,10 +139,10 @@ def apply(system: SystemSpec, k: Constants, name=None, description=None) -> Syst
 class Sweep:
     """A measured sweep, ready to be predicted under many constants."""
 
-    def __init__(self, path, system: SystemSpec, models_dir="models"):
+    def __init__(self, path, system: SystemSpec, models_dir="models", defaults=None):
         self.frame = read_sweep(path).reset_index(drop=True)
         self.base = system
-        self.groups = sweep_groups(self.frame, system, models_dir)
+        self.groups = sweep_groups(self.frame, system, models_dir, defaults)
         self.capacity = system.mem1.GiB
         self.pipelined = (self.frame["pipeline_par"] > 1).to_numpy()
         self.ran = (self.frame["status"] == "ok").to_numpy()
@@ -340,10 +340,10 @@ def folds_of(frame: pd.DataFrame) -> dict:
 
 
 def calibrate(path, system: SystemSpec, models_dir="models", progress=True,
-              overheads: bool = False, copies: bool = True) -> Calibration:
+              overheads: bool = False, copies: bool = True, defaults=None) -> Calibration:
     from tqdm import tqdm
 
-    sweep = Sweep(path, system, models_dir)
+    sweep = Sweep(path, system, models_dir, defaults)
     frame = sweep.frame
     if not sweep.ran.any():
         raise SpecError(str(path), "status", "no row ran ('ok'): nothing to fit times to")

@@ -95,13 +95,18 @@ SWEEP_UNSTATED = {"microbatch_size": (("microbatch_size",), 1),
                   "kernel": (("attention_impl", "fused_norm"), "torch"),
                   "sequence_parallel": (("tensor_par_comm_type",), False)}
 # The values the sweep's format can express for those fields.
+# Execution fields the sweep's format does not state and ``sweep_execution``
+# assumes (Megatron's fused activation); a framework's ``defaults`` for them
+# replace the assumption (``defaults=`` of ``sweep_execution``,
+# ``sweep_groups``, ``validate_sweep`` and ``calibrate.Sweep``).
+SWEEP_ASSUMED = ("fused_activation",)
 SWEEP_OPTIONS = {"microbatch_size": None,
                  "activation_recompute": tuple(dict.fromkeys(CHECKPOINTING.values())),
                  "attention_impl": tuple(dict.fromkeys(k[0] for k in KERNELS.values())),
                  "fused_norm": (False, True), "tensor_par_comm_type": ("ar", "rs_ag")}
 
 
-def sweep_execution(row, system: SystemSpec) -> dict:
+def sweep_execution(row, system: SystemSpec, defaults=None) -> dict:
     """The execution a measured row ran: Megatron-style placement and options.
 
     Ranks are laid out as Megatron does (tensor fastest, then data, then
@@ -109,7 +114,9 @@ def sweep_execution(row, system: SystemSpec) -> dict:
     parallelism goes on the first tier that holds tensor x data ranks, and
     pipeline parallelism on the tier that holds the whole world.  With dp > 1 the
     optimizer state is sharded across data parallelism and the weight
-    gradients are not (Megatron's distributed optimizer).
+    gradients are not (Megatron's distributed optimizer).  A framework's
+    ``defaults`` replace the assumptions of ``SWEEP_ASSUMED`` (the fused
+    activation) where they name them.
     """
     tp, pp = int(row.tensor_par), int(row.pipeline_par)
     world = int(row.world_size)
@@ -117,7 +124,7 @@ def sweep_execution(row, system: SystemSpec) -> dict:
     impl, fused_norm = KERNELS[row.kernel]
     tier = system.tier_holding
 
-    return {
+    ex = {
         "num_procs": world, "tensor_par": tp, "pipeline_par": pp, "data_par": dp,
         "tensor_par_net": 0, "data_par_net": tier(tp * dp), "pipeline_par_net": tier(world),
         "batch_size": int(row.global_batch), "microbatch_size": int(row.microbatch_size),
@@ -130,6 +137,10 @@ def sweep_execution(row, system: SystemSpec) -> dict:
         "optimizer_offload": False, "training": True,
         "attention_impl": impl, "fused_norm": fused_norm, "unsharded_grads": dp > 1,
     }
+    for f in SWEEP_ASSUMED:
+        if defaults and f in defaults:
+            ex[f] = defaults[f]
+    return ex
 
 
 def _truthy(v) -> bool:
@@ -185,7 +196,7 @@ def read_sweep(path, blanks: tuple = ()) -> pd.DataFrame:
     return frame
 
 
-def sweep_groups(frame: pd.DataFrame, system: SystemSpec, models_dir="models"):
+def sweep_groups(frame: pd.DataFrame, system: SystemSpec, models_dir="models", defaults=None):
     """The rows of a sweep by (model, sequence): [(rows, model, executions)].
 
     A pipeline that does not divide the blocks is kept: Megatron then places
@@ -196,7 +207,8 @@ def sweep_groups(frame: pd.DataFrame, system: SystemSpec, models_dir="models"):
     for (mname, seq), rows in frame.groupby(["model", "seq_size"], sort=False):
         model = sweep_model(mname, seq, models_dir, frame.attrs.get("source", "sweep"),
                             int(rows.index[0]) + 2)
-        groups.append((rows, model, [sweep_execution(r, system) for r in rows.itertuples()]))
+        groups.append((rows, model, [sweep_execution(r, system, defaults)
+                                     for r in rows.itertuples()]))
     return groups
 
 
@@ -225,7 +237,7 @@ def headroom_of(system: SystemSpec, headroom_gib=None) -> float:
 
 def validate_sweep(path, system: SystemSpec, models_dir="models",
                    headroom_gib=None, partial: bool = False,
-                   options: dict | None = None) -> pd.DataFrame:
+                   options: dict | None = None, defaults=None) -> pd.DataFrame:
     """Predict every row of a measured sweep: adds pred_feasible, pred_reason,
     pred_step_time_s, pred_mem_gib and pred_fits_headroom (feasible with
     ``headroom_gib`` to spare; default: the system's ``memory_headroom``).
@@ -235,7 +247,7 @@ def validate_sweep(path, system: SystemSpec, models_dir="models",
     blanks leave unknown (``SWEEP_OPTIONS``, or ``options`` per field), its
     predictions are the best completion's (pred_feasible: some completion
     fits), ``pred_partial`` marks it and ``pred_chosen`` names the values
-    chosen."""
+    chosen.  ``defaults``: a framework's recipe defaults (``SWEEP_ASSUMED``)."""
     from autopar.model.frame import evaluate
 
     frame = read_sweep(path, blanks=tuple(SWEEP_UNSTATED) if partial else ())
@@ -243,8 +255,8 @@ def validate_sweep(path, system: SystemSpec, models_dir="models",
     blank = (frame[list(SWEEP_UNSTATED)].isna().any(axis=1) if partial
              else pd.Series(False, index=frame.index))
     if blank.any():
-        out.append(_partial_rows(frame[blank], system, models_dir, options))
-    for rows, model, exes in sweep_groups(frame[~blank], system, models_dir):
+        out.append(_partial_rows(frame[blank], system, models_dir, options, defaults))
+    for rows, model, exes in sweep_groups(frame[~blank], system, models_dir, defaults):
         pred = evaluate(model, system, exes)
         part = rows.copy()
         part["pred_feasible"] = pred["feasible"].to_numpy()
@@ -260,7 +272,8 @@ def validate_sweep(path, system: SystemSpec, models_dir="models",
     return rows
 
 
-def _partial_rows(frame: pd.DataFrame, system: SystemSpec, models_dir, options) -> pd.DataFrame:
+def _partial_rows(frame: pd.DataFrame, system: SystemSpec, models_dir, options,
+                  defaults=None) -> pd.DataFrame:
     """Sweep rows with blank cells, each predicted over the completions of
     the fields its blanks leave unknown (``autopar.search.partial``)."""
     from autopar.io.layouts import ALL_FIELDS, EXT_DEFAULTS
@@ -277,7 +290,7 @@ def _partial_rows(frame: pd.DataFrame, system: SystemSpec, models_dir, options) 
             if pd.isna(row[col]):
                 filled[col] = placeholder
                 unknown += fields
-        ex = sweep_execution(filled, system)
+        ex = sweep_execution(filled, system, defaults)
         stated = {f: ex.get(f, EXT_DEFAULTS.get(f)) for f in ALL_FIELDS
                   if f not in unknown and (f in ex or f in EXT_DEFAULTS)}
         opts = {f: (options or {}).get(f, SWEEP_OPTIONS[f]) for f in unknown}
