@@ -201,6 +201,25 @@ class MemoryOverhead:
     # "unless_pipelined": "never" with pipeline stages, "always" without
     # (torchtitan's default policy).
     fsdp_reshard: str = "always"
+    # Transformer Engine's cached dummy weight gradients (True): with
+    # Megatron's gradient-accumulation fusion a TE linear layer (and, with TE
+    # installed, Megatron's own column-parallel output layer) accumulates its
+    # weight gradient straight into the fp32 main_grad and hands autograd a
+    # placeholder of the weight's shape and dtype, one per distinct
+    # (shape, dtype), allocated once and kept
+    # (transformer_engine/pytorch/module/base.py get_dummy_wgrad): a stage
+    # holds one block's GEMM weights in the working precision per distinct
+    # block kind, and the output layer's on the last stage.  False: none
+    # (Calculon's count).
+    dummy_wgrad: bool = False
+    # Gradients alive in the backward pass beside the saved activations.
+    # "block": Calculon's count (the output gradients of every layer of a
+    # block, and the block's working space in place of its saved
+    # activations); "op": as autograd frees them, the input and output
+    # gradients of the one op running (the largest of a block's ops, or the
+    # output layer's input gradient on the last stage), every block keeping
+    # just what it saved.
+    backward_transient: str = "block"
 
 
 @dataclass(frozen=True)
@@ -291,6 +310,7 @@ SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhea
                          "memory_headroom")
 PROCESSING_MODES = ("roofline", "no_overlap")
 FSDP_RESHARD = ("always", "never", "unless_pipelined")
+BACKWARD_TRANSIENT = ("block", "op")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
@@ -844,7 +864,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
-                         "autograd_inputs", "fsdp_reshard"))
+                         "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
+                         "backward_transient"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -861,8 +882,11 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
         c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
     autograd = c.bool(o.get("autograd_inputs", False), f"{path}.autograd_inputs")
     reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
+    dummy = c.bool(o.get("dummy_wgrad", False), f"{path}.dummy_wgrad")
+    transient = c.choice(o.get("backward_transient", "block"), f"{path}.backward_transient",
+                         BACKWARD_TRANSIENT)
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard)
+                          reshard, dummy, transient)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -911,6 +935,10 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["autograd_inputs"] = True
     if o.fsdp_reshard != "always":
         out["fsdp_reshard"] = o.fsdp_reshard
+    if o.dummy_wgrad:
+        out["dummy_wgrad"] = True
+    if o.backward_transient != "block":
+        out["backward_transient"] = o.backward_transient
     return out
 
 

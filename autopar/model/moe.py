@@ -45,7 +45,7 @@ from functools import partial
 import numpy as np
 
 from autopar.model.block_inputs import BlockInputs
-from autopar.model.block_sums import MAX_SUMS, BlockSums
+from autopar.model.block_sums import KIND_SUMS, MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
 from autopar.model.mamba import hybrid_kinds, layer_kinds
@@ -199,6 +199,7 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     # PyTorch: benchmarks/memory_torch.py).
     keep = ctx.autograd_inputs and not moe.shared_feedforward
     router = linear(ctx, T, h, E, **full, stored=keep, reused=True)
+    router["dummy_wgrad"] = False       # Megatron's own parameter, not a TE module
     score = float(_ROUTER_FLOPS[moe.router])
     scores = layer(ctx, fw=score * T * E, agrad=score * T * E, inputs=T * E, outputs=T * E,
                    act=T * E, act_grads=T * E, **full)
@@ -409,7 +410,11 @@ def mix(sums: dict, counts: dict, per_stage) -> BlockSums:
     out = {}
     for key in sums[kinds[0]].given():
         vals = [getattr(sums[k], key) for k in kinds]
-        if key in MAX_SUMS:
+        if key in KIND_SUMS:
+            # once per block kind the stage holds (a stage total, as the
+            # memory footprints read it)
+            v = sum(np.where(counts[k] > 0, e, 0.0) for k, e in zip(kinds, vals))
+        elif key in MAX_SUMS:
             v = np.where(counts[kinds[0]] > 0, vals[0], 0.0)
             for k, e in zip(kinds[1:], vals[1:]):
                 v = np.maximum(v, np.where(counts[k] > 0, e, 0.0))
