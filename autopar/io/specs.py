@@ -220,6 +220,14 @@ class MemoryOverhead:
     # output layer's input gradient on the last stage), every block keeping
     # just what it saved.
     backward_transient: str = "block"
+    # Where a mixture of experts applies the routing probabilities.  False
+    # (the count without this field): in the combine, which keeps the
+    # experts' outputs for the probabilities' gradient (Megatron-Core up to
+    # 0.13: the unpermute with probs).  True: in the experts' activation
+    # (Megatron-Core 0.14 on: megatron/core/transformer/moe/experts.py
+    # TEGroupedMLP, weighted_bias_swiglu_impl), which keeps the
+    # probabilities only; the combine keeps nothing.
+    moe_probs_in_activation: bool = False
 
 
 @dataclass(frozen=True)
@@ -865,7 +873,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
                          "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
-                         "backward_transient"))
+                         "backward_transient", "moe_probs_in_activation"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -885,8 +893,9 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     dummy = c.bool(o.get("dummy_wgrad", False), f"{path}.dummy_wgrad")
     transient = c.choice(o.get("backward_transient", "block"), f"{path}.backward_transient",
                          BACKWARD_TRANSIENT)
+    probs = c.bool(o.get("moe_probs_in_activation", False), f"{path}.moe_probs_in_activation")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard, dummy, transient)
+                          reshard, dummy, transient, probs)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -939,6 +948,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["dummy_wgrad"] = True
     if o.backward_transient != "block":
         out["backward_transient"] = o.backward_transient
+    if o.moe_probs_in_activation:
+        out["moe_probs_in_activation"] = True
     return out
 
 

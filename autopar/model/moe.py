@@ -211,6 +211,12 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     # The weighted sum keeps the experts' outputs for the gradient of the scores.
     combine = layer(ctx, fw=2 * M * h, agrad=3 * M * h, inputs=M * h, outputs=T * h,
                     act=M * h, act_grads=T * h, **full)
+    if ctx.moe_probs_in_activation:
+        # ``memory_overhead.moe_probs_in_activation``: the activation
+        # weights its outputs by the probabilities and keeps them (one a
+        # token copy); the combine keeps nothing (its traffic is as before).
+        act_fn["act_b"] = act_fn["act_b"] + M * b
+        combine["act_b"] = 0.0 * combine["act_b"]
     # The experts' compute that an overlapped transfer can hide behind.
     for L in (fc1, act_fn, fc2):
         finish(ctx, L)
