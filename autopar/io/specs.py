@@ -228,6 +228,13 @@ class MemoryOverhead:
     # TEGroupedMLP, weighted_bias_swiglu_impl), which keeps the
     # probabilities only; the combine keeps nothing.
     moe_probs_in_activation: bool = False
+    # All-to-all context parallelism (context_par_comm "a2a") as Transformer
+    # Engine 2.8 on runs it: the attention saves its output in the
+    # head-split layout, before the all-to-all back, beside the sequence-split
+    # output the projection after it saves (True; transformer_engine/pytorch/
+    # attention/dot_product_attention/context_parallel.py
+    # AttnFuncWithCPAndQKVOA2A, ``out_part``).  False: one copy.
+    cp_a2a_output_copy: bool = False
 
 
 @dataclass(frozen=True)
@@ -873,7 +880,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
                          "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
-                         "backward_transient", "moe_probs_in_activation"))
+                         "backward_transient", "moe_probs_in_activation",
+                         "cp_a2a_output_copy"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -894,8 +902,9 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     transient = c.choice(o.get("backward_transient", "block"), f"{path}.backward_transient",
                          BACKWARD_TRANSIENT)
     probs = c.bool(o.get("moe_probs_in_activation", False), f"{path}.moe_probs_in_activation")
+    a2a_copy = c.bool(o.get("cp_a2a_output_copy", False), f"{path}.cp_a2a_output_copy")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard, dummy, transient, probs)
+                          reshard, dummy, transient, probs, a2a_copy)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -950,6 +959,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["backward_transient"] = o.backward_transient
     if o.moe_probs_in_activation:
         out["moe_probs_in_activation"] = True
+    if o.cp_a2a_output_copy:
+        out["cp_a2a_output_copy"] = True
     return out
 
 

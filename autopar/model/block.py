@@ -115,7 +115,11 @@ def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
     * ``op_grads``: the largest input gradient + output gradient of one op
       of the block in backward (bytes), what autograd holds beside the saved
       activations while the op runs (``memory_overhead.backward_transient``
-      "op"; each gradient is freed once the op before has consumed it).
+      "op"; each gradient is freed once the op before has consumed it), less
+      the op's output where the op after it saved that as its input: that
+      op has run its backward and released it (the SwiGLU's output, saved by
+      the second MLP GEMM, is gone when the SwiGLU's backward holds its two
+      gradients).
     """
     b = ctx.elem_bytes
     tr = ctx.training
@@ -130,8 +134,12 @@ def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
         return total * b
 
     op = ctx.zeros.copy()
-    for L, present in list(attn_layers) + list(rest_layers):
-        op = np.maximum(op, np.where(present & tr, (L["inputs"] + L["act_grads"]) * b, 0.0))
+    kept_next = ctx.zeros.copy()        # what the next present layer saved of its input
+    for L, present in reversed(list(attn_layers) + list(rest_layers)):
+        freed = np.minimum(L["outputs"] * b, kept_next)
+        op = np.maximum(op, np.where(present & tr,
+                                     (L["inputs"] + L["act_grads"]) * b - freed, 0.0))
+        kept_next = np.where(present, np.where(L["stored"], L["act_b"], 0.0), kept_next)
     return {"dummy_attn": dummy(attn_layers), "dummy_rest": dummy(rest_layers),
             "op_grads": op}
 

@@ -336,6 +336,13 @@ def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=No
         L = layer(ctx, fw=fw, agrad=2 * fw, inputs=q + k + v, outputs=o,
                   act=q + k + v, act_grads=o, matrix=True, **kw)
     L["keep_b"] = mbs * heads_t * s * 4 + ctx.zeros          # log-sum-exp, fp32
+    if ctx.cp_a2a_output_copy:
+        # ``memory_overhead.cp_a2a_output_copy``: all-to-all context
+        # parallelism keeps the output in the head-split layout too
+        # (TransformerEngine AttnFuncWithCPAndQKVOA2A saves ``out_part``).
+        a2a = (ctx.cp > 1) & (ctx._ext("context_par_comm", 0)
+                              == CHOICES["context_par_comm"].index("a2a"))
+        L["keep_b"] = L["keep_b"] + np.where(a2a, L["outputs"] * ctx.elem_bytes, 0.0)
     L["mem_agrad"] = 2 * L["mem_fw"]
     speed = np.where(impl == CHOICES["attention_impl"].index("flash_v1"),
                      _FLASH_SPEED["flash_v1"], _FLASH_SPEED["flash_v2"])
