@@ -223,8 +223,10 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     static = pick(weights_off, weight_min, weight_space)
     if overhead is not None and overhead.dummy_wgrad:
         # TE's cached dummy weight gradients (``block.framework_terms``):
-        # one per block kind the stage holds, the attention's shared.
-        static = static + ctx.if_training(sums.dummy_attn + sums.dummy_rest)
+        # one per block kind the stage holds, the attention's shared (none
+        # on a stage of no blocks: an uneven split's embedding-only stage).
+        static = static + ctx.if_training(
+            np.where(blocks > 0, sums.dummy_attn + sums.dummy_rest, 0.0))
     if sums.weight_space_full is not None and np.any(ctx.weight_shards > 1):
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
         gathered = 2 * sums.weight_space_full
