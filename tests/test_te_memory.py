@@ -81,6 +81,21 @@ def test_dummy_wgrad_is_one_block_and_the_output_layer_by_hand():
     assert inf_on.proc_mem_tier1_cap_req == inf_off.proc_mem_tier1_cap_req
 
 
+def test_dummy_wgrad_of_bf16_blocks_is_their_kind_s():
+    """The fp8 recipe's BF16 first block is a block kind of its own in the
+    model, but its GEMM weights have the shapes of the others: one
+    placeholder set, as without it."""
+    m = _llama()
+    h, f, V, tp = m.hidden, m.feedforward, m.vocab_size, LAYOUT["tensor_par"]
+    q, kv = m.attn_heads * m.attn_size, m.kv_heads * m.attn_size
+    block = h * (q + 2 * kv) + q * h + 2 * h * f + f * h
+    kw = dict(fp8_recipe="mxfp8", bf16_first_blocks=1)
+    on = _eval(m, TE.memory_overhead, **kw)
+    off = _eval(m, dataclasses.replace(TE.memory_overhead, dummy_wgrad=False), **kw)
+    assert on.proc_mem_tier1_cap_req - off.proc_mem_tier1_cap_req == \
+        pytest.approx(2 * (block + V * h) / tp, rel=1e-9)
+
+
 def test_dummy_wgrad_of_an_moe_stage_by_hand():
     """DeepSeek-V2 cut to a dense block and three MoE blocks, one stage, no
     tensor parallelism, expert_par 8: the MLA attention's GEMMs once (every

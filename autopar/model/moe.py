@@ -418,8 +418,14 @@ def mix(sums: dict, counts: dict, per_stage) -> BlockSums:
         vals = [getattr(sums[k], key) for k in kinds]
         if key in KIND_SUMS:
             # once per block kind the stage holds (a stage total, as the
-            # memory footprints read it)
-            v = sum(np.where(counts[k] > 0, e, 0.0) for k, e in zip(kinds, vals))
+            # memory footprints read it); a kind's BF16 blocks have its shapes
+            per_shape = {}
+            for k, e in zip(kinds, vals):
+                base = k[:-len(BF16)] if k.endswith(BF16) else k
+                held = np.where(counts[k] > 0, e, 0.0)
+                per_shape[base] = np.maximum(per_shape[base], held) if base in per_shape \
+                    else held
+            v = sum(per_shape.values())
         elif key in MAX_SUMS:
             v = np.where(counts[kinds[0]] > 0, vals[0], 0.0)
             for k, e in zip(kinds[1:], vals[1:]):
