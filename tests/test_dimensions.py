@@ -314,7 +314,7 @@ def test_autograd_inputs_counts_gemm_inputs_once(gpt, h100):
 def test_published_bars(reference):
     """The issue's bars on the dense tables: every published layout predicted
     to fit, median |tokens/s error| within 10% per table, B200 peak memory
-    within 5% median (the Qwen3 MoE table, issue 14, is not held to them;
+    within 1% median (the Qwen3 MoE table, issue 14, is not held to them;
     issue 24's llm-foundry and NeMo-Launcher tables are held to the first
     only: their throughput is not yet within 10%, docs/validation.md)."""
     from autopar.studies.published import TABLES, cases, report
@@ -322,7 +322,8 @@ def test_published_bars(reference):
     assert (summary.feasible == summary.predicted).all(), summary
     within = summary.drop(index=["llm_foundry_mpt", "nemo_launcher_a100"])
     assert (within.median_abs_tok_error <= 0.10).all(), within.median_abs_tok_error
-    assert summary.loc["simumax_b200", "median_abs_mem_error"] <= 0.05
+    # issue 24's bar, 1% median; counted term by term 0.3% (tests/test_te_memory.py)
+    assert summary.loc["simumax_b200", "median_abs_mem_error"] <= 0.004
     # NeMo's Llama 2 70B SFT on 16 GPUs (one data-parallel rank) fits because
     # NeMo 1.x keeps 2-byte master remainders; with fp32 masters it would not.
     label = "sft LLAMA2-70B 16 GPUs"

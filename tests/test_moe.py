@@ -359,7 +359,7 @@ def test_published_moe_rows(reference):
     sim = predict(TABLES["simumax_b200"], rank=False)
     moe = sim[sim.label.str.startswith("deepseek")]
     assert len(moe) == 12 and moe.feasible.all()
-    assert moe.mem_error.abs().median() <= 0.05
+    assert moe.mem_error.abs().median() <= 0.005      # counted: docs/validation.md (issue 24)
     # On the B200 file calibrated on the table's dense rows only, and the MoE
     # host time fitted on two Bridge rows: both held out here.
     assert moe.tok_error.abs().median() <= 0.15

@@ -117,17 +117,17 @@ def run(args) -> int:
     headroom = headroom_gib(system, getattr(args, "memory_headroom", None))
     from autopar.search.risk import family_of, load_errors, risk_headroom_gib, risk_of
     risk = risk_of(args)
-    errors = load_errors(family_of(model))
+    # --framework: only what the framework can run (its spec's options)
+    from autopar.search.space import framework_space
+    space = framework_space(load_space(args.space if args.space is not None else DEFAULT_SPACE),
+                            getattr(args, "framework", None))
+    errors = load_errors(family_of(model, space.spec.fixed))
     # safe: the fastest layout with P(fits) >= min_p_fits, a search with the
     # headroom that probability sets (or the one asked for, if larger); the
     # fast pick (today's ranking) is searched too when they differ.
     user_headroom = headroom
     if risk.choice == "safe":
         headroom = max(headroom, math.ceil(100 * risk_headroom_gib(system, errors, risk.min_p_fits)) / 100)
-    # --framework: only what the framework can run (its spec's options)
-    from autopar.search.space import framework_space
-    space = framework_space(load_space(args.space if args.space is not None else DEFAULT_SPACE),
-                            getattr(args, "framework", None))
     fmt = getattr(args, "format", DEFAULT_FORMAT)
     from autopar.io.export import format_space
     space = format_space(fmt, space)

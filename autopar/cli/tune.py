@@ -344,11 +344,11 @@ def run(args) -> int:
     from autopar.io.specs import load_model
     from autopar.search.risk import family_of, load_errors, risk_of
     risk = risk_of(args)
-    errors = load_errors(family_of(load_model(args.model)))
     # --framework: only what the framework can run (its spec's options)
     from autopar.search.space import framework_space
     space = framework_space(args.space if args.space is not None else DEFAULT_SPACE,
                             getattr(args, "framework", None))
+    errors = load_errors(family_of(load_model(args.model), space.spec.fixed))
     from autopar.io.export import format_space
     space = format_space(fmt, space)
     options = tune_options(args.sampler, args.trials, backend=args.backend, seed=args.seed,

@@ -201,6 +201,40 @@ class MemoryOverhead:
     # "unless_pipelined": "never" with pipeline stages, "always" without
     # (torchtitan's default policy).
     fsdp_reshard: str = "always"
+    # Transformer Engine's cached dummy weight gradients (True): with
+    # Megatron's gradient-accumulation fusion a TE linear layer (and, with TE
+    # installed, Megatron's own column-parallel output layer) accumulates its
+    # weight gradient straight into the fp32 main_grad and hands autograd a
+    # placeholder of the weight's shape and dtype, one per distinct
+    # (shape, dtype), allocated once and kept
+    # (transformer_engine/pytorch/module/base.py get_dummy_wgrad): a stage
+    # holds one block's GEMM weights in the working precision per distinct
+    # block kind, and the output layer's on the last stage.  False: none
+    # (Calculon's count).
+    dummy_wgrad: bool = False
+    # Gradients alive in the backward pass beside the saved activations.
+    # "block": Calculon's count (the output gradients of every layer of a
+    # block, and the block's working space in place of its saved
+    # activations); "op": as autograd frees them, the input and output
+    # gradients of the one op running (the largest of a block's ops, or the
+    # output layer's input gradient on the last stage), every block keeping
+    # just what it saved.
+    backward_transient: str = "block"
+    # Where a mixture of experts applies the routing probabilities.  False
+    # (the count without this field): in the combine, which keeps the
+    # experts' outputs for the probabilities' gradient (Megatron-Core up to
+    # 0.13: the unpermute with probs).  True: in the experts' activation
+    # (Megatron-Core 0.14 on: megatron/core/transformer/moe/experts.py
+    # TEGroupedMLP, weighted_bias_swiglu_impl), which keeps the
+    # probabilities only; the combine keeps nothing.
+    moe_probs_in_activation: bool = False
+    # All-to-all context parallelism (context_par_comm "a2a") as Transformer
+    # Engine 2.8 on runs it: the attention saves its output in the
+    # head-split layout, before the all-to-all back, beside the sequence-split
+    # output the projection after it saves (True; transformer_engine/pytorch/
+    # attention/dot_product_attention/context_parallel.py
+    # AttnFuncWithCPAndQKVOA2A, ``out_part``).  False: one copy.
+    cp_a2a_output_copy: bool = False
 
 
 @dataclass(frozen=True)
@@ -315,6 +349,7 @@ SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhea
                          "memory_headroom")
 PROCESSING_MODES = ("roofline", "no_overlap")
 FSDP_RESHARD = ("always", "never", "unless_pipelined")
+BACKWARD_TRANSIENT = ("block", "op")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
@@ -868,7 +903,9 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
-                         "autograd_inputs", "fsdp_reshard"))
+                         "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
+                         "backward_transient", "moe_probs_in_activation",
+                         "cp_a2a_output_copy"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -885,8 +922,13 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
         c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
     autograd = c.bool(o.get("autograd_inputs", False), f"{path}.autograd_inputs")
     reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
+    dummy = c.bool(o.get("dummy_wgrad", False), f"{path}.dummy_wgrad")
+    transient = c.choice(o.get("backward_transient", "block"), f"{path}.backward_transient",
+                         BACKWARD_TRANSIENT)
+    probs = c.bool(o.get("moe_probs_in_activation", False), f"{path}.moe_probs_in_activation")
+    a2a_copy = c.bool(o.get("cp_a2a_output_copy", False), f"{path}.cp_a2a_output_copy")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard)
+                          reshard, dummy, transient, probs, a2a_copy)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -960,6 +1002,14 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["autograd_inputs"] = True
     if o.fsdp_reshard != "always":
         out["fsdp_reshard"] = o.fsdp_reshard
+    if o.dummy_wgrad:
+        out["dummy_wgrad"] = True
+    if o.backward_transient != "block":
+        out["backward_transient"] = o.backward_transient
+    if o.moe_probs_in_activation:
+        out["moe_probs_in_activation"] = True
+    if o.cp_a2a_output_copy:
+        out["cp_a2a_output_copy"] = True
     return out
 
 

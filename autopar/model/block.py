@@ -60,12 +60,14 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     if m.hybrid_pattern:
         seq, core_layers = _hybrid_layer(ctx, cols, x, kind)
         q_width, kv_width = float(m.attn_heads) * float(m.attn_size) / ctx.tp, x.kv_width
+        n_attn = len(seq) if kind == "attention" else 0
     else:
         if m.mla is not None:
             seq, core_layers, q_width, kv_width = mla_attention(ctx, x)
         else:
             seq, core_layers = _attention(ctx, x)
             q_width, kv_width = float(m.attn_heads) * float(m.attn_size) / ctx.tp, x.kv_width
+        n_attn = len(seq)
         moe = kind == "moe"
         f = float(m.moe.shared_feedforward) if moe else float(m.feedforward)
         seq += _mlp(ctx, x, f)
@@ -85,7 +87,61 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     cx = context_exchange(ctx, cols, x.mbs, x.sq, q_width, kv_width, attn_fw, attn_bw,
                           x.recompute_attn)
     return replace(acc, cp_fw_link=cx.fw_link, cp_fw_exp=cx.fw_exp, cp_bw_link=cx.bw_link,
-                   cp_bw_exp=cx.bw_exp, cp_re_exp=cx.re_exp, cp_fw_size=cx.fw_size)
+                   cp_bw_exp=cx.bw_exp, cp_re_exp=cx.re_exp, cp_fw_size=cx.fw_size,
+                   **framework_terms(ctx, seq[:n_attn], seq[n_attn:]))
+
+
+def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
+    """The block's sums of two framework memory terms (``BlockSums``), used
+    only where the framework's ``memory_overhead`` asks for them:
+
+    * ``dummy_attn`` / ``dummy_rest``: bytes of Transformer Engine's cached
+      dummy weight gradients (``memory_overhead.dummy_wgrad``).  With
+      Megatron's gradient-accumulation fusion (on by default) a TE linear
+      layer writes its weight gradient into the fp32 ``main_grad`` and
+      returns to autograd a placeholder of the weight's shape and dtype from
+      ``get_dummy_wgrad``, which allocates one tensor per distinct
+      (shape, dtype) and keeps it (NVIDIA/TransformerEngine v2.11
+      transformer_engine/pytorch/module/base.py ``get_dummy_wgrad``; called
+      from module/linear.py, layernorm_linear.py and grouped_linear.py
+      backward, ``fuse_wgrad_accumulation``).  A block's GEMM weights have
+      distinct shapes (the fused QKV, the output projection, the MLP's two;
+      a grouped GEMM's experts share one shape each), so a block kind holds
+      one copy of its trained GEMM weights in the working precision, a
+      grouped GEMM one expert's.  The attention's are apart because every
+      block kind of a model shares them.  The MoE router's weight is
+      Megatron's own parameter (megatron/core/transformer/moe/router.py),
+      not a TE module: not counted.
+    * ``op_grads``: the largest input gradient + output gradient of one op
+      of the block in backward (bytes), what autograd holds beside the saved
+      activations while the op runs (``memory_overhead.backward_transient``
+      "op"; each gradient is freed once the op before has consumed it), less
+      the op's output where the op after it saved that as its input: that
+      op has run its backward and released it (the SwiGLU's output, saved by
+      the second MLP GEMM, is gone when the SwiGLU's backward holds its two
+      gradients).
+    """
+    b = ctx.elem_bytes
+    tr = ctx.training
+
+    def dummy(layers):
+        total = ctx.zeros.copy()
+        for L, present in layers:
+            if not L["matrix"] or not L.get("dummy_wgrad", True):
+                continue
+            w = L["weight_grads"] / L["groups"] if "groups" in L else L["weight_grads"]
+            total += np.where(present & tr, w, 0.0)
+        return total * b
+
+    op = ctx.zeros.copy()
+    kept_next = ctx.zeros.copy()        # what the next present layer saved of its input
+    for L, present in reversed(list(attn_layers) + list(rest_layers)):
+        freed = np.minimum(L["outputs"] * b, kept_next)
+        op = np.maximum(op, np.where(present & tr,
+                                     (L["inputs"] + L["act_grads"]) * b - freed, 0.0))
+        kept_next = np.where(present, np.where(L["stored"], L["act_b"], 0.0), kept_next)
+    return {"dummy_attn": dummy(attn_layers), "dummy_rest": dummy(rest_layers),
+            "op_grads": op}
 
 
 def _hybrid_layer(ctx: LayoutContext, cols: dict, x: BlockInputs, kind: str):
@@ -212,7 +268,7 @@ def _mlp(ctx: LayoutContext, x: BlockInputs, f: float, after_attention: bool = T
 _ACCUMULATED = tuple(name for name in BlockSums.__dataclass_fields__
                      if name not in ("act_storage_all", "weight_space_full", "cp_fw_link",
                                      "cp_fw_exp", "cp_bw_link", "cp_bw_exp", "cp_re_exp",
-                                     "cp_fw_size"))
+                                     "cp_fw_size", "dummy_attn", "dummy_rest", "op_grads"))
 
 
 def _rows_of(mask):
@@ -374,7 +430,7 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     """
     V = float(ctx.model.vocab_size)
     if V <= 0:
-        return {"first": 0.0, "last": 0.0,
+        return {"first": 0.0, "last": 0.0, "op_grads": 0.0,
                 "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
     tp, b = ctx.tp, ctx.elem_bytes
     B = acts.B
@@ -404,6 +460,17 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     last = matrix * (1.0 + (stages == 1))        # both matrices on a single stage
     if mtp:
         last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * mtp * per_param
+    if over.dummy_wgrad:
+        # The output layer's cached dummy weight gradient: Megatron's
+        # column-parallel output layer takes its placeholder from TE's
+        # get_dummy_wgrad when TE is installed (megatron/core/tensor_parallel/
+        # layers.py, LinearWithGradAccumulationAndAsyncCommunication.backward);
+        # the embedding's gradient is a plain one, freed after it is added.
+        dummy = ctx.if_training(params * b)
+        last = last + (dummy * ctx.trainable if ctx.frozen is not None else dummy)
     return {"first": matrix, "last": last,
+            # (the output layer's input gradient: its op in backward, the
+            # logits' gradient being the logits, in place)
+            "op_grads": ctx.if_training(B * ctx.model.hidden * b),
             "logits": {"total": whole * b + copies, "fp32_copies": copies,
                        "fp32_copy": copy}}

@@ -108,6 +108,15 @@ class BlockSums:
     cp_bw_exp: np.ndarray = _sum()
     cp_re_exp: np.ndarray = _sum()
     cp_fw_size: np.ndarray = _sum()
+    # Transformer Engine's cached dummy weight gradients (bytes, one per
+    # distinct weight shape: ``memory_overhead.dummy_wgrad``) of the
+    # attention's GEMMs, which every block kind of a model shares, and of the
+    # rest of the block; and the largest input + output gradients one op of
+    # the block holds in backward (``memory_overhead.backward_transient``
+    # "op").  Set by ``block.framework_terms``.
+    dummy_attn: np.ndarray = _sum()
+    dummy_rest: np.ndarray = _sum()
+    op_grads: np.ndarray = _sum()
 
     def given(self) -> dict:
         """The fields that are set (not None), by name."""
@@ -115,7 +124,9 @@ class BlockSums:
 
 
 # The sums that combine by the larger value, not by adding.
-MAX_SUMS = ("tp_bw_req",)
+MAX_SUMS = ("tp_bw_req", "dummy_attn", "op_grads")
+# The sums a stage holds once per block kind it has, however many blocks.
+KIND_SUMS = ("dummy_rest",)
 # Calculon's statistic -> the field that reports it.
 CALCULON = {f.metadata["calculon"]: f.name for f in fields(BlockSums)
             if "calculon" in f.metadata}

@@ -132,6 +132,8 @@ class LayoutContext:
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0
         # GEMM and router inputs counted as autograd keeps them (block, moe).
         self.autograd_inputs = bool(over is not None and over.autograd_inputs)
+        self.moe_probs_in_activation = bool(over is not None and over.moe_probs_in_activation)
+        self.cp_a2a_output_copy = bool(over is not None and over.cp_a2a_output_copy)
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par

@@ -323,7 +323,12 @@ def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=No
     context parallelism ``s`` is the local queries and ``sk`` the keys they
     attend to (the whole sequence); K/V held locally are the local ones.
     ``dv`` / ``kv_v``: value head size and width when they differ from the
-    keys' (multi-head latent attention)."""
+    keys' (multi-head latent attention).  The kernel saves its output for
+    backward; that is the tensor the output projection that follows saves
+    as its input (Megatron-Core's MLA passes the attention's output to
+    ``linear_proj`` as a view: megatron/core/transformer/
+    multi_latent_attention.py ``forward``), counted there, as for the
+    other attention."""
     sk = s if sk is None else sk
     q = mbs * s * heads_t * d
     k = mbs * s * kv
@@ -336,8 +341,15 @@ def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=No
         o = mbs * s * heads_t * dv
         fw = 2 * mbs * heads_t * s * sk * (d + dv)
         L = layer(ctx, fw=fw, agrad=2 * fw, inputs=q + k + v, outputs=o,
-                  act=q + k + v + o, act_grads=o, matrix=True, **kw)
+                  act=q + k + v, act_grads=o, matrix=True, **kw)
     L["keep_b"] = mbs * heads_t * s * 4 + ctx.zeros          # log-sum-exp, fp32
+    if ctx.cp_a2a_output_copy:
+        # ``memory_overhead.cp_a2a_output_copy``: all-to-all context
+        # parallelism keeps the output in the head-split layout too
+        # (TransformerEngine AttnFuncWithCPAndQKVOA2A saves ``out_part``).
+        a2a = (ctx.cp > 1) & (ctx._ext("context_par_comm", 0)
+                              == CHOICES["context_par_comm"].index("a2a"))
+        L["keep_b"] = L["keep_b"] + np.where(a2a, L["outputs"] * ctx.elem_bytes, 0.0)
     L["mem_agrad"] = 2 * L["mem_fw"]
     speed = np.where(impl == CHOICES["attention_impl"].index("flash_v1"),
                      _FLASH_SPEED["flash_v1"], _FLASH_SPEED["flash_v2"])

@@ -172,11 +172,18 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
 
     share = recompute_share(cols, recompute_full, blocks)
     partial = np.any(share != 1.0)
+    # ``memory_overhead.backward_transient`` "op": the block running in
+    # backward holds what it saved (its whole storage where it was
+    # recomputed), not Calculon's working space, and the gradients are the
+    # largest op's (``block.framework_terms``), not every layer's.
+    by_op = overhead is not None and overhead.backward_transient == "op"
+    running = np.where(training, sums.act_storage_all, sums.act_working) if by_op \
+        else sums.act_working
 
     def stage_activations(micro_batches):
         """Activations and checkpoints of a stage with ``micro_batches`` in flight."""
-        act = sums.act_working + masked(sums.act_storage * (blocks * micro_batches - 1),
-                                           training & ~recompute_full)
+        act = running + masked(sums.act_storage * (blocks * micro_batches - 1),
+                               training & ~recompute_full)
         # (the checkpoint is 0 where the block is not recomputed in training)
         ckpt = blocks * checkpoint * micro_batches
         if partial:
@@ -190,7 +197,9 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
         in_flight_first = second_stage_in_flight(sched)
     act_first, ckpt_first = stage_activations(in_flight_first)
     act_last, ckpt_last = stage_activations(last_stage_in_flight(sched))
-    act_grad = ctx.if_training(sums.act_grad_space)
+    act_grad = ctx.if_training(sums.op_grads if by_op else sums.act_grad_space)
+    # (the last stage's output layer runs its own op in backward)
+    act_grad_last = np.maximum(act_grad, head["op_grads"]) if by_op else act_grad
     wgrad_space = ctx.if_training(sums.wgrad_space_full + sums.wgrad_space * (blocks - 1))
     optimizer_space = ctx.if_training(sums.optimizer_space * blocks)
     # With offloading, tier 1 keeps two blocks' worth (double buffering).
@@ -212,6 +221,12 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     weights_off, acts_off, optim_off = (cols["weight_offload"], cols["activations_offload"],
                                         cols["optimizer_offload"])
     static = pick(weights_off, weight_min, weight_space)
+    if overhead is not None and overhead.dummy_wgrad:
+        # TE's cached dummy weight gradients (``block.framework_terms``):
+        # one per block kind the stage holds, the attention's shared (none
+        # on a stage of no blocks: an uneven split's embedding-only stage).
+        static = static + ctx.if_training(
+            np.where(blocks > 0, sums.dummy_attn + sums.dummy_rest, 0.0))
     if sums.weight_space_full is not None and np.any(ctx.weight_shards > 1):
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
         gathered = 2 * sums.weight_space_full
@@ -228,7 +243,7 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     transient_first = pick(acts_off, act_min, act_first + ckpt_first) + ckpt_offloaded \
         + act_grad
     transient_last = pick(acts_off, act_min, act_last + ckpt_last) + ckpt_offloaded \
-        + act_grad + head["logits"]["total"]
+        + act_grad_last + head["logits"]["total"]
     if np.any(acts_off):
         tier2 = tier2 + masked(np.where(recompute_full, ckpt_first, act_first), acts_off)
     static = static + pick(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)

@@ -45,7 +45,7 @@ from functools import partial
 import numpy as np
 
 from autopar.model.block_inputs import BlockInputs
-from autopar.model.block_sums import MAX_SUMS, BlockSums
+from autopar.model.block_sums import KIND_SUMS, MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
 from autopar.model.mamba import hybrid_kinds, layer_kinds
@@ -199,6 +199,7 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     # PyTorch: benchmarks/memory_torch.py).
     keep = ctx.autograd_inputs and not moe.shared_feedforward
     router = linear(ctx, T, h, E, **full, stored=keep, reused=True)
+    router["dummy_wgrad"] = False       # Megatron's own parameter, not a TE module
     score = float(_ROUTER_FLOPS[moe.router])
     scores = layer(ctx, fw=score * T * E, agrad=score * T * E, inputs=T * E, outputs=T * E,
                    act=T * E, act_grads=T * E, **full)
@@ -210,6 +211,12 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     # The weighted sum keeps the experts' outputs for the gradient of the scores.
     combine = layer(ctx, fw=2 * M * h, agrad=3 * M * h, inputs=M * h, outputs=T * h,
                     act=M * h, act_grads=T * h, **full)
+    if ctx.moe_probs_in_activation:
+        # ``memory_overhead.moe_probs_in_activation``: the activation
+        # weights its outputs by the probabilities and keeps them (one a
+        # token copy); the combine keeps nothing (its traffic is as before).
+        act_fn["act_b"] = act_fn["act_b"] + M * b
+        combine["act_b"] = 0.0 * combine["act_b"]
     # The experts' compute that an overlapped transfer can hide behind.
     for L in (fc1, act_fn, fc2):
         finish(ctx, L)
@@ -409,7 +416,17 @@ def mix(sums: dict, counts: dict, per_stage) -> BlockSums:
     out = {}
     for key in sums[kinds[0]].given():
         vals = [getattr(sums[k], key) for k in kinds]
-        if key in MAX_SUMS:
+        if key in KIND_SUMS:
+            # once per block kind the stage holds (a stage total, as the
+            # memory footprints read it); a kind's BF16 blocks have its shapes
+            per_shape = {}
+            for k, e in zip(kinds, vals):
+                base = k[:-len(BF16)] if k.endswith(BF16) else k
+                held = np.where(counts[k] > 0, e, 0.0)
+                per_shape[base] = np.maximum(per_shape[base], held) if base in per_shape \
+                    else held
+            v = sum(per_shape.values())
+        elif key in MAX_SUMS:
             v = np.where(counts[kinds[0]] > 0, vals[0], 0.0)
             for k, e in zip(kinds[1:], vals[1:]):
                 v = np.maximum(v, np.where(counts[k] > 0, e, 0.0))

@@ -58,7 +58,7 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
 # them for every row, the others only for the rows that fit in memory.
 FOOTPRINT_SUMS = ("weight_space", "act_working", "act_storage", "act_storage_all",
                   "wgrad_space", "wgrad_space_full", "act_grad_space", "optimizer_space",
-                  "x_wgrad_space", "x_optimizer_space")
+                  "x_wgrad_space", "x_optimizer_space", "dummy_attn", "dummy_rest", "op_grads")
 # Block sums of the optimizer step (they depend on the sharding, cached apart).
 OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")

@@ -41,7 +41,7 @@ from autopar.io.errors import SpecError
 from autopar.io.specs import SystemSpec
 
 GIB = 1024 ** 3
-FAMILIES = ("megatron", "fsdp", "moe")
+FAMILIES = ("megatron", "fsdp", "moe", "finetune")
 RISKS = ("fast", "safe", "expected")
 DEFAULT_RISK = "safe"
 DEFAULT_MIN_P_FITS = 0.95
@@ -50,9 +50,13 @@ SQRT2 = math.sqrt(2.0)
 
 
 def family_of(model, execution=None) -> str:
-    """The framework family whose errors a layout shares: ``moe`` for a
-    model with experts, ``fsdp`` for sharded weights (ZeRO-3), else
-    ``megatron`` (Megatron-LM, Megatron-Core, NeMo)."""
+    """The framework family whose errors a layout shares: ``finetune`` for
+    a layout with adapters (LoRA/QLoRA: a frozen base, the adapters'
+    framework's own buffers), ``moe`` for a model with experts, ``fsdp`` for
+    sharded weights (ZeRO-3), else ``megatron`` (Megatron-LM, Megatron-Core,
+    NeMo).  ``execution`` may be a search space's fixed values."""
+    if execution is not None and execution.get("adapter", "none") not in (None, "none"):
+        return "finetune"
     if getattr(model, "moe", None) is not None:
         return "moe"
     if execution is not None and execution.get("weight_sharding"):

@@ -37,8 +37,8 @@ import pandas as pd
 from autopar.io.errors import SpecError
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.studies.published_base import (  # noqa: F401  (the registry, read here too)
-    FRAMEWORKS, GIB, MCORE_RECOMPUTE, MODELS, NEMO1, PACKAGED, PublishedCase, SYSTEMS,
-    Skip, TABLES, Table, cases, flops_per_token, gpt_model,
+    FRAMEWORKS, GIB, MCORE_RECOMPUTE, MODELS, NEMO1, PACKAGED, PublishedCase, SIMUMAX_FRAMEWORK,
+    SYSTEMS, Skip, TABLES, Table, cases, flops_per_token, gpt_model, te_gathers_again,
     int_or_none, megatron_execution, model, number_or_none, published_dir, read_table,
     shared_reference,
     register, system, tiers)
@@ -519,6 +519,12 @@ register(Table(
 # SimuMax: B200 step time and peak memory per layout (Megatron-LM) -----------
 
 SIMUMAX_MODELS = {"llama3-70b": "llama3-70B", "llama3-405b": "llama3-405B"}
+# What the runs' launcher changes in a model: the 405B runs use 16 query
+# groups (MooreThreads/SimuMax@4dcaae5 simu_tools/megatron_scripts/scripts/
+# run_pretrain_llama3.sh, llama3_405b: --num-query-groups 16; its model file
+# configs/models/llama3-405b_padding_128.json, kv_head_num 16), not the
+# published model's 8.
+SIMUMAX_MODEL_CHANGES = {"llama3-405b": {"kv_heads": 16}}
 
 
 def _simumax(row) -> PublishedCase | Skip:
@@ -529,9 +535,10 @@ def _simumax(row) -> PublishedCase | Skip:
     if name is None:
         return Skip(f"no model file for {row.model}", label)
     seq = int(row.seq_len)
-    m = model(name, seq_size=seq, num_blocks=int(row.layers_truncated_to))
+    m = model(name, seq_size=seq, num_blocks=int(row.layers_truncated_to),
+              **SIMUMAX_MODEL_CHANGES.get(str(row.model), {}))
     # The B200 file calibrated on this table (systems/b200_nvl8_megatron.json).
-    sy = system("b200_nvl8_megatron", "megatron-core")
+    sy = system("b200_nvl8_megatron", SIMUMAX_FRAMEWORK)
     n, tp, pp, dp, cp = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                          int(row.cp))
     vp = int_or_none(row.vp) or 1
@@ -544,6 +551,7 @@ def _simumax(row) -> PublishedCase | Skip:
     # attention; CP by all-to-all (stated).
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                             dist_opt=True, dp_overlap=False, cp_comm="a2a")
+    te_gathers_again(ex)
     step = float(row.real_step_ms) / 1e3
     tok = gbs * seq / step / n
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok,

@@ -128,6 +128,11 @@ def system(name: str, framework: str | None = None) -> SystemSpec:
 # the bf16 weight being the other half).  NeMo 2.x: Megatron-Bridge's recipes
 # on Megatron-Core's distributed optimizer (frameworks/megatron-bridge.json).
 NEMO1 = "nemo1-apex"
+# SimuMax's B200 runs (Megatron-LM @23e00ed0, TE 2.11) with TE's fused
+# cross-entropy ("_cef": --cross-entropy-loss-fusion
+# --cross-entropy-fusion-impl te, SimuMax docs/strategy.md):
+# frameworks/megatron-core-te-ce.json.
+SIMUMAX_FRAMEWORK = "megatron-core-te-ce"
 
 
 def gpt_model(name: str, hidden: int, blocks: int, heads: int, seq: int, vocab: int,
@@ -182,6 +187,18 @@ def megatron_execution(system_: SystemSpec, *, n: int, tp: int, pp: int, dp: int
           # Megatron's overlap_param_gather goes with the overlapped grad reduce.
           "param_gather_overlap": dist_opt and not fsdp and dp_overlap and dp * cp > 1}
     ex.update(tiers(system_, tp, cp, dp, pp))
+    return ex
+
+
+def te_gathers_again(ex: dict) -> dict:
+    """Sequence parallelism as Transformer Engine runs it: a column-parallel
+    GEMM saves the shard of its input and all-gathers it again in backward
+    for the weight gradient (NVIDIA/TransformerEngine v2.11
+    transformer_engine/pytorch/module/layernorm_linear.py and linear.py:
+    ``ctx.ln_out_needs_gather`` / the saved local ``inputmat``, gathered in
+    ``backward``), i.e. ``seq_par_ag_redo`` where the tensor ranks split the
+    sequence.  (``ex`` changed in place and returned.)"""
+    ex["seq_par_ag_redo"] = ex["tensor_par"] > 1 and ex["tensor_par_comm_type"] == "rs_ag"
     return ex
 
 

@@ -109,7 +109,7 @@ def simumax_moe(row) -> "P.PublishedCase | P.Skip":
                             moe=dataclasses.replace(base.moe, first_dense=1))
     # The B200 file calibrated on this table's dense rows (as they use), with
     # the MoE blocks' exposed host time (fitted on the Bridge rows).
-    sy = P.system("b200_nvl8_megatron", "megatron-core")     # its moe_block_s: MOE_HOST_S
+    sy = P.system("b200_nvl8_megatron", P.SIMUMAX_FRAMEWORK)   # its moe_block_s: MOE_HOST_S
     n, tp, pp, dp, cp, ep = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                              int(row.cp), int(row.ep))
     vp = P.int_or_none(row.vp) or 1
@@ -117,6 +117,7 @@ def simumax_moe(row) -> "P.PublishedCase | P.Skip":
     gbs = mbs * mbc * dp
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                               dist_opt=True, dp_overlap=False, cp_comm="a2a")
+    P.te_gathers_again(ex)
     ex.update(_expert_fields(sy, tp=tp, ep=ep))
     step = float(row.real_step_ms) / 1e3
     tok = gbs * m.seq_size / step / n
