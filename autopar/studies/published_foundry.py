@@ -76,9 +76,11 @@ FLASH2_LARGE_SCALE = ("H100 80GB BF16 (Large Scale", frozenset({"1b", "3b", "7b"
 #   5e85bd62d setup.py: ``triton-pre-mlir@git+https://github.com/vchiley/
 #   triton.git@triton_pre_mlir_sm90``; flash_attn_triton.py ``import
 #   triton_pre_mlir as triton``), Triton's code generator from before its
-#   MLIR rewrite (and so before Triton had any Hopper path), whose
-#   lib/driver/llvm.cc ``llir_to_ptx`` only lets LLVM's NVPTX target name
-#   sm_90 (``max_nvvm_cc = 90``): Ampere-class code on Hopper, as
+#   MLIR rewrite (and so before Triton had any Hopper path): its
+#   lib/codegen/selection/generator.cc sends every tensor-core dot on
+#   ``sm() >= 80`` to ``visit_mma16816`` (Ampere's mma.16816), and the
+#   branch's lib/driver/llvm.cc ``llir_to_ptx`` only lets LLVM's NVPTX target
+#   name sm_90 (``max_nvvm_cc = 90``): Ampere-class code on Hopper, as
 #   FlashAttention-2 is.  No figure of it on H100 is published; it is taken
 #   to gain from A100 to H100 what FlashAttention-2 gains, 35% of the H100's
 #   peak over 50% of the A100's (the low end of FlashAttention-2's A100
