@@ -84,13 +84,13 @@ FLASH2_LARGE_SCALE = ("H100 80GB BF16 (Large Scale", frozenset({"1b", "3b", "7b"
 #   FlashAttention-2 is.  No figure of it on H100 is published; it is taken
 #   to gain from A100 to H100 what FlashAttention-2 gains, 35% of the H100's
 #   peak over 50% of the A100's (the low end of FlashAttention-2's A100
-#   range, its head-64 figures, as the Triton figures are; the high end, 73%,
-#   would make it slower still): a factor 0.7 on each A100 fraction, forward
-#   25.9%, backward 17.5%.  (Before: FlashAttention-2's 35% over the least of
-#   the "1.3-2.5x" by which FlashAttention-2 beat the Triton kernel on A100,
-#   26.9% for both passes: FlashAttention-2's A100 ratio carried to H100
-#   where the Triton kernel lacks Hopper code just as FlashAttention-2 does;
-#   the fwd + bwd rate now, 19.3%, is 35% / 1.8, inside that 1.3-2.5.)
+#   range, so an upper bound; the high end, 73%, would make it slower
+#   still): a factor 0.7 on each A100 fraction, forward 25.9%, backward
+#   17.5%.  (Before: FlashAttention-2's 35% over the least of the "1.3-2.5x"
+#   by which FlashAttention-2 beat the Triton kernel on A100, 26.9% for both
+#   passes, which made the kernel 2.7x faster on H100 than on A100 where
+#   FlashAttention-2 gains 1.5-2.2x; the fwd + bwd rate now, 19.3%, is
+#   35% / 1.8, inside that 1.3-2.5.)
 FA2_A100_PEAK_FRACTION = (0.50, 0.73)
 FA2_H100_PEAK_FRACTION = 0.35
 TRITON_A100_PEAK_FRACTION = (0.37, 0.25)
