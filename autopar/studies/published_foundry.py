@@ -79,7 +79,7 @@ FLASH2_LARGE_SCALE = ("H100 80GB BF16 (Large Scale", frozenset({"1b", "3b", "7b"
 #   MLIR rewrite (and so before Triton had any Hopper path): its
 #   lib/codegen/selection/generator.cc sends every tensor-core dot on
 #   ``sm() >= 80`` to ``visit_mma16816`` (Ampere's mma.16816), and the
-#   branch's lib/driver/llvm.cc ``llir_to_ptx`` only lets LLVM's NVPTX target
+#   fork's lib/driver/llvm.cc ``llir_to_ptx`` only lets LLVM's NVPTX target
 #   name sm_90 (``max_nvvm_cc = 90``): Ampere-class code on Hopper, as
 #   FlashAttention-2 is.  No figure of it on H100 is published; it is taken
 #   to gain from A100 to H100 what FlashAttention-2 gains, 35% of the H100's
