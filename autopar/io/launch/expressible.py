@@ -17,11 +17,15 @@ from autopar.io.layouts import BOOL_FIELDS, CHOICES, EXT_DEFAULTS
 
 
 # Recipe fields of issue 28 (``autopar.io.layouts``) that torchtitan's and
-# DeepSpeed's configs are not written with: the optimizer (Adam only), the
-# fine-tuning adapters (none) and their rank and targets.  A layout with
-# another value is refused in one line; a config read back states these
-# defaults.  ``sequence_fill`` (the real tokens of padded sequences) is the
-# data's, not the config's: not written (a format's ``UNSTATED``).
+# DeepSpeed's configs are not written with: the optimizer (torchtitan 0.2.2,
+# whose TOML autopar writes, builds Adam and AdamW only,
+# torchtitan/components/optimizer.py; its later DistMuon is configured in
+# Python; DeepSpeed widens this to Muon and Adafactor: deepspeed.py), the
+# fine-tuning adapters (neither has LoRA in its config) and their rank and
+# targets, and the recipes' BF16 blocks.  A layout with another value is
+# refused in one line; a config read back states these defaults.
+# ``sequence_fill`` (the real tokens of padded sequences) is the data's, not
+# the config's: not written (a format's ``UNSTATED``).
 RECIPE_DEFAULTS = {f: EXT_DEFAULTS[f] for f in ("optimizer", "adapter", "adapter_rank",
                                                 "adapter_targets", "bf16_first_blocks",
                                                 "bf16_last_blocks")}
