@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from autopar.io.errors import SpecError
 from autopar.io.launch import get
 from autopar.io.launch.expressible import full
 from autopar.io.specs import load_model
@@ -128,3 +129,309 @@ def test_megatron_writes_and_reads_the_recipes_bf16_blocks():
     text, back = _megatron_back({**BASE, "fp8_recipe": "tensorwise"})
     assert "--first-last-layers-bf16" not in text
     assert (back["bf16_first_blocks"], back["bf16_last_blocks"]) == (0, 0)
+
+
+# ---------------------------------------------------------------------------
+# Newly written (issue 28, launch exports): Muon, hybrid Mamba models, LoRA
+
+NEMOTRON_H = load_model(ROOT / "models" / "nemotron-h-8B.json")
+NANO = load_model(ROOT / "models" / "nemotron3-nano-30B-A3B.json")
+
+# the arguments written for these workloads, as NVIDIA/Megatron-LM@d98e8a6
+# names them (megatron/training/arguments.py: --optimizer choices,
+# --muon-tp-mode, --hybrid-layer-pattern; transformer_config.py mamba_* fields,
+# generated as --mamba-*); facts, since Megatron-LM's training code is not
+# installed here
+NEW_NAMES = {"--optimizer", "--muon-tp-mode", "--hybrid-layer-pattern", "--mamba-num-heads",
+             "--mamba-head-dim", "--mamba-state-dim", "--mamba-num-groups"}
+
+
+def _round(fmt, model, ex):
+    F = get(fmt)
+    assert F.refuse_model(model) is None, F.refuse_model(model)
+    assert F.refuse_layout(model, ex) is None, F.refuse_layout(model, ex)
+    text = F.write(model, ex)
+    return text, F.read(text, f"run.{fmt}")
+
+
+def test_megatron_writes_and_reads_muon():
+    text, back = _round("megatron", LLAMA, {**BASE, "optimizer": "muon"})
+    assert "--optimizer muon" in text and "--muon-tp-mode distributed" in text
+    # the layer-wise distributed optimizer is --use-distributed-optimizer with muon
+    assert "--use-distributed-optimizer" in text
+    ex = back.execution
+    assert ex["optimizer"] == "muon" and ex["optimizer_sharding"] and ex["unsharded_grads"]
+    # unsharded Muon: no --use-distributed-optimizer
+    text, back = _round("megatron", LLAMA, {**BASE, "optimizer": "muon",
+                                            "optimizer_sharding": False})
+    assert "--use-distributed-optimizer" not in text
+    assert back.execution["optimizer_sharding"] is False
+    # the deprecated dist_muon reads as Muon with the layer-wise sharding
+    old = text.replace("--optimizer muon", "--optimizer dist_muon")
+    ex = get("megatron").read(old, "old.sh").execution
+    assert ex["optimizer"] == "muon" and ex["optimizer_sharding"]
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"unsharded_grads": False}, "Megatron-FSDP"),
+    ({"unsharded_grads": False, "weight_sharding": True}, "Megatron-FSDP"),
+    ({"sharding_group": 2, "data_par": 4}, "layer-wise"),
+    ({"optimizer_offload": True}, "optimizer_cpu_offload")])
+@pytest.mark.parametrize("fmt", ["megatron", "bridge"])
+def test_muon_refused_where_megatron_core_does_not_run_it(fmt, change, needle):
+    why = get(fmt).refuse_layout(LLAMA, full({**BASE, **AS_RUN.get(fmt, {}),
+                                              "optimizer": "muon", **change}))
+    assert why and why.startswith(f"{fmt}: optimizer=muon") and needle in why, why
+
+
+def test_megatron_reads_other_emerging_optimizers_as_an_error():
+    text = get("megatron").write(LLAMA, {**BASE, "optimizer": "muon"})
+    with pytest.raises(SpecError) as err:
+        get("megatron").read(text.replace("--optimizer muon", "--optimizer lion"), "x.sh")
+    assert err.value.field == "--optimizer"
+    with pytest.raises(SpecError) as err:
+        get("megatron").read(text.replace("--muon-tp-mode distributed",
+                                          "--muon-num-ns-steps 8"), "x.sh")
+    assert err.value.field == "--muon-num-ns-steps"
+
+
+def test_bridge_writes_and_reads_muon():
+    text, back = _round("bridge", LLAMA, {**BASE, "fp32_grads": True, "optimizer": "muon"})
+    lines = set(text.splitlines())
+    assert {"optimizer.optimizer=muon", "optimizer.muon_tp_mode=distributed",
+            "optimizer.use_layer_wise_distributed_optimizer=true",
+            "ddp.use_distributed_optimizer=false"} <= lines
+    assert back.execution["optimizer"] == "muon" and back.execution["optimizer_sharding"]
+
+
+def _blocks(model, ex):
+    from autopar.model.pipeline import stage_split
+    return stage_split(model.num_blocks, ex["pipeline_par"], ex.get("pipeline_interleaving", 1),
+                       ex.get("first_stage_blocks", 0), ex.get("last_stage_blocks", 0),
+                       ex.get("embedding_in_split", False), ex.get("loss_in_split", False),
+                       ex.get("pipeline_layout") == "balanced")
+
+
+HYBRID_SPLITS = [
+    {},
+    {"pipeline_par": 2, "data_par": 2},
+    {"pipeline_par": 2, "data_par": 2, "pipeline_interleaving": 2},
+    {"pipeline_par": 2, "data_par": 2, "pipeline_layout": "balanced", "loss_in_split": True,
+     "pipeline_interleaving": 3},
+    {"pipeline_par": 4, "data_par": 1, "first_stage_blocks": 10, "last_stage_blocks": 12},
+    {"pipeline_par": 3, "data_par": 1, "num_procs": 6, "embedding_in_split": True,
+     "loss_in_split": True, "pipeline_interleaving": 2},
+]
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "bridge"])
+@pytest.mark.parametrize("split", HYBRID_SPLITS)
+def test_hybrid_model_round_trips(fmt, split):
+    ex = {**BASE, **AS_RUN.get(fmt, {}), **split}
+    text, back = _round(fmt, NEMOTRON_H, ex)
+    m, got = back.model, back.execution
+    assert m["hybrid_override_pattern"] == NEMOTRON_H.hybrid_pattern
+    assert m["num_blocks"] == NEMOTRON_H.num_blocks == 52
+    mb = NEMOTRON_H.mamba
+    assert m["mamba"] == {"heads": mb.heads, "head_dim": mb.head_dim, "state": mb.state,
+                          "groups": mb.groups, "conv_kernel": 4, "chunk": 128}
+    p, v = ex["pipeline_par"], ex.get("pipeline_interleaving", 1)
+    key = "--hybrid-layer-pattern " if fmt == "megatron" else "model.hybrid_layer_pattern="
+    pattern = next(x for x in text.splitlines() if key in x).split(key[-1] if fmt == "bridge"
+                                                                    else key)[1]
+    assert pattern.strip(" \\'").count("|") == (p * v - 1 if p * v > 1 else 0)
+    assert got["pipeline_interleaving"] == v
+    if p > 1:
+        # the same blocks on every stage (equivalent spellings may differ)
+        assert _blocks(NEMOTRON_H, {**ex, **got}) == _blocks(NEMOTRON_H, ex)
+    if fmt == "megatron":
+        assert "pretrain_hybrid.py" in text and "pretrain_gpt.py" not in text
+        assert "--num-virtual-stages-per-pipeline-rank" not in text
+        assert "--account-for-" not in text and "--decoder-first" not in text
+        import re
+        for arg in set(re.findall(r"(--[a-z0-9-]+)", text)) - set(re.findall(
+                r"(--[a-z0-9-]+)", get("megatron").write(LLAMA, {**BASE, **split}))):
+            assert arg in NEW_NAMES, arg
+
+
+def test_hybrid_moe_model_round_trips():
+    ex = {**BASE, "expert_par": 4, "expert_tensor_par": 1, "moe_dispatcher": "alltoall"}
+    text, back = _round("megatron", NANO, ex)
+    assert back.model["hybrid_override_pattern"] == NANO.hybrid_pattern
+    assert back.model["moe"]["experts"] == 128 and back.model["moe"]["top_k"] == 6
+    assert "first_dense" not in back.model["moe"]
+    assert back.execution["expert_par"] == 4
+
+
+def test_megatron_reads_the_deprecated_mamba_script():
+    """pretrain_mamba.py --hybrid-override-pattern (the deprecated spellings,
+    arguments.py forwards the pattern)."""
+    text = get("megatron").write(NEMOTRON_H, dict(BASE))
+    old = text.replace("pretrain_hybrid.py", "pretrain_mamba.py").replace(
+        "--hybrid-layer-pattern", "--hybrid-override-pattern").replace(
+        "    --mamba-num-heads 128 \\\n", "")
+    back = get("megatron").read(old, "old.sh")
+    assert back.model["hybrid_override_pattern"] == NEMOTRON_H.hybrid_pattern
+    # absent --mamba-num-heads: MambaMixer's expand 2 x hidden / head_dim
+    assert back.model["mamba"]["heads"] == 2 * 4096 // 64
+
+
+def test_hybrid_refusals_and_read_errors():
+    import dataclasses
+    odd = dataclasses.replace(NEMOTRON_H, mamba=dataclasses.replace(NEMOTRON_H.mamba,
+                                                                     conv_kernel=3))
+    for fmt in ("megatron", "bridge"):
+        why = get(fmt).refuse_model(odd)
+        assert why and why.startswith(f"{fmt}: ") and "mamba.conv_kernel=3" in why
+    text = get("megatron").write(NEMOTRON_H, dict(BASE))
+    pat = NEMOTRON_H.hybrid_pattern
+    with pytest.raises(SpecError) as err:
+        get("megatron").read(text.replace(pat, pat[:-1] + "G"), "x.sh")
+    assert err.value.field == "--hybrid-layer-pattern" and "'G'" in str(err.value)
+    two = text.replace("--pipeline-model-parallel-size 1", "--pipeline-model-parallel-size 2")
+    two = two.replace("NUM_GPUS=8", "NUM_GPUS=16")
+    # three segments on two stages
+    with pytest.raises(SpecError) as err:
+        get("megatron").read(two.replace(pat, pat[:20] + "|" + pat[20:30] + "|" + pat[30:]),
+                             "x.sh")
+    assert err.value.field == "--hybrid-layer-pattern" and "multiple" in str(err.value)
+    # virtual stages of 20, 10, 12, 10 layers: no split autopar states
+    four = "|".join((pat[:20], pat[20:30], pat[30:42], pat[42:]))
+    with pytest.raises(SpecError) as err:
+        get("megatron").read(two.replace(pat, four), "x.sh")
+    assert err.value.field == "--hybrid-layer-pattern" and "[20, 10, 12, 10]" in str(err.value)
+    # 51 and 1: the first and last stage sizes
+    ex = get("megatron").read(two.replace(pat, pat[:51] + "|" + pat[51:]), "x.sh").execution
+    assert (ex["first_stage_blocks"], ex["last_stage_blocks"]) == (51, 1)
+
+
+@pytest.mark.parametrize("targets,modules", [
+    ("all", "[linear_qkv,linear_proj,linear_fc1,linear_fc2]"),
+    ("attention", "[linear_qkv,linear_proj]")])
+def test_bridge_writes_and_reads_lora(targets, modules):
+    ex = {**BASE, "fp32_grads": True, "adapter": "lora", "adapter_rank": 8,
+          "adapter_targets": targets}
+    text, back = _round("bridge", LLAMA, ex)
+    lines = text.splitlines()
+    assert "peft.dim=8" in lines and f"peft.target_modules={modules}" in lines
+    assert "--" not in text          # launcher flags would make the file read as Megatron's
+    got = back.execution
+    assert (got["adapter"], got["adapter_rank"], got["adapter_targets"]) == ("lora", 8, targets)
+    # no peft keys: the recipe's (pre-training) adapters, left out
+    plain = get("bridge").read("\n".join(x for x in lines if not x.startswith("peft.")), "x")
+    assert "adapter" not in plain.execution
+
+
+def test_bridge_lora_refusals_and_read_errors():
+    F = get("bridge")
+    why = F.refuse_layout(LLAMA, full({**BASE, "fp32_grads": True, "adapter": "lora",
+                                       "adapter_targets": "qv"}))
+    assert why and why.startswith("bridge: adapter_targets=qv") and "linear_qkv" in why
+    with pytest.raises(SpecError) as err:
+        F.read("model.tensor_model_parallel_size=2\npeft.target_modules=[linear_qkv]\n", "x")
+    assert err.value.field == "peft.target_modules"
+    # LoRA's own defaults (lora.py: dim 32, every linear layer)
+    ex = F.read("peft.dim=32\n", "x").execution
+    assert (ex["adapter_rank"], ex["adapter_targets"]) == (32, "all")
+
+
+def test_deepspeed_writes_and_reads_muon_and_adafactor():
+    import json
+    F = get("deepspeed")
+    ex = {**BASE, **AS_RUN["deepspeed"], "optimizer": "muon"}
+    text, back = _round("deepspeed", LLAMA, ex)
+    cfg = json.loads(text)
+    assert cfg["optimizer"] == {"type": "Muon", "params": {"ns_method": "standard"}}
+    assert back.execution["optimizer"] == "muon"
+    assert not any("Gram" in n for n in back.notes)
+    # DeepSpeed's default Gram Newton-Schulz: read, with a note
+    cfg["optimizer"] = {"type": "Muon"}
+    gram = F.read(json.dumps(cfg), "ds.json")
+    assert gram.execution["optimizer"] == "muon" and any("Gram" in n for n in gram.notes)
+    # Muon without ZeRO: refused (its Newton-Schulz step is ZeRO's)
+    why = F.refuse_layout(LLAMA, full({**ex, "optimizer_sharding": False,
+                                       "data_par_overlap": False}))
+    assert why and "optimizer=muon" in why and "ZeRO" in why
+    # Adafactor: plain data parallelism only
+    ada = {**ex, "optimizer": "adafactor", "optimizer_sharding": False, "unsharded_grads": False,
+           "data_par_overlap": False}
+    text, back = _round("deepspeed", LLAMA, ada)
+    assert json.loads(text)["optimizer"] == {"type": "Adafactor"}
+    assert back.execution["optimizer"] == "adafactor"
+    cfg["optimizer"] = {"type": "Lion"}
+    with pytest.raises(SpecError) as err:
+        F.read(json.dumps(cfg), "ds.json")
+    assert err.value.field == "optimizer.type"
+
+
+def _space(tmp_path, name, **edits):
+    """A copy of the finetune space with its fixed recipe changed."""
+    text = (ROOT / "search_spaces" / "finetune.yaml").read_text()
+    text = text.replace("name: finetune", f"name: {name}")
+    for old, new in edits.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["hybrid", "lora", "muon"])
+def test_cli_exhaustive_export_import_round_trip(tmp_path, case):
+    """exhaustive --format F writes the best layout; autopar import reads back
+    the same layout (and model), which estimate --partial then predicts."""
+    import json
+    import subprocess
+    import sys
+    from autopar.io.launch.mcore import NOT_SETTINGS
+    model, fmt, suffix = "llama2-7B", "megatron", "sh"
+    if case == "hybrid":
+        model, space = "nemotron-h-8B", "modern"
+    elif case == "lora":
+        fmt, suffix = "bridge", "overrides"
+        space = _space(tmp_path, "lora", **{"fp32_grads: false": "fp32_grads: true"})
+    else:
+        space = _space(tmp_path, "muon", **{
+            "adapter: lora": "adapter: none", "optimizer: adam": "optimizer: muon",
+            "  unsharded_grads: derived\n": "", "fixed:\n": "fixed:\n  unsharded_grads: true\n"})
+    run = [sys.executable, "-m", "autopar.cli"]
+    base = run + ["exhaustive", str(ROOT / f"models/{model}.json"),
+                  str(ROOT / "systems/h100_80g_nvl8.json"), "--num-procs", "16",
+                  "--max-batch-size", "64", "--datatype", "bfloat16", "--space", space]
+    out = tmp_path / f"best.{suffix}"
+    for args in (["--output", str(tmp_path / "best.json")],
+                 ["--format", fmt, "--output", str(out)]):
+        r = subprocess.run(base + args, cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    r = subprocess.run(run + ["import", str(out), "--num-procs", "16", "--model-out",
+                              str(tmp_path / "m.json"), "--execution-out",
+                              str(tmp_path / "ex.json")], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    best = json.loads((tmp_path / "best.json").read_text())
+    back = json.loads((tmp_path / "ex.json").read_text())
+    text = out.read_text()
+    for f, v in back.items():
+        if v is None or f in NOT_SETTINGS or f not in best:
+            continue
+        if f == "tensor_par_comm_type" and best["tensor_par"] == 1:
+            continue
+        assert v == best[f], (f, v, best[f], text)
+    got = json.loads((tmp_path / "m.json").read_text())
+    if case == "hybrid":
+        assert "pretrain_hybrid.py" in text
+        assert got["hybrid_override_pattern"] == NEMOTRON_H.hybrid_pattern
+        assert got["mamba"]["heads"] == NEMOTRON_H.mamba.heads
+    elif case == "lora":
+        # (an execution file leaves extension fields at their defaults out)
+        assert (back["adapter"], back.get("adapter_rank", 16),
+                back.get("adapter_targets", "all")) == ("lora", 16, "all")
+        assert "peft.dim=16" in text
+    else:
+        assert back["optimizer"] == "muon" and "--optimizer muon" in text
+    r = subprocess.run(run + ["estimate", str(tmp_path / "m.json"),
+                              str(ROOT / "systems/h100_80g_nvl8.json"), str(tmp_path / "ex.json"),
+                              "--framework", "megatron-bridge" if fmt == "bridge"
+                              else "megatron-core", "--partial"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
