@@ -391,9 +391,10 @@ def test_cli_exhaustive_export_import_round_trip(tmp_path, case):
         fmt, suffix = "bridge", "overrides"
         space = _space(tmp_path, "lora", **{"fp32_grads: false": "fp32_grads: true"})
     else:
-        space = _space(tmp_path, "muon", **{
-            "adapter: lora": "adapter: none", "optimizer: adam": "optimizer: muon",
-            "  unsharded_grads: derived\n": "", "fixed:\n": "fixed:\n  unsharded_grads: true\n"})
+        # unsharded_grads searched: cut to what Megatron's Muon runs with
+        # (no Megatron-FSDP) before the search, not refused after it
+        space = _space(tmp_path, "muon", **{"adapter: lora": "adapter: none",
+                                            "optimizer: adam": "optimizer: muon"})
     run = [sys.executable, "-m", "autopar.cli"]
     base = run + ["exhaustive", str(ROOT / f"models/{model}.json"),
                   str(ROOT / "systems/h100_80g_nvl8.json"), "--num-procs", "16",
@@ -435,3 +436,59 @@ def test_cli_exhaustive_export_import_round_trip(tmp_path, case):
                               else "megatron-core", "--partial"],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_muon_spaces_are_cut_to_what_the_format_runs(tmp_path):
+    """A space that fixes Muon searches only the sharding the format writes
+    with it; one that fixes what the format cannot run with Muon is refused
+    naming the space's field."""
+    from autopar.io.export import format_space
+    from autopar.search.space import load_space
+    muon = load_space(_space(tmp_path, "muon", **{"optimizer: adam": "optimizer: muon"}))
+    assert muon.allowed["unsharded_grads"].ok(False)
+    cut = format_space("megatron", muon)
+    assert not cut.allowed["unsharded_grads"].ok(False) and cut.allowed["unsharded_grads"].ok(True)
+    ds = format_space("deepspeed", muon)
+    assert not ds.allowed["optimizer_sharding"].ok(False)
+    ada = load_space(_space(tmp_path, "ada", **{"optimizer: adam": "optimizer: adafactor"}))
+    assert not format_space("deepspeed", ada).allowed["optimizer_sharding"].ok(True)
+    assert format_space("megatron", load_space("finetune")).allowed["unsharded_grads"].ok(False)
+    offload = load_space(_space(tmp_path, "muon-offload", **{"optimizer: adam": "optimizer: muon",
+                                                    "optimizer_offload: false":
+                                                    "optimizer_offload: true"}))
+    with pytest.raises(SpecError) as err:
+        format_space("megatron", offload)
+    assert err.value.field == "fixed.optimizer_offload"
+
+
+@pytest.mark.parametrize("case", ["hybrid", "muon"])
+def test_cli_tune_writes_megatron_for_the_new_workloads(tmp_path, case):
+    """tune --format megatron writes the sampled best layout (a hybrid model's
+    pretrain_hybrid.py; Muon with the sharding Megatron runs it with), which
+    autopar import reads back."""
+    import json
+    import subprocess
+    import sys
+    model, space = ("nemotron-h-8B", "modern") if case == "hybrid" else (
+        "llama2-7B", _space(tmp_path, "muon", **{"adapter: lora": "adapter: none",
+                                                 "optimizer: adam": "optimizer: muon"}))
+    run = [sys.executable, "-m", "autopar.cli"]
+    out = tmp_path / "best.sh"
+    r = subprocess.run(run + ["tune", str(ROOT / f"models/{model}.json"),
+                              str(ROOT / "systems/h100_80g_nvl8.json"), "--num-procs", "16",
+                              "--max-batch-size", "64", "--datatype", "bfloat16", "--space",
+                              space, "--trials", "40", "--seed", "1", "--format", "megatron",
+                              "--output", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(run + ["import", str(out), "--model-out", str(tmp_path / "m.json"),
+                              "--execution-out", str(tmp_path / "ex.json")],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    back = json.loads((tmp_path / "ex.json").read_text())
+    if case == "hybrid":
+        assert "pretrain_hybrid.py" in out.read_text()
+        m = json.loads((tmp_path / "m.json").read_text())
+        assert m["hybrid_override_pattern"] == NEMOTRON_H.hybrid_pattern
+    else:
+        assert back["optimizer"] == "muon"
+        assert not back["optimizer_sharding"] or back["unsharded_grads"]

@@ -248,7 +248,7 @@ def _items(line: str) -> list[str]:
 FORMAT = LaunchFormat(
     name=NAME, suffix=".overrides", framework="megatron-bridge",
     refuse_model=refuse_model, refuse_space=refuse_space, refuse_layout=refuse_layout,
-    write=write, read=read, refuse_datatype=refuse_datatype,
+    write=write, read=read, refuse_datatype=refuse_datatype, cut_space=mcore.cut_space,
     writes=lambda f, v: mcore.writes(f, v, UNEXPRESSED),
     describe="Megatron-Bridge / NeMo 2 recipe overrides: key=value lines for "
              "scripts/training/run_recipe.py")

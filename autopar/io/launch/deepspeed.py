@@ -103,6 +103,19 @@ def refuse_space(model, space) -> str | None:
         "sharding_group", "tensor_par_overlap")})
 
 
+def cut_space(space) -> dict:
+    """What a space's optimizer implies here (``refuse_layout``): Muon runs
+    inside ZeRO (stage >= 1) without offloading; Adafactor without ZeRO."""
+    from autopar.io.launch.expressible import space_values
+    opts = space_values(space, "optimizer")
+    if opts == ("muon",):
+        return {"optimizer_sharding": (True,), "optimizer_offload": (False,),
+                "weight_offload": (False,)}
+    if opts == ("adafactor",):
+        return {"optimizer_sharding": (False,)}
+    return {}
+
+
 def _stage(ex) -> int:
     if not ex["optimizer_sharding"]:
         return 0
@@ -366,7 +379,7 @@ def _enabled(k: Keys, section: str) -> bool:
 
 
 FORMAT = LaunchFormat(
-    writes=states(EXPRESSIBLE),
+    writes=states(EXPRESSIBLE), cut_space=cut_space,
     name=NAME, suffix=".json", framework="deepspeed-zero1", refuse_model=refuse_model,
     refuse_space=refuse_space, refuse_layout=refuse_layout, write=write, read=read,
     describe="a DeepSpeed ds_config JSON with the launcher's parallel sizes "

@@ -114,6 +114,17 @@ def refuse_space(space, fmt: str, unexpressed: Mapping = UNEXPRESSED) -> str | N
     return None
 
 
+def cut_space(space) -> dict:
+    """What a space whose every optimizer is Muon implies under Megatron-Core
+    (``_refuse_muon``): no Megatron-FSDP (unsharded gradients, no weight
+    sharding), one layer-wise optimizer instance, no optimizer offload."""
+    from autopar.io.launch.expressible import space_values
+    if space_values(space, "optimizer") == ("muon",):
+        return {"unsharded_grads": (True,), "weight_sharding": (False,),
+                "sharding_group": (0,), "optimizer_offload": (False,)}
+    return {}
+
+
 def space_allows(space, field: str, value) -> bool:
     from autopar.io.layouts import ALL_FIELDS
     if field in space.fixed:

@@ -312,6 +312,7 @@ def read(text: str, source: str = "megatron arguments") -> Imported:
 FORMAT = LaunchFormat(
     name=NAME, suffix=".sh", framework="megatron-core",
     refuse_model=refuse_model, refuse_space=refuse_space, refuse_layout=refuse_layout,
-    write=write, read=read, refuse_datatype=refuse_datatype, writes=mcore.writes,
+    write=write, read=read, refuse_datatype=refuse_datatype, cut_space=mcore.cut_space,
+    writes=mcore.writes,
     describe="Megatron-LM launch script: torchrun ... pretrain_gpt.py (pretrain_hybrid.py for "
              "a hybrid Mamba model) with the layout's and the model's arguments")
