@@ -492,3 +492,15 @@ def test_cli_tune_writes_megatron_for_the_new_workloads(tmp_path, case):
     else:
         assert back["optimizer"] == "muon"
         assert not back["optimizer_sharding"] or back["unsharded_grads"]
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "bridge", "torchtitan", "deepspeed"])
+def test_sequence_fill_is_the_datas_and_not_refused(fmt):
+    """Padded SFT sequences (sequence_fill < 100) are the data's: every
+    format writes the layout (the same text as with packed sequences) and
+    states nothing of it."""
+    F = get(fmt)
+    ex = full({**BASE, **AS_RUN.get(fmt, {})})
+    assert F.refuse_layout(LLAMA, {**ex, "sequence_fill": 60}) is None
+    assert F.write(LLAMA, {**ex, "sequence_fill": 60}) == F.write(LLAMA, ex)
+    assert "sequence_fill" not in F.read(F.write(LLAMA, ex), "x").execution
