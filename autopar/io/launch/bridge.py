@@ -50,7 +50,8 @@ SPECIAL = ("mixed_precision.dtype", "model.fp8", "model.fp8_recipe", "ddp.grad_r
 # LoRA (NVIDIA-NeMo/Megatron-Bridge@067f987 src/megatron/bridge/peft/lora.py
 # ``LoRA``: ``dim``, ``target_modules`` of Megatron-Core's linear layers): the
 # adapters of autopar's targets.  LoRA on the fused ``linear_qkv`` is one
-# adapter for q, k and v (one A of hidden x rank where autopar counts three);
+# adapter for q, k and v (one A of hidden x rank where autopar counts three;
+# likewise gate and up in a SwiGLU block's linear_fc1: docs/validation.md);
 # q and v alone (``qv``) are inside that fused layer: not expressible.
 LORA_TARGETS = {"all": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
                 "attention": ["linear_qkv", "linear_proj"]}
