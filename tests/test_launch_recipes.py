@@ -244,6 +244,8 @@ def test_hybrid_model_round_trips(fmt, split):
     if p > 1:
         # the same blocks on every stage (equivalent spellings may differ)
         assert _blocks(NEMOTRON_H, {**ex, **got}) == _blocks(NEMOTRON_H, ex)
+    assert ("--position-embedding-type none" if fmt == "megatron"
+            else "model.position_embedding_type=none") in text
     if fmt == "megatron":
         assert "pretrain_hybrid.py" in text and "pretrain_gpt.py" not in text
         assert "--num-virtual-stages-per-pipeline-rank" not in text
@@ -283,6 +285,12 @@ def test_hybrid_refusals_and_read_errors():
     for fmt in ("megatron", "bridge"):
         why = get(fmt).refuse_model(odd)
         assert why and why.startswith(f"{fmt}: ") and "mamba.conv_kernel=3" in why
+    # the SSD chunk: fixed in Megatron-LM (MambaMixer), a provider field in Bridge
+    big = dataclasses.replace(NEMOTRON_H, mamba=dataclasses.replace(NEMOTRON_H.mamba, chunk=256))
+    assert "mamba.chunk=256" in get("megatron").refuse_model(big)
+    text, back = _round("bridge", big, {**BASE, "fp32_grads": True})
+    assert "model.mamba_chunk_size=256" in text.splitlines()
+    assert back.model["mamba"]["chunk"] == 256
     text = get("megatron").write(NEMOTRON_H, dict(BASE))
     pat = NEMOTRON_H.hybrid_pattern
     with pytest.raises(SpecError) as err:

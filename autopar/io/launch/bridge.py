@@ -74,7 +74,7 @@ UNEXPRESSED = {**mcore.UNEXPRESSED,
 
 
 def refuse_model(model):
-    return mcore.refuse_model(model, NAME)
+    return mcore.refuse_model(model, NAME, chunk_setting=True)
 
 
 def refuse_space(model, space):
@@ -139,6 +139,10 @@ def write(model, execution) -> str:
         lines.append(f"{key}={_value(v)}")
         if key == "model.seq_length":
             lines.append(f"dataset.seq_length={v}")
+        if key == "model.mamba_num_groups":
+            # HybridModelProvider.mamba_chunk_size (src/megatron/bridge/models/
+            # hybrid/hybrid_provider.py): the SSD chunk of the model file
+            lines.append(f"model.mamba_chunk_size={model.mamba.chunk}")
         if key == "ddp.use_distributed_optimizer":
             lines.append(f"optimizer.use_distributed_optimizer={_value(v)}")
     lines.append("mixed_precision="

@@ -82,17 +82,20 @@ def refusal(field: str, value, fmt: str, why: str) -> str:
     return f"{fmt}: {field}={value} cannot be written: {why}"
 
 
-def refuse_model(model, fmt: str) -> str | None:
+def refuse_model(model, fmt: str, chunk_setting: bool = False) -> str | None:
     """Model shapes Megatron-Core cannot state (None: it can).  A hybrid
     Mamba model (``hybrid_override_pattern``) is Megatron-Core's
     ``HybridModel``: its Mamba mixer's convolution kernel and SSD chunk are
     ``MambaMixer``'s fixed arguments (megatron/core/ssm/mamba_mixer.py
-    ``d_conv=4``, ``chunk_size=128``; no config attribute or argument sets
-    them), so other values are refused."""
+    ``d_conv=4``, ``chunk_size=128``; no Megatron-LM argument sets them),
+    so other values are refused; ``chunk_setting``: the format sets the
+    chunk (Megatron-Bridge's ``HybridModelProvider.mamba_chunk_size``)."""
     mb = getattr(model, "mamba", None)
     if getattr(model, "hybrid_pattern", "") and mb is not None:
-        for what, v, fixed in (("conv_kernel", mb.conv_kernel, MAMBA_CONV_KERNEL),
-                               ("chunk", mb.chunk, MAMBA_CHUNK)):
+        fixed_fields = [("conv_kernel", mb.conv_kernel, MAMBA_CONV_KERNEL)]
+        if not chunk_setting:
+            fixed_fields.append(("chunk", mb.chunk, MAMBA_CHUNK))
+        for what, v, fixed in fixed_fields:
             if v != fixed:
                 return (f"{fmt}: the model {model.name or ''} has mamba.{what}={v}: "
                         f"Megatron-Core's MambaMixer builds {fixed} (mamba_mixer.py; no "
@@ -477,6 +480,11 @@ def model_settings(model, ex: Mapping) -> dict:
     s["model.gated_linear_unit"] = llama
     s["model.normalization"] = "RMSNorm" if llama else "LayerNorm"
     s["model.position_embedding_type"] = "rope" if llama else "learned_absolute"
+    if getattr(model, "hybrid_pattern", "") and not llama:
+        # a hybrid model's attention layers take no position embedding
+        # (Nemotron-H; Megatron-Bridge's HybridModelProvider default "none");
+        # autopar counts none for either block
+        s["model.position_embedding_type"] = "none"
     s["model.add_bias_linear"] = not llama
     if model.moe is not None:
         m = model.moe
@@ -857,7 +865,8 @@ def _read_model(r: Reader) -> dict:
             m["mamba"] = {"heads": heads, "head_dim": head_dim,
                           "state": r.int("model.mamba_state_dim", 128),
                           "groups": r.int("model.mamba_num_groups", 8),
-                          "conv_kernel": MAMBA_CONV_KERNEL, "chunk": MAMBA_CHUNK}
+                          "conv_kernel": MAMBA_CONV_KERNEL,
+                          "chunk": r.int("model.mamba_chunk_size", MAMBA_CHUNK)}
     if "attn_size" not in m and "hidden" in m and m.get("attn_heads"):
         m["attn_size"] = m["hidden"] // m["attn_heads"]
     glu = r.bool("model.gated_linear_unit", None)
