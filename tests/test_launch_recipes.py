@@ -512,3 +512,38 @@ def test_sequence_fill_is_the_datas_and_not_refused(fmt):
     assert F.refuse_layout(LLAMA, {**ex, "sequence_fill": 60}) is None
     assert F.write(LLAMA, {**ex, "sequence_fill": 60}) == F.write(LLAMA, ex)
     assert "sequence_fill" not in F.read(F.write(LLAMA, ex), "x").execution
+
+
+# Megatron-Bridge's overrides built into Megatron-Core's config classes
+# (extra "launch-test"; skipped with the reason without it), as
+# tests/test_launch_megatron.py does for the other settings: the provider's
+# own fields (HybridModelProvider: hybrid_layer_pattern, mamba_chunk_size,
+# position_embedding_type) are not TransformerConfig's and are left out.
+HYBRID_PROVIDER_ONLY = ("model.hybrid_layer_pattern=", "model.mamba_chunk_size=")
+
+
+@pytest.mark.parametrize("case", ["muon", "muon_plain", "hybrid", "hybrid_muon_pp"])
+def test_megatron_core_builds_bridge_muon_and_hybrid(case):
+    from test_launch_megatron import _configs, _megatron_core
+    _megatron_core()
+    model = NEMOTRON_H if case.startswith("hybrid") else LLAMA
+    ex = {**BASE, "fp32_grads": True}
+    if "muon" in case:
+        ex["optimizer"] = "muon"
+    if case == "muon_plain":
+        ex["optimizer_sharding"] = False
+    if case == "hybrid_muon_pp":
+        ex.update(pipeline_par=2, data_par=2, pipeline_interleaving=2)
+    text = get("bridge").write(model, ex)
+    kept = "\n".join(x for x in text.splitlines() if not x.startswith(HYBRID_PROVIDER_ONLY))
+    tc, ddp, opt = _configs(kept)
+    if "muon" in case:
+        assert opt.optimizer == "muon" and opt.muon_tp_mode == "distributed"
+        assert opt.use_layer_wise_distributed_optimizer == (case != "muon_plain")
+        assert not ddp.use_distributed_optimizer and not opt.use_distributed_optimizer
+    if model is NEMOTRON_H:
+        mb = NEMOTRON_H.mamba
+        assert (tc.mamba_num_heads, tc.mamba_head_dim, tc.mamba_state_dim,
+                tc.mamba_num_groups) == (mb.heads, mb.head_dim, mb.state, mb.groups)
+        assert tc.num_layers == 52
+        assert tc.virtual_pipeline_model_parallel_size == (2 if "pp" in case else None)
