@@ -547,3 +547,37 @@ def test_megatron_core_builds_bridge_muon_and_hybrid(case):
                 tc.mamba_num_groups) == (mb.heads, mb.head_dim, mb.state, mb.groups)
         assert tc.num_layers == 52
         assert tc.virtual_pipeline_model_parallel_size == (2 if "pp" in case else None)
+
+
+def test_deepspeed_builds_its_config_from_muon_and_adafactor(monkeypatch):
+    """DeepSpeed's own DeepSpeedConfig (extra launch-check) reads the
+    exports: Muon as its own optimizer (runtime/config.py lower-cases the
+    names it has), Adafactor as a torch.optim class name (engine.py
+    _configure_basic_optimizer falls back to getattr(torch.optim, name))."""
+    import json
+    dsc = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed (extra "
+                              "launch-check) is not installed")
+    import torch
+    monkeypatch.setattr(dsc.dist, "get_rank", lambda *a, **k: 0)
+    for opt, shard in (("muon", True), ("adafactor", False)):
+        ex = full({**BASE, **AS_RUN["deepspeed"], "optimizer": opt, "optimizer_sharding": shard,
+                   "data_par_overlap": shard})
+
+        class MPU:
+            def get_data_parallel_world_size(self):
+                return ex["data_par"]
+
+            def get_data_parallel_rank(self):
+                return 0
+
+            def get_model_parallel_world_size(self):
+                return ex["tensor_par"] * ex["pipeline_par"]
+
+        cfg = dsc.DeepSpeedConfig(json.loads(get("deepspeed").write(LLAMA, ex)), mpu=MPU())
+        if opt == "muon":
+            assert cfg.optimizer_name == dsc.MUON_OPTIMIZER
+            assert cfg.optimizer_params == {"ns_method": "standard"}
+            assert cfg.zero_optimization_stage == 1
+        else:
+            assert cfg.optimizer_name == "Adafactor" and cfg.zero_optimization_stage == 0
+            assert hasattr(torch.optim, cfg.optimizer_name)
