@@ -63,11 +63,11 @@ REFUSED = {
                  ("adapter", "qlora"): "LoRA", ("fp8_recipe", "mxfp4"): "MXFP4"},
     "bridge": {("optimizer", "adafactor"): "Adafactor", ("adapter", "qlora"): "NF4",
                ("fp8_recipe", "mxfp4"): "MXFP4"},
-    "torchtitan": {("optimizer", "muon"): "adam", ("optimizer", "adafactor"): "adam",
-                   ("adapter", "lora"): "none", ("adapter", "qlora"): "none",
+    "torchtitan": {("optimizer", "muon"): "DistMuon", ("optimizer", "adafactor"): "AdamW",
+                   ("adapter", "lora"): "lora.py", ("adapter", "qlora"): "LoRA",
                    ("fp8_recipe", "mxfp4"): "mxfp8"},
-    "deepspeed": {("optimizer", "adafactor"): "ZeRO", ("adapter", "lora"): "none",
-                  ("adapter", "qlora"): "none", ("fp8_recipe", "mxfp4"): "none"},
+    "deepspeed": {("optimizer", "adafactor"): "ZeRO", ("adapter", "lora"): "LoRAConfig",
+                  ("adapter", "qlora"): "LoRAConfig", ("fp8_recipe", "mxfp4"): "recipe"},
 }
 
 
@@ -581,3 +581,16 @@ def test_deepspeed_builds_its_config_from_muon_and_adafactor(monkeypatch):
         else:
             assert cfg.optimizer_name == "Adafactor" and cfg.zero_optimization_stage == 0
             assert hasattr(torch.optim, cfg.optimizer_name)
+
+
+@pytest.mark.parametrize("fmt", ["torchtitan", "deepspeed"])
+def test_recipe_fields_refused_before_the_search(fmt, tmp_path):
+    """A space that fixes LoRA (the shipped finetune space) is refused by
+    torchtitan and DeepSpeed before any search, with the reason."""
+    from autopar.search.space import load_space
+    why = get(fmt).refuse_space(LLAMA, load_space("finetune"))
+    assert why and why.startswith(f"{fmt}: space finetune has adapter = lora") and "LoRA" in why
+    muon = load_space(_space(tmp_path, "muon", **{"adapter: lora": "adapter: none",
+                                                  "optimizer: adam": "optimizer: muon"}))
+    why = get(fmt).refuse_space(LLAMA, muon)
+    assert (why is None) == (fmt == "deepspeed"), why

@@ -82,6 +82,13 @@ EXPRESSIBLE = {
     # by name from torch.optim (torch >= 2.5)
     "optimizer": ("adam", "muon", "adafactor"),
 }
+# the framework's reasons for issue 28's recipe fields (DeepSpeed@edaa722)
+WHY = {"optimizer": "SGD would be torch.optim.SGD under ZeRO's untested-optimizer "
+                    "switch, which autopar does not write",
+       "adapter": "DeepSpeed's LoRA (deepspeed/linear/config.py LoRAConfig, "
+                  "OptimizedLinear) is set up in the training script, not in ds_config",
+       "fp8_recipe": "ds_config has no fp8/fp4 recipe (Transformer Engine's are the "
+                     "model code's)"}
 # ds_config optimizer.type of autopar's optimizers (Adam: the config's own
 # default, not written)
 OPTIMIZER_TYPES = {"muon": "Muon", "adafactor": "Adafactor"}
@@ -99,8 +106,8 @@ def refuse_model(model) -> str | None:
 
 def refuse_space(model, space) -> str | None:
     return refuse_values(NAME, space, {f: EXPRESSIBLE[f] for f in (
-        "activation_recompute", "pipeline_layout", "activations_offload", "fp8_recipe",
-        "sharding_group", "tensor_par_overlap")})
+        "optimizer", "adapter", "activation_recompute", "pipeline_layout",
+        "activations_offload", "fp8_recipe", "sharding_group", "tensor_par_overlap")}, WHY)
 
 
 def cut_space(space) -> dict:
@@ -126,7 +133,7 @@ def _stage(ex) -> int:
 
 def refuse_layout(model, execution) -> str | None:
     ex = full(execution)
-    why = refuse_fields(NAME, ex, EXPRESSIBLE)
+    why = refuse_fields(NAME, ex, EXPRESSIBLE, WHY)
     if why:
         return why
     stage = _stage(ex)
