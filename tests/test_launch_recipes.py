@@ -308,6 +308,22 @@ def test_hybrid_refusals_and_read_errors():
     with pytest.raises(SpecError) as err:
         get("megatron").read(two.replace(pat, four), "x.sh")
     assert err.value.field == "--hybrid-layer-pattern" and "[20, 10, 12, 10]" in str(err.value)
+    # no pipes on two stages: Megatron-Core's even split (select_pipeline_segment),
+    # or its first/last stage sizes
+    ex = get("megatron").read(two, "x.sh").execution
+    assert (ex["pipeline_layout"], ex["first_stage_blocks"], ex["pipeline_interleaving"]) == \
+        ("even", 0, 1)
+    ex = get("megatron").read(two.replace("--pipeline-model-parallel-size 2",
+                                          "--pipeline-model-parallel-size 2 "
+                                          "--decoder-first-pipeline-num-layers 20"),
+                              "x.sh").execution
+    assert ex["first_stage_blocks"] == 20
+    # the deprecated spelling's errors name it
+    with pytest.raises(SpecError) as err:
+        get("megatron").read(two.replace(pat, four).replace("--hybrid-layer-pattern",
+                                                            "--hybrid-override-pattern"),
+                             "x.sh")
+    assert err.value.field == "--hybrid-override-pattern"
     # 51 and 1: the first and last stage sizes
     ex = get("megatron").read(two.replace(pat, pat[:51] + "|" + pat[51:]), "x.sh").execution
     assert (ex["first_stage_blocks"], ex["last_stage_blocks"]) == (51, 1)

@@ -658,7 +658,10 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
                        f"parallel sizes ({tp * pp * cp})")
             ex["data_par"] = n // (tp * pp * cp)
     segments = _pattern_segments(r)
-    if segments is not None and (len(segments) > 1 or (pp or 1) > 1):
+    if segments is not None and len(segments) > 1:
+        # pipes: the split (a pattern without pipes on several stages is
+        # Megatron-Core's even or first/last split, read below:
+        # hybrid_layer_allocation.py select_pipeline_segment)
         ex.update(_read_segments(r, segments, pp or 1))
     elif r.has("model.pipeline_model_parallel_layout") and \
             r.v["model.pipeline_model_parallel_layout"] not in (None, "None", "null"):
@@ -904,11 +907,17 @@ def _read_model(r: Reader) -> dict:
     return m
 
 
+def _pattern_key(r: Reader) -> str | None:
+    """The settings key of a hybrid model's layer pattern
+    (``model.hybrid_layer_pattern``, or the deprecated
+    ``hybrid_override_pattern``), None where there is none."""
+    return next((k for k in ("model.hybrid_layer_pattern", "model.hybrid_override_pattern")
+                 if r.v.get(k) not in (None, "None", "null")), None)
+
+
 def _pattern_segments(r: Reader) -> list[str] | None:
-    """A hybrid model's layer pattern (``model.hybrid_layer_pattern``, or the
-    deprecated ``hybrid_override_pattern``) split at its pipes, or None."""
-    key = next((k for k in ("model.hybrid_layer_pattern", "model.hybrid_override_pattern")
-                if r.v.get(k) not in (None, "None", "null")), None)
+    """A hybrid model's layer pattern split at its pipes, or None."""
+    key = _pattern_key(r)
     if key is None:
         return None
     from autopar.io.specs import HYBRID_SYMBOLS
@@ -926,7 +935,7 @@ def _read_segments(r: Reader, segments: list[str], pp: int) -> dict:
     """A hybrid pattern's pipeline segments -> autopar's split fields: the
     first of even, even with the embedding / loss counted, first / last
     stage sizes, balanced, whose virtual stages hold these blocks."""
-    key = "model.hybrid_layer_pattern"
+    key = _pattern_key(r)
     counts = [len(x) for x in segments]
     if len(counts) % pp:
         r.fail(key, f"has {len(counts)} pipeline segments, not a multiple of the pipeline "
