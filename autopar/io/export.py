@@ -146,24 +146,27 @@ def check_run(fmt: str, model, space=None, datatype: str | None = None,
 def format_space(fmt: str, space):
     """``space`` with its derived fields (their values follow the case, e.g.
     fp8_recipe from the system's rates) cut to the values launch format
-    ``fmt`` writes, so that a search under ``--format`` recommends a layout
-    the framework can launch (a searched or fixed value it cannot write is
+    ``fmt`` writes, and the fields its recipe implies cut as the format says
+    (``LaunchFormat.cut_space``), so that a search under ``--format``
+    recommends a layout the framework can launch (a searched or fixed value it cannot write is
     refused before the search instead: ``check_run``).  JSON formats: the
     space as it is."""
     if fmt in JSON_FORMATS or space is None:
         return space
     lf = launch_format(fmt)
-    if lf.writes is None:
+    if lf.writes is None and lf.cut_space is None:
         return space
     from autopar.io.launch.base import SYSTEM_DERIVED
     from autopar.io.layouts import CHOICES
     cut = {}
     for f, allowed in space.allowed.items():
         derived = allowed.values is None and allowed.low is None and allowed.high is None
-        if derived and f in SYSTEM_DERIVED:
+        if derived and f in SYSTEM_DERIVED and lf.writes is not None:
             ok = tuple(v for v in CHOICES[f] if lf.writes(f, v))
             if len(ok) < len(CHOICES[f]):
                 cut[f] = ok
+    if lf.cut_space is not None:
+        cut.update(lf.cut_space(space))
     return space.within(cut, f"--format {fmt}") if cut else space
 
 

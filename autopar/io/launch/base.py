@@ -54,3 +54,9 @@ class LaunchFormat:
     # above).  Used to cut a space's derived fields (values that follow the
     # case, e.g. fp8_recipe from the system's rates) to what it can launch.
     writes: Callable | None = None
+    # ``cut_space(space) -> {field: values}``: the values of other fields a
+    # layout of this space can take to be written, where the space's choice
+    # of one field implies them (e.g. Megatron-Core's Muon runs without
+    # Megatron-FSDP: unsharded_grads true); the search keeps to them
+    # (``autopar.io.export.format_space``).  None: nothing implied.
+    cut_space: Callable | None = None

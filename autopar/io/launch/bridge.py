@@ -47,8 +47,24 @@ SPECIAL = ("mixed_precision.dtype", "model.fp8", "model.fp8_recipe", "ddp.grad_r
            "model.transformer_impl", "model.masked_softmax_fusion", "_num_procs")
 
 
+# LoRA (NVIDIA-NeMo/Megatron-Bridge@067f987 src/megatron/bridge/peft/lora.py
+# ``LoRA``: ``dim``, ``target_modules`` of Megatron-Core's linear layers): the
+# adapters of autopar's targets.  LoRA on the fused ``linear_qkv`` is one
+# adapter for q, k and v (one A of hidden x rank where autopar counts three;
+# likewise gate and up in a SwiGLU block's linear_fc1: docs/validation.md);
+# q and v alone (``qv``) are inside that fused layer: not expressible.
+LORA_TARGETS = {"all": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+                "attention": ["linear_qkv", "linear_proj"],
+                # one adapter on the fused projection (NeMo's default target)
+                "qkv": ["linear_qkv"]}
+READ_TARGETS = {tuple(sorted(v)): k for k, v in LORA_TARGETS.items()}
+
 # what Megatron-Bridge's overrides cannot say beyond Megatron-Core's
 UNEXPRESSED = {**mcore.UNEXPRESSED,
+               "adapter": {"qlora": "Megatron-Bridge's PEFT (src/megatron/bridge/peft) has "
+                                    "LoRA and DoRA adapters but no 4-bit (NF4) base weights"},
+               "adapter_targets": {"qv": "Megatron-Bridge's LoRA targets Megatron-Core's "
+                                         "fused linear_qkv: q and v alone are not a module"},
                "fp8_recipe": {**mcore.UNEXPRESSED["fp8_recipe"],
                               "nvfp4": "autopar does not write Megatron-Bridge's fp4 "
                                        "mixed-precision recipe yet"},
@@ -60,7 +76,7 @@ UNEXPRESSED = {**mcore.UNEXPRESSED,
 
 
 def refuse_model(model):
-    return mcore.refuse_model(model, NAME)
+    return mcore.refuse_model(model, NAME, chunk_setting=True)
 
 
 def refuse_space(model, space):
@@ -125,10 +141,21 @@ def write(model, execution) -> str:
         lines.append(f"{key}={_value(v)}")
         if key == "model.seq_length":
             lines.append(f"dataset.seq_length={v}")
+        if key == "model.mamba_num_groups":
+            # HybridModelProvider.mamba_chunk_size (src/megatron/bridge/models/
+            # hybrid/hybrid_provider.py): the SSD chunk of the model file
+            lines.append(f"model.mamba_chunk_size={model.mamba.chunk}")
         if key == "ddp.use_distributed_optimizer":
             lines.append(f"optimizer.use_distributed_optimizer={_value(v)}")
     lines.append("mixed_precision="
                  + PRECISION[(execution["datatype"], execution.get("fp8_recipe", "none"))])
+    if execution.get("adapter", "none") == "lora":
+        # ConfigContainer.peft: the recipe loaded in its lora mode (run_recipe.py's
+        # mode option, a launcher flag and not an override) builds LoRA()
+        lines[3:3] = ["# PEFT: launch the recipe in run_recipe.py's lora mode (mode lora)"]
+        lines.append(f"peft.dim={int(execution.get('adapter_rank', 16))}")
+        lines.append("peft.target_modules="
+                     + _value(LORA_TARGETS[execution.get("adapter_targets", "all")]))
     return "\n".join(lines) + "\n"
 
 
@@ -176,10 +203,31 @@ def read(text: str, source: str = "bridge overrides") -> Imported:
         values["model.fp8_recipe"] = {"none": None, "tensorwise": "tensorwise",
                                       "rowwise": "blockwise", "mxfp8": "mxfp8"}[fp8]
     values["model.transformer_impl"] = "transformer_engine"
+    peft = {k: values.pop(k) for k in list(values) if k.startswith("peft.")}
     ex, model = mcore.layout(r, framework_defaults=False)
+    if peft:
+        ex.update(_read_peft(peft, source))
     notes = () if gpus is not None else (
         "the number of GPUs is not stated (# NUM_GPUS=N): num_procs and data_par are left out",)
     return Imported(execution=ex, model=model, framework="megatron-bridge", notes=notes)
+
+
+def _read_peft(peft: dict, source: str) -> dict:
+    """``peft.*`` overrides -> autopar's LoRA fields (LoRA's own defaults,
+    lora.py: dim 32, every linear layer, where a key is absent)."""
+    r = mcore.Reader(peft, source, lambda k: k)
+    ex = {"adapter": "lora", "adapter_rank": r.int("peft.dim", 32)}
+    mods = r.list("peft.target_modules")
+    if mods is None:
+        ex["adapter_targets"] = "all"
+    else:
+        t = READ_TARGETS.get(tuple(sorted(mods)))
+        if t is None:
+            r.fail("peft.target_modules", "autopar models LoRA on "
+                   + " or ".join(",".join(v) for v in LORA_TARGETS.values())
+                   + f", got {','.join(mods)}")
+        ex["adapter_targets"] = t
+    return ex
 
 
 def _items(line: str) -> list[str]:
@@ -207,7 +255,7 @@ def _items(line: str) -> list[str]:
 FORMAT = LaunchFormat(
     name=NAME, suffix=".overrides", framework="megatron-bridge",
     refuse_model=refuse_model, refuse_space=refuse_space, refuse_layout=refuse_layout,
-    write=write, read=read, refuse_datatype=refuse_datatype,
+    write=write, read=read, refuse_datatype=refuse_datatype, cut_space=mcore.cut_space,
     writes=lambda f, v: mcore.writes(f, v, UNEXPRESSED),
     describe="Megatron-Bridge / NeMo 2 recipe overrides: key=value lines for "
              "scripts/training/run_recipe.py")

@@ -77,7 +77,21 @@ EXPRESSIBLE = {
     "param_gather_overlap": (False,),
     "training": (True,),
     **RECIPE_EXPRESSIBLE,
+    # Muon: DeepSpeed's own (runtime/config.py MUON_OPTIMIZER; engine.py builds
+    # MuonWithAuxAdam); Adafactor: torch.optim.Adafactor, which engine.py takes
+    # by name from torch.optim (torch >= 2.5)
+    "optimizer": ("adam", "muon", "adafactor"),
 }
+# the framework's reasons for issue 28's recipe fields (DeepSpeed@edaa722)
+WHY = {"optimizer": "SGD would be torch.optim.SGD under ZeRO's untested-optimizer "
+                    "switch, which autopar does not write",
+       "adapter": "DeepSpeed's LoRA (deepspeed/linear/config.py LoRAConfig, "
+                  "OptimizedLinear) is set up in the training script, not in ds_config",
+       "fp8_recipe": "ds_config has no fp8/fp4 recipe (Transformer Engine's are the "
+                     "model code's)"}
+# ds_config optimizer.type of autopar's optimizers (Adam: the config's own
+# default, not written)
+OPTIMIZER_TYPES = {"muon": "Muon", "adafactor": "Adafactor"}
 FLASH = {"flash_v1": "use_flash_attn_v1", "flash_v2": "use_flash_attn_v2"}
 
 
@@ -92,8 +106,21 @@ def refuse_model(model) -> str | None:
 
 def refuse_space(model, space) -> str | None:
     return refuse_values(NAME, space, {f: EXPRESSIBLE[f] for f in (
-        "activation_recompute", "pipeline_layout", "activations_offload", "fp8_recipe",
-        "sharding_group", "tensor_par_overlap")})
+        "optimizer", "adapter", "activation_recompute", "pipeline_layout",
+        "activations_offload", "fp8_recipe", "sharding_group", "tensor_par_overlap")}, WHY)
+
+
+def cut_space(space) -> dict:
+    """What a space's optimizer implies here (``refuse_layout``): Muon runs
+    inside ZeRO (stage >= 1) without offloading; Adafactor without ZeRO."""
+    from autopar.io.launch.expressible import space_values
+    opts = space_values(space, "optimizer")
+    if opts == ("muon",):
+        return {"optimizer_sharding": (True,), "optimizer_offload": (False,),
+                "weight_offload": (False,)}
+    if opts == ("adafactor",):
+        return {"optimizer_sharding": (False,)}
+    return {}
 
 
 def _stage(ex) -> int:
@@ -106,7 +133,7 @@ def _stage(ex) -> int:
 
 def refuse_layout(model, execution) -> str | None:
     ex = full(execution)
-    why = refuse_fields(NAME, ex, EXPRESSIBLE)
+    why = refuse_fields(NAME, ex, EXPRESSIBLE, WHY)
     if why:
         return why
     stage = _stage(ex)
@@ -137,6 +164,21 @@ def refuse_layout(model, execution) -> str | None:
                 "gradients after backward at stage 0 (overlap_comm is ZeRO's)")
     if ex["recompute_layers"] and ex["activation_recompute"] != "full":
         return f"{NAME}: the layout has recompute_layers without full recompute"
+    if ex["optimizer"] == "muon" and stage == 0:
+        # the Newton-Schulz step runs in ZeRO's gradient code
+        # (runtime/zero/stage_1_and_2.py, stage3.py: muon_update); at stage 0
+        # MuonWithAuxAdam.step applies the un-orthogonalised update
+        return (f"{NAME}: the layout has optimizer=muon without ZeRO; DeepSpeed runs Muon's "
+                "Newton-Schulz step inside ZeRO stages 1-3 (docs/_pages/config-json.md)")
+    if ex["optimizer"] == "muon" and (ex["optimizer_offload"] or ex["weight_offload"]):
+        return (f"{NAME}: the layout has optimizer=muon with offloading; autopar writes "
+                "DeepSpeed's Muon on the GPU only")
+    if ex["optimizer"] == "adafactor" and stage >= 1:
+        # ZeRO's optimizer sees flat 1-D partitions (stage_1_and_2.py
+        # single_partition_of_fp32_groups, stage3.py fp32_partitioned_groups_flat):
+        # torch's Adafactor factors only tensors of 2+ dimensions
+        return (f"{NAME}: the layout has optimizer=adafactor with ZeRO stage {stage}; ZeRO "
+                "hands the optimizer flat 1-D partitions, which Adafactor does not factor")
     return None
 
 
@@ -157,6 +199,12 @@ def write(model, execution) -> str:
            "zero_optimization": zero}
     if ex["fp32_grads"]:
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    if ex["optimizer"] == "muon":
+        # the Newton-Schulz iteration autopar counts (zeropower_via_newtonschulz5;
+        # DeepSpeed's default ns_method is its Gram variant: original_muon.py)
+        cfg["optimizer"] = {"type": "Muon", "params": {"ns_method": "standard"}}
+    elif ex["optimizer"] in OPTIMIZER_TYPES:
+        cfg["optimizer"] = {"type": OPTIMIZER_TYPES[ex["optimizer"]]}
     rec = ex["activation_recompute"]
     impl = ex["attention_impl"]
     cfg[LAUNCHER] = {
@@ -277,6 +325,7 @@ def read(text: str, source: str) -> Imported:
         k.fail(L + "use_flash_attn_v2", "set together with use_flash_attn_v1")
     ex["attention_impl"] = "flash_v2" if v2 else "flash_v1" if v1 else \
         "fused_softmax" if fused else "unfused"
+    ex["optimizer"] = _optimizer(k, notes)
     model = {}
     seq = _int(k, L + "seq_length", None)
     if seq is not None:
@@ -292,6 +341,25 @@ def read(text: str, source: str) -> Imported:
                      f"deepspeed-zero{stage} spec covers ZeRO data parallelism only (its "
                      "options); no framework spec applied")
     return Imported(execution=ex, model=model, framework=framework, notes=tuple(notes))
+
+
+def _optimizer(k: Keys, notes: list) -> str:
+    """``optimizer.type`` -> autopar's optimizer (absent: Adam, the model
+    code's or the config's default)."""
+    t = k.raw("optimizer.type")
+    if t is None or t == "auto":
+        return "adam"
+    name = str(t).lower()
+    if name in ("adam", "adamw", "fusedadam", "cpuadam"):
+        return "adam"
+    if name == "muon":
+        if k.raw("optimizer.params.ns_method", "gram") == "gram":
+            notes.append("Muon's Gram Newton-Schulz (ns_method gram, DeepSpeed's default) is "
+                         "counted as the standard iteration")
+        return "muon"
+    if name == "adafactor":
+        return "adafactor"
+    k.fail("optimizer.type", f"autopar models Adam/AdamW, Muon and Adafactor, got {t!r}")
 
 
 def _int(k: Keys, key: str, default):
@@ -318,7 +386,7 @@ def _enabled(k: Keys, section: str) -> bool:
 
 
 FORMAT = LaunchFormat(
-    writes=states(EXPRESSIBLE),
+    writes=states(EXPRESSIBLE), cut_space=cut_space,
     name=NAME, suffix=".json", framework="deepspeed-zero1", refuse_model=refuse_model,
     refuse_space=refuse_space, refuse_layout=refuse_layout, write=write, read=read,
     describe="a DeepSpeed ds_config JSON with the launcher's parallel sizes "

@@ -17,11 +17,15 @@ from autopar.io.layouts import BOOL_FIELDS, CHOICES, EXT_DEFAULTS
 
 
 # Recipe fields of issue 28 (``autopar.io.layouts``) that torchtitan's and
-# DeepSpeed's configs are not written with: the optimizer (Adam only), the
-# fine-tuning adapters (none) and their rank and targets.  A layout with
-# another value is refused in one line; a config read back states these
-# defaults.  ``sequence_fill`` (the real tokens of padded sequences) is the
-# data's, not the config's: not written (a format's ``UNSTATED``).
+# DeepSpeed's configs are not written with: the optimizer (torchtitan 0.2.2,
+# whose TOML autopar writes, builds Adam and AdamW only,
+# torchtitan/components/optimizer.py; its later DistMuon is configured in
+# Python; DeepSpeed widens this to Muon and Adafactor: deepspeed.py), the
+# fine-tuning adapters (neither has LoRA in its config) and their rank and
+# targets, and the recipes' BF16 blocks.  A layout with another value is
+# refused in one line; a config read back states these defaults.
+# ``sequence_fill`` (the real tokens of padded sequences) is the data's, not
+# the config's: not written (a format's ``UNSTATED``).
 RECIPE_DEFAULTS = {f: EXT_DEFAULTS[f] for f in ("optimizer", "adapter", "adapter_rank",
                                                 "adapter_targets", "bf16_first_blocks",
                                                 "bf16_last_blocks")}
@@ -46,28 +50,36 @@ def space_values(space, field: str):
     return tuple(allowed.values) if allowed.values is not None else None
 
 
-def refuse_values(fmt: str, space, expressible: Mapping[str, tuple]) -> str | None:
+def refuse_values(fmt: str, space, expressible: Mapping[str, tuple],
+                  why: Mapping[str, str] | None = None) -> str | None:
     """Why ``fmt`` cannot write any layout of ``space``: a field whose every
-    value the space may choose is one the format cannot state (None: none)."""
+    value the space may choose is one the format cannot state (None: none);
+    ``why``: the framework's reason per field, where the format gives one."""
     for f, ok in expressible.items():
         vals = space_values(space, f)
         if vals is not None and vals and not any(v in ok for v in vals):
             shown = ", ".join(str(v) for v in vals)
             name = getattr(space, "name", "") or "the space"
             return (f"{fmt}: space {name} has {f} = {shown}; {fmt} can state only "
-                    f"{', '.join(str(v) for v in ok)}")
+                    f"{', '.join(str(v) for v in ok)}" + _because(f, why))
     return None
 
 
-def refuse_fields(fmt: str, execution: Mapping, expressible: Mapping[str, tuple]) -> str | None:
+def refuse_fields(fmt: str, execution: Mapping, expressible: Mapping[str, tuple],
+                  why: Mapping[str, str] | None = None) -> str | None:
     """The first field of ``execution`` (extension fields at their defaults
-    where absent) whose value ``fmt`` cannot state (None: none)."""
+    where absent) whose value ``fmt`` cannot state (None: none); ``why`` as
+    for ``refuse_values``."""
     for f, ok in expressible.items():
         v = execution.get(f, EXT_DEFAULTS.get(f))
         if v not in ok:
             return (f"{fmt}: the layout has {f}={v}; {fmt} can state only "
-                    f"{', '.join(str(x) for x in ok)}")
+                    f"{', '.join(str(x) for x in ok)}" + _because(f, why))
     return None
+
+
+def _because(field: str, why: Mapping[str, str] | None) -> str:
+    return f" ({why[field]})" if why and field in why else ""
 
 
 def states(expressible: Mapping[str, tuple]):

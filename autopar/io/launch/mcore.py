@@ -40,7 +40,8 @@ NOT_SETTINGS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_p
                 "expert_par_net", "expert_tensor_par_net", "seq_par_ag_redo",
                 # the data's (padded sequences), not the launch's
                 "sequence_fill", "attention_span",
-                # the adapters' rank and targets: no adapter is written (below)
+                # the adapters' rank and targets: pretrain_gpt.py has no adapters
+                # (Megatron-Bridge writes them: bridge.py)
                 "adapter_rank", "adapter_targets")
 
 # Values no Megatron-Core setting expresses: field -> {value: why}.
@@ -59,14 +60,20 @@ UNEXPRESSED = {
                                    "config (tp_comm_overlap_cfg) that autopar does not write"},
     "attention_impl": {"flash_v1": "Megatron-Core's flash backend is Transformer Engine's "
                                    "FlashAttention-2/3, not v1"},
-    # issue 28's recipe fields: pretrain_gpt.py's --optimizer offers adam and sgd
-    # (arguments.py); fp4 is --fp4-format e2m1 with --fp4-recipe nvfp4, its only
-    # choice; pretrain_gpt.py has no LoRA (Megatron-Bridge's PEFT is a separate
-    # entry point autopar does not write yet)
-    "optimizer": {v: "pretrain_gpt.py's --optimizer offers adam and sgd"
-                  for v in ("muon", "adafactor")},
-    "fp8_recipe": {"mxfp4": "Megatron-Core's --fp4-recipe offers nvfp4 only"},
-    "adapter": {v: "pretrain_gpt.py trains every weight (no LoRA adapters)"
+    # issue 28's recipe fields (NVIDIA/Megatron-LM@d98e8a6): --optimizer
+    # offers adam, sgd, muon, lion, soap, adaptive_muon (arguments.py), no
+    # Adafactor; Transformer Engine's recipes have NVFP4BlockScaling but no
+    # MXFP4 one (NVIDIA/TransformerEngine@d0067d0
+    # transformer_engine/common/recipe/__init__.py), and --fp4-recipe offers
+    # nvfp4; pretrain_gpt.py / pretrain_hybrid.py train every weight (LoRA is
+    # Megatron-Bridge's PEFT: bridge.py)
+    "optimizer": {"adafactor": "Megatron-LM's --optimizer offers adam, sgd, muon, lion, "
+                               "soap, adaptive_muon (arguments.py): no Adafactor"},
+    "fp8_recipe": {"mxfp4": "Transformer Engine has no MXFP4 recipe (common/recipe/__init__.py: "
+                            "NVFP4BlockScaling only) and Megatron-Core's --fp4-recipe offers "
+                            "nvfp4"},
+    "adapter": {v: "pretrain_gpt.py trains every weight (no LoRA adapters; Megatron-Bridge's "
+                   "PEFT has them: --format bridge)"
                 for v in ("lora", "qlora")},
 }
 
@@ -75,15 +82,29 @@ def refusal(field: str, value, fmt: str, why: str) -> str:
     return f"{fmt}: {field}={value} cannot be written: {why}"
 
 
-def refuse_model(model, fmt: str) -> str | None:
+def refuse_model(model, fmt: str, chunk_setting: bool = False) -> str | None:
     """Model shapes Megatron-Core cannot state (None: it can).  A hybrid
-    Mamba model (``hybrid_override_pattern``) trains through
-    pretrain_mamba.py with its own arguments, which autopar does not write
-    yet: refused rather than written as a GPT launch."""
-    if getattr(model, "hybrid_pattern", ""):
-        return (f"{fmt}: the model {model.name or ''} has hybrid_override_pattern (Mamba "
-                "layers): autopar writes pretrain_gpt.py launches only, not pretrain_mamba.py")
+    Mamba model (``hybrid_override_pattern``) is Megatron-Core's
+    ``HybridModel``: its Mamba mixer's convolution kernel and SSD chunk are
+    ``MambaMixer``'s fixed arguments (megatron/core/ssm/mamba_mixer.py
+    ``d_conv=4``, ``chunk_size=128``; no Megatron-LM argument sets them),
+    so other values are refused; ``chunk_setting``: the format sets the
+    chunk (Megatron-Bridge's ``HybridModelProvider.mamba_chunk_size``)."""
+    mb = getattr(model, "mamba", None)
+    if getattr(model, "hybrid_pattern", "") and mb is not None:
+        fixed_fields = [("conv_kernel", mb.conv_kernel, MAMBA_CONV_KERNEL)]
+        if not chunk_setting:
+            fixed_fields.append(("chunk", mb.chunk, MAMBA_CHUNK))
+        for what, v, fixed in fixed_fields:
+            if v != fixed:
+                return (f"{fmt}: the model {model.name or ''} has mamba.{what}={v}: "
+                        f"Megatron-Core's MambaMixer builds {fixed} (mamba_mixer.py; no "
+                        "argument sets it)")
     return None
+
+
+# MambaMixer's fixed convolution kernel and SSD chunk (mamba_mixer.py __init__)
+MAMBA_CONV_KERNEL, MAMBA_CHUNK = 4, 128
 
 
 def refuse_space(space, fmt: str, unexpressed: Mapping = UNEXPRESSED) -> str | None:
@@ -94,6 +115,17 @@ def refuse_space(space, fmt: str, unexpressed: Mapping = UNEXPRESSED) -> str | N
             if space_allows(space, f, v):
                 return refusal(f, _show(v), fmt, why) + f" (space {space.name} can choose it)"
     return None
+
+
+def cut_space(space) -> dict:
+    """What a space whose every optimizer is Muon implies under Megatron-Core
+    (``_refuse_muon``): no Megatron-FSDP (unsharded gradients, no weight
+    sharding), one layer-wise optimizer instance, no optimizer offload."""
+    from autopar.io.launch.expressible import space_values
+    if space_values(space, "optimizer") == ("muon",):
+        return {"unsharded_grads": (True,), "weight_sharding": (False,),
+                "sharding_group": (0,), "optimizer_offload": (False,)}
+    return {}
 
 
 def space_allows(space, field: str, value) -> bool:
@@ -135,6 +167,9 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
         v = _get(ex, f)
         if v in bad and (not isinstance(v, bool) or type(v) is type(next(iter(bad)))):
             return refusal(f, _show(v), fmt, bad[v])
+    why = _refuse_muon(ex, fmt) or _refuse_hybrid(model, ex, fmt)
+    if why:
+        return why
     dt = ex.get("datatype")
     if dt in ("float8", "mxfp8"):
         return refusal("datatype", dt, fmt, "Megatron-Core runs fp8 GEMMs inside a bf16/fp16 "
@@ -195,8 +230,86 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
     return None
 
 
+def _refuse_muon(ex: Mapping, fmt: str) -> str | None:
+    """What Megatron-Core's Muon (an "emerging optimizer") does not run with."""
+    if _get(ex, "optimizer") != "muon":
+        return None
+    if ex.get("optimizer_sharding") and (_get(ex, "weight_sharding")
+                                         or not _get(ex, "unsharded_grads")):
+        return refusal("optimizer", "muon", fmt, "Megatron-Core's emerging optimizers do not "
+                       "run with Megatron-FSDP (ZeRO-2/3 sharding; arguments.py validate_args)")
+    if _get(ex, "sharding_group"):
+        return refusal("optimizer", "muon", fmt, "autopar writes Muon's layer-wise distributed "
+                       "optimizer over the whole data-parallel group (sharding_group 0)")
+    if ex.get("optimizer_offload"):
+        return refusal("optimizer", "muon", fmt, "the layer-wise optimizer skips Megatron's "
+                       "wrapping, which optimizer_cpu_offload needs (megatron/core/optimizer/"
+                       "__init__.py)")
+    return None
+
+
+def _refuse_hybrid(model, ex: Mapping, fmt: str) -> str | None:
+    """A hybrid model's split: every virtual stage a segment of the pattern."""
+    if not getattr(model, "hybrid_pattern", ""):
+        return None
+    counts = layout_blocks(model, ex)
+    if ex.get("pipeline_par", 1) * ex.get("pipeline_interleaving", 1) > 1 and \
+            (counts is None or min(counts) < 1):
+        return refusal("pipeline_par", ex.get("pipeline_par"), fmt, "a hybrid model's "
+                       "--hybrid-layer-pattern needs a layer in every virtual pipeline stage")
+    return None
+
+
 # ---------------------------------------------------------------------------
 # layout -> settings
+
+def virtual_stage_blocks(num_blocks: int, p: int, v: int, first: int = 0, last: int = 0,
+                         embedding: bool = False, loss: bool = False,
+                         balanced: bool = False) -> list[int] | None:
+    """The blocks of each of the ``p * v`` virtual stages in Megatron-Core's
+    order (virtual stage ``k`` on stage ``k % p``), as it builds them for a
+    split (megatron/core/transformer/transformer_block.py
+    ``get_num_layers_to_build``; a ``balanced`` layout as
+    ``_balanced_layout`` writes it), or None where the split cannot be
+    built.  Even: every stage's share over its ``v`` chunks, the first
+    chunk of the first stage one block fewer where the embedding counts,
+    the last chunk of the last stage where the loss counts; ``first`` /
+    ``last``: those stages' blocks over their chunks, the middle stages
+    sharing the rest."""
+    e, l_ = int(embedding), int(loss)
+    k = p * v
+    if balanced:
+        q, r = divmod(num_blocks + e + l_, k)
+        counts = [q + (i < r) for i in range(k)]
+    elif first or last:
+        rest, middle = num_blocks - first - last, p - bool(first) - bool(last)
+        if (first % v or last % v or rest < 0 or bool(rest) != bool(middle)
+                or (middle and (rest % middle or (rest // middle) % v))):
+            return None
+        per = [rest // middle if middle else 0] * p
+        if first:
+            per[0] = first
+        if last:
+            per[-1] = last
+        counts = [per[i % p] // v for i in range(k)]
+    else:
+        layers = num_blocks + e + l_
+        if layers % k:
+            return None
+        counts = [layers // k] * k
+    counts[0] -= e
+    counts[-1] -= l_
+    return counts if min(counts) >= 0 and sum(counts) == num_blocks else None
+
+
+def layout_blocks(model, ex: Mapping) -> list[int] | None:
+    """``virtual_stage_blocks`` of a layout's split fields."""
+    return virtual_stage_blocks(
+        model.num_blocks, ex.get("pipeline_par", 1), ex.get("pipeline_interleaving", 1),
+        _get(ex, "first_stage_blocks"), _get(ex, "last_stage_blocks"),
+        bool(_get(ex, "embedding_in_split")), bool(_get(ex, "loss_in_split")),
+        _get(ex, "pipeline_layout") == "balanced")
+
 
 def _balanced_layout(model, ex: Mapping) -> str:
     """The ``pipeline_model_parallel_layout`` of autopar's balanced split
@@ -204,18 +317,25 @@ def _balanced_layout(model, ex: Mapping) -> str:
     ``q`` or ``q + 1`` counted layers each (the earlier ones the more), the
     embedding ``E`` first and the loss ``L`` last (counted where
     embedding_in_split / loss_in_split), MTP modules ``m`` before the loss."""
-    p, v = ex["pipeline_par"], ex.get("pipeline_interleaving", 1)
-    e, l_ = bool(_get(ex, "embedding_in_split")), bool(_get(ex, "loss_in_split"))
-    k = p * v
-    q, r = divmod(model.num_blocks + e + l_, k)
-    stages = []
-    for i in range(k):
-        n = q + (i < r)
-        head = "E" if i == 0 else ""
-        tail = ("m" * model.mtp + "L") if i == k - 1 else ""
-        n -= (e and i == 0) + (l_ and i == k - 1)
-        stages.append(head + "t" * n + tail)
-    return "|".join(stages)
+    counts = layout_blocks(model, ex)
+    k = len(counts)
+    return "|".join(("E" if i == 0 else "") + "t" * n
+                    + (("m" * model.mtp + "L") if i == k - 1 else "")
+                    for i, n in enumerate(counts))
+
+
+def hybrid_pattern(model, ex: Mapping) -> str:
+    """The model's ``hybrid_override_pattern`` with ``|`` between the virtual
+    pipeline stages (Megatron-Core's ``--hybrid-layer-pattern``: the pipes are
+    the stage boundaries, megatron/core/models/hybrid/hybrid_layer_allocation.py;
+    arguments.py derives the virtual stages from their number), each holding
+    the blocks autopar's split gives it (``layout_blocks``)."""
+    counts = layout_blocks(model, ex)
+    out, at = [], 0
+    for n in counts:
+        out.append(model.hybrid_pattern[at:at + n])
+        at += n
+    return "|".join(out)
 
 
 def settings(model, ex: Mapping) -> dict:
@@ -231,7 +351,13 @@ def settings(model, ex: Mapping) -> dict:
         s["model.expert_model_parallel_size"] = _get(ex, "expert_par")
         s["model.expert_tensor_parallel_size"] = _get(ex, "expert_tensor_par")
     v = ex.get("pipeline_interleaving", 1)
-    if _get(ex, "pipeline_layout") == "balanced":
+    if getattr(model, "hybrid_pattern", ""):
+        # HybridModel: the pattern's pipes are the split (arguments.py refuses
+        # the layout string, first/last stage sizes and the embedding/loss
+        # accounting next to pipes)
+        s["model.hybrid_layer_pattern"] = hybrid_pattern(model, ex)
+        s["model.virtual_pipeline_model_parallel_size"] = v if v > 1 else None
+    elif _get(ex, "pipeline_layout") == "balanced":
         s["model.pipeline_model_parallel_layout"] = _balanced_layout(model, ex)
     else:
         s["model.virtual_pipeline_model_parallel_size"] = v if v > 1 else None
@@ -264,7 +390,15 @@ def settings(model, ex: Mapping) -> dict:
     shard, whole_grads = bool(ex["optimizer_sharding"]), bool(_get(ex, "unsharded_grads"))
     ws = bool(_get(ex, "weight_sharding"))
     fsdp = shard and (ws or not whole_grads)
-    s["ddp.use_distributed_optimizer"] = shard and not fsdp
+    muon = _get(ex, "optimizer") == "muon"
+    # Muon's sharded state is Megatron-Core's layer-wise distributed optimizer
+    # (whole matrices per data-parallel rank): OptimizerConfig's
+    # use_layer_wise_distributed_optimizer, which Megatron-LM sets from
+    # --use-distributed-optimizer with an emerging optimizer (arguments.py
+    # validate_args, "emerging optimizer check")
+    s["ddp.use_distributed_optimizer"] = shard and not fsdp and not muon
+    if muon:
+        s["optimizer.use_layer_wise_distributed_optimizer"] = shard and not fsdp
     s["ddp.use_megatron_fsdp"] = fsdp
     if fsdp:
         s["ddp.data_parallel_sharding_strategy"] = "optim_grads_params" if ws else "optim_grads"
@@ -294,6 +428,14 @@ def settings(model, ex: Mapping) -> dict:
                                  "rowwise": "blockwise", "mxfp8": "mxfp8"}[fp8]
     if _get(ex, "optimizer") != "adam":
         s["optimizer.optimizer"] = _get(ex, "optimizer")      # OptimizerConfig.optimizer
+    if muon:
+        # Newton-Schulz of a tensor-parallel matrix spread over its TP ranks
+        # (OptimizerConfig.muon_tp_mode "distributed", emerging_optimizers.py
+        # newton_schulz_tp): each computes its share, as autopar counts it
+        # (autopar.model.optimizers); Megatron's default "duplicated" runs the
+        # whole matrix on every TP rank.  Five iterations (--muon-num-ns-steps
+        # default 5, autopar's NS_STEPS).
+        s["optimizer.muon_tp_mode"] = "distributed"
     first, last = _get(ex, "bf16_first_blocks"), _get(ex, "bf16_last_blocks")
     if fp8 != "none" and (first or last):
         # TransformerConfig.first_last_layers_bf16 with the counts
@@ -338,6 +480,11 @@ def model_settings(model, ex: Mapping) -> dict:
     s["model.gated_linear_unit"] = llama
     s["model.normalization"] = "RMSNorm" if llama else "LayerNorm"
     s["model.position_embedding_type"] = "rope" if llama else "learned_absolute"
+    if getattr(model, "hybrid_pattern", "") and not llama:
+        # a hybrid model's attention layers take no position embedding
+        # (Nemotron-H; Megatron-Bridge's HybridModelProvider default "none");
+        # autopar counts none for either block
+        s["model.position_embedding_type"] = "none"
     s["model.add_bias_linear"] = not llama
     if model.moe is not None:
         m = model.moe
@@ -362,6 +509,14 @@ def model_settings(model, ex: Mapping) -> dict:
         s["model.v_head_dim"] = a.v_head_dim
     if model.mtp:
         s["model.mtp_num_layers"] = model.mtp
+    mb = getattr(model, "mamba", None)
+    if getattr(model, "hybrid_pattern", "") and mb is not None:
+        # TransformerConfig.mamba_num_heads / mamba_head_dim / mamba_state_dim /
+        # mamba_num_groups (transformer_config.py)
+        s["model.mamba_num_heads"] = mb.heads
+        s["model.mamba_head_dim"] = mb.head_dim
+        s["model.mamba_state_dim"] = mb.state
+        s["model.mamba_num_groups"] = mb.groups
     return s
 
 
@@ -502,7 +657,13 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
                 r.fail("_num_procs", f"{n} GPUs do not divide by tensor x pipeline x context "
                        f"parallel sizes ({tp * pp * cp})")
             ex["data_par"] = n // (tp * pp * cp)
-    if r.has("model.pipeline_model_parallel_layout") and \
+    segments = _pattern_segments(r)
+    if segments is not None and len(segments) > 1:
+        # pipes: the split (a pattern without pipes on several stages is
+        # Megatron-Core's even or first/last split, read below:
+        # hybrid_layer_allocation.py select_pipeline_segment)
+        ex.update(_read_segments(r, segments, pp or 1))
+    elif r.has("model.pipeline_model_parallel_layout") and \
             r.v["model.pipeline_model_parallel_layout"] not in (None, "None", "null"):
         ex.update(_read_layout(r, "model.pipeline_model_parallel_layout", pp or 1,
                                model.get("num_blocks")))
@@ -552,7 +713,18 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
     if r.choice("model.fp4", ("e2m1",), None) is not None:
         r.choice("model.fp4_recipe", ("nvfp4",), "nvfp4")
         ex["fp8_recipe"] = "nvfp4"
-    put("optimizer", r.choice("optimizer.optimizer", ("adam", "sgd"), "adam" if d else None))
+    opt = r.choice("optimizer.optimizer", ("adam", "sgd", "muon", "dist_muon"),
+                   "adam" if d else None)
+    if opt == "dist_muon":
+        # deprecated spelling of muon with the layer-wise distributed optimizer
+        opt = "muon"
+        ex.update(optimizer_sharding=True, unsharded_grads=True, weight_sharding=False)
+    put("optimizer", opt)
+    if opt == "muon":
+        r.choice("optimizer.muon_tp_mode", ("blockwise", "duplicated", "distributed"), None)
+        if r.int("optimizer.muon_num_ns_steps", 5) != 5:
+            r.fail("optimizer.muon_num_ns_steps", "autopar counts Muon's five Newton-Schulz "
+                   "iterations, got " + str(r.v["optimizer.muon_num_ns_steps"]))
     if r.bool("model.first_last_layers_bf16", False):
         # Megatron's defaults for the counts are 1 each (arguments.py)
         ex["bf16_first_blocks"] = r.int("model.num_layers_at_start_in_bf16", 1, minimum=0)
@@ -640,6 +812,8 @@ def _read_sharding(r: Reader, ex: dict, d: bool) -> None:
     distopt = r.bool("ddp.use_distributed_optimizer", False if d else None)
     if distopt is None:
         distopt = r.bool("optimizer.use_distributed_optimizer", None)
+    if r.bool("optimizer.use_layer_wise_distributed_optimizer", False):
+        distopt = True          # Muon's layer-wise sharding of the optimizer state
     fsdp = r.bool("ddp.use_megatron_fsdp", False if d else None)
     if fsdp:
         strat = r.choice("ddp.data_parallel_sharding_strategy",
@@ -678,6 +852,24 @@ def _read_model(r: Reader) -> dict:
         v = r.int(key, None, minimum=0 if f in ("vocab_size", "mtp") else 1)
         if v is not None:
             m[f] = v
+    segments = _pattern_segments(r)
+    if segments is not None:
+        pattern = "".join(segments)
+        m["hybrid_override_pattern"] = pattern
+        m["num_blocks"] = len(pattern)
+        if "M" in pattern:
+            head_dim = r.int("model.mamba_head_dim", 64)
+            heads = r.int("model.mamba_num_heads", None)
+            if heads is None:
+                # MambaMixer: d_inner = expand (2) x hidden, heads = d_inner / head_dim
+                if "hidden" not in m:
+                    r.fail("model.mamba_num_heads", "needs the hidden size to derive it")
+                heads = 2 * m["hidden"] // head_dim
+            m["mamba"] = {"heads": heads, "head_dim": head_dim,
+                          "state": r.int("model.mamba_state_dim", 128),
+                          "groups": r.int("model.mamba_num_groups", 8),
+                          "conv_kernel": MAMBA_CONV_KERNEL,
+                          "chunk": r.int("model.mamba_chunk_size", MAMBA_CHUNK)}
     if "attn_size" not in m and "hidden" in m and m.get("attn_heads"):
         m["attn_size"] = m["hidden"] // m["attn_heads"]
     glu = r.bool("model.gated_linear_unit", None)
@@ -713,6 +905,59 @@ def _read_model(r: Reader) -> dict:
                     "qk_rope_head_dim": r.int("model.qk_pos_emb_head_dim", 64, minimum=0),
                     "v_head_dim": r.int("model.v_head_dim", 128)}
     return m
+
+
+def _pattern_key(r: Reader) -> str | None:
+    """The settings key of a hybrid model's layer pattern
+    (``model.hybrid_layer_pattern``, or the deprecated
+    ``hybrid_override_pattern``), None where there is none."""
+    return next((k for k in ("model.hybrid_layer_pattern", "model.hybrid_override_pattern")
+                 if r.v.get(k) not in (None, "None", "null")), None)
+
+
+def _pattern_segments(r: Reader) -> list[str] | None:
+    """A hybrid model's layer pattern split at its pipes, or None."""
+    key = _pattern_key(r)
+    if key is None:
+        return None
+    from autopar.io.specs import HYBRID_SYMBOLS
+    text = str(r.v[key]).replace(" ", "")
+    if "/" in text:
+        r.fail(key, "multi-token prediction patterns (/) are not modelled with hybrid models")
+    bad = sorted(set(text) - set(HYBRID_SYMBOLS) - {"|"})
+    if bad:
+        r.fail(key, f"autopar models the layer symbols {''.join(HYBRID_SYMBOLS)} "
+               f"(and | between stages), got {''.join(bad)!r}")
+    return text.split("|")
+
+
+def _read_segments(r: Reader, segments: list[str], pp: int) -> dict:
+    """A hybrid pattern's pipeline segments -> autopar's split fields: the
+    first of even, even with the embedding / loss counted, first / last
+    stage sizes, balanced, whose virtual stages hold these blocks."""
+    key = _pattern_key(r)
+    counts = [len(x) for x in segments]
+    if len(counts) % pp:
+        r.fail(key, f"has {len(counts)} pipeline segments, not a multiple of the pipeline "
+               f"size {pp}")
+    v, n = len(counts) // pp, sum(counts)
+    p_first = sum(counts[0::pp]) if pp > 1 else 0
+    p_last = sum(counts[pp - 1::pp]) if pp > 1 else 0
+    tries = [dict(embedding=e, loss=l_) for e in (False, True) for l_ in (False, True)]
+    tries += [dict(first=f, last=l_) for f in (p_first, 0) for l_ in (p_last, 0) if f or l_]
+    tries += [dict(balanced=True, embedding=e, loss=l_) for e in (False, True)
+              for l_ in (False, True)]
+    for t in tries:
+        if virtual_stage_blocks(n, pp, v, **t) == counts:
+            out = {"pipeline_interleaving": v,
+                   "pipeline_layout": "balanced" if t.get("balanced") else "even",
+                   "first_stage_blocks": t.get("first", 0),
+                   "last_stage_blocks": t.get("last", 0),
+                   "embedding_in_split": t.get("embedding", False),
+                   "loss_in_split": t.get("loss", False)}
+            return out
+    r.fail(key, f"is not a pipeline split autopar can represent: layers per virtual stage "
+           f"{counts}")
 
 
 def _first_dense(r: Reader, key: str) -> int:

@@ -1,5 +1,6 @@
 """``--format megatron``: a Megatron-LM launch script, ``torchrun ...
-pretrain_gpt.py`` with the layout's and the model's arguments.
+pretrain_gpt.py`` (a hybrid Mamba model: ``pretrain_hybrid.py``) with the
+layout's and the model's arguments.
 
 The settings are Megatron-Core's (``autopar.io.launch.mcore``), spelled as
 NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py names them: most
@@ -36,7 +37,13 @@ ARG_NAMES = {
     "model.gated_linear_unit": "--swiglu",
     "model.num_moe_experts": "--num-experts",
     "_num_procs": "NUM_GPUS",
+    # with an emerging optimizer (Muon) --use-distributed-optimizer is the
+    # layer-wise distributed optimizer (arguments.py validate_args)
+    "optimizer.use_layer_wise_distributed_optimizer": "--use-distributed-optimizer",
 }
+# the entry points: a GPT model, and a hybrid (Mamba) one (pretrain_mamba.py
+# is its deprecated wrapper, read as well)
+ENTRY, HYBRID_ENTRY = "pretrain_gpt.py", "pretrain_hybrid.py"
 # boolean settings whose argument turns a default-true attribute off
 OFF_FLAGS = {"model.masked_softmax_fusion": "--no-masked-softmax-fusion",
              "model.add_bias_linear": "--disable-bias-linear"}
@@ -78,9 +85,12 @@ def write(model, execution) -> str:
         raise SpecError("command line", "--format", why)
     s = mcore.settings(model, execution)
     args: list[str] = []
+    hybrid = bool(getattr(model, "hybrid_pattern", ""))
     for key, v in s.items():
         if key in SPECIAL or v is None:
             continue
+        if hybrid and key == "model.virtual_pipeline_model_parallel_size":
+            continue        # derived from the pattern's pipes (arguments.py refuses it)
         if isinstance(v, bool):
             if key in OFF_FLAGS:
                 if not v:
@@ -134,7 +144,8 @@ def write(model, execution) -> str:
         head.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # TP/CP before Blackwell")
     head += [f"NUM_GPUS={n}", "GPUS_PER_NODE=${GPUS_PER_NODE:-8}",
              'torchrun --nproc-per-node "$GPUS_PER_NODE" '
-             '--nnodes $((NUM_GPUS / GPUS_PER_NODE)) \\', "    pretrain_gpt.py \\"]
+             '--nnodes $((NUM_GPUS / GPUS_PER_NODE)) \\',
+             f"    {HYBRID_ENTRY if hybrid else ENTRY} \\"]
     body = [f"    {a} \\" for a in args]
     return "\n".join(head + body + ["    " + " ".join(runnable)]) + "\n"
 
@@ -167,7 +178,9 @@ def _arg_keys() -> dict:
         "model.moe_router_score_function", "model.moe_expert_capacity_factor",
         "model.kv_lora_rank", "model.q_lora_rank", "model.qk_head_dim",
         "model.qk_pos_emb_head_dim", "model.v_head_dim", "model.mtp_num_layers",
-        "model.seq_length", "checkpoint.ckpt_format"]
+        "model.seq_length", "checkpoint.ckpt_format", "model.hybrid_layer_pattern",
+        "model.mamba_num_heads", "model.mamba_head_dim", "model.mamba_state_dim",
+        "model.mamba_num_groups", "optimizer.muon_tp_mode", "optimizer.muon_num_ns_steps"]
     for k in names:
         keys[arg_name(k)] = (k, "value")
     for k in ("model.sequence_parallel", "model.tp_comm_overlap", "model.first_last_layers_bf16",
@@ -191,6 +204,7 @@ def _arg_keys() -> dict:
     keys["--recompute-activations"] = ("_recompute_activations", "on")
     keys["--disable-bias-linear"] = ("model.add_bias_linear", "off")
     keys["--group-query-attention"] = ("_group_query_attention", "on")
+    keys["--hybrid-override-pattern"] = ("model.hybrid_override_pattern", "value")
     return keys
 
 
@@ -298,6 +312,7 @@ def read(text: str, source: str = "megatron arguments") -> Imported:
 FORMAT = LaunchFormat(
     name=NAME, suffix=".sh", framework="megatron-core",
     refuse_model=refuse_model, refuse_space=refuse_space, refuse_layout=refuse_layout,
-    write=write, read=read, refuse_datatype=refuse_datatype, writes=mcore.writes,
-    describe="Megatron-LM launch script: torchrun ... pretrain_gpt.py with the layout's and "
-             "the model's arguments")
+    write=write, read=read, refuse_datatype=refuse_datatype, cut_space=mcore.cut_space,
+    writes=mcore.writes,
+    describe="Megatron-LM launch script: torchrun ... pretrain_gpt.py (pretrain_hybrid.py for "
+             "a hybrid Mamba model) with the layout's and the model's arguments")

@@ -86,6 +86,17 @@ EXPRESSIBLE = {
     # every block's linear layers; a job config's filter_fqns is not read)
     **RECIPE_EXPRESSIBLE,
 }
+# the framework's reasons for issue 28's recipe fields (torchtitan v0.2.2,
+# whose TOML autopar writes; HEAD b5bcd76 checked for what came later)
+WHY = {"optimizer": "torchtitan 0.2.2's build_optimizers has Adam and AdamW "
+                    "(torchtitan/components/optimizer.py); later releases add DistMuon, "
+                    "configured in Python, not TOML",
+       "adapter": "torchtitan 0.2.2 has no LoRA; later releases' LoRA converter "
+                  "(torchtitan/components/lora.py) is configured in Python, not TOML",
+       "fp8_recipe": "autopar writes its quantize converters as float8 tensorwise / "
+                     "rowwise and MX mxfp8 (quantize.linear.mx.recipe_name is a torchao "
+                     "recipe name; an fp4 training recipe of the torchao 0.2.2 pins was "
+                     "not checked)"}
 FP8 = {"tensorwise": ("quantize.linear.float8", "tensorwise"),
        "rowwise": ("quantize.linear.float8", "rowwise"),
        "mxfp8": ("quantize.linear.mx", "mxfp8_cublas")}
@@ -100,8 +111,8 @@ def refuse_model(model) -> str | None:
 
 def refuse_space(model, space) -> str | None:
     return refuse_model(model) or refuse_values(NAME, space, {
-        f: EXPRESSIBLE[f] for f in ("attention_impl", "fp32_grads", "activation_recompute",
-                                    "activations_offload")})
+        f: EXPRESSIBLE[f] for f in ("optimizer", "adapter", "attention_impl", "fp32_grads",
+                                    "activation_recompute", "activations_offload")}, WHY)
 
 
 def split_counts(model, ex) -> list[int]:
@@ -142,7 +153,7 @@ def infer_split(counts: list[int]) -> dict:
 
 def refuse_layout(model, execution) -> str | None:
     ex = full(execution)
-    why = refuse_fields(NAME, ex, EXPRESSIBLE)
+    why = refuse_fields(NAME, ex, EXPRESSIBLE, WHY)
     if why:
         return why
     tp, pp, dp, cp = ex["tensor_par"], ex["pipeline_par"], ex["data_par"], ex["context_par"]
