@@ -37,3 +37,55 @@ def test_a_row_whose_page_has_no_config_is_still_skipped():
     row["source"] = "github:pytorch/torchtitan benchmarks/some_other_page.md @b5bcd76c66"
     case = P._titan(pd.Series(row))
     assert isinstance(case, P.Skip) and case.reason == "sequence length not stated"
+
+
+def test_pipelined_fsdp_holds_whole_fp32_gradients_by_hand():
+    """FSDP2 under torch.distributed.pipelining: no gradient sync until the
+    step's last micro-batch, so every block of a stage keeps its whole fp32
+    gradient (memory_overhead.pipeline_grads "whole", torchtitan's); without
+    pipeline stages, or with "sharded", the count before."""
+    import dataclasses
+
+    import pytest
+
+    import autopar
+    from autopar.io.errors import SpecError
+    from autopar.io.frameworks import load_framework, with_framework
+    from autopar.io.specs import load_model, load_system
+
+    model = load_model("models/llama-13B.json")
+    titan = with_framework(load_system("systems/h100_96g_nvl8.json"),
+                           load_framework("torchtitan"))
+    assert titan.memory_overhead.pipeline_grads == "whole"
+    sharded = dataclasses.replace(titan, memory_overhead=dataclasses.replace(
+        titan.memory_overhead, pipeline_grads="sharded"))
+    from conftest import one_proc_execution
+    layout = {**one_proc_execution(), "num_procs": 16, "tensor_par": 2, "pipeline_par": 2, "data_par": 4,
+              "batch_size": 16, "microbatch_size": 1, "datatype": "bfloat16",
+              "activation_recompute": "full", "optimizer_sharding": True,
+              "weight_sharding": True, "fp32_grads": True,
+              "tensor_par_comm_type": "rs_ag", "training": True,
+              "pipeline_par_net": 1, "data_par_net": 1}
+    blocks = model.num_blocks / 2
+
+    def row(system, **kw):
+        return autopar.evaluate(model, system, [{**layout, **kw}]).iloc[0]
+
+    whole, before = row(titan), row(sharded)
+    one_block = whole.block_weight_grad_space_no_sharding
+    # fp32 gradients of one block's tensor-parallel shard
+    params = (before.block_weight_space * layout["data_par"]) / 2       # bf16 shards
+    assert one_block == pytest.approx(4 * params, rel=1e-9)
+    assert whole.weight_grad_space == pytest.approx(blocks * one_block, rel=1e-12)
+    assert before.weight_grad_space == pytest.approx(
+        one_block + (blocks - 1) * before.block_weight_grad_space, rel=1e-12)
+    assert whole.proc_mem_tier1_cap_req > before.proc_mem_tier1_cap_req
+    flat = {"pipeline_par": 1, "data_par": 8}
+    assert row(titan, **flat).proc_mem_tier1_cap_req == \
+        row(sharded, **flat).proc_mem_tier1_cap_req
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "memory_overhead": {"pipeline_grads": "some"}})
+    assert e.value.field == "memory_overhead.pipeline_grads"
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "memory_overhead": {"logits_kept": True}})
+    assert e.value.field == "memory_overhead.logits_kept"

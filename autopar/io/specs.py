@@ -201,6 +201,23 @@ class MemoryOverhead:
     # "unless_pipelined": "never" with pipeline stages, "always" without
     # (torchtitan's default policy).
     fsdp_reshard: str = "always"
+    # Weight sharding with pipeline stages: where a block's gradients are
+    # between the micro-batches of a step.  "sharded": reduce-scattered after
+    # each micro-batch's backward (the count without this field); "whole":
+    # no gradient sync until the step's last backward, so every block of the
+    # stage accumulates its whole (tensor-parallel shard of the) gradient in
+    # the reduce datatype (torch.distributed.pipelining's
+    # PipelineStage.backward_maybe_with_nosync turns FSDP2's gradient sync off
+    # for every backward but the last; FSDP2's
+    # FSDPParam.to_accumulated_grad_if_needed accumulates the unsharded
+    # gradient in reduce_dtype).
+    pipeline_grads: str = "sharded"
+    # When the working-datatype logits are alive at the loss's peak beside
+    # its fp32 copies: "always" (the count without this field); "pipelined":
+    # only with pipeline stages (torchtitan's train loop deletes the logits
+    # before backward; a pipeline stage caches its output until the
+    # micro-batch's backward).
+    logits_kept: str = "always"
 
 
 @dataclass(frozen=True)
@@ -291,6 +308,8 @@ SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhea
                          "memory_headroom")
 PROCESSING_MODES = ("roofline", "no_overlap")
 FSDP_RESHARD = ("always", "never", "unless_pipelined")
+PIPELINE_GRADS = ("sharded", "whole")
+LOGITS_KEPT = ("always", "pipelined")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
@@ -844,7 +863,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
-                         "autograd_inputs", "fsdp_reshard"))
+                         "autograd_inputs", "fsdp_reshard", "pipeline_grads",
+                         "logits_kept"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -861,8 +881,11 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
         c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
     autograd = c.bool(o.get("autograd_inputs", False), f"{path}.autograd_inputs")
     reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
+    grads = c.choice(o.get("pipeline_grads", "sharded"), f"{path}.pipeline_grads",
+                     PIPELINE_GRADS)
+    kept = c.choice(o.get("logits_kept", "always"), f"{path}.logits_kept", LOGITS_KEPT)
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard)
+                          reshard, grads, kept)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -911,6 +934,10 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["autograd_inputs"] = True
     if o.fsdp_reshard != "always":
         out["fsdp_reshard"] = o.fsdp_reshard
+    if o.pipeline_grads != "sharded":
+        out["pipeline_grads"] = o.pipeline_grads
+    if o.logits_kept != "always":
+        out["logits_kept"] = o.logits_kept
     return out
 
 

@@ -29,10 +29,11 @@ from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.block_inputs import ActivationSizes, BlockInputs, block_inputs
 from autopar.model.block_sums import BlockSums
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
-from autopar.model.context import LayoutContext
+from autopar.model.context import LayoutContext, masked
 from autopar.model.adapters import adapter_layers
 from autopar.model.optimizers import head_state_bytes
 from autopar.model.mamba import mamba_mixer
+from autopar.model.memory import whole_pipeline_grads
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
                                   fp8_gemm, gelu, layer, linear, residual, rotary, softmax,
@@ -387,6 +388,11 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         grad_b = b + (4.0 - b) * cols["fp32_grads"]
     # (grad_shards is 1 where the gradients stay whole: x / 1.0 is x)
     grads = grad_b / ctx.grad_shards
+    over = system.memory_overhead or MemoryOverhead()
+    whole = whole_pipeline_grads(over, stages, ctx)
+    if whole is not None:
+        # Whole gradients between a pipelined step's micro-batches.
+        grads = np.where(whole, grad_b, grads)
     # moments (autopar.model.optimizers: Adam's two) + master copy
     moments = head_state_bytes(ctx)
     optim_b = np.where(b < 4, moments + ctx.master_bytes, moments)
@@ -396,13 +402,18 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         trained = trained * ctx.trainable
     per_param = b + ctx.if_training(trained)
     matrix = params * per_param
-    over = system.memory_overhead or MemoryOverhead()
     whole = B * V / (1.0 if over.logits_gathered else tp)
     copy = ctx.if_training(whole * 4.0)
     copies = over.logits_fp32_copies * copy
     last = matrix * (1.0 + (stages == 1))        # both matrices on a single stage
     if mtp:
         last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * mtp * per_param
+    logits = whole * b
+    if over.logits_kept == "pipelined":
+        # The working-datatype logits are freed before the loss's backward
+        # unless a pipeline stage caches them as its output (the fp32 copies
+        # then stand for the whole peak).
+        logits = masked(logits, ~ctx.training | (stages > 1))
     return {"first": matrix, "last": last,
-            "logits": {"total": whole * b + copies, "fp32_copies": copies,
+            "logits": {"total": logits + copies, "fp32_copies": copies,
                        "fp32_copy": copy}}

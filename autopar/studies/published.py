@@ -460,6 +460,24 @@ def titan_config_seq(row) -> tuple[int, str] | None:
     return None
 
 
+# Pages whose torchtitan compiles the loss with the model when a run turns
+# compile on (torchtitan/components/loss.py build_cross_entropy_loss at
+# 820504e and e7c0cae): frameworks/torchtitan-compile.json.  At 9dec370 (the
+# December 2024 page) train.py leaves the loss eager ("compiling loss function
+# causes CUDA errors"): frameworks/torchtitan.json.
+TITAN_COMPILED_LOSS = ("asyncTP_llama3_h100_2025-06_torchtitan.md",
+                       "llama3-8b_h200_202506_trainy-whitefiber.md")
+
+
+def titan_framework(row) -> str:
+    """The framework file a torchtitan row ran under: ``torchtitan-compile``
+    where the run compiles and its commit compiles the loss too, else
+    ``torchtitan``."""
+    compiled = str(row.compile).strip() == "True"
+    page = any(p in str(row.source) for p in TITAN_COMPILED_LOSS)
+    return "torchtitan-compile" if compiled and page else "torchtitan"
+
+
 def _titan(row) -> PublishedCase | Skip:
     label = f"{row.table}: {row.model} {int(row.n_gpus)} GPUs"
     seq = int_or_none(row.seq_len)
@@ -473,7 +491,7 @@ def _titan(row) -> PublishedCase | Skip:
     if name is None:
         return Skip(f"no model file for {row.model}", label)
     m = model(name, seq_size=seq)
-    sy = system("h200" if "H200" in row.system else "h100_96g_nvl8", "torchtitan")
+    sy = system("h200" if "H200" in row.system else "h100_96g_nvl8", titan_framework(row))
     n = int(row.n_gpus)
     fsdp, tp, pp, cp = int(row.fsdp), int(row.tp), int(row.pp), int(row.cp)
     dp = n // (tp * pp * cp)
