@@ -89,3 +89,27 @@ def test_pipelined_fsdp_holds_whole_fp32_gradients_by_hand():
     with pytest.raises(SpecError) as e:
         load_framework({"name": "x", "memory_overhead": {"logits_kept": True}})
     assert e.value.field == "memory_overhead.logits_kept"
+
+
+def test_loss_peak_measured_with_torch_is_the_counted_one():
+    """benchmarks/memory_loss_torch.py: the eager loss (logits deleted before
+    backward / kept, as a pipeline stage does) and the compiled one, measured
+    on CPU, hold the bytes per logit element the framework specs count."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    pytest.importorskip("torch", reason="torch is not installed (optional extra 'measure')")
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("needs Linux's /proc to read the resident high-water mark")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import memory_loss_torch as ml
+
+    cases = ["eager", "eager-kept"] + (["compiled"] if shutil.which("g++") else [])
+    for case in cases:
+        got = ml.measure(case)
+        assert got == pytest.approx(ml.counted(case), abs=0.1), case
+    assert ml.counted("eager") == 12 and ml.counted("eager-kept") == 14
+    assert ml.counted("compiled") == 4
