@@ -113,3 +113,67 @@ def test_loss_peak_measured_with_torch_is_the_counted_one():
         assert got == pytest.approx(ml.counted(case), abs=0.1), case
     assert ml.counted("eager") == 12 and ml.counted("eager-kept") == 14
     assert ml.counted("compiled") == 4
+
+
+def test_op_policy_saves_counted_by_hand():
+    """torchtitan's per-op selective checkpointing keeps, per token of a
+    Llama block: its input, wq's and wv's outputs, the attention output (and
+    an fp32 log-sum-exp per head), w1's output and, eagerly, w2's
+    (memory_overhead.selective_saves); the model's own count otherwise."""
+    import dataclasses
+
+    import pytest
+
+    import autopar
+    from autopar.io.errors import SpecError
+    from autopar.io.frameworks import load_framework, with_framework
+    from autopar.io.specs import load_model, load_system
+    from conftest import one_proc_execution
+
+    m = load_model("models/llama3-8B.json")
+    hw = load_system("systems/h100_96g_nvl8.json")
+    ex = one_proc_execution(datatype="bfloat16", activation_recompute="mlp_only",
+                            microbatch_size=1, batch_size=8, attention_impl="flash_v2",
+                            fused_activation=True, num_procs=8, data_par=8,
+                            weight_sharding=True, optimizer_sharding=True)
+    h, kv, ff, heads = m.hidden, m.kv_heads * m.attn_size, m.feedforward, m.attn_heads
+    tokens = m.seq_size
+
+    def kept(name, **over):
+        s = with_framework(hw, load_framework(name))
+        if over:
+            s = dataclasses.replace(s, memory_overhead=dataclasses.replace(
+                s.memory_overhead, **over))
+        return autopar.evaluate(m, s, [ex]).iloc[0].block_act_storage_space
+
+    compiled = tokens * ((h + h + kv + h + ff) * 2 + heads * 4)
+    assert kept("torchtitan-compile") == pytest.approx(compiled, rel=1e-12)
+    assert kept("torchtitan-compile-blocks") == pytest.approx(compiled, rel=1e-12)
+    assert kept("torchtitan") == pytest.approx(compiled + tokens * h * 2, rel=1e-12)
+    layers = kept("torchtitan", selective_saves="layers")
+    assert layers != pytest.approx(compiled, rel=1e-3)
+    # full recompute is not selective: the policy does not apply
+    ex["activation_recompute"] = "full"
+    assert kept("torchtitan") == kept("torchtitan", selective_saves="layers")
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "memory_overhead": {"selective_saves": "op"}})
+    assert e.value.field == "memory_overhead.selective_saves"
+
+
+def test_op_policy_measured_with_torch_is_the_counted_one():
+    """benchmarks/memory_sac_torch.py: one Llama block under the per-op
+    policy, eager and compiled, measured on CPU: within 1% of the count."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    pytest.importorskip("torch", reason="torch is not installed (optional extra 'measure')")
+    if not Path("/proc/self/statm").exists():
+        pytest.skip("needs Linux's /proc to read the resident set")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import memory_sac_torch as ms
+
+    for mode in ["eager"] + (["compiled"] if shutil.which("g++") else []):
+        assert ms.measure_in_child(mode) == pytest.approx(ms.counted(mode), rel=0.01), mode

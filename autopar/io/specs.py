@@ -218,6 +218,15 @@ class MemoryOverhead:
     # before backward; a pipeline stage caches its output until the
     # micro-batch's backward).
     logits_kept: str = "always"
+    # What a block keeps under selective (mlp_only) recompute: "layers", the
+    # model's per-layer count (Megatron's selective MLP recompute; the count
+    # without this field); "op_eager" / "op_compiled": torchtitan's per-op
+    # policy (activation_checkpoint.selective_ac_option = "op"), which saves
+    # the outputs of the SDPA kernel, of the reduce-scatters and of every
+    # odd-numbered matmul of the block and recomputes everything else, run
+    # eagerly or under torch.compile (which drops the last matmul's output,
+    # no backward needs it): autopar.model.block.op_policy_saves.
+    selective_saves: str = "layers"
 
 
 @dataclass(frozen=True)
@@ -310,6 +319,7 @@ PROCESSING_MODES = ("roofline", "no_overlap")
 FSDP_RESHARD = ("always", "never", "unless_pipelined")
 PIPELINE_GRADS = ("sharded", "whole")
 LOGITS_KEPT = ("always", "pipelined")
+SELECTIVE_SAVES = ("layers", "op_eager", "op_compiled")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
@@ -864,7 +874,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
                          "autograd_inputs", "fsdp_reshard", "pipeline_grads",
-                         "logits_kept"))
+                         "logits_kept", "selective_saves"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -884,8 +894,10 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     grads = c.choice(o.get("pipeline_grads", "sharded"), f"{path}.pipeline_grads",
                      PIPELINE_GRADS)
     kept = c.choice(o.get("logits_kept", "always"), f"{path}.logits_kept", LOGITS_KEPT)
+    saves = c.choice(o.get("selective_saves", "layers"), f"{path}.selective_saves",
+                     SELECTIVE_SAVES)
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard, grads, kept)
+                          reshard, grads, kept, saves)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -938,6 +950,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["pipeline_grads"] = o.pipeline_grads
     if o.logits_kept != "always":
         out["logits_kept"] = o.logits_kept
+    if o.selective_saves != "layers":
+        out["selective_saves"] = o.selective_saves
     return out
 
 

@@ -76,6 +76,12 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
             seq.append((dropout(ctx, x.A_tp, **x.full), True))
         seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
     acc = accumulate(ctx, cols, seq, x.recompute_full)
+    if ctx.selective_saves != "layers" and not m.hybrid_pattern and m.mla is None \
+            and kind != "moe" and np.any(x.mlp_only):
+        rows = x.mlp_only & ctx.training
+        kept = op_policy_saves(ctx, x, eager=ctx.selective_saves == "op_eager")
+        acc = replace(acc, act_storage=np.where(rows, kept, acc.act_storage),
+                      act_storage_all=np.where(rows, kept, acc.act_storage_all))
     # The attention core's own times, which the K/V exchange can hide behind.
     attn_fw, attn_bw = ctx.zeros.copy(), ctx.zeros.copy()
     for L, present in core_layers:
@@ -87,6 +93,38 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
                           x.recompute_attn)
     return replace(acc, cp_fw_link=cx.fw_link, cp_fw_exp=cx.fw_exp, cp_bw_link=cx.bw_link,
                    cp_bw_exp=cx.bw_exp, cp_re_exp=cx.re_exp, cp_fw_size=cx.fw_size)
+
+
+def op_policy_saves(ctx: LayoutContext, x: BlockInputs, eager: bool):
+    """Bytes one dense block keeps for backward per micro-batch under
+    torchtitan's per-op selective activation checkpointing
+    (``memory_overhead.selective_saves``; pytorch/torchtitan
+    torchtitan/parallelisms/parallelize_llama.py ``_save_list`` and
+    ``_apply_ac_to_transformer_block`` at 9dec370, torchtitan/distributed/
+    activation_checkpoint.py now): the policy saves the outputs of the SDPA
+    kernels (the attention output and its fp32 log-sum-exp per head), of the
+    reduce-scatters and of every odd-numbered ``aten.mm`` of the block, and
+    recomputes every other op; the checkpoint's input is kept.  A Llama
+    block's matmuls run wq, wk, wv, wo, w1, w3, w2, so it keeps the block's
+    input, wq's and wv's outputs, the attention output, w1's output and,
+    run eagerly, w2's output (whole partial sums under tensor parallelism,
+    before their reduce-scatter); under torch.compile the partitioner drops
+    w2's output, which no backward reads.  With sequence parallelism the
+    input and the reduce-scatters' outputs are split over tensor_par.
+    Measured with PyTorch on CPU (benchmarks/memory_sac_torch.py):
+    tensor_par 1 only; float8's ``_scaled_mm`` is not ``aten.mm``, so the
+    count is the bf16 one."""
+    m = ctx.model
+    tp = ctx.tp
+    q = float(m.attn_heads) * float(m.attn_size) / tp
+    ff = float(m.feedforward) / tp
+    B = x.B
+    rs = masked(2.0 * B * float(m.hidden) / tp, ctx.tp_rs_ag & (tp > 1))
+    elems = x.A_tp + B * (q + x.kv_width + q + ff) + rs
+    if eager:
+        elems = elems + x.A
+    lse = B * float(m.attn_heads) / tp * 4.0
+    return elems * ctx.elem_bytes + lse
 
 
 def _hybrid_layer(ctx: LayoutContext, cols: dict, x: BlockInputs, kind: str):

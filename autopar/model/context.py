@@ -121,6 +121,8 @@ class LayoutContext:
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0
         # GEMM and router inputs counted as autograd keeps them (block, moe).
         self.autograd_inputs = bool(over is not None and over.autograd_inputs)
+        # What a block keeps under selective recompute (block.op_policy_saves).
+        self.selective_saves = over.selective_saves if over is not None else "layers"
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par

@@ -470,12 +470,15 @@ TITAN_COMPILED_LOSS = ("asyncTP_llama3_h100_2025-06_torchtitan.md",
 
 
 def titan_framework(row) -> str:
-    """The framework file a torchtitan row ran under: ``torchtitan-compile``
-    where the run compiles and its commit compiles the loss too, else
-    ``torchtitan``."""
-    compiled = str(row.compile).strip() == "True"
-    page = any(p in str(row.source) for p in TITAN_COMPILED_LOSS)
-    return "torchtitan-compile" if compiled and page else "torchtitan"
+    """The framework file a torchtitan row ran under: ``torchtitan`` where
+    the run does not compile; where it does, ``torchtitan-compile`` where
+    its commit compiles the loss too, else ``torchtitan-compile-blocks``
+    (9dec370: the blocks compiled, the loss eager)."""
+    if str(row.compile).strip() != "True":
+        return "torchtitan"
+    if any(p in str(row.source) for p in TITAN_COMPILED_LOSS):
+        return "torchtitan-compile"
+    return "torchtitan-compile-blocks"
 
 
 def _titan(row) -> PublishedCase | Skip:
