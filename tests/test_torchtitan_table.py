@@ -181,13 +181,48 @@ def test_op_policy_measured_with_torch_is_the_counted_one():
 
 def test_table_memory_held_where_counted():
     """Every torchtitan row is predicted to fit, and the peak-memory median
-    |error| stays at what the counted terms reach (5.1%; 14.4% before
-    issue 24's terms), no row worse than 15%."""
+    |error| stays at what the counted terms reach (6.2%; 14.4% before
+    issue 24's terms), no row worse than 22% (the 405B rows,
+    docs/validation.md)."""
     import numpy as np
 
     rows = P.predict(P.TABLES["torchtitan"], rank=False)
     assert (rows.status == "predicted").all() and rows.feasible.astype(bool).all()
     mem = rows.mem_error.dropna()
     assert len(mem) == 20
-    assert np.median(np.abs(mem)) <= 0.055
-    assert np.abs(mem).max() <= 0.15
+    assert np.median(np.abs(mem)) <= 0.065
+    assert np.abs(mem).max() <= 0.22
+
+
+def test_float8_weight_copy_counted_by_hand():
+    """Transformer Engine keeps a 1-byte quantized copy of each weight beside
+    the bf16 one (the count without the field); torchao's dynamic float8
+    (torchtitan's, memory_overhead.fp8_weight_copy false) keeps none."""
+    import dataclasses
+
+    import pytest
+
+    import autopar
+    from autopar.io.frameworks import load_framework, with_framework
+    from autopar.io.specs import load_model, load_system
+    from conftest import one_proc_execution
+
+    m = load_model("models/llama3-8B.json")
+    titan = with_framework(load_system("systems/h100_96g_nvl8.json"),
+                           load_framework("torchtitan"))
+    assert titan.memory_overhead.fp8_weight_copy is False
+    te = dataclasses.replace(titan, memory_overhead=dataclasses.replace(
+        titan.memory_overhead, fp8_weight_copy=True))
+    ex = one_proc_execution(datatype="bfloat16", activation_recompute="full",
+                            microbatch_size=1, batch_size=8, num_procs=8, data_par=8,
+                            weight_sharding=True, optimizer_sharding=True)
+
+    def weights(system, recipe):
+        return autopar.evaluate(m, system, [{**ex, "fp8_recipe": recipe}]).iloc[0] \
+            .block_weight_space
+
+    bf16 = weights(titan, "none")
+    assert weights(titan, "tensorwise") == pytest.approx(bf16, rel=1e-12)
+    # the linear layers' weights (all but the two norms), one byte each, sharded
+    linear = (bf16 * 8 / 2) - 2 * m.hidden
+    assert weights(te, "tensorwise") - bf16 == pytest.approx(linear / 8, rel=1e-9)

@@ -227,6 +227,12 @@ class MemoryOverhead:
     # eagerly or under torch.compile (which drops the last matmul's output,
     # no backward needs it): autopar.model.block.op_policy_saves.
     selective_saves: str = "layers"
+    # Whether an fp8 / fp4 recipe keeps the quantized copy of each weight
+    # beside the high-precision one (Transformer Engine's weight workspace,
+    # reused across micro-batches; the count without this field); False:
+    # the weight is cast at each use and the cast freed (torchao's dynamic
+    # float8 scaling, torchtitan's).
+    fp8_weight_copy: bool = True
 
 
 @dataclass(frozen=True)
@@ -874,7 +880,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
                          "autograd_inputs", "fsdp_reshard", "pipeline_grads",
-                         "logits_kept", "selective_saves"))
+                         "logits_kept", "selective_saves", "fp8_weight_copy"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -896,8 +902,9 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     kept = c.choice(o.get("logits_kept", "always"), f"{path}.logits_kept", LOGITS_KEPT)
     saves = c.choice(o.get("selective_saves", "layers"), f"{path}.selective_saves",
                      SELECTIVE_SAVES)
+    fp8_copy = c.bool(o.get("fp8_weight_copy", True), f"{path}.fp8_weight_copy")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard, grads, kept, saves)
+                          reshard, grads, kept, saves, fp8_copy)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -952,6 +959,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["logits_kept"] = o.logits_kept
     if o.selective_saves != "layers":
         out["selective_saves"] = o.selective_saves
+    if not o.fp8_weight_copy:
+        out["fp8_weight_copy"] = False
     return out
 
 
