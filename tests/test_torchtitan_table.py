@@ -155,6 +155,10 @@ def test_op_policy_saves_counted_by_hand():
     # full recompute is not selective: the policy does not apply
     ex["activation_recompute"] = "full"
     assert kept("torchtitan") == kept("torchtitan", selective_saves="layers")
+    # nor a block whose matmuls are not a Llama block's (GPT's GeLU MLP)
+    ex["activation_recompute"] = "mlp_only"
+    m = load_model("models/gpt3-5B.json")
+    assert kept("torchtitan") == kept("torchtitan", selective_saves="layers")
     with pytest.raises(SpecError) as e:
         load_framework({"name": "x", "memory_overhead": {"selective_saves": "op"}})
     assert e.value.field == "memory_overhead.selective_saves"

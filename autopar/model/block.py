@@ -76,8 +76,10 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
             seq.append((dropout(ctx, x.A_tp, **x.full), True))
         seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
     acc = accumulate(ctx, cols, seq, x.recompute_full)
-    if ctx.selective_saves != "layers" and not m.hybrid_pattern and m.mla is None \
-            and kind != "moe" and np.any(x.mlp_only):
+    if ctx.selective_saves != "layers" and x.llama and not m.hybrid_pattern \
+            and m.mla is None and kind != "moe" and np.any(x.mlp_only):
+        # (the policy's matmul order is a Llama block's: other blocks keep
+        # the model's own count)
         rows = x.mlp_only & ctx.training
         kept = op_policy_saves(ctx, x, eager=ctx.selective_saves == "op_eager")
         acc = replace(acc, act_storage=np.where(rows, kept, acc.act_storage),
@@ -427,10 +429,10 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     # (grad_shards is 1 where the gradients stay whole: x / 1.0 is x)
     grads = grad_b / ctx.grad_shards
     over = system.memory_overhead or MemoryOverhead()
-    whole = whole_pipeline_grads(over, stages, ctx)
-    if whole is not None:
+    whole_grads = whole_pipeline_grads(over, stages, ctx)
+    if whole_grads is not None:
         # Whole gradients between a pipelined step's micro-batches.
-        grads = np.where(whole, grad_b, grads)
+        grads = np.where(whole_grads, grad_b, grads)
     # moments (autopar.model.optimizers: Adam's two) + master copy
     moments = head_state_bytes(ctx)
     optim_b = np.where(b < 4, moments + ctx.master_bytes, moments)
