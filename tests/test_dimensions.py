@@ -315,13 +315,24 @@ def test_published_bars(reference):
     """The issue's bars on the dense tables: every published layout predicted
     to fit, median |tokens/s error| within 10% per table, B200 peak memory
     within 1% median (the Qwen3 MoE table, issue 14, is not held to them;
-    issue 24's llm-foundry and NeMo-Launcher tables are held to the first
-    only: their throughput is not yet within 10%, docs/validation.md)."""
+    issue 24's NeMo-Launcher table is held to the first only: its
+    throughput is not yet within 10%, docs/validation.md; so are
+    torchtitan's async-TP rows, mapped since issue 24 item 1 at their train
+    config's sequence length: 15.3% median, async TP's speed-up and float8
+    rowwise's baseline over-predicted, docs/validation.md, "torchtitan:
+    recipe defaults and memory, counted"; the table's other rows are held
+    to the 10%)."""
+    import numpy as np
+
     from autopar.studies.published import TABLES, cases, report
     summary, rows = report([n for n in TABLES if n != "bridge_qwen3_moe"], rank=False)
     assert (summary.feasible == summary.predicted).all(), summary
-    within = summary.drop(index=["llm_foundry_mpt", "nemo_launcher_a100"])
+    within = summary.drop(index=["nemo_launcher_a100", "torchtitan"])
     assert (within.median_abs_tok_error <= 0.10).all(), within.median_abs_tok_error
+    titan = rows["torchtitan"]
+    titan = titan[(titan.status == "predicted") & ~titan.label.str.startswith("asyncTP")]
+    assert len(titan) == 20
+    assert np.median(np.abs(titan.tok_error)) <= 0.10
     # issue 24's bar, 1% median; counted term by term 0.3% (tests/test_te_memory.py)
     assert summary.loc["simumax_b200", "median_abs_mem_error"] <= 0.004
     # NeMo's Llama 2 70B SFT on 16 GPUs (one data-parallel rank) fits because

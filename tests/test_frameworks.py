@@ -328,21 +328,41 @@ def test_torchtitan_checkpoints_split_over_tensor_ranks():
 
 
 def test_torchtitan_loss_counted_by_hand():
-    """torchtitan's loss casts the logits (its vocabulary shard) to fp32 and
-    runs PyTorch's cross entropy, whose log-softmax keeps an fp32 output:
-    two fp32 copies, one more than Megatron's in-place loss."""
+    """torchtitan's eager loss casts the logits (its vocabulary shard) to
+    fp32 and runs PyTorch's cross entropy: at its backward peak three fp32
+    copies are alive (the saved log-softmax, the nll gradient and the
+    log-softmax gradient) and, without pipeline stages, the bf16 logits are
+    already freed (train.py deletes them before backward).  Compiled
+    (torchtitan-compile), the loss keeps the bf16 logits and writes a bf16
+    gradient: half an fp32 copy beside them."""
     from autopar.io.specs import load_model
     model = load_model("models/llama-13B.json")
     hw = load_system("systems/h100_96g_nvl8.json")
-    titan = load_framework("torchtitan")
-    assert (titan.memory_overhead.logits_fp32_copies, titan.memory_overhead.logits_gathered) \
-        == (2.0, False)
-    two = _one_stage(model, with_framework(hw, titan))
-    one = _one_stage(model, dataclasses.replace(with_framework(hw, titan), memory_overhead=(
-        dataclasses.replace(titan.memory_overhead, logits_fp32_copies=1.0))))
     tokens, V, tp = 2 * model.seq_size, model.vocab_size, LAYOUT["tensor_par"]
-    assert two.proc_mem_tier1_cap_req - one.proc_mem_tier1_cap_req == \
-        pytest.approx(4 * tokens * V / tp, rel=1e-12)
+    unit = tokens * V / tp
+
+    def need(fw, **over):
+        o = dataclasses.replace(fw.memory_overhead, **over)
+        return _one_stage(model, dataclasses.replace(with_framework(hw, fw),
+                                                     memory_overhead=o)).proc_mem_tier1_cap_req
+
+    titan = load_framework("torchtitan")
+    o = titan.memory_overhead
+    assert (o.logits_fp32_copies, o.logits_gathered, o.logits_kept) == (3.0, False, "pipelined")
+    bare = need(titan, logits_fp32_copies=0.0, logits_kept="always")    # bf16 logits only
+    assert need(titan) - bare == pytest.approx((3 * 4 - 2) * unit, rel=1e-12)
+    assert need(titan, logits_kept="always") - bare == pytest.approx(3 * 4 * unit, rel=1e-12)
+    comp = load_framework("torchtitan-compile")
+    c = comp.memory_overhead
+    assert (c.logits_fp32_copies, c.logits_kept) == (0.5, "always")
+    assert need(comp) - bare == pytest.approx(2 * unit, rel=1e-12)
+    # everything else is torchtitan's but the compiled blocks' saves; the
+    # December 2024 compile (blocks compiled, loss eager) has torchtitan's loss
+    assert dataclasses.replace(c, logits_fp32_copies=3.0, logits_kept="pipelined",
+                               selective_saves="op_eager") == o
+    assert comp.defaults == titan.defaults and comp.options == titan.options
+    blocks = load_framework("torchtitan-compile-blocks")
+    assert blocks.memory_overhead == dataclasses.replace(o, selective_saves="op_compiled")
 
 
 def test_fsdp_reshard_policy_counted_by_hand():

@@ -235,6 +235,38 @@ class MemoryOverhead:
     # attention/dot_product_attention/context_parallel.py
     # AttnFuncWithCPAndQKVOA2A, ``out_part``).  False: one copy.
     cp_a2a_output_copy: bool = False
+    # Weight sharding with pipeline stages: where a block's gradients are
+    # between the micro-batches of a step.  "sharded": reduce-scattered after
+    # each micro-batch's backward (the count without this field); "whole":
+    # no gradient sync until the step's last backward, so every block of the
+    # stage accumulates its whole (tensor-parallel shard of the) gradient in
+    # the reduce datatype (torch.distributed.pipelining's
+    # PipelineStage.backward_maybe_with_nosync turns FSDP2's gradient sync off
+    # for every backward but the last; FSDP2's
+    # FSDPParam.to_accumulated_grad_if_needed accumulates the unsharded
+    # gradient in reduce_dtype).
+    pipeline_grads: str = "sharded"
+    # When the working-datatype logits are alive at the loss's peak beside
+    # its fp32 copies: "always" (the count without this field); "pipelined":
+    # only with pipeline stages (torchtitan's train loop deletes the logits
+    # before backward; a pipeline stage caches its output until the
+    # micro-batch's backward).
+    logits_kept: str = "always"
+    # What a block keeps under selective (mlp_only) recompute: "layers", the
+    # model's per-layer count (Megatron's selective MLP recompute; the count
+    # without this field); "op_eager" / "op_compiled": torchtitan's per-op
+    # policy (activation_checkpoint.selective_ac_option = "op"), which saves
+    # the outputs of the SDPA kernel, of the reduce-scatters and of every
+    # odd-numbered matmul of the block and recomputes everything else, run
+    # eagerly or under torch.compile (which drops the last matmul's output,
+    # no backward needs it): autopar.model.block.op_policy_saves.
+    selective_saves: str = "layers"
+    # Whether an fp8 / fp4 recipe keeps the quantized copy of each weight
+    # beside the high-precision one (Transformer Engine's weight workspace,
+    # reused across micro-batches; the count without this field); False:
+    # the weight is cast at each use and the cast freed (torchao's dynamic
+    # float8 scaling, torchtitan's).
+    fp8_weight_copy: bool = True
 
 
 @dataclass(frozen=True)
@@ -350,6 +382,9 @@ SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhea
 PROCESSING_MODES = ("roofline", "no_overlap")
 FSDP_RESHARD = ("always", "never", "unless_pipelined")
 BACKWARD_TRANSIENT = ("block", "op")
+PIPELINE_GRADS = ("sharded", "whole")
+LOGITS_KEPT = ("always", "pipelined")
+SELECTIVE_SAVES = ("layers", "op_eager", "op_compiled")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
 NETWORK_OPS = ("p2p", "reduce_scatter", "all_gather", "all_reduce")
@@ -905,7 +940,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
                          "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
                          "backward_transient", "moe_probs_in_activation",
-                         "cp_a2a_output_copy"))
+                         "cp_a2a_output_copy", "pipeline_grads",
+                         "logits_kept", "selective_saves", "fp8_weight_copy"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -927,8 +963,17 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          BACKWARD_TRANSIENT)
     probs = c.bool(o.get("moe_probs_in_activation", False), f"{path}.moe_probs_in_activation")
     a2a_copy = c.bool(o.get("cp_a2a_output_copy", False), f"{path}.cp_a2a_output_copy")
+    grads = c.choice(o.get("pipeline_grads", "sharded"), f"{path}.pipeline_grads",
+                     PIPELINE_GRADS)
+    kept = c.choice(o.get("logits_kept", "always"), f"{path}.logits_kept", LOGITS_KEPT)
+    saves = c.choice(o.get("selective_saves", "layers"), f"{path}.selective_saves",
+                     SELECTIVE_SAVES)
+    fp8_copy = c.bool(o.get("fp8_weight_copy", True), f"{path}.fp8_weight_copy")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard, dummy, transient, probs, a2a_copy)
+                          reshard, dummy_wgrad=dummy, backward_transient=transient,
+                          moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
+                          pipeline_grads=grads, logits_kept=kept, selective_saves=saves,
+                          fp8_weight_copy=fp8_copy)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -1010,6 +1055,14 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["moe_probs_in_activation"] = True
     if o.cp_a2a_output_copy:
         out["cp_a2a_output_copy"] = True
+    if o.pipeline_grads != "sharded":
+        out["pipeline_grads"] = o.pipeline_grads
+    if o.logits_kept != "always":
+        out["logits_kept"] = o.logits_kept
+    if o.selective_saves != "layers":
+        out["selective_saves"] = o.selective_saves
+    if not o.fp8_weight_copy:
+        out["fp8_weight_copy"] = False
     return out
 
 

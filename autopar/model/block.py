@@ -29,10 +29,11 @@ from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.block_inputs import ActivationSizes, BlockInputs, block_inputs
 from autopar.model.block_sums import BlockSums
 from autopar.model.communication import context_exchange, tp_collective, tp_overlapped_linear
-from autopar.model.context import LayoutContext
+from autopar.model.context import LayoutContext, masked
 from autopar.model.adapters import adapter_layers
 from autopar.model.optimizers import head_state_bytes
 from autopar.model.mamba import mamba_mixer
+from autopar.model.memory import whole_pipeline_grads
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
                                   fp8_gemm, gelu, layer, linear, residual, rotary, softmax,
@@ -77,6 +78,14 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
             seq.append((dropout(ctx, x.A_tp, **x.full), True))
         seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
     acc = accumulate(ctx, cols, seq, x.recompute_full)
+    if ctx.selective_saves != "layers" and x.llama and not m.hybrid_pattern \
+            and m.mla is None and kind != "moe" and np.any(x.mlp_only):
+        # (the policy's matmul order is a Llama block's: other blocks keep
+        # the model's own count)
+        rows = x.mlp_only & ctx.training
+        kept = op_policy_saves(ctx, x, eager=ctx.selective_saves == "op_eager")
+        acc = replace(acc, act_storage=np.where(rows, kept, acc.act_storage),
+                      act_storage_all=np.where(rows, kept, acc.act_storage_all))
     # The attention core's own times, which the K/V exchange can hide behind.
     attn_fw, attn_bw = ctx.zeros.copy(), ctx.zeros.copy()
     for L, present in core_layers:
@@ -142,6 +151,38 @@ def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
         kept_next = np.where(present, np.where(L["stored"], L["act_b"], 0.0), kept_next)
     return {"dummy_attn": dummy(attn_layers), "dummy_rest": dummy(rest_layers),
             "op_grads": op}
+
+
+def op_policy_saves(ctx: LayoutContext, x: BlockInputs, eager: bool):
+    """Bytes one dense block keeps for backward per micro-batch under
+    torchtitan's per-op selective activation checkpointing
+    (``memory_overhead.selective_saves``; pytorch/torchtitan
+    torchtitan/parallelisms/parallelize_llama.py ``_save_list`` and
+    ``_apply_ac_to_transformer_block`` at 9dec370, torchtitan/distributed/
+    activation_checkpoint.py now): the policy saves the outputs of the SDPA
+    kernels (the attention output and its fp32 log-sum-exp per head), of the
+    reduce-scatters and of every odd-numbered ``aten.mm`` of the block, and
+    recomputes every other op; the checkpoint's input is kept.  A Llama
+    block's matmuls run wq, wk, wv, wo, w1, w3, w2, so it keeps the block's
+    input, wq's and wv's outputs, the attention output, w1's output and,
+    run eagerly, w2's output (whole partial sums under tensor parallelism,
+    before their reduce-scatter); under torch.compile the partitioner drops
+    w2's output, which no backward reads.  With sequence parallelism the
+    input and the reduce-scatters' outputs are split over tensor_par.
+    Measured with PyTorch on CPU (benchmarks/memory_sac_torch.py):
+    tensor_par 1 only; float8's ``_scaled_mm`` is not ``aten.mm``, so the
+    count is the bf16 one."""
+    m = ctx.model
+    tp = ctx.tp
+    q = float(m.attn_heads) * float(m.attn_size) / tp
+    ff = float(m.feedforward) / tp
+    B = x.B
+    rs = masked(2.0 * B * float(m.hidden) / tp, ctx.tp_rs_ag & (tp > 1))
+    elems = x.A_tp + B * (q + x.kv_width + q + ff) + rs
+    if eager:
+        elems = elems + x.A
+    lse = B * float(m.attn_heads) / tp * 4.0
+    return elems * ctx.elem_bytes + lse
 
 
 def _hybrid_layer(ctx: LayoutContext, cols: dict, x: BlockInputs, kind: str):
@@ -444,6 +485,11 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         grad_b = b + (4.0 - b) * cols["fp32_grads"]
     # (grad_shards is 1 where the gradients stay whole: x / 1.0 is x)
     grads = grad_b / ctx.grad_shards
+    over = system.memory_overhead or MemoryOverhead()
+    whole_grads = whole_pipeline_grads(over, stages, ctx)
+    if whole_grads is not None:
+        # Whole gradients between a pipelined step's micro-batches.
+        grads = np.where(whole_grads, grad_b, grads)
     # moments (autopar.model.optimizers: Adam's two) + master copy
     moments = head_state_bytes(ctx)
     optim_b = np.where(b < 4, moments + ctx.master_bytes, moments)
@@ -453,7 +499,6 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         trained = trained * ctx.trainable
     per_param = b + ctx.if_training(trained)
     matrix = params * per_param
-    over = system.memory_overhead or MemoryOverhead()
     whole = B * V / (1.0 if over.logits_gathered else tp)
     copy = ctx.if_training(whole * 4.0)
     copies = over.logits_fp32_copies * copy
@@ -468,9 +513,15 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         # the embedding's gradient is a plain one, freed after it is added.
         dummy = ctx.if_training(params * b)
         last = last + (dummy * ctx.trainable if ctx.frozen is not None else dummy)
+    logits = whole * b
+    if over.logits_kept == "pipelined":
+        # The working-datatype logits are freed before the loss's backward
+        # unless a pipeline stage caches them as its output (the fp32 copies
+        # then stand for the whole peak).
+        logits = masked(logits, ~ctx.training | (stages > 1))
     return {"first": matrix, "last": last,
             # (the output layer's input gradient: its op in backward, the
             # logits' gradient being the logits, in place)
             "op_grads": ctx.if_training(B * ctx.model.hidden * b),
-            "logits": {"total": whole * b + copies, "fp32_copies": copies,
+            "logits": {"total": logits + copies, "fp32_copies": copies,
                        "fp32_copy": copy}}

@@ -134,6 +134,10 @@ class LayoutContext:
         self.autograd_inputs = bool(over is not None and over.autograd_inputs)
         self.moe_probs_in_activation = bool(over is not None and over.moe_probs_in_activation)
         self.cp_a2a_output_copy = bool(over is not None and over.cp_a2a_output_copy)
+        # What a block keeps under selective recompute (block.op_policy_saves).
+        self.selective_saves = over.selective_saves if over is not None else "layers"
+        # Whether the fp8 / fp4 recipes keep a quantized copy of each weight.
+        self.fp8_weight_copy = over.fp8_weight_copy if over is not None else True
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par

@@ -233,7 +233,8 @@ def fp8_gemm(ctx, L: dict) -> dict:
     per_w = w_reads * b + w_write
     L["mem_fw"] = L["mem_fw"] + per_act * L["inputs"] + per_w * L["weight"]
     L["mem_agrad"] = L["mem_agrad"] + per_act * L["act_grads"]
-    L["weight_b"] = L["weight_b"] + L["weight"] * copy_b
+    if ctx.fp8_weight_copy:
+        L["weight_b"] = L["weight_b"] + L["weight"] * copy_b
     # The input kept for the weight gradient is its quantized cast, in the one
     # orientation the weight-gradient GEMM reads (Transformer Engine drops
     # the row-wise data of a saved quantized input: update_usage(rowwise=False)).

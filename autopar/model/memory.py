@@ -201,6 +201,12 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     # (the last stage's output layer runs its own op in backward)
     act_grad_last = np.maximum(act_grad, head["op_grads"]) if by_op else act_grad
     wgrad_space = ctx.if_training(sums.wgrad_space_full + sums.wgrad_space * (blocks - 1))
+    whole = whole_pipeline_grads(overhead, sched.stages, ctx)
+    if whole is not None:
+        # Every block of the stage holds its whole gradient between the
+        # step's micro-batches (no sync until the last backward).
+        wgrad_space = pick(whole, ctx.if_training(sums.wgrad_space_full * blocks),
+                           wgrad_space)
     optimizer_space = ctx.if_training(sums.optimizer_space * blocks)
     # With offloading, tier 1 keeps two blocks' worth (double buffering).
     weight_min = sums.weight_space * 2
@@ -264,6 +270,22 @@ def kept_gathered(overhead, sched: Schedule, ctx: LayoutContext):
         return None
     keep = ctx.training if policy == "never" else ctx.training & (sched.stages > 1)
     return keep if np.any(keep) else None
+
+
+def whole_pipeline_grads(overhead, stages, ctx: LayoutContext):
+    """The rows whose framework keeps each block's whole gradient (in the
+    reduce datatype) from the step's first micro-batch backward to its last:
+    weight-sharded rows with pipeline ``stages`` under
+    ``memory_overhead.pipeline_grads`` ``whole`` (torch.distributed.pipelining
+    ``PipelineStage.backward_maybe_with_nosync``: FSDP2's gradient sync off
+    for every micro-batch's backward but the last, FSDP2's
+    ``FSDPParam.to_accumulated_grad_if_needed`` accumulating the unsharded
+    gradient in ``reduce_dtype``); None where no row does (``sharded``, the
+    default: the count before)."""
+    if getattr(overhead, "pipeline_grads", "sharded") != "whole":
+        return None
+    rows = ctx.training & (stages > 1) & (ctx.weight_shards > 1)
+    return rows if np.any(rows) else None
 
 
 # The parts of the need on tier 1 that a system's memory_overhead acts on

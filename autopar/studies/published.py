@@ -464,19 +464,70 @@ TITAN_MODELS = {"Llama 3.1 8B": "llama3-8B", "Llama 3 8B": "llama3-8B",
                 "Llama 3.1 405B": "llama3-405B"}
 
 
+# What the recipe applies when a run does not say (issue 24 item 1): the
+# train config a benchmark page ran, read at the torchtitan commit the page
+# cites (``git show <commit>:torchtitan/models/llama3/train_configs/<toml>``):
+# page (by the CSV's ``source``) -> (commit, {model: (toml, training.seq_len)}).
+# The async-TP page (June 2025) names commit 820504e and the Llama 3 8B / 70B
+# runs; the Trainy page ran llama3_8b.toml at e7c0cae.  Both tomls say
+# seq_len = 8192 at both commits.  (The December 2024 page's rows state 8192
+# in the CSV already, read from the configs at 9dec370.)
+TITAN_CONFIG_SEQ = {
+    "asyncTP_llama3_h100_2025-06_torchtitan.md": (
+        "820504e", {"Llama 3 8B": ("llama3_8b.toml", 8192),
+                    "Llama 3 70B": ("llama3_70b.toml", 8192)}),
+    "llama3-8b_h200_202506_trainy-whitefiber.md": (
+        "e7c0cae", {"Llama 3.1 8B": ("llama3_8b.toml", 8192)}),
+}
+
+
+def titan_config_seq(row) -> tuple[int, str] | None:
+    """The sequence length a torchtitan row ran with where the row does not
+    state it: its page's train config at the cited commit
+    (``TITAN_CONFIG_SEQ``), with the note saying so; None where the page has
+    no config to read."""
+    for page, (commit, tomls) in TITAN_CONFIG_SEQ.items():
+        if page in str(row.source) and row.model in tomls:
+            toml, seq = tomls[row.model]
+            return seq, f"seq {seq} from {toml} @{commit}"
+    return None
+
+
+# Pages whose torchtitan compiles the loss with the model when a run turns
+# compile on (torchtitan/components/loss.py build_cross_entropy_loss at
+# 820504e and e7c0cae): frameworks/torchtitan-compile.json.  At 9dec370 (the
+# December 2024 page) train.py leaves the loss eager ("compiling loss function
+# causes CUDA errors"): frameworks/torchtitan.json.
+TITAN_COMPILED_LOSS = ("asyncTP_llama3_h100_2025-06_torchtitan.md",
+                       "llama3-8b_h200_202506_trainy-whitefiber.md")
+
+
+def titan_framework(row) -> str:
+    """The framework file a torchtitan row ran under: ``torchtitan`` where
+    the run does not compile; where it does, ``torchtitan-compile`` where
+    its commit compiles the loss too, else ``torchtitan-compile-blocks``
+    (9dec370: the blocks compiled, the loss eager)."""
+    if str(row.compile).strip() != "True":
+        return "torchtitan"
+    if any(p in str(row.source) for p in TITAN_COMPILED_LOSS):
+        return "torchtitan-compile"
+    return "torchtitan-compile-blocks"
+
+
 def _titan(row) -> PublishedCase | Skip:
     label = f"{row.table}: {row.model} {int(row.n_gpus)} GPUs"
     seq = int_or_none(row.seq_len)
     if seq is None:
-        if str(row.table).startswith("Trainy"):
-            seq = 8192          # llama3_8b.toml's seq_len
-        else:
+        from_config = titan_config_seq(row)
+        if from_config is None:
             return Skip("sequence length not stated", label)
+        seq, note = from_config
+        label = f"{label} [{note}]"
     name = TITAN_MODELS.get(row.model)
     if name is None:
         return Skip(f"no model file for {row.model}", label)
     m = model(name, seq_size=seq)
-    sy = system("h200" if "H200" in row.system else "h100_96g_nvl8", "torchtitan")
+    sy = system("h200" if "H200" in row.system else "h100_96g_nvl8", titan_framework(row))
     n = int(row.n_gpus)
     fsdp, tp, pp, cp = int(row.fsdp), int(row.tp), int(row.pp), int(row.cp)
     dp = n // (tp * pp * cp)
