@@ -374,5 +374,5 @@ def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
         else:
             if s.dtype.kind not in "iu":
                 raise SpecError(source, f, f"expected integers, got {s.dtype}")
-            cols[f] = s.to_numpy().astype(np.int64, copy=False)
+            cols[f] = s.to_numpy().astype(np.int64)
     return cols
