@@ -22,6 +22,7 @@ def _expected(values, choices):
     ["none"] * 49 + ["full"],                         # differs only in the last row
     ["full"] + ["none"] * 49,                         # differs only in the first row
     ["attn_only"] * 20 + ["mlp_only"] * 30,           # lengths 9 and 8
+    ["full"] * 13 + ["none"] * 37,                    # chunked: one value per chunk
     ["none"] * 10 + ["nonex"] + ["none"] * 9,         # an unknown value among known ones
     ["nonx"] * 50,                                    # one unknown value
 ])
