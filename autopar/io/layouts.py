@@ -300,16 +300,55 @@ def execution_from_row(row) -> dict:
 
 
 def _string_codes(series, choices) -> np.ndarray:
-    """Codes of a column of strings (-1 for unknown values), vectorised."""
+    """Codes (int8) of a column of strings (-1 for unknown values), vectorised.
+
+    A column of one repeated string (an extension field left at its default,
+    or a field the table fixes) costs one comparison of its bytes instead of
+    a lookup per row, and comes back as a read-only view of its one code (as
+    ``autopar.model.rules.normalize`` gives a field the table lacks); any
+    other column is looked up by Arrow's hash (``pyarrow.compute.index_in``).
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
     try:
         arr = pa.array(series.array if hasattr(series, "array") else series, from_pandas=True)
+        one = _repeated_string(arr)
+        if one is not None:
+            code = choices.index(one) if one in choices else -1
+            return np.broadcast_to(np.int8(code), (len(arr),))
         codes = pc.index_in(arr, value_set=pa.array(list(choices)))
-        return np.asarray(codes.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        return np.asarray(codes.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int8)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         import pandas as pd
-        return np.asarray(pd.Categorical(series, categories=list(choices)).codes, dtype=np.int64)
+        return np.asarray(pd.Categorical(series, categories=list(choices)).codes, dtype=np.int8)
+
+
+def _repeated_string(arr):
+    """The one string every row of the Arrow string array (or chunked array)
+    ``arr`` holds, or None (nulls, several values, another type, no rows):
+    equal lengths (from the offsets) and every row's bytes equal to the
+    first row's."""
+    import pyarrow as pa
+    chunks = [c for c in (arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]) if len(c)]
+    value = None
+    for c in chunks:
+        if c.null_count or not (pa.types.is_string(c.type) or pa.types.is_large_string(c.type)):
+            return None
+        n = len(c)
+        wide = np.int64 if pa.types.is_large_string(c.type) else np.int32
+        off = np.frombuffer(c.buffers()[1], dtype=wide)[c.offset:c.offset + n + 1]
+        width = int(off[1] - off[0])
+        if int(off[-1] - off[0]) != width * n or not (np.diff(off) == width).all():
+            return None
+        if width:
+            data = np.frombuffer(c.buffers()[2], dtype=np.uint8)[off[0]:off[-1]]
+            if not (data[width:] == data[:-width]).all():
+                return None
+        first = c[0].as_py()
+        if value is not None and first != value:
+            return None
+        value = first
+    return value
 
 
 def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
@@ -339,7 +378,7 @@ def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
                     bad = s.iloc[int(np.flatnonzero(codes < 0)[0])]
                     raise SpecError(source, f, f"unknown value {bad!r} "
                                                f"(one of: {', '.join(CHOICES[f])})")
-                cols[f] = codes.astype(np.int8)
+                cols[f] = codes
         elif f in BOOL_FIELDS:
             if s.dtype.kind != "b":
                 raise SpecError(source, f, f"expected booleans, got {s.dtype}")
