@@ -238,16 +238,47 @@ def test_shipped_errors_are_what_the_command_writes(reference):
             assert a["sigma"] == pytest.approx(b["sigma"], abs=1e-9), (fam, kind)
 
 
-def test_left_out_constant_falls_back_to_its_default(reference):
+def test_left_out_moe_host_time_is_refitted_on_the_second_table(reference):
+    # MOE_HOST_S is fitted on two Bridge rows; left out of the Bridge table
+    # it is refitted on SimuMax's DeepSeek rows (another framework release,
+    # dispatcher and system), not dropped to 0.
     from autopar.studies import crossval as X
     from autopar.studies import published as P
+    from autopar.studies import published_moe as M
     t, fallbacks = X.left_out_transform("bridge_qwen3_moe")
-    assert fallbacks and "0 ms" in fallbacks[0]
+    refit, scores = M.fit_simumax_host_time()
+    assert fallbacks and "refitted on simumax_b200" in fallbacks[0]
+    assert f"{1e3 * refit:.2f} ms" in fallbacks[0]
+    # the refit is a real minimum of the DeepSeek rows' error, inside the grid
+    assert 0 < refit < max(scores) and scores[refit] < scores[0.0] - 0.05
     c = next(c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
              if isinstance(c, P.PublishedCase))
-    assert c.system.time_overhead.moe_block_s > 0
-    assert t(c).system.time_overhead.moe_block_s == 0
+    assert c.system.time_overhead.moe_block_s == M.MOE_HOST_S
+    assert t(c).system.time_overhead.moe_block_s == refit != M.MOE_HOST_S
     assert X.left_out_transform("nemo_h100") == (None, [])
+
+
+def test_b200_system_holds_no_fitted_constant_and_ratios_reached(reference):
+    # systems/b200_nvl8_megatron.json is SimuMax's measured B200 kernels and
+    # collectives (benchmarks/simumax_b200_system.py), not fitted on the
+    # simumax_b200 step times: nothing to refit, left out == in sample.
+    from autopar.studies import crossval as X
+    assert X.left_out_transform("simumax_b200") == (None, [])
+    assert not any("b200" in f.name for f in X.FITTED)
+    cv = X.cross_validate(["simumax_b200", "bridge_qwen3_moe", "torchtitan", "mcore_h100"])
+    sim = cv.table.loc["simumax_b200"]
+    assert sim.ratio_median_tok == 1.0 and sim.in_median_tok <= 0.075
+    # the Bridge table's left-out error with the host time refitted on the
+    # DeepSeek rows: 2.4x its in-sample (5.4x when it fell back to 0 ms);
+    # the issue's 1.5x bar is not met yet (docs/validation.md).
+    br = cv.table.loc["bridge_qwen3_moe"]
+    assert br.in_median_tok <= 0.06 and br.ratio_median_tok < 3.0
+    # the two constants no source replaced yet: still above the bar, held
+    # where they are (torchtitan 5.9x with the page's 2.4 TB/s HBM, 7.6x
+    # before; mcore's micro-batch 2.8x)
+    assert cv.table.loc["torchtitan"].ratio_median_tok < 6.5
+    assert cv.table.loc["mcore_h100"].ratio_median_tok < 3.0
+    assert (cv.table.ratio_median_tok > 1.5).sum() == 3
 
 
 @pytest.mark.parametrize("top_n", [5, 3000])

@@ -54,25 +54,41 @@ BRIDGE_FIT_ROWS = r"^26\.04\.01 DGX-(GB200|B200) "
 BRIDGE_HOST_GRID = tuple(round(0.00025 * i, 5) for i in range(25))   # 0 to 6 ms
 
 
-def fit_bridge_host_time(grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
+def fit_host_time(cases, grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
     """The grid value of the exposed host time per MoE block that minimises
-    the mean |tokens/s error| on the fit rows, and that mean for every grid
+    the mean |tokens/s error| on ``cases``, and that mean for every grid
     value (the ties go to the smaller value)."""
-    import re
-
     from autopar.model import evaluate_one
-    rows = [c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
-            if isinstance(c, P.PublishedCase) and re.match(BRIDGE_FIT_ROWS, c.label)]
     scores = {}
     for h in grid:
         errs = []
-        for c in rows:
+        for c in cases:
             s = evaluate_one(c.model, with_moe_host_time(c.system, h), c.execution)
             tok = s["sample_rate"] * c.model.seq_size / c.execution["num_procs"]
             errs.append(abs(tok / c.measured["tokens_per_s_per_gpu"] - 1))
         scores[h] = sum(errs) / len(errs)
     best = min(scores, key=lambda h: (round(scores[h], 6), h))
     return best, scores
+
+
+def fit_bridge_host_time(grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
+    """``fit_host_time`` on the ``BRIDGE_FIT_ROWS`` of the Bridge table: how
+    ``MOE_HOST_S`` was fitted."""
+    import re
+
+    rows = [c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
+            if isinstance(c, P.PublishedCase) and re.match(BRIDGE_FIT_ROWS, c.label)]
+    return fit_host_time(rows, grid)
+
+
+def fit_simumax_host_time(grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
+    """``fit_host_time`` on SimuMax's 12 DeepSeek-V2/V3 rows (Megatron-LM's
+    all-to-all dispatcher on ``systems/b200_nvl8_megatron.json``): the host
+    time refitted without the Bridge table, for its leave-one-table-out
+    figure (``autopar.studies.crossval``)."""
+    rows = [c for _, c in P.cases(P.TABLES["simumax_b200"])
+            if isinstance(c, P.PublishedCase) and c.model.moe is not None]
+    return fit_host_time(rows, grid)
 
 
 def with_moe_host_time(system_, seconds: float | None = None):
