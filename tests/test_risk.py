@@ -103,7 +103,10 @@ def test_exhaustive_prints_the_safe_and_the_fast_pick(cli, tmp_path):
     # LLaMA 13B on 8 GPUs without headroom: the fastest layout is predicted
     # at 79.7 GiB of 80 (P(fits) about 0.5); the fast pick, the simplest
     # within 0.1% of its rate (autopar.search.ranking), at 67 GiB (P(fits)
-    # 0.986); the safe pick at P(fits) >= 0.99 leaves more room.
+    # 0.920 under errors.json's Megatron-family memory error, mu +0.031,
+    # sigma 0.104, since the Qwen LoRA table's measured peaks joined it;
+    # 0.986 under the earlier sigma 0.078); the safe pick at P(fits) >= 0.99
+    # leaves more room.
     s, top = tmp_path / "s.json", tmp_path / "top.json"
     r = cli("exhaustive", *CASE, "--memory-headroom", 0, "--summary", s, "--top", top,
             "--top-n", 5, "--min-p-fits", 0.99)
@@ -114,7 +117,7 @@ def test_exhaustive_prints_the_safe_and_the_fast_pick(cli, tmp_path):
     assert ranked["0"]["execution"] == summ["safe_pick"]["execution"]
     safe, fast = summ["safe_pick"], summ["fast_pick"]
     assert safe["execution"] != fast["execution"]
-    assert safe["p_fits"] >= 0.99 > fast["p_fits"] > 0.95
+    assert safe["p_fits"] >= 0.99 > fast["p_fits"] > 0.9
     assert fast["sample_rate"] > safe["sample_rate"]
     assert summ["risk"]["choice"] == "safe"
     assert "fast pick:" in r.stdout and "safe pick" in r.stdout
@@ -246,7 +249,12 @@ def test_safe_picks_are_a_search_with_the_safe_headroom(cli, tmp_path, errors, t
     assert r.returncode == 0, r.stderr
     a, b = json.loads(safe.read_text()), json.loads(plain.read_text())
     assert len(a) == len(b) == min(top_n, len(b))
-    assert [e["execution"] for e in a.values()] == [e["execution"] for e in b.values()]
+
+    # Layouts of the same rate may come in either order from two searches.
+    def ranked(entries):
+        return sorted((-e["stats"]["sample_rate"], json.dumps(e["execution"], sort_keys=True))
+                      for e in entries.values())
+    assert ranked(a) == ranked(b)
 
 
 def test_validate_sweep_scores_the_risk_favourites(cli, tmp_path, reference):

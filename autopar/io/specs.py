@@ -201,6 +201,24 @@ class MemoryOverhead:
     # "unless_pipelined": "never" with pipeline stages, "always" without
     # (torchtitan's default policy).
     fsdp_reshard: str = "always"
+    # Bytes per trained parameter that the optimizer step allocates as
+    # temporaries, after the batch's last backward (activations, logits and
+    # the loss's buffers freed): a second peak, the static state and these
+    # (``autopar.model.memory.stage_needs``).  PyTorch 2.0's foreach AdamW
+    # (torch/optim/adamw.py ``_multi_tensor_adamw``: ``exp_avg_sq_sqrt =
+    # _foreach_sqrt(exp_avg_sqs)`` and ``denom = _foreach_add(exp_avg_sq_sqrt,
+    # eps)``, both the parameters' size and dtype) on fp32 parameters: 8.
+    # 0: not counted (Calculon's meaning).
+    optimizer_step_bytes: float = 0.0
+    # Bytes per element of a LoRA adapter's input that the framework's
+    # adapter keeps for backward beyond the base layer's saved input (added
+    # to the adapter layer's activations, ``autopar.model.adapters``).  PEFT
+    # 0.5 with lora_dropout > 0 under bf16 autocast (peft/tuners/lora.py
+    # ``Linear.forward``: the fp32 input through ``nn.Dropout`` keeps its
+    # 1-byte mask, and lora_A's autocast keeps the bf16 cast of the
+    # dropped-out input, 2 bytes): 3.  0: the adapter's GEMM shares the base
+    # layer's saved input (the count without the field).
+    adapter_saved_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -868,7 +886,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     """A ``memory_overhead`` object -> MemoryOverhead (fields as the class says)."""
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
-                         "autograd_inputs", "fsdp_reshard"))
+                         "autograd_inputs", "fsdp_reshard", "optimizer_step_bytes",
+                         "adapter_saved_bytes"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -885,8 +904,14 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
         c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
     autograd = c.bool(o.get("autograd_inputs", False), f"{path}.autograd_inputs")
     reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
+    step = c.number(o.get("optimizer_step_bytes", 0.0), f"{path}.optimizer_step_bytes")
+    if not 0 <= step <= 64:
+        c.fail(f"{path}.optimizer_step_bytes", f"must be in [0, 64] bytes a parameter, got {step}")
+    saved = c.number(o.get("adapter_saved_bytes", 0.0), f"{path}.adapter_saved_bytes")
+    if not 0 <= saved <= 64:
+        c.fail(f"{path}.adapter_saved_bytes", f"must be in [0, 64] bytes an element, got {saved}")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
-                          reshard)
+                          reshard, step, saved)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -960,6 +985,10 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["autograd_inputs"] = True
     if o.fsdp_reshard != "always":
         out["fsdp_reshard"] = o.fsdp_reshard
+    if o.optimizer_step_bytes:
+        out["optimizer_step_bytes"] = _num(o.optimizer_step_bytes)
+    if o.adapter_saved_bytes:
+        out["adapter_saved_bytes"] = _num(o.adapter_saved_bytes)
     return out
 
 

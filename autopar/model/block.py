@@ -374,7 +374,7 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     """
     V = float(ctx.model.vocab_size)
     if V <= 0:
-        return {"first": 0.0, "last": 0.0,
+        return {"first": 0.0, "last": 0.0, "trained_first": 0.0, "trained_last": 0.0,
                 "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
     tp, b = ctx.tp, ctx.elem_bytes
     B = acts.B
@@ -404,6 +404,10 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     last = matrix * (1.0 + (stages == 1))        # both matrices on a single stage
     if mtp:
         last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * mtp * per_param
+    # Parameters of the embedding / output matrix the optimizer steps (none
+    # where they are frozen; before sharding and the training mask).
+    trained = params if ctx.frozen is None else params * ctx.trainable
     return {"first": matrix, "last": last,
+            "trained_first": trained, "trained_last": trained * (1.0 + (stages == 1)),
             "logits": {"total": whole * b + copies, "fp32_copies": copies,
                        "fp32_copy": copy}}

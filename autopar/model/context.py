@@ -132,6 +132,9 @@ class LayoutContext:
         self.master_bytes = over.master_weight_bytes if over is not None else 4.0
         # GEMM and router inputs counted as autograd keeps them (block, moe).
         self.autograd_inputs = bool(over is not None and over.autograd_inputs)
+        # Bytes a LoRA adapter keeps per input element beyond the base
+        # layer's saved input (adapters.adapter_layers).
+        self.adapter_saved_bytes = over.adapter_saved_bytes if over is not None else 0.0
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par
