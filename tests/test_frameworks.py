@@ -397,6 +397,47 @@ def test_fsdp_reshard_policy_counted_by_hand():
     assert e.value.field == "memory_overhead.fsdp_reshard"
 
 
+def test_optimizer_step_temporaries_counted_by_hand():
+    """memory_overhead.optimizer_step_bytes: the optimizer step's
+    temporaries (PyTorch 2.0's foreach AdamW: sqrt(v) and sqrt(v) + eps)
+    beside the static state, after the activations are freed: a second peak
+    of static + bytes x the parameters the processor's optimizer steps (its
+    blocks' and the embedding / output matrix's, over the optimizer's
+    shards).  0, the default, is the count without the field."""
+    from autopar.io.specs import load_model
+    model = load_model("models/llama-13B.json")
+    hw = load_system("systems/a100_80g.json")
+    core = load_framework("megatron-core").memory_overhead
+    assert core.optimizer_step_bytes == 0.0
+
+    def run(step, **kw):
+        s = dataclasses.replace(hw, memory_overhead=dataclasses.replace(
+            core, optimizer_step_bytes=step))
+        return _one_stage(model, s, **kw)
+    base = run(0.0)
+    # bf16 weights: parameters = bytes / 2; tensor_par 2, optimizer_sharding
+    # over data_par 2.
+    tp, shards = LAYOUT["tensor_par"], 2
+    trained = (base.weight_space / 2 + 2 * model.vocab_size * model.hidden / tp) / shards
+    assert run(64.0).proc_mem_tier1_cap_req - run(32.0).proc_mem_tier1_cap_req == \
+        pytest.approx(32 * trained, rel=1e-12)
+    # A step smaller than the batch's transient peak changes nothing.
+    assert run(1e-3).proc_mem_tier1_cap_req == base.proc_mem_tier1_cap_req
+    # Nothing is stepped in inference.
+    infer = {"training": False, "activation_recompute": "none", "optimizer_sharding": False,
+             "data_par_overlap": False}
+    assert run(0.0, **infer).feasible
+    assert run(64.0, **infer).proc_mem_tier1_cap_req == run(0.0, **infer).proc_mem_tier1_cap_req
+    back = load_framework({"name": "x", "memory_overhead": {"optimizer_step_bytes": 8}})
+    assert back.memory_overhead.optimizer_step_bytes == 8.0
+    assert load_framework(framework_to_json(back)).memory_overhead == back.memory_overhead
+    for field in ("optimizer_step_bytes", "adapter_saved_bytes"):
+        for bad in (-1, 65, "8"):
+            with pytest.raises(SpecError) as e:
+                load_framework({"name": "x", "memory_overhead": {field: bad}})
+            assert e.value.field == f"memory_overhead.{field}"
+
+
 def test_tune_and_validate_take_the_framework(cli, tmp_path, reference):
     case = ("models/llama-13B.json", "systems/a100_80g_dgx_hdr200.json", "--num-procs", 8,
             "--max-batch-size", 64, "--datatype", "bfloat16", "--space", "llama",

@@ -250,9 +250,13 @@ def test_grid_covers_distinct_layouts_and_caps_at_the_space_size():
 
 def test_best_export_is_the_best_trial(tmp_path, cli):
     out, csv = tmp_path / "best.json", tmp_path / "trials.csv"
+    # --risk fast: the export is the fastest trial that fits (with the
+    # default safe risk it is the fastest whose P(fits) reaches 0.95, which
+    # depends on errors.json's memory spread: none of these 25 trials does
+    # under the Megatron family's sigma 0.104; tests/test_risk.py covers it).
     r = cli("tune", MODEL, SYSTEM, "--num-procs", 1024, "--max-batch-size", 1536,
             "--datatype", "float16", "--sampler", "tpe", "--trials", 25, "--seed", 4,
-            "--output", out, "--trials-out", csv)
+            "--output", out, "--trials-out", csv, "--risk", "fast")
     assert r.returncode == 0, r.stderr
     table = pd.read_csv(csv, keep_default_na=False, na_values=[""])
     # the command adds each trial's chance to fit (autopar.search.risk)

@@ -267,6 +267,24 @@ class MemoryOverhead:
     # the weight is cast at each use and the cast freed (torchao's dynamic
     # float8 scaling, torchtitan's).
     fp8_weight_copy: bool = True
+    # Bytes per trained parameter that the optimizer step allocates as
+    # temporaries, after the batch's last backward (activations, logits and
+    # the loss's buffers freed): a second peak, the static state and these
+    # (``autopar.model.memory.stage_needs``).  PyTorch 2.0's foreach AdamW
+    # (torch/optim/adamw.py ``_multi_tensor_adamw``: ``exp_avg_sq_sqrt =
+    # _foreach_sqrt(exp_avg_sqs)`` and ``denom = _foreach_add(exp_avg_sq_sqrt,
+    # eps)``, both the parameters' size and dtype) on fp32 parameters: 8.
+    # 0: not counted (Calculon's meaning).
+    optimizer_step_bytes: float = 0.0
+    # Bytes per element of a LoRA adapter's input that the framework's
+    # adapter keeps for backward beyond the base layer's saved input (added
+    # to the adapter layer's activations, ``autopar.model.adapters``).  PEFT
+    # 0.5 with lora_dropout > 0 under bf16 autocast (peft/tuners/lora.py
+    # ``Linear.forward``: the fp32 input through ``nn.Dropout`` keeps its
+    # 1-byte mask, and lora_A's autocast keeps the bf16 cast of the
+    # dropped-out input, 2 bytes): 3.  0: the adapter's GEMM shares the base
+    # layer's saved input (the count without the field).
+    adapter_saved_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -941,7 +959,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
                          "backward_transient", "moe_probs_in_activation",
                          "cp_a2a_output_copy", "pipeline_grads",
-                         "logits_kept", "selective_saves", "fp8_weight_copy"))
+                         "logits_kept", "selective_saves", "fp8_weight_copy", "optimizer_step_bytes",
+                         "adapter_saved_bytes"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
@@ -969,11 +988,18 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     saves = c.choice(o.get("selective_saves", "layers"), f"{path}.selective_saves",
                      SELECTIVE_SAVES)
     fp8_copy = c.bool(o.get("fp8_weight_copy", True), f"{path}.fp8_weight_copy")
+    step = c.number(o.get("optimizer_step_bytes", 0.0), f"{path}.optimizer_step_bytes")
+    if not 0 <= step <= 64:
+        c.fail(f"{path}.optimizer_step_bytes", f"must be in [0, 64] bytes a parameter, got {step}")
+    saved = c.number(o.get("adapter_saved_bytes", 0.0), f"{path}.adapter_saved_bytes")
+    if not 0 <= saved <= 64:
+        c.fail(f"{path}.adapter_saved_bytes", f"must be in [0, 64] bytes an element, got {saved}")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
                           reshard, dummy_wgrad=dummy, backward_transient=transient,
                           moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
                           pipeline_grads=grads, logits_kept=kept, selective_saves=saves,
-                          fp8_weight_copy=fp8_copy)
+                          fp8_weight_copy=fp8_copy, optimizer_step_bytes=step,
+                          adapter_saved_bytes=saved)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -1063,6 +1089,10 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["selective_saves"] = o.selective_saves
     if not o.fp8_weight_copy:
         out["fp8_weight_copy"] = False
+    if o.optimizer_step_bytes:
+        out["optimizer_step_bytes"] = _num(o.optimizer_step_bytes)
+    if o.adapter_saved_bytes:
+        out["adapter_saved_bytes"] = _num(o.adapter_saved_bytes)
     return out
 
 

@@ -35,5 +35,10 @@ def adapter_layers(ctx, B, shapes, **kw) -> list:
         if fw_in or fw_out or bw_in or bw_out:
             L["mem_fw"] = L["mem_fw"] + B * (n * fw_in + k * fw_out)
             L["mem_agrad"] = L["mem_agrad"] + B * (n * bw_in + k * bw_out)
+        # What the framework's adapter keeps for backward beyond ``x A``
+        # and the base layer's input (memory_overhead.adapter_saved_bytes:
+        # PEFT's dropout mask and the bf16 cast lora_A saves), in training.
+        if ctx.adapter_saved_bytes:
+            L["keep_b"] = ctx.if_training(B * n * ctx.adapter_saved_bytes + ctx.zeros)
         out.append((L, rows))
     return out

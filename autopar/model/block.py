@@ -471,7 +471,8 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     """
     V = float(ctx.model.vocab_size)
     if V <= 0:
-        return {"first": 0.0, "last": 0.0, "op_grads": 0.0,
+        return {"first": 0.0, "last": 0.0, "op_grads": 0.0, "trained_first": 0.0,
+                "trained_last": 0.0,
                 "logits": {"total": 0.0, "fp32_copies": 0.0, "fp32_copy": 0.0}}
     tp, b = ctx.tp, ctx.elem_bytes
     B = acts.B
@@ -519,7 +520,11 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         # unless a pipeline stage caches them as its output (the fp32 copies
         # then stand for the whole peak).
         logits = masked(logits, ~ctx.training | (stages > 1))
+    # Parameters of the embedding / output matrix the optimizer steps (none
+    # where they are frozen; before sharding and the training mask).
+    trained = params if ctx.frozen is None else params * ctx.trainable
     return {"first": matrix, "last": last,
+            "trained_first": trained, "trained_last": trained * (1.0 + (stages == 1)),
             # (the output layer's input gradient: its op in backward, the
             # logits' gradient being the logits, in place)
             "op_grads": ctx.if_training(B * ctx.model.hidden * b),

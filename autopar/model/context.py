@@ -138,6 +138,9 @@ class LayoutContext:
         self.selective_saves = over.selective_saves if over is not None else "layers"
         # Whether the fp8 / fp4 recipes keep a quantized copy of each weight.
         self.fp8_weight_copy = over.fp8_weight_copy if over is not None else True
+        # Bytes a LoRA adapter keeps per input element beyond the base
+        # layer's saved input (adapters.adapter_layers).
+        self.adapter_saved_bytes = over.adapter_saved_bytes if over is not None else 0.0
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par

@@ -8,7 +8,8 @@ logits of a model with a vocabulary).  Offloading moves weights,
 activations or optimizer state to the second tier, keeping two blocks'
 worth in the first (double buffering).  A system's ``memory_overhead``
 (a reserved amount, fragmentation on the transient part, the loss's fp32
-logits) is charged here; Calculon's files have none.
+logits, the optimizer step's temporaries) is charged here; Calculon's files
+have none.
 
 The need on tier 1 is that of the fuller of the first stage (most
 micro-batches in flight, the embedding) and the last (one micro-batch, the
@@ -138,10 +139,13 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
         transient_first = pick(fuller, transient_2, transient_first)
         tier2 = np.maximum(tier2, tier2_2)
     logits = head["logits"]
+    trained_first, trained_last = trained_parameters(ctx, sums, sums_last, sched, head)
     parts = {"mem_static_first": static + head["first"], "mem_transient_first": transient_first,
              "mem_static_last": static_last + head["last"],
              "mem_transient_last": transient_last - logits["fp32_copies"],
-             "mem_logits_fp32_copy": logits["fp32_copy"]}
+             "mem_logits_fp32_copy": logits["fp32_copy"],
+             "mem_trained_params_first": trained_first,
+             "mem_trained_params_last": trained_last}
     S.update(parts)
     S["proc_mem_tier1_cap_req"] = tier1_need(parts, overhead)
     S["proc_mem_tier2_cap_req"] = tier2
@@ -257,6 +261,24 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     return S, static, tier2, transient_first, transient_last
 
 
+def trained_parameters(ctx: LayoutContext, sums: BlockSums, sums_last, sched: Schedule,
+                       head: dict):
+    """Parameters the optimizer steps on a processor of the first stage (the
+    larger of the first two with an uneven split) and of the last: every
+    block's trained weights (its fp32 weight-gradient footprint
+    ``wgrad_space_full`` / 4: adapters only where the base is frozen) and
+    the embedding / output matrix where they train, divided over the
+    optimizer's shards; 0 where the row does not train."""
+    per_block = sums.wgrad_space_full / 4.0
+    per_block_last = per_block if sums_last is None else sums_last.wgrad_space_full / 4.0
+    blocks_first = sched.blocks_first
+    if sched.uneven:
+        blocks_first = np.maximum(blocks_first, sched.blocks_second)
+    first = (per_block * blocks_first + head["trained_first"]) / ctx.optim_shards
+    last = (per_block_last * sched.blocks_last + head["trained_last"]) / ctx.optim_shards
+    return ctx.if_training(first), ctx.if_training(last)
+
+
 def kept_gathered(overhead, sched: Schedule, ctx: LayoutContext):
     """The rows whose framework keeps a weight-sharded block's gathered
     weights from its forward to its backward (``memory_overhead.fsdp_reshard``:
@@ -292,7 +314,8 @@ def whole_pipeline_grads(overhead, stages, ctx: LayoutContext):
 # (reported by evaluate_columns on request; autopar calibrate refits the
 # overheads from them without evaluating the model again).
 MEMORY_PARTS = ("mem_static_first", "mem_transient_first", "mem_static_last",
-                "mem_transient_last", "mem_logits_fp32_copy")
+                "mem_transient_last", "mem_logits_fp32_copy", "mem_trained_params_first",
+                "mem_trained_params_last")
 
 
 def stage_needs(parts: dict, overhead):
@@ -300,7 +323,11 @@ def stage_needs(parts: dict, overhead):
     uneven split) and of the last, each: static state, transient tensors
     grown by the fragmentation ``fraction``, on the last stage the loss's
     fp32 copies of the logits, and the reserved amount.  ``tier1_need`` is
-    the larger of the two (``autopar report`` draws both)."""
+    the larger of the two (``autopar report`` draws both).  Where the
+    overhead counts the optimizer step's temporaries
+    (``optimizer_step_bytes`` a trained parameter), a stage needs at least
+    its static state, those temporaries and the reserved amount: the step
+    runs after the last backward, with the activations freed."""
     if overhead is None:
         return (parts["mem_static_first"] + parts["mem_transient_first"],
                 parts["mem_static_last"] + parts["mem_transient_last"]
@@ -309,8 +336,15 @@ def stage_needs(parts: dict, overhead):
     last = parts["mem_transient_last"] + overhead.logits_fp32_copies \
         * parts["mem_logits_fp32_copy"]
     reserved = overhead.reserved_GiB * 1024 ** 3
-    return (parts["mem_static_first"] + parts["mem_transient_first"] * grow + reserved,
-            parts["mem_static_last"] + last * grow + reserved)
+    first_need = parts["mem_static_first"] + parts["mem_transient_first"] * grow + reserved
+    last_need = parts["mem_static_last"] + last * grow + reserved
+    step = getattr(overhead, "optimizer_step_bytes", 0.0)
+    if step:
+        first_need = np.maximum(first_need, parts["mem_static_first"] + reserved
+                                + step * parts["mem_trained_params_first"])
+        last_need = np.maximum(last_need, parts["mem_static_last"] + reserved
+                               + step * parts["mem_trained_params_last"])
+    return first_need, last_need
 
 
 def tier1_need(parts: dict, overhead):

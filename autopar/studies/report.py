@@ -171,7 +171,7 @@ def evaluate(ctx: Context, layouts: list[Layout], source: str, fill_stats: bool)
         parts = [float(out[p][i]) for p in MEMORY_PARTS]
         if not all(math.isfinite(v) for v in parts):
             continue
-        s1, t1, s2, t2, _ = parts
+        s1, t1, s2, t2 = parts[:4]
         f, la = float(first[i]), float(last[i])
         pp = int(execs[i]["pipeline_par"])
         uneven = any(execs[i].get(k) for k in ("first_stage_blocks", "last_stage_blocks")) \
