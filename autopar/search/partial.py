@@ -170,6 +170,13 @@ class _Completions(Space):
 
     def _domain(self, ctx, rule, state) -> tuple:
         if rule.name in self.given:
+            # A stated all-gather redo (Transformer Engine's sequence-parallel
+            # GEMMs gather their input again in backward) under a completion
+            # with full recompute: the recompute's forward gathers it anyway,
+            # which the model counts without the flag (the rules refuse both).
+            if (rule.name == "seq_par_ag_redo" and self.given[rule.name]
+                    and state.get("activation_recompute") == "full"):
+                return (False,)
             return (self.given[rule.name],)
         return super()._domain(ctx, rule, state)
 

@@ -37,8 +37,8 @@ import pandas as pd
 from autopar.io.errors import SpecError
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.studies.published_base import (  # noqa: F401  (the registry, read here too)
-    FRAMEWORKS, GIB, MCORE_RECOMPUTE, MODELS, NEMO1, PACKAGED, PublishedCase, SIMUMAX_FRAMEWORK,
-    SYSTEMS, Skip, TABLES, Table, cases, flops_per_token, gpt_model, te_gathers_again,
+    FRAMEWORKS, GIB, MCORE_RECOMPUTE, MODELS, NEMO1, NEMO2_2504, PACKAGED, PublishedCase,
+    SIMUMAX_FRAMEWORK, SYSTEMS, Skip, TABLES, Table, cases, flops_per_token, gpt_model, te_gathers_again,
     int_or_none, megatron_execution, model, number_or_none, published_dir, read_table,
     shared_reference,
     register, system, tiers)
@@ -353,9 +353,9 @@ def _nemo_cp(row) -> PublishedCase | Skip:
     seq = int(row.seq_len)
     m = model(name, seq_size=seq)
     # NeMo 1.x (24.03): Apex's distributed Adam with param remainders;
-    # NeMo 2.x (25.04): Megatron-Core's distributed optimizer, fp32 masters.
-    sy = system(NEMO_SYSTEMS[row.system],
-                NEMO1 if str(row.container).startswith("NeMo24.") else "megatron-bridge")
+    # NeMo 2.3 (25.04): Megatron-Core's distributed optimizer, fp32 masters.
+    nemo1 = str(row.container).startswith("NeMo24.")
+    sy = system(NEMO_SYSTEMS[row.system], NEMO1 if nemo1 else NEMO2_2504)
     tp, pp, cp, dp = int(row.tp), int(row.pp), int(row.cp), int(row.dp)
     # On the B200 rows the printed layout's TP*PP*DP*CP is not the GPU count
     # (a page inconsistency); the layout is trusted (it divides the global
@@ -367,6 +367,12 @@ def _nemo_cp(row) -> PublishedCase | Skip:
     datatype, fp8 = PRECISIONS[row.precision]
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=1,
                             datatype=datatype, fp8=fp8, tp_overlap=True, fp32_grads=False)
+    if not nemo1:
+        # NeMo 2.3's TE layers gather the sequence-parallel input again in
+        # backward (NVIDIA/TransformerEngine transformer_engine/pytorch/module/
+        # layernorm_linear.py backward, at bee4649 (2.2.0.dev0, NeMo v2.3.0's
+        # pin) and at 3b2a7b0 (1.14, v2.3.0rc2's) alike).
+        te_gathers_again(ex)
     # Reported TFLOP/s per GPU -> tokens/s/GPU with NeMo's (causal) FLOP count.
     tok = float(row.tflops_per_gpu_with_cp) * 1e12 / flops_per_token(m, causal=True)
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)

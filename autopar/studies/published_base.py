@@ -125,9 +125,12 @@ def system(name: str, framework: str | None = None) -> SystemSpec:
 
 # NeMo 1.x (containers up to 24.07) trains bf16 models with Apex's distributed
 # Adam: frameworks/nemo1-apex.json (2 bytes of fp32 master copy per parameter,
-# the bf16 weight being the other half).  NeMo 2.x: Megatron-Bridge's recipes
-# on Megatron-Core's distributed optimizer (frameworks/megatron-bridge.json).
+# the bf16 weight being the other half).  NeMo 2.3 (container 25.04): NeMo's own
+# recipes on Megatron-Core 0.12 and Transformer Engine before 2.3
+# (frameworks/nemo2-25-04.json).  From 25.09: Megatron-Bridge's recipes
+# (frameworks/megatron-bridge.json).
 NEMO1 = "nemo1-apex"
+NEMO2_2504 = "nemo2-25-04"
 # SimuMax's B200 runs (Megatron-LM @23e00ed0, TE 2.11) with TE's fused
 # cross-entropy ("_cef": --cross-entropy-loss-fusion
 # --cross-entropy-fusion-impl te, SimuMax docs/strategy.md):

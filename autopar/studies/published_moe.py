@@ -153,6 +153,32 @@ BRIDGE_FP8 = {"MXFP8": "mxfp8", "FP8-MX": "mxfp8", "FP8": "tensorwise",
               "FP8-CS": "tensorwise"}
 
 
+# Releases whose Megatron-Bridge ran without gradient-accumulation fusion, so
+# without Transformer Engine's cached dummy weight gradients: NeMo 25.11 and
+# 26.02 (Bridge r0.2.0 / r0.3.0), whose src/megatron/bridge/utils/fusions.py
+# can_enable_gradient_accumulation_fusion checked only for APEX's
+# fused_weight_gradient_mlp_cuda, "not installed in TE-based training
+# containers" (Bridge 25bc068, 2026-03-23, the fix in r0.4.0 on); their
+# performance scripts force the fusion on only under Megatron FSDP
+# (scripts/performance/utils/helpers.py @717c62d, overrides.py @21b02e0).  25.09
+# (r0.1.0) forced it on for every run (scripts/performance/run_script.py
+# @684a686).  Every other term of frameworks/megatron-bridge.json holds for
+# every release of the table (docs/validation.md, "Megatron-Bridge: the
+# Megatron-Core + TE terms it runs").
+BRIDGE_NO_WGRAD_FUSION = ("25.11", "26.02")
+
+
+def bridge_release_system(system_, release: str):
+    """``system_`` (on frameworks/megatron-bridge.json) as the Bridge release
+    ``release`` ran it: without TE's cached dummy weight gradients where the
+    release left gradient-accumulation fusion off (``BRIDGE_NO_WGRAD_FUSION``;
+    a release "26.02.01" is 26.02's); unchanged otherwise."""
+    if not release.startswith(BRIDGE_NO_WGRAD_FUSION):
+        return system_
+    over = dataclasses.replace(system_.memory_overhead, dummy_wgrad=False)
+    return dataclasses.replace(system_, memory_overhead=over)
+
+
 def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
     label = f"{row.release} {row.system} gbs{row.gbs} mbs{row.mbs} pp{row.pp} ep{P.int_or_none(row.ep)}" \
             + (f" vp{P.int_or_none(row.vp)}" if P.int_or_none(row.vp) and P.int_or_none(row.vp) > 1 else "") \
@@ -160,7 +186,9 @@ def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
     sys_name = BRIDGE_SYSTEMS.get(str(row.system))
     if sys_name is None:
         return P.Skip(f"no system file for {row.system}", label)
-    sy = P.system(sys_name, "megatron-bridge")               # its moe_block_s: MOE_HOST_S
+    # frameworks/megatron-bridge.json (its moe_block_s: MOE_HOST_S) as the
+    # row's release ran it.
+    sy = bridge_release_system(P.system(sys_name, "megatron-bridge"), str(row.release))
     precision = row.precision if isinstance(row.precision, str) else ""
     blackwell = sys_name != "h100_80g_nvl8"
     recipe = BRIDGE_FP8.get(precision) or ("mxfp8" if blackwell else "tensorwise")
@@ -178,6 +206,7 @@ def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
     # the working precision (grad_reduce_in_fp32 off), load balancing forced.
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                               dist_opt=True, dp_overlap=True, fp8=recipe, fp32_grads=False)
+    P.te_gathers_again(ex)
     # The recipes' "flex" dispatcher with the HybridEP backend (DeepEP-style).
     ex.update(_expert_fields(sy, tp=tp, ep=ep, dispatcher="deepep"))
     tok = float(row.tokens_per_sec_per_gpu)
