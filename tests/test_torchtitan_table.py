@@ -230,3 +230,73 @@ def test_float8_weight_copy_counted_by_hand():
     # the linear layers' weights (all but the two norms), one byte each, sharded
     linear = (bf16 * 8 / 2) - 2 * m.hidden
     assert weights(te, "tensorwise") - bf16 == pytest.approx(linear / 8, rel=1e-9)
+
+
+def _overlapped_case(chunks: bool, tp: int = 8):
+    """The 8B async-TP row's QKV GEMM (98304 tokens, 4096 -> 6144 / tp) as a
+    tile-overlapped TP layer, with or without the per-rank chunks."""
+    import dataclasses
+
+    from autopar.io.frameworks import load_framework, with_framework
+    from autopar.io.layouts import to_columns
+    from autopar.io.specs import load_model, load_system
+    from autopar.model.communication import tp_overlapped_linear
+    from autopar.model.context import LayoutContext
+    from autopar.model.evaluate import normalize, typed_columns
+    from autopar.model.layers import finish
+    from conftest import one_proc_execution
+
+    sy = with_framework(load_system("systems/h100_96g_nvl8.json"), load_framework("torchtitan"))
+    sy = dataclasses.replace(sy, time_overhead=dataclasses.replace(
+        sy.time_overhead, tp_overlap_chunks=chunks))
+    m = load_model("models/llama3-8B.json")
+    ex = one_proc_execution(num_procs=tp, tensor_par=tp, datatype="bfloat16",
+                            tensor_par_comm_type="rs_ag", tensor_par_overlap="ring",
+                            batch_size=1, microbatch_size=1)
+    cols = typed_columns(normalize(to_columns([ex])))
+    ctx = LayoutContext(m, sy, cols, [2])
+    L = finish(ctx, tp_overlapped_linear(ctx, 98304.0, 4096.0, 6144.0, False, False, False))
+    return ctx, L
+
+
+def test_async_tp_gemm_chunks_counted_by_hand():
+    """torch's micro-pipelined async TP (torchtitan's enable_async_tp) runs
+    each overlapped GEMM as tp per-rank chunks, each at the efficiency of its
+    own size (time_overhead.tp_overlap_chunks, torchtitan's files); without
+    the field the overlapped GEMM runs at the whole GEMM's (Calculon's)."""
+    import pytest
+
+    from autopar.io.frameworks import load_framework
+
+    for name in ("torchtitan", "torchtitan-compile", "torchtitan-compile-blocks"):
+        assert load_framework(name).time_overhead.tp_overlap_chunks is True
+    ctx, whole = _overlapped_case(False)
+    _, chunked = _overlapped_case(True)
+    flops = 2 * 98304 * 4096 * 6144 / 8          # the rank's GEMM: 618 GFLOP
+    assert whole["fw"][0] == chunked["fw"][0] == pytest.approx(flops)
+    assert whole["flops_time_fw"][0] == pytest.approx(float(ctx.matrix.time(flops)), rel=1e-12)
+    assert chunked["flops_time_fw"][0] == pytest.approx(
+        8 * float(ctx.matrix.time(flops / 8)), rel=1e-12)
+    # 77 GFLOP chunks sit below the curve's 256 GFLOP plateau: slower
+    assert chunked["flops_time_fw"][0] > 1.05 * whole["flops_time_fw"][0]
+    for s in ("agrad", "wgrad"):
+        assert chunked["flops_time_" + s][0] > whole["flops_time_" + s][0]
+    # the chunks' time is what the tile overlap hides the communication behind
+    assert chunked["time_fw"][0] > whole["time_fw"][0]
+
+
+def test_tp_overlap_chunks_bad_value_is_a_spec_error(tmp_path):
+    import json
+
+    import pytest
+
+    from autopar.io.errors import SpecError
+    from autopar.io.frameworks import load_framework
+
+    doc = json.loads(open("frameworks/torchtitan.json").read())
+    doc["time_overhead"]["tp_overlap_chunks"] = "yes"
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as e:
+        load_framework(str(p))
+    assert "time_overhead.tp_overlap_chunks" in str(e.value)

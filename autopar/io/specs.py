@@ -307,7 +307,14 @@ class TimeOverhead:
     forward and in the backward pass -- (forward_input, forward_output,
     backward_input, backward_output): its casts, dropout, scaling and the
     add into the base layer's output (``autopar.model.adapters``; zeros:
-    the GEMMs only)."""
+    the GEMMs only).
+    ``tp_overlap_chunks``: the framework overlaps tensor-parallel
+    communication (``tensor_par_overlap`` ring / pipe) by decomposing each
+    linear layer's GEMM into ``tensor_par`` per-rank chunks, each launched on
+    its own as its shard arrives (torch's micro-pipelined async TP,
+    ``torch.distributed._symmetric_memory``): each chunk runs at the
+    efficiency of its own size on the matrix curve.  False: the overlapped
+    GEMM runs at the efficiency of the whole GEMM (Calculon's meaning)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
@@ -316,6 +323,7 @@ class TimeOverhead:
     attention_tile: int = 0
     grad_accum_bytes: float = 0.0
     adapter_bytes: tuple = (0.0, 0.0, 0.0, 0.0)
+    tp_overlap_chunks: bool = False
 
 
 @dataclass(frozen=True)
@@ -980,7 +988,7 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     """A ``time_overhead`` object -> TimeOverhead."""
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
                          "attention_backward_speed", "attention_tile", "grad_accum_bytes",
-                         "adapter_elementwise_bytes"))
+                         "adapter_elementwise_bytes", "tp_overlap_chunks"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -1011,8 +1019,10 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
         for k, x in zip(ADAPTER_BYTES_KEYS, ab):
             if not 0 <= x <= 1000:
                 c.fail(f"{ap}.{k}", f"must be in [0, 1000] bytes an element, got {x}")
+    chunks = c.bool(o.get("tp_overlap_chunks", False), f"{path}.tp_overlap_chunks")
     return TimeOverhead(frac, moe_s, launch, speed, attention_backward_speed=bw,
-                        attention_tile=tile, grad_accum_bytes=accum, adapter_bytes=ab)
+                        attention_tile=tile, grad_accum_bytes=accum, adapter_bytes=ab,
+                        tp_overlap_chunks=chunks)
 
 
 # The keys of ``time_overhead.adapter_elementwise_bytes`` (TimeOverhead.adapter_bytes).
@@ -1075,6 +1085,8 @@ def time_overhead_json(t: TimeOverhead) -> dict:
     if any(t.adapter_bytes):
         out["adapter_elementwise_bytes"] = {k: _num(x) for k, x in
                                             zip(ADAPTER_BYTES_KEYS, t.adapter_bytes)}
+    if t.tp_overlap_chunks:
+        out["tp_overlap_chunks"] = True
     return out
 
 

@@ -110,6 +110,13 @@ def tp_overlapped_linear(ctx: LayoutContext, m, n, k, conjugate, recompute, reco
               inputs=m * n, outputs=m * k, weight=n * k, weight_grads=n * k,
                act=act, act_grads=agr, optim=2 * n * k, recompute=recompute,
                recomm=recomm, matrix=True, factored=n + k)
+    if ctx.tp_overlap_chunks:
+        # torch's micro-pipelined async TP (TimeOverhead.tp_overlap_chunks):
+        # the fused all-gather + matmul / matmul + reduce-scatter run the GEMM
+        # as one chunk per TP rank (torch/distributed/_symmetric_memory
+        # _pipelined_all_gather_and_consume / _pipelined_produce_and_all2all),
+        # each at the efficiency of 1/tp of the GEMM (layers.finish).
+        L["chunks"] = np.maximum(t, 1) + ctx.zeros
     L["kind"] = "overlapped"
     L["finish"] = finish_tp_overlapped
     L["conj"] = conjugate

@@ -124,6 +124,10 @@ class LayoutContext:
         # micro-batch (layers.layer: the weight-gradient pass's memory time).
         self.grad_accum_bytes = (system.time_overhead.grad_accum_bytes
                                  if system.time_overhead else 0.0)
+        # Overlapped TP GEMMs run as tensor_par per-rank chunks
+        # (communication.tp_overlapped_linear; TimeOverhead.tp_overlap_chunks).
+        self.tp_overlap_chunks = bool(system.time_overhead.tp_overlap_chunks
+                                      if system.time_overhead else False)
         # The framework's LoRA adapter's element-wise bytes (adapters.adapter_layers).
         self.adapter_bytes = (system.time_overhead.adapter_bytes
                               if system.time_overhead else (0.0, 0.0, 0.0, 0.0))

@@ -116,7 +116,9 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
     if "time_scale" in L:       # a kernel that executes other work than it counts
         flops = dict(flops, agrad=flops["agrad"] + L["agrad_extra"])
     fp8 = ctx.fp8 if L.get("fp8") else None
-    groups = L.get("groups")
+    # A GEMM run as equal pieces: a grouped GEMM's groups, or the per-rank
+    # chunks of a tile-overlapped TP GEMM (communication.tp_overlapped_linear).
+    groups = L.get("groups", L.get("chunks"))
     for s in STAGES:
         eng = ctx.matrix if (L["matrix"] and s != "optim") else ctx.vector
         if groups is not None and eng is ctx.matrix:
