@@ -300,3 +300,64 @@ def test_tp_overlap_chunks_bad_value_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError) as e:
         load_framework(str(p))
     assert "time_overhead.tp_overlap_chunks" in str(e.value)
+
+
+def _tp_layers(gather_fp8: bool, recipe: str):
+    """A separate TP collective before a column-parallel GEMM and a
+    tile-overlapped row-parallel GEMM (sequence parallel, TP 8), under
+    torchtitan's framework with or without ``tp_gather_fp8``."""
+    import dataclasses
+
+    from autopar.io.frameworks import load_framework, with_framework
+    from autopar.io.layouts import to_columns
+    from autopar.io.specs import load_model, load_system
+    from autopar.model.communication import tp_collective, tp_overlapped_linear
+    from autopar.model.context import LayoutContext
+    from autopar.model.evaluate import normalize, typed_columns
+    from autopar.model.layers import finish
+    from autopar.model.speedups import distinct_codes
+    from conftest import one_proc_execution
+
+    sy = with_framework(load_system("systems/h100_96g_nvl8.json"), load_framework("torchtitan"))
+    sy = dataclasses.replace(sy, time_overhead=dataclasses.replace(
+        sy.time_overhead, tp_gather_fp8=gather_fp8))
+    m = load_model("models/llama3-8B.json")
+    ex = one_proc_execution(num_procs=8, tensor_par=8, datatype="bfloat16",
+                            tensor_par_comm_type="rs_ag", tensor_par_overlap="ring",
+                            batch_size=1, microbatch_size=1, fp8_recipe=recipe)
+    cols = typed_columns(normalize(to_columns([ex])))
+    ctx = LayoutContext(m, sy, cols, distinct_codes(cols["datatype"]))
+    size = 8192.0 * 4096
+    sep = finish(ctx, tp_collective(ctx, size, False, True))
+    ovl = finish(ctx, tp_overlapped_linear(ctx, 8192.0, 512.0, 4096.0, True, False, True))
+    return size, sep, ovl
+
+
+def test_tensorwise_float8_tp_all_gathers_move_one_byte_by_hand():
+    """torchao's float8 TP styles (torchtitan with tensorwise float8) cast
+    before the all-gathers: forward (and recompute) gathers of the block
+    input and backward gathers of the output gradient move 1 byte an
+    element; reduce-scatters stay bf16; rowwise and bf16 gather bf16."""
+    import pytest
+
+    from autopar.io.frameworks import load_framework
+
+    for name in ("torchtitan", "torchtitan-compile", "torchtitan-compile-blocks"):
+        assert load_framework(name).time_overhead.tp_gather_fp8 is True
+    size, sep, ovl = _tp_layers(True, "tensorwise")
+    _, sep_off, ovl_off = _tp_layers(False, "tensorwise")
+    out = 8192.0 * 4096                              # the row-parallel GEMM's output
+    # separate collective before a column-parallel GEMM: AG forward, RS backward
+    assert sep["comm_bytes_fw_base"][0] == pytest.approx(size * 1)
+    assert sep["comm_bytes_wgrad_base"][0] == pytest.approx(size * 1)   # the recompute's AG
+    assert sep["comm_bytes_agrad_base"][0] == pytest.approx(size * 2)
+    assert sep_off["comm_bytes_fw_base"][0] == pytest.approx(size * 2)
+    assert sep["comm_time_fw_base"][0] < sep_off["comm_time_fw_base"][0]
+    # overlapped row-parallel GEMM: RS forward (bf16), AG of the gradient backward
+    assert ovl["comm_bytes_fw_base"][0] == pytest.approx(out * 2)
+    assert ovl["comm_bytes_agrad_base"][0] == pytest.approx(out * 1)
+    assert ovl_off["comm_bytes_agrad_base"][0] == pytest.approx(out * 2)
+    for recipe in ("rowwise", "none"):
+        _, s, o = _tp_layers(True, recipe)
+        assert s["comm_bytes_fw_base"][0] == pytest.approx(size * 2)
+        assert o["comm_bytes_agrad_base"][0] == pytest.approx(out * 2)

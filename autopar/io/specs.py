@@ -314,7 +314,16 @@ class TimeOverhead:
     its own as its shard arrives (torch's micro-pipelined async TP,
     ``torch.distributed._symmetric_memory``): each chunk runs at the
     efficiency of its own size on the matrix curve.  False: the overlapped
-    GEMM runs at the efficiency of the whole GEMM (Calculon's meaning)."""
+    GEMM runs at the efficiency of the whole GEMM (Calculon's meaning).
+    ``tp_gather_fp8``: with the ``tensorwise`` fp8 recipe the framework
+    casts a tensor-parallel all-gather's input to float8 before gathering
+    it (the block input before the column-parallel GEMMs in the forward and
+    its recompute, the output gradient before the row-parallel GEMMs'
+    backward: torchao's Float8ColwiseParallel / Float8RowwiseParallel /
+    PrepareFloat8ModuleInput, which torchtitan applies for tensorwise
+    float8), so those all-gathers move 1 byte an element; reduce-scatters
+    stay in the working precision.  False: every TP collective moves the
+    working precision (Calculon's meaning)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
@@ -324,6 +333,7 @@ class TimeOverhead:
     grad_accum_bytes: float = 0.0
     adapter_bytes: tuple = (0.0, 0.0, 0.0, 0.0)
     tp_overlap_chunks: bool = False
+    tp_gather_fp8: bool = False
 
 
 @dataclass(frozen=True)
@@ -988,7 +998,8 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     """A ``time_overhead`` object -> TimeOverhead."""
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
                          "attention_backward_speed", "attention_tile", "grad_accum_bytes",
-                         "adapter_elementwise_bytes", "tp_overlap_chunks"))
+                         "adapter_elementwise_bytes", "tp_overlap_chunks",
+                         "tp_gather_fp8"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -1020,9 +1031,10 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
             if not 0 <= x <= 1000:
                 c.fail(f"{ap}.{k}", f"must be in [0, 1000] bytes an element, got {x}")
     chunks = c.bool(o.get("tp_overlap_chunks", False), f"{path}.tp_overlap_chunks")
+    gather8 = c.bool(o.get("tp_gather_fp8", False), f"{path}.tp_gather_fp8")
     return TimeOverhead(frac, moe_s, launch, speed, attention_backward_speed=bw,
                         attention_tile=tile, grad_accum_bytes=accum, adapter_bytes=ab,
-                        tp_overlap_chunks=chunks)
+                        tp_overlap_chunks=chunks, tp_gather_fp8=gather8)
 
 
 # The keys of ``time_overhead.adapter_elementwise_bytes`` (TimeOverhead.adapter_bytes).
@@ -1087,6 +1099,8 @@ def time_overhead_json(t: TimeOverhead) -> dict:
                                             zip(ADAPTER_BYTES_KEYS, t.adapter_bytes)}
     if t.tp_overlap_chunks:
         out["tp_overlap_chunks"] = True
+    if t.tp_gather_fp8:
+        out["tp_gather_fp8"] = True
     return out
 
 

@@ -171,6 +171,15 @@ class LayoutContext:
                 code = np.where(np.isin(code, used), code, fallback).astype(np.int8)
                 used = sorted(set(used) | {fallback})
             self.matrix_fp8 = ComputeEngine(system.matrix, code, used)
+        # Bytes an element of a TP all-gather moves: the working precision,
+        # or float8's 1 byte where the framework gathers the tensorwise cast
+        # (TimeOverhead.tp_gather_fp8; communication.finish_tp_collective /
+        # finish_tp_overlapped).
+        self.tp_gather_bytes = self.elem_bytes
+        if (self.fp8 is not None and system.time_overhead is not None
+                and system.time_overhead.tp_gather_fp8):
+            tensorwise = recipe == CHOICES["fp8_recipe"].index("tensorwise")
+            self.tp_gather_bytes = np.where(tensorwise, 1.0, self.elem_bytes)
         # Optimizers and fine-tuning (autopar.model.optimizers, .finetune):
         # None where every row is Calculon's (Adam, every weight trained).
         opt = np.asarray(_col(cols, "optimizer"))
