@@ -361,3 +361,93 @@ def test_tensorwise_float8_tp_all_gathers_move_one_byte_by_hand():
         _, s, o = _tp_layers(True, recipe)
         assert s["comm_bytes_fw_base"][0] == pytest.approx(size * 2)
         assert o["comm_bytes_agrad_base"][0] == pytest.approx(out * 2)
+
+
+def _linear_times(recipe: str, framework: str = "torchtitan-compile"):
+    """A plain QKV-shaped linear layer (M 32768, K 8192, N 1280) under the
+    framework, as an fp8 GEMM of ``recipe``."""
+    from autopar.io.frameworks import load_framework, with_framework
+    from autopar.io.layouts import to_columns
+    from autopar.io.specs import load_model, load_system
+    from autopar.model.context import LayoutContext
+    from autopar.model.evaluate import normalize, typed_columns
+    from autopar.model.layers import finish, fp8_gemm, linear
+    from autopar.model.speedups import distinct_codes
+    from conftest import one_proc_execution
+
+    sy = with_framework(load_system("systems/h100_96g_nvl8.json"), load_framework(framework))
+    m = load_model("models/llama3-70B.json")
+    ex = one_proc_execution(datatype="bfloat16", fp8_recipe=recipe)
+    cols = typed_columns(normalize(to_columns([ex])))
+    ctx = LayoutContext(m, sy, cols, distinct_codes(cols["datatype"]))
+    return ctx, finish(ctx, fp8_gemm(ctx, linear(ctx, 32768.0, 8192.0, 1280.0)))
+
+
+def test_rowwise_float8_linear_at_torchaos_published_speed_by_hand():
+    """float8 rowwise in torchtitan-compile.json is torchao's published
+    rowwise table (H100, June 2025): a linear of M 32768, K 8192, N 1280
+    takes the table's (32768, 8192, 1024) speed-up, 0.63 -- slower than
+    bf16 -- on the model's bf16 time of the layer, its casts inside that
+    figure; tensorwise keeps the counted fp8 rate (faster than bf16)."""
+    import pytest
+
+    _, bf16 = _linear_times("none")
+    _, row = _linear_times("rowwise")
+    _, tw = _linear_times("tensorwise")
+    assert row["fp8_speedup"][0] == pytest.approx(0.63)
+    for s in ("fw", "agrad", "wgrad"):
+        assert row["time_" + s][0] == pytest.approx(bf16["time_" + s][0] / 0.63, rel=1e-9)
+        assert tw["time_" + s][0] < bf16["time_" + s][0]
+    assert tw["fp8_speedup"][0] == 0
+    # without the table (torchtitan.json) rowwise is the counted fp8 rate + casts
+    _, counted = _linear_times("rowwise", "torchtitan")
+    assert "fp8_speedup" not in counted and counted["time_fw"][0] < bf16["time_fw"][0]
+
+
+def test_rowwise_table_shape_nearest_and_clamped():
+    """Shapes off the grid take the nearest grid point in log scale, clamped
+    to the grid: M 131072 -> 32768, N 128 -> 1024, N 3584 -> 4096."""
+    import numpy as np
+    import pytest
+
+    from autopar.model.layers import fp8_table_speedup
+
+    ctx, _ = _linear_times("rowwise")
+
+    def at(m, k, n, chunks=None):
+        L = {"inputs": np.array([m * k]), "outputs": np.array([m * n]),
+             "weight": np.array([k * n])}
+        if chunks:
+            L["chunks"] = np.array([chunks])
+        return float(fp8_table_speedup(ctx, L)[0])
+
+    assert at(131072.0, 8192.0, 128.0) == pytest.approx(0.63)
+    assert at(131072.0, 8192.0, 3584.0) == pytest.approx(1.11)
+    assert at(131072.0, 3584.0, 8192.0) == pytest.approx(1.28)
+    # one per-rank chunk of an async-TP GEMM: M / 8 = 16384
+    assert at(131072.0, 3584.0, 8192.0, chunks=8) == pytest.approx(1.20)
+
+
+def test_fp8_linear_speedup_bad_values_are_spec_errors(tmp_path):
+    import json
+
+    import pytest
+
+    from autopar.io.errors import SpecError
+    from autopar.io.frameworks import load_framework
+
+    def fails(change, field):
+        doc = json.loads(open("frameworks/torchtitan-compile.json").read())
+        change(doc["time_overhead"]["fp8_linear_speedup"])
+        p = tmp_path / "bad.json"
+        p.write_text(json.dumps(doc))
+        with pytest.raises(SpecError) as e:
+            load_framework(str(p))
+        assert field in str(e.value)
+
+    fails(lambda t: t.update(nvfp4=t["rowwise"]), "fp8_linear_speedup.nvfp4")
+    fails(lambda t: t["rowwise"]["speedup"].pop(), "fp8_linear_speedup.rowwise.speedup")
+    fails(lambda t: t["rowwise"]["speedup"][0][0].__setitem__(0, -1),
+          "fp8_linear_speedup.rowwise.speedup")
+    fails(lambda t: t["rowwise"].__setitem__("M", [2048, 1024, 4096, 8192, 16384, 32768]),
+          "fp8_linear_speedup.rowwise.M")

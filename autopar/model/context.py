@@ -180,6 +180,14 @@ class LayoutContext:
                 and system.time_overhead.tp_gather_fp8):
             tensorwise = recipe == CHOICES["fp8_recipe"].index("tensorwise")
             self.tp_gather_bytes = np.where(tensorwise, 1.0, self.elem_bytes)
+        # Published speed-ups of the framework's fp8 linear layer over bf16,
+        # per recipe code (TimeOverhead.fp8_linear_speedup; layers.fp8_gemm).
+        self.fp8_speedup = {}
+        if self.fp8 is not None and system.time_overhead is not None:
+            for r, ms, ks, ns, v in system.time_overhead.fp8_linear_speedup:
+                self.fp8_speedup[CHOICES["fp8_recipe"].index(r)] = (
+                    np.log2(ms), np.log2(ks), np.log2(ns),
+                    np.asarray(v, dtype=float).reshape(len(ms), len(ks), len(ns)))
         # Optimizers and fine-tuning (autopar.model.optimizers, .finetune):
         # None where every row is Calculon's (Adam, every weight trained).
         opt = np.asarray(_col(cols, "optimizer"))

@@ -119,6 +119,8 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
     # A GEMM run as equal pieces: a grouped GEMM's groups, or the per-rank
     # chunks of a tile-overlapped TP GEMM (communication.tp_overlapped_linear).
     groups = L.get("groups", L.get("chunks"))
+    # A published fp8 linear speed-up (fp8_gemm): bf16 time / speed-up.
+    speedup = L.get("fp8_speedup")
     for s in STAGES:
         eng = ctx.matrix if (L["matrix"] and s != "optim") else ctx.vector
         if groups is not None and eng is ctx.matrix:
@@ -127,13 +129,20 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
             if fp8 is not None and s != "optim":
                 L["flops_time_" + s] = np.where(
                     fp8, groups * ctx.matrix_fp8.time(flops[s] / groups), L["flops_time_" + s])
-            L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
-            continue
-        L["flops_time_" + s] = eng.time(flops[s])
-        if fp8 is not None and s != "optim":
-            L["flops_time_" + s] = np.where(fp8, ctx.matrix_fp8.time(flops[s]),
-                                            L["flops_time_" + s])
+        else:
+            L["flops_time_" + s] = eng.time(flops[s])
+            if fp8 is not None and s != "optim":
+                L["flops_time_" + s] = np.where(fp8, ctx.matrix_fp8.time(flops[s]),
+                                                L["flops_time_" + s])
         L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
+        if speedup is not None and s != "optim":
+            high = (groups * eng.time(flops[s] / groups) if groups is not None
+                    else eng.time(flops[s]))
+            tab = speedup > 0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                L["flops_time_" + s] = np.where(tab, high / speedup, L["flops_time_" + s])
+                L["mem_time_" + s] = np.where(tab, L["mem_time_" + s] / speedup,
+                                              L["mem_time_" + s])
     if "time_scale" in L:
         for s in ("fw", "agrad"):
             L["flops_time_" + s] = L["flops_time_" + s] * L.get("time_scale_" + s, L["time_scale"])
@@ -233,6 +242,14 @@ def fp8_gemm(ctx, L: dict) -> dict:
     act_reads, act_write, w_reads, w_write, copy_b, saved_b = (t[r] for t in _RECIPE_BYTES)
     per_act = act_reads * b + act_write          # bytes per element cast
     per_w = w_reads * b + w_write
+    if ctx.fp8_speedup:
+        # A recipe with a published speed-up (TimeOverhead.fp8_linear_speedup):
+        # the layer's time is its bf16 time over the speed-up at its shape,
+        # which includes the casts (layers.finish).
+        s = fp8_table_speedup(ctx, L)
+        L["fp8_speedup"] = s
+        per_act = np.where(s > 0, 0.0, per_act)
+        per_w = np.where(s > 0, 0.0, per_w)
     L["mem_fw"] = L["mem_fw"] + per_act * L["inputs"] + per_w * L["weight"]
     L["mem_agrad"] = L["mem_agrad"] + per_act * L["act_grads"]
     if ctx.fp8_weight_copy:
@@ -242,6 +259,30 @@ def fp8_gemm(ctx, L: dict) -> dict:
     # the row-wise data of a saved quantized input: update_usage(rowwise=False)).
     L["act_b"] = np.where(ctx.fp8, L["act"] * saved_b, L["act_b"])
     return L
+
+
+def fp8_table_speedup(ctx, L: dict) -> np.ndarray:
+    """Per row, the published speed-up of an fp8 linear layer over bf16 at
+    the grid shape nearest (log scale, clamped) to this layer's forward GEMM
+    -- M tokens (of one chunk where the GEMM runs as per-rank chunks), K
+    input and N output features, read back from its input, output and weight
+    sizes (M^2 = inputs x outputs / weight) -- or 0 where the row's recipe
+    has no table (TimeOverhead.fp8_linear_speedup)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = np.sqrt(L["inputs"] * L["outputs"] / L["weight"])
+        k, n = L["inputs"] / m, L["outputs"] / m
+        m = m / L.get("chunks", 1.0)
+    out = ctx.zeros.copy()
+    ok = ctx.fp8 & (L["weight"] > 0)
+    for code, (lm, lk, ln, table) in ctx.fp8_speedup.items():
+        rows = ok & (ctx.fp8_recipe == code)
+        if not rows.any():
+            continue
+
+        def nearest(axis, x):
+            return np.abs(np.log2(np.maximum(x[rows], 1.0))[:, None] - axis[None, :]).argmin(1)
+        out[rows] = table[nearest(lm, m), nearest(lk, k), nearest(ln, n)]
+    return out
 
 
 def grouped_linear(ctx, groups, m, n, k, **kw):
