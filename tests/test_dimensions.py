@@ -318,10 +318,11 @@ def test_published_bars(reference):
     issue 24's NeMo-Launcher table is held to the first only: its
     throughput is not yet within 10%, docs/validation.md; so are
     torchtitan's async-TP rows, mapped since issue 24 item 1 at their train
-    config's sequence length: 15.3% median, async TP's speed-up and float8
-    rowwise's baseline over-predicted, docs/validation.md, "torchtitan:
-    recipe defaults and memory, counted"; the table's other rows are held
-    to the 10%)."""
+    config's sequence length: 11.3% median, async TP's speed-up still
+    over-predicted, docs/validation.md, "torchtitan: recipe defaults and
+    memory, counted" and "torchtitan async TP and float8 rowwise, counted",
+    held there by tests/test_torchtitan_table.py; the table's other rows
+    are held to the 10%)."""
     import numpy as np
 
     from autopar.studies.published import TABLES, cases, report

@@ -451,3 +451,30 @@ def test_fp8_linear_speedup_bad_values_are_spec_errors(tmp_path):
           "fp8_linear_speedup.rowwise.speedup")
     fails(lambda t: t["rowwise"].__setitem__("M", [2048, 1024, 4096, 8192, 16384, 32768]),
           "fp8_linear_speedup.rowwise.M")
+
+
+def test_async_tp_rows_held_where_counted():
+    """The 12 async-TP rows (torchtitan's async-TP page) after the counted
+    async-TP chunks, float8 TP gathers and torchao's rowwise speed: median
+    |tokens/s error| 11.3% (15.3% before), worst 38% (85%); rowwise runs
+    slower than bf16 on the 8B rows' small per-rank GEMMs, as measured
+    (3708.5 against 4378 tokens/s), where the counted fp8 rate had it
+    faster (docs/validation.md, "torchtitan async TP and float8 rowwise,
+    counted")."""
+    import numpy as np
+
+    rows = P.predict(P.TABLES["torchtitan"], rank=False).set_index("row")
+    a = rows[rows.label.str.startswith("asyncTP")]
+    assert len(a) == 12
+    assert np.median(np.abs(a.tok_error)) <= 0.115
+    assert np.abs(a.tok_error).max() <= 0.40
+    frame = P.read_table(P.TABLES["torchtitan"])
+
+    def pred(model, f8, asy):
+        i = frame.index[(frame.model == model) & (frame.float8 == f8)
+                        & (frame.async_tp.astype(str) == str(asy))][0]
+        return rows.loc[i, "pred_tokens_per_s_per_gpu"]
+
+    assert pred("Llama 3 8B", "float8 rowwise", False) < pred("Llama 3 8B", "bfloat16", False)
+    assert pred("Llama 3 70B", "float8 rowwise", False) < \
+        pred("Llama 3 70B", "float8 tensorwise", False)
