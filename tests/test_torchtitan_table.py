@@ -455,18 +455,20 @@ def test_fp8_linear_speedup_bad_values_are_spec_errors(tmp_path):
 
 def test_async_tp_rows_held_where_counted():
     """The 12 async-TP rows (torchtitan's async-TP page) after the counted
-    async-TP chunks, float8 TP gathers and torchao's rowwise speed: median
-    |tokens/s error| 11.3% (15.3% before), worst 38% (85%); rowwise runs
-    slower than bf16 on the 8B rows' small per-rank GEMMs, as measured
-    (3708.5 against 4378 tokens/s), where the counted fp8 rate had it
-    faster (docs/validation.md, "torchtitan async TP and float8 rowwise,
-    counted")."""
+    async-TP chunks, float8 TP gathers and torchao's rowwise speed read at
+    torchtitan's separate projections: median |tokens/s error| 11.6% (15.3%
+    before), worst 38% (85%); rowwise runs slower than bf16 on the 8B rows'
+    small per-rank GEMMs, as measured (3708.5 against 4378 tokens/s), where
+    the counted fp8 rate had it faster, and the vanilla-TP rowwise / bf16
+    ratio is the page's within 3% on both models (measured 1.004 and 0.847;
+    1.28 and 1.17 before) (docs/validation.md, "torchtitan async TP and
+    float8 rowwise, counted")."""
     import numpy as np
 
     rows = P.predict(P.TABLES["torchtitan"], rank=False).set_index("row")
     a = rows[rows.label.str.startswith("asyncTP")]
     assert len(a) == 12
-    assert np.median(np.abs(a.tok_error)) <= 0.115
+    assert np.median(np.abs(a.tok_error)) <= 0.12
     assert np.abs(a.tok_error).max() <= 0.40
     frame = P.read_table(P.TABLES["torchtitan"])
 
@@ -476,5 +478,43 @@ def test_async_tp_rows_held_where_counted():
         return rows.loc[i, "pred_tokens_per_s_per_gpu"]
 
     assert pred("Llama 3 8B", "float8 rowwise", False) < pred("Llama 3 8B", "bfloat16", False)
+    for model, measured in (("Llama 3 70B", 599.6 / 597.3), ("Llama 3 8B", 3708.5 / 4378)):
+        ratio = pred(model, "float8 rowwise", False) / pred(model, "bfloat16", False)
+        assert abs(ratio / measured - 1) <= 0.03, (model, ratio, measured)
     assert pred("Llama 3 70B", "float8 rowwise", False) < \
         pred("Llama 3 70B", "float8 tensorwise", False)
+
+
+def test_separate_projections_read_at_each_shape_by_hand():
+    """torchtitan's Llama runs wq, wk, wv and w1, w3 as separate linear
+    layers (time_overhead.separate_projections): a gated MLP input fused as
+    N 7168 (Llama 3 70B at TP 8) takes the rowwise table at two N 3584
+    GEMMs (-> 4096: 1.11), not at 7168 (-> 8192: 1.41); q, k, v of widths
+    8 : 1 : 1 combine by their share of the work."""
+    import dataclasses
+
+    import numpy as np
+    import pytest
+
+    from autopar.model.layers import fp8_table_speedup, projections
+
+    ctx, _ = _linear_times("rowwise")
+    m, k = 131072.0, 8192.0
+
+    def at(n, widths, split=True):
+        ctx.separate_projections = split
+        L = projections({"inputs": np.array([m * k]), "outputs": np.array([m * n]),
+                         "weight": np.array([k * n])}, widths)
+        return float(fp8_table_speedup(ctx, L)[0])
+
+    assert at(7168.0, (1.0, 1.0)) == pytest.approx(1.11)
+    assert at(7168.0, (1.0, 1.0), split=False) == pytest.approx(1.41)
+    assert at(7168.0, (1.0,)) == pytest.approx(1.41)
+    # 70B q, k, v: N 1024, 128, 128 (all clamped to the grid's 1024: 0.63)
+    assert at(1280.0, (8.0, 1.0, 1.0)) == pytest.approx(0.63)
+    # 8B at TP 1 shapes: q 4096 (1.04), k and v 1024 (0.59) at M 32768, K 4096
+    ctx.separate_projections = True
+    L = projections({"inputs": np.array([32768.0 * 4096]), "outputs": np.array([32768.0 * 6144]),
+                     "weight": np.array([4096.0 * 6144])}, (4.0, 1.0, 1.0))
+    want = 1 / (4 / 6 / 1.04 + 1 / 6 / 0.59 + 1 / 6 / 0.59)
+    assert float(fp8_table_speedup(ctx, L)[0]) == pytest.approx(want)

@@ -333,7 +333,13 @@ class TimeOverhead:
     scale, clamped to the grid; M of one per-rank chunk where
     ``tp_overlap_chunks``), instead of the recipe's matrix rate and counted
     casts.  Held as ``((recipe, Ms, Ks, Ns, speedups flattened M-major),
-    ...)``; empty: the counted rate and casts (Calculon-style)."""
+    ...)``; empty: the counted rate and casts (Calculon-style).
+    ``separate_projections``: the framework's model runs the query, key and
+    value projections, and a gated MLP's gate and up projections, as
+    separate linear layers (torchtitan's Llama: wq, wk, wv, w1, w3), so a
+    published ``fp8_linear_speedup`` is read at each one's shape and
+    combined by its share of the work; False: at the shape of the GEMM the
+    model counts (fused where the model fuses them)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
@@ -345,6 +351,7 @@ class TimeOverhead:
     tp_overlap_chunks: bool = False
     tp_gather_fp8: bool = False
     fp8_linear_speedup: tuple = ()
+    separate_projections: bool = False
 
 
 @dataclass(frozen=True)
@@ -1010,7 +1017,7 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
                          "attention_backward_speed", "attention_tile", "grad_accum_bytes",
                          "adapter_elementwise_bytes", "tp_overlap_chunks",
-                         "tp_gather_fp8", "fp8_linear_speedup"))
+                         "tp_gather_fp8", "fp8_linear_speedup", "separate_projections"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -1045,10 +1052,11 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     gather8 = c.bool(o.get("tp_gather_fp8", False), f"{path}.tp_gather_fp8")
     tables = read_fp8_linear_speedup(c, o.get("fp8_linear_speedup", {}),
                                      f"{path}.fp8_linear_speedup")
+    split = c.bool(o.get("separate_projections", False), f"{path}.separate_projections")
     return TimeOverhead(frac, moe_s, launch, speed, attention_backward_speed=bw,
                         attention_tile=tile, grad_accum_bytes=accum, adapter_bytes=ab,
                         tp_overlap_chunks=chunks, tp_gather_fp8=gather8,
-                        fp8_linear_speedup=tables)
+                        fp8_linear_speedup=tables, separate_projections=split)
 
 
 # The fp8 recipes ``time_overhead.fp8_linear_speedup`` may hold a table for.
@@ -1162,6 +1170,8 @@ def time_overhead_json(t: TimeOverhead) -> dict:
         out["tp_overlap_chunks"] = True
     if t.tp_gather_fp8:
         out["tp_gather_fp8"] = True
+    if t.separate_projections:
+        out["separate_projections"] = True
     if t.fp8_linear_speedup:
         out["fp8_linear_speedup"] = {
             r: {"M": list(ms), "K": list(ks), "N": list(ns),

@@ -183,6 +183,9 @@ class LayoutContext:
         # Published speed-ups of the framework's fp8 linear layer over bf16,
         # per recipe code (TimeOverhead.fp8_linear_speedup; layers.fp8_gemm).
         self.fp8_speedup = {}
+        # ... read at each separate projection's shape (layers.fp8_table_speedup).
+        self.separate_projections = bool(system.time_overhead is not None
+                                         and system.time_overhead.separate_projections)
         if self.fp8 is not None and system.time_overhead is not None:
             for r, ms, ks, ns, v in system.time_overhead.fp8_linear_speedup:
                 self.fp8_speedup[CHOICES["fp8_recipe"].index(r)] = (

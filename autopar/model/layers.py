@@ -261,6 +261,18 @@ def fp8_gemm(ctx, L: dict) -> dict:
     return L
 
 
+def projections(L: dict, widths) -> dict:
+    """Mark a linear layer as the fusion of projections of these output
+    widths (q, k, v; a gated MLP's gate and up): a framework that runs them
+    as separate layers (TimeOverhead.separate_projections) has its published
+    fp8 speed-up read at each one's shape (``fp8_table_speedup``); nothing
+    else changes.  (``L`` changed in place and returned.)"""
+    total = float(sum(widths))
+    if len(widths) > 1:
+        L["parts"] = tuple(w / total for w in widths)
+    return L
+
+
 def fp8_table_speedup(ctx, L: dict) -> np.ndarray:
     """Per row, the published speed-up of an fp8 linear layer over bf16 at
     the grid shape nearest (log scale, clamped) to this layer's forward GEMM
@@ -272,6 +284,9 @@ def fp8_table_speedup(ctx, L: dict) -> np.ndarray:
         m = np.sqrt(L["inputs"] * L["outputs"] / L["weight"])
         k, n = L["inputs"] / m, L["outputs"] / m
         m = m / L.get("chunks", 1.0)
+    # A fused projection the framework runs as separate linear layers
+    # (TimeOverhead.separate_projections): each part's share of N and work.
+    parts = L.get("parts", (1.0,)) if ctx.separate_projections else (1.0,)
     out = ctx.zeros.copy()
     ok = ctx.fp8 & (L["weight"] > 0)
     for code, (lm, lk, ln, table) in ctx.fp8_speedup.items():
@@ -281,7 +296,10 @@ def fp8_table_speedup(ctx, L: dict) -> np.ndarray:
 
         def nearest(axis, x):
             return np.abs(np.log2(np.maximum(x[rows], 1.0))[:, None] - axis[None, :]).argmin(1)
-        out[rows] = table[nearest(lm, m), nearest(lk, k), nearest(ln, n)]
+        im, ik = nearest(lm, m), nearest(lk, k)
+        slow = sum(np.broadcast_to(share, m.shape)[rows] / table[im, ik, nearest(ln, n * share)]
+                   for share in parts)
+        out[rows] = 1.0 / slow
     return out
 
 
