@@ -319,7 +319,7 @@ def test_published_bars(reference):
     throughput is not yet within 10%, docs/validation.md; the torchtitan
     table, its 12 async-TP rows mapped since issue 24 item 1, is held
     whole since its async-TP chunks, float8 TP gathers and torchao's
-    rowwise speed were counted: 10.0% median, docs/validation.md,
+    rowwise speed were counted: 9.6% median, docs/validation.md,
     "torchtitan async TP and float8 rowwise, counted"; its 20 older rows
     at 8.4%)."""
     import numpy as np

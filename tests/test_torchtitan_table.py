@@ -456,8 +456,8 @@ def test_fp8_linear_speedup_bad_values_are_spec_errors(tmp_path):
 def test_async_tp_rows_held_where_counted():
     """The 12 async-TP rows (torchtitan's async-TP page) after the counted
     async-TP chunks, float8 TP gathers and torchao's rowwise speed read at
-    torchtitan's separate projections: median |tokens/s error| 11.6% (15.3%
-    before), worst 38% (85%); rowwise runs slower than bf16 on the 8B rows'
+    torchtitan's separate projections: median |tokens/s error| 10.9% (15.3%
+    before), worst 32% (85%); rowwise runs slower than bf16 on the 8B rows'
     small per-rank GEMMs, as measured (3708.5 against 4378 tokens/s), where
     the counted fp8 rate had it faster, and the vanilla-TP rowwise / bf16
     ratio is the page's within 3% on both models (measured 1.004 and 0.847;
@@ -468,8 +468,8 @@ def test_async_tp_rows_held_where_counted():
     rows = P.predict(P.TABLES["torchtitan"], rank=False).set_index("row")
     a = rows[rows.label.str.startswith("asyncTP")]
     assert len(a) == 12
-    assert np.median(np.abs(a.tok_error)) <= 0.12
-    assert np.abs(a.tok_error).max() <= 0.40
+    assert np.median(np.abs(a.tok_error)) <= 0.11
+    assert np.abs(a.tok_error).max() <= 0.33
     frame = P.read_table(P.TABLES["torchtitan"])
 
     def pred(model, f8, asy):
@@ -518,3 +518,44 @@ def test_separate_projections_read_at_each_shape_by_hand():
                      "weight": np.array([4096.0 * 6144])}, (4.0, 1.0, 1.0))
     want = 1 / (4 / 6 / 1.04 + 1 / 6 / 0.59 + 1 / 6 / 0.59)
     assert float(fp8_table_speedup(ctx, L)[0]) == pytest.approx(want)
+
+
+def test_separate_projections_time_each_gemm_by_hand():
+    """With separate projections each of torchtitan's q, k, v GEMMs (and
+    their per-rank chunks under async TP) runs at the efficiency of its own
+    size on the matrix curve: the 8B row's QKV chunk of 77 GFLOP is a q
+    chunk of 52 and k, v chunks of 13 GFLOP; without the field, one GEMM."""
+    import dataclasses
+
+    import pytest
+
+    from autopar.io.frameworks import load_framework, with_framework
+    from autopar.io.layouts import to_columns
+    from autopar.io.specs import load_model, load_system
+    from autopar.model.communication import tp_overlapped_linear
+    from autopar.model.context import LayoutContext
+    from autopar.model.evaluate import normalize, typed_columns
+    from autopar.model.layers import finish, projections
+    from conftest import one_proc_execution
+
+    def qkv(split):
+        sy = with_framework(load_system("systems/h100_96g_nvl8.json"),
+                            load_framework("torchtitan-compile"))
+        sy = dataclasses.replace(sy, time_overhead=dataclasses.replace(
+            sy.time_overhead, separate_projections=split))
+        ex = one_proc_execution(num_procs=8, tensor_par=8, datatype="bfloat16",
+                                tensor_par_comm_type="rs_ag", tensor_par_overlap="ring",
+                                batch_size=1, microbatch_size=1)
+        cols = typed_columns(normalize(to_columns([ex])))
+        ctx = LayoutContext(load_model("models/llama3-8B.json"), sy, cols, [2])
+        L = tp_overlapped_linear(ctx, 98304.0, 4096.0, 6144.0, False, False, False)
+        return ctx, finish(ctx, projections(L, (32.0, 8.0, 8.0)))
+
+    ctx, split = qkv(True)
+    _, fused = qkv(False)
+    flops = 2 * 98304 * 4096 * 6144 / 8
+    t = ctx.matrix.time
+    want = sum(8 * float(t(flops * p / 8)) for p in (4 / 6, 1 / 6, 1 / 6))
+    assert split["flops_time_fw"][0] == pytest.approx(want, rel=1e-12)
+    assert fused["flops_time_fw"][0] == pytest.approx(8 * float(t(flops / 8)), rel=1e-12)
+    assert split["flops_time_fw"][0] > 1.1 * fused["flops_time_fw"][0]

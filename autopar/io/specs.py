@@ -336,10 +336,12 @@ class TimeOverhead:
     ...)``; empty: the counted rate and casts (Calculon-style).
     ``separate_projections``: the framework's model runs the query, key and
     value projections, and a gated MLP's gate and up projections, as
-    separate linear layers (torchtitan's Llama: wq, wk, wv, w1, w3), so a
-    published ``fp8_linear_speedup`` is read at each one's shape and
-    combined by its share of the work; False: at the shape of the GEMM the
-    model counts (fused where the model fuses them)."""
+    separate linear layers (torchtitan's Llama: wq, wk, wv, w1, w3): each
+    runs at the efficiency of its own size on the matrix curve (and of its
+    own per-rank chunks under ``tp_overlap_chunks``), and a published
+    ``fp8_linear_speedup`` is read at each one's shape, combined by its
+    share of the work; False: one GEMM of the model's (fused where the model
+    fuses them, Calculon's meaning)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0

@@ -109,6 +109,15 @@ def no_tp_comm(ctx: LayoutContext, L: dict) -> None:
     L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
 
 
+def pieces_time(eng, flops, groups=None, parts=(1.0,)):
+    """Seconds for ``flops`` run as ``groups`` equal GEMMs (a grouped GEMM's
+    groups, a TP GEMM's per-rank chunks; None: one) of each of ``parts``
+    (shares of the work: separate projections), each at the efficiency of
+    its own size."""
+    g = 1.0 if groups is None else groups
+    return sum(g * eng.time(flops * p / g) for p in parts)
+
+
 def finish(ctx: LayoutContext, L: dict) -> dict:
     """Compute times of a layer once its flops/mem columns are final."""
     flops = {"fw": L["fw"], "agrad": L["agrad"], "wgrad": L["wgrad"],
@@ -119,16 +128,21 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
     # A GEMM run as equal pieces: a grouped GEMM's groups, or the per-rank
     # chunks of a tile-overlapped TP GEMM (communication.tp_overlapped_linear).
     groups = L.get("groups", L.get("chunks"))
+    # A fused projection the framework runs as separate GEMMs
+    # (TimeOverhead.separate_projections; ``projections``): each its share.
+    parts = L.get("parts", (1.0,)) if ctx.separate_projections else (1.0,)
     # A published fp8 linear speed-up (fp8_gemm): bf16 time / speed-up.
     speedup = L.get("fp8_speedup")
     for s in STAGES:
         eng = ctx.matrix if (L["matrix"] and s != "optim") else ctx.vector
-        if groups is not None and eng is ctx.matrix:
-            # A grouped GEMM runs each group at the efficiency of its own size.
-            L["flops_time_" + s] = groups * eng.time(flops[s] / groups)
+        if (groups is not None or len(parts) > 1) and eng is ctx.matrix:
+            # A grouped GEMM runs each group at the efficiency of its own
+            # size; so does each chunk, and each separate projection.
+            L["flops_time_" + s] = pieces_time(eng, flops[s], groups, parts)
             if fp8 is not None and s != "optim":
                 L["flops_time_" + s] = np.where(
-                    fp8, groups * ctx.matrix_fp8.time(flops[s] / groups), L["flops_time_" + s])
+                    fp8, pieces_time(ctx.matrix_fp8, flops[s], groups, parts),
+                    L["flops_time_" + s])
         else:
             L["flops_time_" + s] = eng.time(flops[s])
             if fp8 is not None and s != "optim":
@@ -136,8 +150,7 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
                                                 L["flops_time_" + s])
         L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
         if speedup is not None and s != "optim":
-            high = (groups * eng.time(flops[s] / groups) if groups is not None
-                    else eng.time(flops[s]))
+            high = pieces_time(eng, flops[s], groups, parts)
             tab = speedup > 0
             with np.errstate(divide="ignore", invalid="ignore"):
                 L["flops_time_" + s] = np.where(tab, high / speedup, L["flops_time_" + s])
@@ -264,9 +277,10 @@ def fp8_gemm(ctx, L: dict) -> dict:
 def projections(L: dict, widths) -> dict:
     """Mark a linear layer as the fusion of projections of these output
     widths (q, k, v; a gated MLP's gate and up): a framework that runs them
-    as separate layers (TimeOverhead.separate_projections) has its published
-    fp8 speed-up read at each one's shape (``fp8_table_speedup``); nothing
-    else changes.  (``L`` changed in place and returned.)"""
+    as separate layers (TimeOverhead.separate_projections) times each GEMM
+    at its own size (``finish``, ``pieces_time``) and has its published fp8
+    speed-up read at each one's shape (``fp8_table_speedup``).  (``L``
+    changed in place and returned.)"""
     total = float(sum(widths))
     if len(widths) > 1:
         L["parts"] = tuple(w / total for w in widths)
