@@ -330,9 +330,9 @@ class TimeOverhead:
     K input and N output features), casts included.  Where a row's recipe
     has one, each of the block's linear layers takes the model's bf16 time
     of that layer divided by the speed-up at the nearest grid shape (log
-    scale, clamped to the grid; M of one per-rank chunk where
-    ``tp_overlap_chunks``), instead of the recipe's matrix rate and counted
-    casts.  Held as ``((recipe, Ms, Ks, Ns, speedups flattened M-major),
+    scale, clamped to the grid; M of the whole GEMM where it runs as
+    per-rank chunks, whose efficiency is in that bf16 time), instead of the
+    recipe's matrix rate and counted casts.  Held as ``((recipe, Ms, Ks, Ns, speedups flattened M-major),
     ...)``; empty: the counted rate and casts (Calculon-style).
     ``separate_projections``: the framework's model runs the query, key and
     value projections, and a gated MLP's gate and up projections, as

@@ -290,14 +290,15 @@ def projections(L: dict, widths) -> dict:
 def fp8_table_speedup(ctx, L: dict) -> np.ndarray:
     """Per row, the published speed-up of an fp8 linear layer over bf16 at
     the grid shape nearest (log scale, clamped) to this layer's forward GEMM
-    -- M tokens (of one chunk where the GEMM runs as per-rank chunks), K
-    input and N output features, read back from its input, output and weight
-    sizes (M^2 = inputs x outputs / weight) -- or 0 where the row's recipe
-    has no table (TimeOverhead.fp8_linear_speedup)."""
+    -- M tokens, K input and N output features, read back from its input,
+    output and weight sizes (M^2 = inputs x outputs / weight) -- or 0 where
+    the row's recipe has no table (TimeOverhead.fp8_linear_speedup).  M is
+    the whole GEMM's where it runs as per-rank chunks: the casts the figure
+    includes are of the whole tensors, and the chunks' own GEMM efficiency
+    is in the bf16 time it divides (``finish``, ``pieces_time``)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         m = np.sqrt(L["inputs"] * L["outputs"] / L["weight"])
         k, n = L["inputs"] / m, L["outputs"] / m
-        m = m / L.get("chunks", 1.0)
     # A fused projection the framework runs as separate linear layers
     # (TimeOverhead.separate_projections): each part's share of N and work.
     parts = L.get("parts", (1.0,)) if ctx.separate_projections else (1.0,)
