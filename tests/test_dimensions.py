@@ -316,18 +316,18 @@ def test_published_bars(reference):
     to fit, median |tokens/s error| within 10% per table, B200 peak memory
     within 1% median (the Qwen3 MoE table, issue 14, is not held to them;
     issue 24's NeMo-Launcher table is held to the first only: its
-    throughput is not yet within 10%, docs/validation.md; so are
-    torchtitan's async-TP rows, mapped since issue 24 item 1 at their train
-    config's sequence length: 15.3% median, async TP's speed-up and float8
-    rowwise's baseline over-predicted, docs/validation.md, "torchtitan:
-    recipe defaults and memory, counted"; the table's other rows are held
-    to the 10%)."""
+    throughput is not yet within 10%, docs/validation.md; the torchtitan
+    table, its 12 async-TP rows mapped since issue 24 item 1, is held
+    whole since its async-TP chunks, float8 TP gathers and torchao's
+    rowwise speed were counted: 9.6% median, docs/validation.md,
+    "torchtitan async TP and float8 rowwise, counted"; its 20 older rows
+    at 8.4%)."""
     import numpy as np
 
     from autopar.studies.published import TABLES, cases, report
     summary, rows = report([n for n in TABLES if n != "bridge_qwen3_moe"], rank=False)
     assert (summary.feasible == summary.predicted).all(), summary
-    within = summary.drop(index=["nemo_launcher_a100", "torchtitan"])
+    within = summary.drop(index=["nemo_launcher_a100"])
     assert (within.median_abs_tok_error <= 0.10).all(), within.median_abs_tok_error
     titan = rows["torchtitan"]
     titan = titan[(titan.status == "predicted") & ~titan.label.str.startswith("asyncTP")]

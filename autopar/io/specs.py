@@ -325,7 +325,41 @@ class TimeOverhead:
     forward and in the backward pass -- (forward_input, forward_output,
     backward_input, backward_output): its casts, dropout, scaling and the
     add into the base layer's output (``autopar.model.adapters``; zeros:
-    the GEMMs only)."""
+    the GEMMs only).
+    ``tp_overlap_chunks``: the framework overlaps tensor-parallel
+    communication (``tensor_par_overlap`` ring / pipe) by decomposing each
+    linear layer's GEMM into ``tensor_par`` per-rank chunks, each launched on
+    its own as its shard arrives (torch's micro-pipelined async TP,
+    ``torch.distributed._symmetric_memory``): each chunk runs at the
+    efficiency of its own size on the matrix curve.  False: the overlapped
+    GEMM runs at the efficiency of the whole GEMM (Calculon's meaning).
+    ``tp_gather_fp8``: with the ``tensorwise`` fp8 recipe the framework
+    casts a tensor-parallel all-gather's input to float8 before gathering
+    it (the block input before the column-parallel GEMMs in the forward and
+    its recompute, the output gradient before the row-parallel GEMMs'
+    backward: torchao's Float8ColwiseParallel / Float8RowwiseParallel /
+    PrepareFloat8ModuleInput, which torchtitan applies for tensorwise
+    float8), so those all-gathers move 1 byte an element; reduce-scatters
+    stay in the working precision.  False: every TP collective moves the
+    working precision (Calculon's meaning).
+    ``fp8_linear_speedup``: a published microbenchmark of the framework's
+    low-precision linear layer, per recipe: its forward + backward speed-up
+    over the same layer in bf16 on a grid of forward GEMM shapes (M tokens,
+    K input and N output features), casts included.  Where a row's recipe
+    has one, each of the block's linear layers takes the model's bf16 time
+    of that layer divided by the speed-up at the nearest grid shape (log
+    scale, clamped to the grid; M of the whole GEMM where it runs as
+    per-rank chunks, whose efficiency is in that bf16 time), instead of the
+    recipe's matrix rate and counted casts.  Held as ``((recipe, Ms, Ks, Ns, speedups flattened M-major),
+    ...)``; empty: the counted rate and casts (Calculon-style).
+    ``separate_projections``: the framework's model runs the query, key and
+    value projections, and a gated MLP's gate and up projections, as
+    separate linear layers (torchtitan's Llama: wq, wk, wv, w1, w3): each
+    runs at the efficiency of its own size on the matrix curve (and of its
+    own per-rank chunks under ``tp_overlap_chunks``), and a published
+    ``fp8_linear_speedup`` is read at each one's shape, combined by its
+    share of the work; False: one GEMM of the model's (fused where the model
+    fuses them, Calculon's meaning)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
@@ -334,6 +368,10 @@ class TimeOverhead:
     attention_tile: int = 0
     grad_accum_bytes: float = 0.0
     adapter_bytes: tuple = (0.0, 0.0, 0.0, 0.0)
+    tp_overlap_chunks: bool = False
+    tp_gather_fp8: bool = False
+    fp8_linear_speedup: tuple = ()
+    separate_projections: bool = False
 
 
 @dataclass(frozen=True)
@@ -1006,7 +1044,8 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     """A ``time_overhead`` object -> TimeOverhead."""
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
                          "attention_backward_speed", "attention_tile", "grad_accum_bytes",
-                         "adapter_elementwise_bytes"))
+                         "adapter_elementwise_bytes", "tp_overlap_chunks",
+                         "tp_gather_fp8", "fp8_linear_speedup", "separate_projections"))
     frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
     if not 0 <= frac < 1:
         c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
@@ -1037,8 +1076,62 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
         for k, x in zip(ADAPTER_BYTES_KEYS, ab):
             if not 0 <= x <= 1000:
                 c.fail(f"{ap}.{k}", f"must be in [0, 1000] bytes an element, got {x}")
+    chunks = c.bool(o.get("tp_overlap_chunks", False), f"{path}.tp_overlap_chunks")
+    gather8 = c.bool(o.get("tp_gather_fp8", False), f"{path}.tp_gather_fp8")
+    tables = read_fp8_linear_speedup(c, o.get("fp8_linear_speedup", {}),
+                                     f"{path}.fp8_linear_speedup")
+    split = c.bool(o.get("separate_projections", False), f"{path}.separate_projections")
     return TimeOverhead(frac, moe_s, launch, speed, attention_backward_speed=bw,
-                        attention_tile=tile, grad_accum_bytes=accum, adapter_bytes=ab)
+                        attention_tile=tile, grad_accum_bytes=accum, adapter_bytes=ab,
+                        tp_overlap_chunks=chunks, tp_gather_fp8=gather8,
+                        fp8_linear_speedup=tables, separate_projections=split)
+
+
+# The fp8 recipes ``time_overhead.fp8_linear_speedup`` may hold a table for.
+FP8_SPEEDUP_RECIPES = ("tensorwise", "rowwise", "mxfp8")
+
+
+def read_fp8_linear_speedup(c: "Checker", o, path: str) -> tuple:
+    """``{recipe: {"M": [...], "K": [...], "N": [...], "speedup": [M][K][N]}}``
+    -> ``((recipe, Ms, Ks, Ns, speedups flattened M-major), ...)``."""
+    if not isinstance(o, dict):
+        c.fail(path, f"expected an object of recipe -> table, got {kind_of(o)}")
+    out = []
+    for recipe, t in o.items():
+        rp = f"{path}.{recipe}"
+        if recipe not in FP8_SPEEDUP_RECIPES:
+            c.fail(rp, f"not an fp8 recipe with a table ({', '.join(FP8_SPEEDUP_RECIPES)})")
+        if not isinstance(t, dict):
+            c.fail(rp, f"expected an object with M, K, N and speedup, got {kind_of(t)}")
+        c.keys(t, rp, ("M", "K", "N", "speedup"), ("source",))
+        axes = []
+        for a in ("M", "K", "N"):
+            v = t[a]
+            if not isinstance(v, list) or not v:
+                c.fail(f"{rp}.{a}", "expected a non-empty list of sizes")
+            v = [c.number(x, f"{rp}.{a}") for x in v]
+            if any(x < 1 for x in v) or any(b <= a_ for a_, b in zip(v, v[1:])):
+                c.fail(f"{rp}.{a}", "sizes must be >= 1 and increasing")
+            axes.append(tuple(v))
+        sp = t["speedup"]
+        flat = []
+        shape_ok = isinstance(sp, list) and len(sp) == len(axes[0])
+        for plane in sp if shape_ok else ():
+            if not isinstance(plane, list) or len(plane) != len(axes[1]):
+                shape_ok = False
+                break
+            for line in plane:
+                if not isinstance(line, list) or len(line) != len(axes[2]):
+                    shape_ok = False
+                    break
+                flat.extend(c.number(x, f"{rp}.speedup") for x in line)
+        if not shape_ok:
+            c.fail(f"{rp}.speedup", f"expected {len(axes[0])} x {len(axes[1])} x "
+                   f"{len(axes[2])} nested lists (M, K, N)")
+        if any(not 0 < x <= 10 for x in flat):
+            c.fail(f"{rp}.speedup", "every speed-up must be in (0, 10]")
+        out.append((recipe, *axes, tuple(flat)))
+    return tuple(out)
 
 
 # The keys of ``time_overhead.adapter_elementwise_bytes`` (TimeOverhead.adapter_bytes).
@@ -1105,6 +1198,18 @@ def time_overhead_json(t: TimeOverhead) -> dict:
     if any(t.adapter_bytes):
         out["adapter_elementwise_bytes"] = {k: _num(x) for k, x in
                                             zip(ADAPTER_BYTES_KEYS, t.adapter_bytes)}
+    if t.tp_overlap_chunks:
+        out["tp_overlap_chunks"] = True
+    if t.tp_gather_fp8:
+        out["tp_gather_fp8"] = True
+    if t.separate_projections:
+        out["separate_projections"] = True
+    if t.fp8_linear_speedup:
+        out["fp8_linear_speedup"] = {
+            r: {"M": list(ms), "K": list(ks), "N": list(ns),
+                "speedup": [[[_num(v[(i * len(ks) + j) * len(ns) + k]) for k in range(len(ns))]
+                             for j in range(len(ks))] for i in range(len(ms))]}
+            for r, ms, ks, ns, v in t.fp8_linear_speedup}
     return out
 
 

@@ -36,8 +36,8 @@ from autopar.model.mamba import mamba_mixer
 from autopar.model.memory import whole_pipeline_grads
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
-                                  fp8_gemm, gelu, layer, linear, residual, rotary, softmax,
-                                  swiglu)
+                                  fp8_gemm, gelu, layer, linear, projections, residual, rotary,
+                                  softmax, swiglu)
 
 
 def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
@@ -231,8 +231,9 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
          separate),
         (fork(ctx, A, 3, recompute=x.regather_attn, stored=x.keep_qkv_input), separate),
         (g(linear(ctx, B, h, H * d / tp, **full, **shared_input)), separate),
-        (g(tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False, x.recompute_full,
-                                x.regather_attn)), overlapped & ~multiquery),
+        (g(projections(tp_overlapped_linear(ctx, B, h, (H + 2 * KV) * d, False,
+                                            x.recompute_full, x.regather_attn),
+                       (H, KV, KV))), overlapped & ~multiquery),
         (g(tp_overlapped_linear(ctx, B, h, H * d, False, x.recompute_full, x.regather_attn)),
          overlapped & multiquery),
         (fork(ctx, A, 2, recompute=x.regather_attn, stored=~x.regather_attn),
@@ -278,6 +279,7 @@ def _mlp(ctx: LayoutContext, x: BlockInputs, f: float, after_attention: bool = T
     full, shared_input = x.full, x.shared_input
     separate, overlapped = x.tp_separate, x.tp_overlapped
     ff_in = 2 * f if x.llama else f           # SwiGLU: gate and up projections
+    gate_up = (1.0, 1.0) if x.llama else (1.0,)
     g = partial(fp8_gemm, ctx)
     seq = [
         (residual(ctx, A_tp, A_tp, **full, **shared_input), after_attention),
@@ -288,10 +290,10 @@ def _mlp(ctx: LayoutContext, x: BlockInputs, f: float, after_attention: bool = T
         seq += [
             (tp_collective(ctx, A, False, recomm=x.regather_mlp, stored=x.keep_shard_mlp),
              separate),
-            (g(linear(ctx, B, h, ff_in / tp, recompute=x.recompute_mlp,
-                      stored=~x.regather_mlp)), separate),
-            (g(tp_overlapped_linear(ctx, B, h, ff_in, False, x.recompute_mlp, x.regather_mlp)),
-             overlapped),
+            (g(projections(linear(ctx, B, h, ff_in / tp, recompute=x.recompute_mlp,
+                                  stored=~x.regather_mlp), gate_up)), separate),
+            (g(projections(tp_overlapped_linear(ctx, B, h, ff_in, False, x.recompute_mlp,
+                                                x.regather_mlp), gate_up)), overlapped),
             *adapter_layers(ctx, B, (("mlp", h, ff_in / tp),), recompute=x.recompute_mlp),
             ((swiglu if x.llama else gelu)(ctx, f * B / tp, x.fused, recompute=x.recompute_mlp,
                                            stored=~x.mlp_only), True),

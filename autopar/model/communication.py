@@ -58,6 +58,7 @@ def finish_tp_collective(ctx: LayoutContext, L: dict):
     multi = t > 1
     conj = L["conj"]
     nbytes = L["size"] * b
+    gbytes = L["size"] * ctx.tp_gather_bytes     # an all-gather's (ctx.tp_gather_bytes)
     for s in STAGES:
         L["time_" + s] = ctx.zeros
     # The layer's own (vector) work, charged inside its communication time.
@@ -68,7 +69,7 @@ def finish_tp_collective(ctx: LayoutContext, L: dict):
         split = ctx.tp_rs_ag | (ctx.tp_p2p & (e == "edge"))
         if conj:
             fw_b = nbytes + ctx.zeros
-            ag_b = np.where(split, nbytes, 0.0)
+            ag_b = np.where(split, gbytes, 0.0)
             wg_b = np.where(L["recomm"], nbytes, 0.0)
             fw_op = np.where(split, net.time("reduce_scatter", fw_b, tpeers),
                              net.time("all_reduce", fw_b, tpeers))
@@ -76,9 +77,9 @@ def finish_tp_collective(ctx: LayoutContext, L: dict):
             wg_op = np.where(split, net.time("reduce_scatter", wg_b, tpeers),
                              net.time("all_reduce", wg_b, tpeers))
         else:
-            fw_b = np.where(split, nbytes, 0.0)
+            fw_b = np.where(split, gbytes, 0.0)
             ag_b = nbytes + ctx.zeros
-            wg_b = np.where(L["recomm"] & split, nbytes, 0.0)
+            wg_b = np.where(L["recomm"] & split, gbytes, 0.0)
             fw_op = np.where(split, net.time("all_gather", fw_b, tpeers), 0.0)
             ag_op = np.where(split, net.time("reduce_scatter", ag_b, tpeers),
                              net.time("all_reduce", ag_b, tpeers))
@@ -110,6 +111,13 @@ def tp_overlapped_linear(ctx: LayoutContext, m, n, k, conjugate, recompute, reco
               inputs=m * n, outputs=m * k, weight=n * k, weight_grads=n * k,
                act=act, act_grads=agr, optim=2 * n * k, recompute=recompute,
                recomm=recomm, matrix=True, factored=n + k)
+    if ctx.tp_overlap_chunks:
+        # torch's micro-pipelined async TP (TimeOverhead.tp_overlap_chunks):
+        # the fused all-gather + matmul / matmul + reduce-scatter run the GEMM
+        # as one chunk per TP rank (torch/distributed/_symmetric_memory
+        # _pipelined_all_gather_and_consume / _pipelined_produce_and_all2all),
+        # each at the efficiency of 1/tp of the GEMM (layers.finish).
+        L["chunks"] = np.maximum(t, 1) + ctx.zeros
     L["kind"] = "overlapped"
     L["finish"] = finish_tp_overlapped
     L["conj"] = conjugate
@@ -126,12 +134,16 @@ def finish_tp_overlapped(ctx: LayoutContext, L: dict):
     tpeers = np.maximum(t, 2)
     ag_size = L["inputs"] * b
     rs_size = L["outputs"] * b
+    # What the all-gathers move (ctx.tp_gather_bytes): the gathered input in
+    # the forward, the gathered output gradient in the backward.
+    ag_in = L["inputs"] * ctx.tp_gather_bytes
+    ag_out = L["outputs"] * ctx.tp_gather_bytes
 
     def comm(e):
         split = ctx.tp_rs_ag | (ctx.tp_p2p & (e == "edge"))
         if conj:
             fw_b = rs_size
-            ag_b = np.where(split, rs_size, 0.0)
+            ag_b = np.where(split, ag_out, 0.0)
             fw_t = np.where(split, net.time("reduce_scatter", fw_b, tpeers),
                             net.time("all_reduce", fw_b, tpeers))
             fw_t = fw_t + ctx.vector.time(fw_b / b * (t - 1) / t)
@@ -142,7 +154,7 @@ def finish_tp_overlapped(ctx: LayoutContext, L: dict):
                             np.where(split, net.time("reduce_scatter", wg_b, tpeers),
                                      net.time("all_reduce", wg_b, tpeers)), 0.0)
         else:
-            fw_b = np.where(split, ag_size, 0.0)
+            fw_b = np.where(split, ag_in, 0.0)
             ag_b = ag_size
             fw_t = np.where(split, net.time("all_gather", fw_b, tpeers), 0.0)
             ag_t = np.where(split, net.time("reduce_scatter", ag_b, tpeers),

@@ -124,6 +124,10 @@ class LayoutContext:
         # micro-batch (layers.layer: the weight-gradient pass's memory time).
         self.grad_accum_bytes = (system.time_overhead.grad_accum_bytes
                                  if system.time_overhead else 0.0)
+        # Overlapped TP GEMMs run as tensor_par per-rank chunks
+        # (communication.tp_overlapped_linear; TimeOverhead.tp_overlap_chunks).
+        self.tp_overlap_chunks = bool(system.time_overhead.tp_overlap_chunks
+                                      if system.time_overhead else False)
         # The framework's LoRA adapter's element-wise bytes (adapters.adapter_layers).
         self.adapter_bytes = (system.time_overhead.adapter_bytes
                               if system.time_overhead else (0.0, 0.0, 0.0, 0.0))
@@ -170,6 +174,26 @@ class LayoutContext:
                 code = np.where(np.isin(code, used), code, fallback).astype(np.int8)
                 used = sorted(set(used) | {fallback})
             self.matrix_fp8 = ComputeEngine(system.matrix, code, used)
+        # Bytes an element of a TP all-gather moves: the working precision,
+        # or float8's 1 byte where the framework gathers the tensorwise cast
+        # (TimeOverhead.tp_gather_fp8; communication.finish_tp_collective /
+        # finish_tp_overlapped).
+        self.tp_gather_bytes = self.elem_bytes
+        if (self.fp8 is not None and system.time_overhead is not None
+                and system.time_overhead.tp_gather_fp8):
+            tensorwise = recipe == CHOICES["fp8_recipe"].index("tensorwise")
+            self.tp_gather_bytes = np.where(tensorwise, 1.0, self.elem_bytes)
+        # Published speed-ups of the framework's fp8 linear layer over bf16,
+        # per recipe code (TimeOverhead.fp8_linear_speedup; layers.fp8_gemm).
+        self.fp8_speedup = {}
+        # ... read at each separate projection's shape (layers.fp8_table_speedup).
+        self.separate_projections = bool(system.time_overhead is not None
+                                         and system.time_overhead.separate_projections)
+        if self.fp8 is not None and system.time_overhead is not None:
+            for r, ms, ks, ns, v in system.time_overhead.fp8_linear_speedup:
+                self.fp8_speedup[CHOICES["fp8_recipe"].index(r)] = (
+                    np.log2(ms), np.log2(ks), np.log2(ns),
+                    np.asarray(v, dtype=float).reshape(len(ms), len(ks), len(ns)))
         # Optimizers and fine-tuning (autopar.model.optimizers, .finetune):
         # None where every row is Calculon's (Adam, every weight trained).
         opt = np.asarray(_col(cols, "optimizer"))

@@ -109,6 +109,15 @@ def no_tp_comm(ctx: LayoutContext, L: dict) -> None:
     L["tp_bw_req_fw"] = L["tp_bw_req_agrad"] = z
 
 
+def pieces_time(eng, flops, groups=None, parts=(1.0,)):
+    """Seconds for ``flops`` run as ``groups`` equal GEMMs (a grouped GEMM's
+    groups, a TP GEMM's per-rank chunks; None: one) of each of ``parts``
+    (shares of the work: separate projections), each at the efficiency of
+    its own size."""
+    g = 1.0 if groups is None else groups
+    return sum(g * eng.time(flops * p / g) for p in parts)
+
+
 def finish(ctx: LayoutContext, L: dict) -> dict:
     """Compute times of a layer once its flops/mem columns are final."""
     flops = {"fw": L["fw"], "agrad": L["agrad"], "wgrad": L["wgrad"],
@@ -116,22 +125,37 @@ def finish(ctx: LayoutContext, L: dict) -> dict:
     if "time_scale" in L:       # a kernel that executes other work than it counts
         flops = dict(flops, agrad=flops["agrad"] + L["agrad_extra"])
     fp8 = ctx.fp8 if L.get("fp8") else None
-    groups = L.get("groups")
+    # A GEMM run as equal pieces: a grouped GEMM's groups, or the per-rank
+    # chunks of a tile-overlapped TP GEMM (communication.tp_overlapped_linear).
+    groups = L.get("groups", L.get("chunks"))
+    # A fused projection the framework runs as separate GEMMs
+    # (TimeOverhead.separate_projections; ``projections``): each its share.
+    parts = L.get("parts", (1.0,)) if ctx.separate_projections else (1.0,)
+    # A published fp8 linear speed-up (fp8_gemm): bf16 time / speed-up.
+    speedup = L.get("fp8_speedup")
     for s in STAGES:
         eng = ctx.matrix if (L["matrix"] and s != "optim") else ctx.vector
-        if groups is not None and eng is ctx.matrix:
-            # A grouped GEMM runs each group at the efficiency of its own size.
-            L["flops_time_" + s] = groups * eng.time(flops[s] / groups)
+        if (groups is not None or len(parts) > 1) and eng is ctx.matrix:
+            # A grouped GEMM runs each group at the efficiency of its own
+            # size; so does each chunk, and each separate projection.
+            L["flops_time_" + s] = pieces_time(eng, flops[s], groups, parts)
             if fp8 is not None and s != "optim":
                 L["flops_time_" + s] = np.where(
-                    fp8, groups * ctx.matrix_fp8.time(flops[s] / groups), L["flops_time_" + s])
-            L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
-            continue
-        L["flops_time_" + s] = eng.time(flops[s])
-        if fp8 is not None and s != "optim":
-            L["flops_time_" + s] = np.where(fp8, ctx.matrix_fp8.time(flops[s]),
-                                            L["flops_time_" + s])
+                    fp8, pieces_time(ctx.matrix_fp8, flops[s], groups, parts),
+                    L["flops_time_" + s])
+        else:
+            L["flops_time_" + s] = eng.time(flops[s])
+            if fp8 is not None and s != "optim":
+                L["flops_time_" + s] = np.where(fp8, ctx.matrix_fp8.time(flops[s]),
+                                                L["flops_time_" + s])
         L["mem_time_" + s] = ctx.mem1.time(L["mem_" + s])
+        if speedup is not None and s != "optim":
+            high = pieces_time(eng, flops[s], groups, parts)
+            tab = speedup > 0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                L["flops_time_" + s] = np.where(tab, high / speedup, L["flops_time_" + s])
+                L["mem_time_" + s] = np.where(tab, L["mem_time_" + s] / speedup,
+                                              L["mem_time_" + s])
     if "time_scale" in L:
         for s in ("fw", "agrad"):
             L["flops_time_" + s] = L["flops_time_" + s] * L.get("time_scale_" + s, L["time_scale"])
@@ -231,6 +255,14 @@ def fp8_gemm(ctx, L: dict) -> dict:
     act_reads, act_write, w_reads, w_write, copy_b, saved_b = (t[r] for t in _RECIPE_BYTES)
     per_act = act_reads * b + act_write          # bytes per element cast
     per_w = w_reads * b + w_write
+    if ctx.fp8_speedup:
+        # A recipe with a published speed-up (TimeOverhead.fp8_linear_speedup):
+        # the layer's time is its bf16 time over the speed-up at its shape,
+        # which includes the casts (layers.finish).
+        s = fp8_table_speedup(ctx, L)
+        L["fp8_speedup"] = s
+        per_act = np.where(s > 0, 0.0, per_act)
+        per_w = np.where(s > 0, 0.0, per_w)
     L["mem_fw"] = L["mem_fw"] + per_act * L["inputs"] + per_w * L["weight"]
     L["mem_agrad"] = L["mem_agrad"] + per_act * L["act_grads"]
     if ctx.fp8_weight_copy:
@@ -240,6 +272,50 @@ def fp8_gemm(ctx, L: dict) -> dict:
     # the row-wise data of a saved quantized input: update_usage(rowwise=False)).
     L["act_b"] = np.where(ctx.fp8, L["act"] * saved_b, L["act_b"])
     return L
+
+
+def projections(L: dict, widths) -> dict:
+    """Mark a linear layer as the fusion of projections of these output
+    widths (q, k, v; a gated MLP's gate and up): a framework that runs them
+    as separate layers (TimeOverhead.separate_projections) times each GEMM
+    at its own size (``finish``, ``pieces_time``) and has its published fp8
+    speed-up read at each one's shape (``fp8_table_speedup``).  (``L``
+    changed in place and returned.)"""
+    total = float(sum(widths))
+    if len(widths) > 1:
+        L["parts"] = tuple(w / total for w in widths)
+    return L
+
+
+def fp8_table_speedup(ctx, L: dict) -> np.ndarray:
+    """Per row, the published speed-up of an fp8 linear layer over bf16 at
+    the grid shape nearest (log scale, clamped) to this layer's forward GEMM
+    -- M tokens, K input and N output features, read back from its input,
+    output and weight sizes (M^2 = inputs x outputs / weight) -- or 0 where
+    the row's recipe has no table (TimeOverhead.fp8_linear_speedup).  M is
+    the whole GEMM's where it runs as per-rank chunks: the casts the figure
+    includes are of the whole tensors, and the chunks' own GEMM efficiency
+    is in the bf16 time it divides (``finish``, ``pieces_time``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = np.sqrt(L["inputs"] * L["outputs"] / L["weight"])
+        k, n = L["inputs"] / m, L["outputs"] / m
+    # A fused projection the framework runs as separate linear layers
+    # (TimeOverhead.separate_projections): each part's share of N and work.
+    parts = L.get("parts", (1.0,)) if ctx.separate_projections else (1.0,)
+    out = ctx.zeros.copy()
+    ok = ctx.fp8 & (L["weight"] > 0)
+    for code, (lm, lk, ln, table) in ctx.fp8_speedup.items():
+        rows = ok & (ctx.fp8_recipe == code)
+        if not rows.any():
+            continue
+
+        def nearest(axis, x):
+            return np.abs(np.log2(np.maximum(x[rows], 1.0))[:, None] - axis[None, :]).argmin(1)
+        im, ik = nearest(lm, m), nearest(lk, k)
+        slow = sum(np.broadcast_to(share, m.shape)[rows] / table[im, ik, nearest(ln, n * share)]
+                   for share in parts)
+        out[rows] = 1.0 / slow
+    return out
 
 
 def grouped_linear(ctx, groups, m, n, k, **kw):
