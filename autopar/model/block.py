@@ -142,15 +142,19 @@ def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
             total += np.where(present & tr, w, 0.0)
         return total * b
 
-    op = ctx.zeros.copy()
-    kept_next = ctx.zeros.copy()        # what the next present layer saved of its input
-    for L, present in reversed(list(attn_layers) + list(rest_layers)):
-        freed = np.minimum(L["outputs"] * b, kept_next)
-        op = np.maximum(op, np.where(present & tr,
-                                     (L["inputs"] + L["act_grads"]) * b - freed, 0.0))
-        kept_next = np.where(present, np.where(L["stored"], L["act_b"], 0.0), kept_next)
-    return {"dummy_attn": dummy(attn_layers), "dummy_rest": dummy(rest_layers),
-            "op_grads": op}
+    out = {}
+    if ctx.dummy_wgrad:
+        out["dummy_attn"], out["dummy_rest"] = dummy(attn_layers), dummy(rest_layers)
+    if ctx.backward_by_op:
+        op = ctx.zeros.copy()
+        kept_next = ctx.zeros.copy()    # what the next present layer saved of its input
+        for L, present in reversed(list(attn_layers) + list(rest_layers)):
+            freed = np.minimum(L["outputs"] * b, kept_next)
+            op = np.maximum(op, np.where(present & tr,
+                                         (L["inputs"] + L["act_grads"]) * b - freed, 0.0))
+            kept_next = np.where(present, np.where(L["stored"], L["act_b"], 0.0), kept_next)
+        out["op_grads"] = op
+    return out
 
 
 def op_policy_saves(ctx: LayoutContext, x: BlockInputs, eager: bool):
@@ -522,13 +526,17 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         # unless a pipeline stage caches them as its output (the fp32 copies
         # then stand for the whole peak).
         logits = masked(logits, ~ctx.training | (stages > 1))
-    # Parameters of the embedding / output matrix the optimizer steps (none
-    # where they are frozen; before sharding and the training mask).
-    trained = params if ctx.frozen is None else params * ctx.trainable
-    return {"first": matrix, "last": last,
-            "trained_first": trained, "trained_last": trained * (1.0 + (stages == 1)),
-            # (the output layer's input gradient: its op in backward, the
-            # logits' gradient being the logits, in place)
-            "op_grads": ctx.if_training(B * ctx.model.hidden * b),
-            "logits": {"total": logits + copies, "fp32_copies": copies,
-                       "fp32_copy": copy}}
+    out = {"first": matrix, "last": last,
+           "logits": {"total": logits + copies, "fp32_copies": copies, "fp32_copy": copy}}
+    if over.backward_transient == "op":
+        # the output layer's input gradient: its op in backward, the logits'
+        # gradient being the logits, in place (memory._stage)
+        out["op_grads"] = ctx.if_training(B * ctx.model.hidden * b)
+    if over.optimizer_step_bytes:
+        # Parameters of the embedding / output matrix the optimizer steps
+        # (none where they are frozen; before sharding and the training
+        # mask: memory.trained_parameters)
+        trained = params if ctx.frozen is None else params * ctx.trainable
+        out["trained_first"] = trained
+        out["trained_last"] = trained * (1.0 + (stages == 1))
+    return out

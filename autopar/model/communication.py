@@ -58,7 +58,8 @@ def finish_tp_collective(ctx: LayoutContext, L: dict):
     multi = t > 1
     conj = L["conj"]
     nbytes = L["size"] * b
-    gbytes = L["size"] * ctx.tp_gather_bytes     # an all-gather's (ctx.tp_gather_bytes)
+    # an all-gather's (ctx.tp_gather_bytes; the working datatype's by default)
+    gbytes = nbytes if ctx.tp_gather_bytes is ctx.elem_bytes else L["size"] * ctx.tp_gather_bytes
     for s in STAGES:
         L["time_" + s] = ctx.zeros
     # The layer's own (vector) work, charged inside its communication time.
@@ -136,8 +137,11 @@ def finish_tp_overlapped(ctx: LayoutContext, L: dict):
     rs_size = L["outputs"] * b
     # What the all-gathers move (ctx.tp_gather_bytes): the gathered input in
     # the forward, the gathered output gradient in the backward.
-    ag_in = L["inputs"] * ctx.tp_gather_bytes
-    ag_out = L["outputs"] * ctx.tp_gather_bytes
+    if ctx.tp_gather_bytes is ctx.elem_bytes:
+        ag_in, ag_out = ag_size, rs_size
+    else:
+        ag_in = L["inputs"] * ctx.tp_gather_bytes
+        ag_out = L["outputs"] * ctx.tp_gather_bytes
 
     def comm(e):
         split = ctx.tp_rs_ag | (ctx.tp_p2p & (e == "edge"))

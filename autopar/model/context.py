@@ -137,6 +137,10 @@ class LayoutContext:
         # GEMM and router inputs counted as autograd keeps them (block, moe).
         self.autograd_inputs = bool(over is not None and over.autograd_inputs)
         self.moe_probs_in_activation = bool(over is not None and over.moe_probs_in_activation)
+        # The framework memory terms a block sums only where asked for
+        # (block.framework_terms).
+        self.dummy_wgrad = bool(over is not None and over.dummy_wgrad)
+        self.backward_by_op = bool(over is not None and over.backward_transient == "op")
         self.cp_a2a_output_copy = bool(over is not None and over.cp_a2a_output_copy)
         # What a block keeps under selective recompute (block.op_policy_saves).
         self.selective_saves = over.selective_saves if over is not None else "layers"

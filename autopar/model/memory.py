@@ -139,7 +139,10 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
         transient_first = pick(fuller, transient_2, transient_first)
         tier2 = np.maximum(tier2, tier2_2)
     logits = head["logits"]
-    trained_first, trained_last = trained_parameters(ctx, sums, sums_last, sched, head)
+    if getattr(overhead, "optimizer_step_bytes", 0.0):
+        trained_first, trained_last = trained_parameters(ctx, sums, sums_last, sched, head)
+    else:           # (only the optimizer step's temporaries read them)
+        trained_first = trained_last = ctx.zeros
     parts = {"mem_static_first": static + head["first"], "mem_transient_first": transient_first,
              "mem_static_last": static_last + head["last"],
              "mem_transient_last": transient_last - logits["fp32_copies"],

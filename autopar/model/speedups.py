@@ -228,11 +228,13 @@ class BlockCache:
         """The names and table of the footprint sums, of the others, and of
         those the batch level computes with (``BATCH_SUMS``)."""
         if self._split is None:
-            foot = [self._n1.index(name) for name in FOOTPRINT_SUMS]
+            # (the framework terms among them only where the framework asks)
+            held = [name for name in FOOTPRINT_SUMS if name in self._n1]
+            foot = [self._n1.index(name) for name in held]
             rest = [i for i in range(len(self._n1)) if i not in foot]
             batch = [i for i in rest if self._n1[i] in BATCH_SUMS]
             self._split = {
-                "footprints": (list(FOOTPRINT_SUMS), self._t1[foot]),
+                "footprints": (held, self._t1[foot]),
                 "rest": ([self._n1[i] for i in rest], self._t1[rest]),
                 "batch": ([self._n1[i] for i in batch], self._t1[batch])}
         return self._split
