@@ -25,7 +25,7 @@ def test_every_shipped_framework_loads_and_round_trips():
         fw = load_framework(name)
         assert fw.name == name and fw.description
         assert set(fw.defaults) <= set(ALL_FIELDS)
-        back = load_framework(framework_to_json(fw))
+        back = load_framework(json.loads(json.dumps(framework_to_json(fw))))
         assert dataclasses.replace(back, source=fw.source) == fw
         # every record field and default it states is free (fitted) or cited
         data = json.loads((REPO_ROOT / "frameworks" / f"{name}.json").read_text())
@@ -487,3 +487,16 @@ def test_partial_layout_draws_unknown_fields_from_the_framework(cli, tmp_path):
     assert foundry["options"] == {"tensor_par": [1]}
     assert foundry["stated"]["weight_sharding"] is True
     assert plain["stated"]["weight_sharding"] is False
+
+
+def test_readme_lists_every_record_field():
+    """frameworks/README.md's field list names every key the two records
+    read (a field added without its line fails here)."""
+    from autopar.io.specs import ADAPTER_BYTES_KEYS
+    text = (REPO_ROOT / "frameworks" / "README.md").read_text()
+    keys = [f"memory_overhead.{f.name}" for f in dataclasses.fields(MemoryOverhead)]
+    keys += ["time_overhead." + {"adapter_bytes": "adapter_elementwise_bytes"}.get(f.name, f.name)
+             for f in dataclasses.fields(TimeOverhead)]
+    for k in keys:
+        assert text.count(f"| `{k}` |") == 1, k
+    assert all(k in text for k in ADAPTER_BYTES_KEYS)

@@ -997,8 +997,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
                          "backward_transient", "moe_probs_in_activation",
                          "cp_a2a_output_copy", "pipeline_grads",
-                         "logits_kept", "selective_saves", "fp8_weight_copy", "optimizer_step_bytes",
-                         "adapter_saved_bytes"))
+                         "logits_kept", "selective_saves", "fp8_weight_copy",
+                         "optimizer_step_bytes", "adapter_saved_bytes"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
     if reserved < 0:
