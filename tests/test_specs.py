@@ -380,3 +380,25 @@ def test_every_overhead_field_refuses_a_bad_value_by_name(repo_root, record, key
     with pytest.raises(SpecError) as e:
         load_system(d, source="s.json")
     assert e.value.field == f"{record}.{key}" and e.value.source == "s.json"
+
+
+@pytest.mark.parametrize("record, key, bad, said", [
+    ("memory_overhead", "fraction", 1.0, "[0, 1)"),
+    ("memory_overhead", "master_weight_bytes", 4.5, "[0, 4]"),
+    ("memory_overhead", "optimizer_step_bytes", -1, "[0, 64] bytes a parameter"),
+    ("memory_overhead", "adapter_saved_bytes", 65, "[0, 64] bytes an element"),
+    ("time_overhead", "pipeline_fraction", 1, "[0, 1)"),
+    ("time_overhead", "moe_block_s", 1.0, "[0, 1) seconds"),
+    ("time_overhead", "launch_s", 0.01, "[0, 0.01) seconds"),
+    ("time_overhead", "attention_speed", 2.5, "[0, 2]"),
+    ("time_overhead", "attention_backward_speed", -0.1, "[0, 2]"),
+    ("time_overhead", "grad_accum_bytes", 100, "[0, 64] bytes")])
+def test_overhead_ranges_are_refused_with_the_range(repo_root, record, key, bad, said):
+    """Checker.within: the value out of its range (an open end excluded)
+    names the field, the range and the value given."""
+    d = json.loads((repo_root / "systems" / "a100_80g.json").read_text())
+    d[record] = {key: bad}
+    with pytest.raises(SpecError) as e:
+        load_system(d)
+    assert e.value.field == f"{record}.{key}"
+    assert e.value.message == f"must be in {said}, got {json.dumps(bad)}"
