@@ -156,7 +156,6 @@ def terms(sweep: Sweep, system) -> list:
     counts it already."""
     x = shapes(sweep)
     grow = 1.0 + system.memory_overhead.fraction
-    zero = np.zeros(len(sweep.frame))
     tp = x["tp"]
     scores = x["b"] * x["heads"] / tp * x["s"] * x["s"]          # per block
     sp = sweep.frame.sequence_parallel.astype(str).str.lower().eq("true").to_numpy()

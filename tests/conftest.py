@@ -43,6 +43,24 @@ def one_proc_execution(**kw) -> dict:
     return e
 
 
+class DeepSpeedMPU:
+    """A stand-in for the model-parallel unit DeepSpeed's own
+    ``DeepSpeedConfig(..., mpu=...)`` asks for its data-parallel size when no
+    process group runs: the sizes of the exported execution ``ex``."""
+
+    def __init__(self, ex: dict):
+        self.ex = ex
+
+    def get_data_parallel_world_size(self):
+        return self.ex["data_par"]
+
+    def get_data_parallel_rank(self):
+        return 0
+
+    def get_model_parallel_world_size(self):
+        return self.ex["tensor_par"] * self.ex["pipeline_par"]
+
+
 DELETE = object()
 
 

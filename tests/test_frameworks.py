@@ -25,7 +25,7 @@ def test_every_shipped_framework_loads_and_round_trips():
         fw = load_framework(name)
         assert fw.name == name and fw.description
         assert set(fw.defaults) <= set(ALL_FIELDS)
-        back = load_framework(framework_to_json(fw))
+        back = load_framework(json.loads(json.dumps(framework_to_json(fw))))
         assert dataclasses.replace(back, source=fw.source) == fw
         # every record field and default it states is free (fitted) or cited
         data = json.loads((REPO_ROOT / "frameworks" / f"{name}.json").read_text())
@@ -487,3 +487,49 @@ def test_partial_layout_draws_unknown_fields_from_the_framework(cli, tmp_path):
     assert foundry["options"] == {"tensor_par": [1]}
     assert foundry["stated"]["weight_sharding"] is True
     assert plain["stated"]["weight_sharding"] is False
+
+
+def test_readme_lists_every_record_field():
+    """frameworks/README.md's field list names every key the two records
+    read (a field added without its line fails here)."""
+    from autopar.io.specs import ADAPTER_BYTES_KEYS
+    text = (REPO_ROOT / "frameworks" / "README.md").read_text()
+    keys = [f"memory_overhead.{f.name}" for f in dataclasses.fields(MemoryOverhead)]
+    keys += ["time_overhead." + {"adapter_bytes": "adapter_elementwise_bytes"}.get(f.name, f.name)
+             for f in dataclasses.fields(TimeOverhead)]
+    for k in keys:
+        assert text.count(f"| `{k}` |") == 1, k
+    assert all(k in text for k in ADAPTER_BYTES_KEYS)
+
+
+def _table_rows(path, header: str) -> list[str]:
+    """The rows of the table under ``header`` (a line's start) in ``path``."""
+    lines = path.read_text().splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith(header)]
+    assert len(at) == 1, header
+    rows = []
+    for line in lines[at[0] + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_readme_and_docs_tables_are_the_files():
+    """frameworks/README.md lists every shipped file once, with its current
+    values, and docs/validation.md ("Framework specs") every term of every
+    file with its citation: both exactly as tests/framework_tables.py renders
+    them from the files (run it to print the rows after changing a file)."""
+    from framework_tables import readme_rows, term_rows
+    readme = _table_rows(REPO_ROOT / "frameworks" / "README.md", "| file | memory_overhead")
+    listed = [r.split(" | ")[0] for r in readme]
+    assert sorted(listed) == sorted(f"| `{n}.json`" for n in SHIPPED)      # each once
+    assert readme == readme_rows()
+    terms = _table_rows(REPO_ROOT / "docs" / "validation.md", "| file | term | value | kind |")
+    assert terms == term_rows()
+    # every stated term of every file has its row, cited unless fitted
+    for name in SHIPPED:
+        data = json.loads((REPO_ROOT / "frameworks" / f"{name}.json").read_text())
+        n = sum(len(data.get(r, {})) for r in ("memory_overhead", "time_overhead",
+                                                 "memory_headroom", "defaults", "options"))
+        assert sum(r.startswith(f"| `{name}.json` | `") for r in terms) == n, name

@@ -30,6 +30,7 @@ from autopar.io.launch import get, read_config, settle
 from autopar.io.launch.expressible import full
 from autopar.io.layouts import ALL_FIELDS
 from autopar.io.specs import load_model, model_to_json
+from conftest import DeepSpeedMPU
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = sorted(p.stem for p in (ROOT / "search_spaces").glob("*.yaml"))
@@ -447,17 +448,7 @@ def test_deepspeed_builds_its_config_from_the_export(best_layouts, monkeypatch):
     for model, ex in _exported("deepspeed", best_layouts):
         data = json.loads(get("deepspeed").write(model, ex))
 
-        class MPU:
-            def get_data_parallel_world_size(self):
-                return ex["data_par"]
-
-            def get_data_parallel_rank(self):
-                return 0
-
-            def get_model_parallel_world_size(self):
-                return ex["tensor_par"] * ex["pipeline_par"]
-
-        cfg = dsc.DeepSpeedConfig(data, mpu=MPU())      # DeepSpeed's own checks run
+        cfg = dsc.DeepSpeedConfig(data, mpu=DeepSpeedMPU(ex))      # DeepSpeed's own checks run
         full_ex = full(ex)
         assert cfg.train_batch_size == ex["batch_size"]
         assert cfg.train_micro_batch_size_per_gpu == ex["microbatch_size"]

@@ -13,6 +13,7 @@ from autopar.io.errors import SpecError
 from autopar.io.launch import get
 from autopar.io.launch.expressible import full
 from autopar.io.specs import load_model
+from conftest import DeepSpeedMPU
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = load_model(ROOT / "models" / "llama2-7B.json")
@@ -582,17 +583,8 @@ def test_deepspeed_builds_its_config_from_muon_and_adafactor(monkeypatch):
         ex = full({**BASE, **AS_RUN["deepspeed"], "optimizer": opt, "optimizer_sharding": shard,
                    "data_par_overlap": shard})
 
-        class MPU:
-            def get_data_parallel_world_size(self):
-                return ex["data_par"]
-
-            def get_data_parallel_rank(self):
-                return 0
-
-            def get_model_parallel_world_size(self):
-                return ex["tensor_par"] * ex["pipeline_par"]
-
-        cfg = dsc.DeepSpeedConfig(json.loads(get("deepspeed").write(LLAMA, ex)), mpu=MPU())
+        cfg = dsc.DeepSpeedConfig(json.loads(get("deepspeed").write(LLAMA, ex)),
+                                  mpu=DeepSpeedMPU(ex))
         if opt == "muon":
             assert cfg.optimizer_name == dsc.MUON_OPTIMIZER
             assert cfg.optimizer_params == {"ns_method": "standard"}

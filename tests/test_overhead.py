@@ -279,3 +279,35 @@ def test_grad_accum_bytes_adds_the_hooks_traffic(a100):
     d["time_overhead"] = {"grad_accum_bytes": 10}
     assert load_system(system_to_json(load_system(d))).time_overhead.grad_accum_bytes == 10
     assert "grad_accum_bytes" not in system_to_json(a100).get("time_overhead", {})
+
+
+def test_default_records_are_calculon_s_count(a100):
+    """MemoryOverhead() and TimeOverhead() (every field at its default) give
+    the very figures of a system without the records (Calculon's count), over
+    layouts that reach the terms the fields switch: tensor and sequence
+    parallelism, pipelines, recompute modes, sharding, overlap, fp8 on H100."""
+    from pathlib import Path
+
+    import autopar
+    from autopar.io.specs import MemoryOverhead
+    m = gpt(hidden=2048, feedforward=8192, seq_size=1024, attn_heads=16, attn_size=128,
+            num_blocks=8)
+    h100 = load_system(Path(__file__).resolve().parent.parent / "systems" /
+                       "h100_80g_nvl8.json")
+    exes = []
+    for tp, pp, rec, shard, over in ((1, 1, "none", False, "none"), (2, 2, "full", True, "ring"),
+                                     (4, 1, "attn_only", True, "pipe"),
+                                     (2, 4, "mlp_only", False, "none")):
+        exes.append(dict(BASE, tensor_par=tp, pipeline_par=pp, data_par=8 // (tp * pp) or 1,
+                         num_procs=max(8, tp * pp), activation_recompute=rec,
+                         optimizer_sharding=shard, tensor_par_overlap=over,
+                         tensor_par_comm_type="rs_ag" if tp > 1 else "ar",
+                         seq_par_ag_redo=tp > 1 and rec != "full"))
+    for system in (a100, h100):
+        if system is h100:
+            exes += [dict(e, fp8_recipe="tensorwise") for e in exes]
+        plain = autopar.evaluate(m, system, exes)
+        rec = autopar.evaluate(m, dataclasses.replace(
+            system, memory_overhead=MemoryOverhead(), time_overhead=TimeOverhead()), exes)
+        assert plain["feasible"].all()
+        assert plain.equals(rec)

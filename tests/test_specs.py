@@ -308,3 +308,97 @@ def test_file_errors(tmp_path):
     with pytest.raises(SpecError) as err:
         load_execution(42)
     assert err.value.source == "dict" and err.value.field == "(root)"
+
+
+# ------------------------------------------------- software records, every field
+
+def test_every_shipped_system_round_trips_through_json_text(repo_root):
+    """load -> system_to_json -> JSON text -> load is the identity for every
+    file in systems/ (the four above also check their networks)."""
+    from autopar.io import shipped
+    names = shipped.names("systems")
+    assert len(names) >= 12
+    for name in names:
+        path = repo_root / "systems" / f"{name}.json"
+        s = load_system(path)
+        assert load_system(json.loads(json.dumps(system_to_json(s))), source=str(path)) == s
+
+
+# One value per field of each record, none the field's default (the count
+# without it): a field added to MemoryOverhead / TimeOverhead without a value
+# here fails the test below, and one its *_json function does not write back
+# fails the round trip.
+MEMORY_VALUES = {
+    "reserved_GiB": 1.5, "fraction": 0.1, "logits_fp32_copies": 2.5,
+    "logits_gathered": True, "checkpoint_split": True, "master_weight_bytes": 2.0,
+    "autograd_inputs": True, "fsdp_reshard": "never", "dummy_wgrad": True,
+    "backward_transient": "op", "moe_probs_in_activation": True,
+    "cp_a2a_output_copy": True, "pipeline_grads": "whole", "logits_kept": "pipelined",
+    "selective_saves": "op_eager", "fp8_weight_copy": False, "optimizer_step_bytes": 8.0,
+    "adapter_saved_bytes": 3.0}
+TIME_VALUES = {
+    "pipeline_fraction": 0.04, "moe_block_s": 0.003, "launch_s": 5e-6,
+    "attention_speed": 0.5, "attention_backward_speed": 0.4, "attention_tile": 128,
+    "grad_accum_bytes": 10.0, "adapter_bytes": (21.0, 10.0, 27.0, 4.0),
+    "tp_overlap_chunks": True, "tp_gather_fp8": True,
+    "fp8_linear_speedup": (("rowwise", (1024.0, 4096.0), (4096.0,), (4096.0, 8192.0),
+                            (1.1, 1.2, 1.3, 1.4)),),
+    "separate_projections": True}
+# The file's key where it is not the field's name.
+TIME_KEYS = {"adapter_bytes": "adapter_elementwise_bytes"}
+
+
+def test_every_overhead_field_round_trips_and_defaults_to_calculon(repo_root):
+    import dataclasses
+
+    from autopar.io.specs import MemoryOverhead, TimeOverhead
+    for cls, values in ((MemoryOverhead, MEMORY_VALUES), (TimeOverhead, TIME_VALUES)):
+        fields = dataclasses.fields(cls)
+        assert {f.name for f in fields} == set(values), cls.__name__
+        for f in fields:
+            assert values[f.name] != f.default, (cls.__name__, f.name)
+    a100 = load_system(repo_root / "systems" / "a100_80g.json")
+    full = dataclasses.replace(a100, memory_overhead=MemoryOverhead(**MEMORY_VALUES),
+                               time_overhead=TimeOverhead(**TIME_VALUES))
+    assert load_system(json.loads(json.dumps(system_to_json(full)))) == dataclasses.replace(
+        full, source="dict")
+    # every default is written as nothing beyond the records' leading keys
+    plain = dataclasses.replace(a100, memory_overhead=MemoryOverhead(),
+                                time_overhead=TimeOverhead())
+    d = system_to_json(plain)
+    assert set(d["memory_overhead"]) == {"reserved_GiB", "fraction", "logits_fp32_copies",
+                                         "logits_gathered"}
+    assert set(d["time_overhead"]) == {"pipeline_fraction"}
+    assert load_system(d) == dataclasses.replace(plain, source="dict")
+
+
+@pytest.mark.parametrize("record, key", [("memory_overhead", k) for k in MEMORY_VALUES] + [
+    ("time_overhead", TIME_KEYS.get(k, k)) for k in TIME_VALUES])
+def test_every_overhead_field_refuses_a_bad_value_by_name(repo_root, record, key):
+    d = json.loads((repo_root / "systems" / "a100_80g.json").read_text())
+    d[record] = {key: "x"}
+    with pytest.raises(SpecError) as e:
+        load_system(d, source="s.json")
+    assert e.value.field == f"{record}.{key}" and e.value.source == "s.json"
+
+
+@pytest.mark.parametrize("record, key, bad, said", [
+    ("memory_overhead", "fraction", 1.0, "[0, 1)"),
+    ("memory_overhead", "master_weight_bytes", 4.5, "[0, 4]"),
+    ("memory_overhead", "optimizer_step_bytes", -1, "[0, 64] bytes a parameter"),
+    ("memory_overhead", "adapter_saved_bytes", 65, "[0, 64] bytes an element"),
+    ("time_overhead", "pipeline_fraction", 1, "[0, 1)"),
+    ("time_overhead", "moe_block_s", 1.0, "[0, 1) seconds"),
+    ("time_overhead", "launch_s", 0.01, "[0, 0.01) seconds"),
+    ("time_overhead", "attention_speed", 2.5, "[0, 2]"),
+    ("time_overhead", "attention_backward_speed", -0.1, "[0, 2]"),
+    ("time_overhead", "grad_accum_bytes", 100, "[0, 64] bytes")])
+def test_overhead_ranges_are_refused_with_the_range(repo_root, record, key, bad, said):
+    """Checker.within: the value out of its range (an open end excluded)
+    names the field, the range and the value given."""
+    d = json.loads((repo_root / "systems" / "a100_80g.json").read_text())
+    d[record] = {key: bad}
+    with pytest.raises(SpecError) as e:
+        load_system(d)
+    assert e.value.field == f"{record}.{key}"
+    assert e.value.message == f"must be in {said}, got {json.dumps(bad)}"

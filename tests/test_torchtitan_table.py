@@ -506,8 +506,6 @@ def test_separate_projections_read_at_each_shape_by_hand():
     N 7168 (Llama 3 70B at TP 8) takes the rowwise table at two N 3584
     GEMMs (-> 4096: 1.11), not at 7168 (-> 8192: 1.41); q, k, v of widths
     8 : 1 : 1 combine by their share of the work."""
-    import dataclasses
-
     import numpy as np
     import pytest
 

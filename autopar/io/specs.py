@@ -621,6 +621,16 @@ class Checker:
             self.fail(field, f"efficiency must be in (0, 1], got {_show(v)}")
         return x
 
+    def within(self, v, field: str, low: float, high: float, unit: str = "",
+               high_open: bool = False) -> float:
+        """A number in [low, high] ([low, high) with ``high_open``); ``unit``
+        follows the range in the message ("seconds", "bytes a parameter")."""
+        x = self.number(v, field)
+        if not (low <= x < high if high_open else low <= x <= high):
+            self.fail(field, f"must be in [{low}, {high}{')' if high_open else ']'}"
+                             f"{' ' + unit if unit else ''}, got {_show(v)}")
+        return x
+
     def bool(self, v, field: str) -> bool:
         if not isinstance(v, bool):
             self.fail(field, f"expected true or false, got {kind_of(v)} {_show(v)}")
@@ -895,9 +905,7 @@ def _network(c: Checker, v, path: str) -> NetworkSpec:
                 c.fail(f, f"{op} needs a numeric offset, got null")
             offset = c.number(pair[1], f)
         ops[op] = (scale, offset)
-    usage = c.number(v["processor_usage"], f"{path}.processor_usage")
-    if not 0 <= usage < 1:
-        c.fail(f"{path}.processor_usage", f"must be in [0, 1), got {_show(v['processor_usage'])}")
+    usage = c.within(v["processor_usage"], f"{path}.processor_usage", 0, 1, high_open=True)
     latency = c.number(v["latency"], f"{path}.latency")
     if latency < 0:
         c.fail(f"{path}.latency", f"must be >= 0, got {_show(v['latency'])}")
@@ -997,22 +1005,18 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
                          "backward_transient", "moe_probs_in_activation",
                          "cp_a2a_output_copy", "pipeline_grads",
-                         "logits_kept", "selective_saves", "fp8_weight_copy", "optimizer_step_bytes",
-                         "adapter_saved_bytes"))
+                         "logits_kept", "selective_saves", "fp8_weight_copy",
+                         "optimizer_step_bytes", "adapter_saved_bytes"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
-    fraction = c.number(o.get("fraction", 0.0), f"{path}.fraction")
+    fraction = c.within(o.get("fraction", 0.0), f"{path}.fraction", 0, 1, high_open=True)
     if reserved < 0:
         c.fail(f"{path}.reserved_GiB", f"must be >= 0, got {reserved}")
-    if not 0 <= fraction < 1:
-        c.fail(f"{path}.fraction", f"must be in [0, 1), got {fraction}")
     copies = c.number(o.get("logits_fp32_copies", 1.0), f"{path}.logits_fp32_copies")
     if copies < 0:
         c.fail(f"{path}.logits_fp32_copies", f"must be >= 0, got {copies}")
     gathered = c.bool(o.get("logits_gathered", False), f"{path}.logits_gathered")
     split = c.bool(o.get("checkpoint_split", False), f"{path}.checkpoint_split")
-    master = c.number(o.get("master_weight_bytes", 4.0), f"{path}.master_weight_bytes")
-    if not 0 <= master <= 4:
-        c.fail(f"{path}.master_weight_bytes", f"must be in [0, 4], got {master}")
+    master = c.within(o.get("master_weight_bytes", 4.0), f"{path}.master_weight_bytes", 0, 4)
     autograd = c.bool(o.get("autograd_inputs", False), f"{path}.autograd_inputs")
     reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
     dummy = c.bool(o.get("dummy_wgrad", False), f"{path}.dummy_wgrad")
@@ -1026,12 +1030,10 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     saves = c.choice(o.get("selective_saves", "layers"), f"{path}.selective_saves",
                      SELECTIVE_SAVES)
     fp8_copy = c.bool(o.get("fp8_weight_copy", True), f"{path}.fp8_weight_copy")
-    step = c.number(o.get("optimizer_step_bytes", 0.0), f"{path}.optimizer_step_bytes")
-    if not 0 <= step <= 64:
-        c.fail(f"{path}.optimizer_step_bytes", f"must be in [0, 64] bytes a parameter, got {step}")
-    saved = c.number(o.get("adapter_saved_bytes", 0.0), f"{path}.adapter_saved_bytes")
-    if not 0 <= saved <= 64:
-        c.fail(f"{path}.adapter_saved_bytes", f"must be in [0, 64] bytes an element, got {saved}")
+    step = c.within(o.get("optimizer_step_bytes", 0.0), f"{path}.optimizer_step_bytes", 0, 64,
+                    "bytes a parameter")
+    saved = c.within(o.get("adapter_saved_bytes", 0.0), f"{path}.adapter_saved_bytes", 0, 64,
+                     "bytes an element")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
                           reshard, dummy_wgrad=dummy, backward_transient=transient,
                           moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
@@ -1046,25 +1048,17 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
                          "attention_backward_speed", "attention_tile", "grad_accum_bytes",
                          "adapter_elementwise_bytes", "tp_overlap_chunks",
                          "tp_gather_fp8", "fp8_linear_speedup", "separate_projections"))
-    frac = c.number(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction")
-    if not 0 <= frac < 1:
-        c.fail(f"{path}.pipeline_fraction", f"must be in [0, 1), got {frac}")
-    moe_s = c.number(o.get("moe_block_s", 0.0), f"{path}.moe_block_s")
-    if not 0 <= moe_s < 1:
-        c.fail(f"{path}.moe_block_s", f"must be in [0, 1) seconds, got {moe_s}")
-    launch = c.number(o.get("launch_s", 0.0), f"{path}.launch_s")
-    if not 0 <= launch < 0.01:
-        c.fail(f"{path}.launch_s", f"must be in [0, 0.01) seconds, got {launch}")
-    speed = c.number(o.get("attention_speed", 0.0), f"{path}.attention_speed")
-    if not 0 <= speed <= 2:
-        c.fail(f"{path}.attention_speed", f"must be in [0, 2], got {speed}")
-    bw = c.number(o.get("attention_backward_speed", 0.0), f"{path}.attention_backward_speed")
-    if not 0 <= bw <= 2:
-        c.fail(f"{path}.attention_backward_speed", f"must be in [0, 2], got {bw}")
+    frac = c.within(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction", 0, 1,
+                    high_open=True)
+    moe_s = c.within(o.get("moe_block_s", 0.0), f"{path}.moe_block_s", 0, 1, "seconds",
+                     high_open=True)
+    launch = c.within(o.get("launch_s", 0.0), f"{path}.launch_s", 0, 0.01, "seconds",
+                      high_open=True)
+    speed = c.within(o.get("attention_speed", 0.0), f"{path}.attention_speed", 0, 2)
+    bw = c.within(o.get("attention_backward_speed", 0.0), f"{path}.attention_backward_speed",
+                  0, 2)
     tile = c.int(o.get("attention_tile", 0), f"{path}.attention_tile", minimum=0)
-    accum = c.number(o.get("grad_accum_bytes", 0.0), f"{path}.grad_accum_bytes")
-    if not 0 <= accum <= 64:
-        c.fail(f"{path}.grad_accum_bytes", f"must be in [0, 64] bytes, got {accum}")
+    accum = c.within(o.get("grad_accum_bytes", 0.0), f"{path}.grad_accum_bytes", 0, 64, "bytes")
     ab = (0.0, 0.0, 0.0, 0.0)
     if "adapter_elementwise_bytes" in o:
         ap = f"{path}.adapter_elementwise_bytes"
@@ -1072,10 +1066,8 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
         if not isinstance(a, dict):
             c.fail(ap, f"expected an object of {', '.join(ADAPTER_BYTES_KEYS)}")
         c.keys(a, ap, (), ADAPTER_BYTES_KEYS)
-        ab = tuple(c.number(a.get(k, 0.0), f"{ap}.{k}") for k in ADAPTER_BYTES_KEYS)
-        for k, x in zip(ADAPTER_BYTES_KEYS, ab):
-            if not 0 <= x <= 1000:
-                c.fail(f"{ap}.{k}", f"must be in [0, 1000] bytes an element, got {x}")
+        ab = tuple(c.within(a.get(k, 0.0), f"{ap}.{k}", 0, 1000, "bytes an element")
+                   for k in ADAPTER_BYTES_KEYS)
     chunks = c.bool(o.get("tp_overlap_chunks", False), f"{path}.tp_overlap_chunks")
     gather8 = c.bool(o.get("tp_gather_fp8", False), f"{path}.tp_gather_fp8")
     tables = read_fp8_linear_speedup(c, o.get("fp8_linear_speedup", {}),
