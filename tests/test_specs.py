@@ -339,7 +339,7 @@ MEMORY_VALUES = {
 TIME_VALUES = {
     "pipeline_fraction": 0.04, "moe_block_s": 0.003, "launch_s": 5e-6,
     "attention_speed": 0.5, "attention_backward_speed": 0.4, "attention_tile": 128,
-    "grad_accum_bytes": 10.0, "adapter_bytes": (21.0, 10.0, 27.0, 4.0),
+    "grad_accum_bytes": 10.0, "grad_accum_in_gemm": True, "adapter_bytes": (21.0, 10.0, 27.0, 4.0),
     "tp_overlap_chunks": True, "tp_gather_fp8": True,
     "fp8_linear_speedup": (("rowwise", (1024.0, 4096.0), (4096.0,), (4096.0, 8192.0),
                             (1.1, 1.2, 1.3, 1.4)),),

@@ -320,6 +320,12 @@ class TimeOverhead:
     16-bit gradient into an fp32 buffer: read 2 + read 4 + write 4 = 10);
     added to every weighted layer's weight-gradient pass.  0: the GEMM
     writes or accumulates its gradient in place (Calculon's meaning).
+    ``grad_accum_in_gemm``: the framework's weight-gradient GEMMs of the
+    linear layers accumulate into the fp32 buffer themselves (Apex's
+    gradient-accumulation fusion: ``wgrad_gemm_accum_fp32`` writes into
+    ``main_grad``, the layer returns no gradient, so the hook has nothing
+    to add), so ``grad_accum_bytes`` applies only to the weighted layers
+    that are not GEMMs (norms).  False: to every weighted layer.
     ``adapter_bytes``: bytes the framework's LoRA adapter moves beyond its
     two GEMMs, per element of the adapted layer's input and output, in the
     forward and in the backward pass -- (forward_input, forward_output,
@@ -367,6 +373,7 @@ class TimeOverhead:
     attention_backward_speed: float = 0.0
     attention_tile: int = 0
     grad_accum_bytes: float = 0.0
+    grad_accum_in_gemm: bool = False
     adapter_bytes: tuple = (0.0, 0.0, 0.0, 0.0)
     tp_overlap_chunks: bool = False
     tp_gather_fp8: bool = False
@@ -1046,7 +1053,7 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     """A ``time_overhead`` object -> TimeOverhead."""
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
                          "attention_backward_speed", "attention_tile", "grad_accum_bytes",
-                         "adapter_elementwise_bytes", "tp_overlap_chunks",
+                         "grad_accum_in_gemm", "adapter_elementwise_bytes", "tp_overlap_chunks",
                          "tp_gather_fp8", "fp8_linear_speedup", "separate_projections"))
     frac = c.within(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction", 0, 1,
                     high_open=True)
@@ -1059,6 +1066,7 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
                   0, 2)
     tile = c.int(o.get("attention_tile", 0), f"{path}.attention_tile", minimum=0)
     accum = c.within(o.get("grad_accum_bytes", 0.0), f"{path}.grad_accum_bytes", 0, 64, "bytes")
+    in_gemm = c.bool(o.get("grad_accum_in_gemm", False), f"{path}.grad_accum_in_gemm")
     ab = (0.0, 0.0, 0.0, 0.0)
     if "adapter_elementwise_bytes" in o:
         ap = f"{path}.adapter_elementwise_bytes"
@@ -1074,7 +1082,8 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
                                      f"{path}.fp8_linear_speedup")
     split = c.bool(o.get("separate_projections", False), f"{path}.separate_projections")
     return TimeOverhead(frac, moe_s, launch, speed, attention_backward_speed=bw,
-                        attention_tile=tile, grad_accum_bytes=accum, adapter_bytes=ab,
+                        attention_tile=tile, grad_accum_bytes=accum,
+                        grad_accum_in_gemm=in_gemm, adapter_bytes=ab,
                         tp_overlap_chunks=chunks, tp_gather_fp8=gather8,
                         fp8_linear_speedup=tables, separate_projections=split)
 
@@ -1190,6 +1199,8 @@ def time_overhead_json(t: TimeOverhead) -> dict:
     if any(t.adapter_bytes):
         out["adapter_elementwise_bytes"] = {k: _num(x) for k, x in
                                             zip(ADAPTER_BYTES_KEYS, t.adapter_bytes)}
+    if t.grad_accum_in_gemm:
+        out["grad_accum_in_gemm"] = True
     if t.tp_overlap_chunks:
         out["tp_overlap_chunks"] = True
     if t.tp_gather_fp8:

@@ -124,6 +124,9 @@ class LayoutContext:
         # micro-batch (layers.layer: the weight-gradient pass's memory time).
         self.grad_accum_bytes = (system.time_overhead.grad_accum_bytes
                                  if system.time_overhead else 0.0)
+        # ... not on the linear layers where their GEMMs accumulate in place.
+        self.grad_accum_in_gemm = bool(system.time_overhead.grad_accum_in_gemm
+                                       if system.time_overhead else False)
         # Overlapped TP GEMMs run as tensor_par per-rank chunks
         # (communication.tp_overlapped_linear; TimeOverhead.tp_overlap_chunks).
         self.tp_overlap_chunks = bool(system.time_overhead.tp_overlap_chunks

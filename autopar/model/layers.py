@@ -74,9 +74,11 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
     L["mem_agrad"] = (L["weight"] + L["act"] + L["act_grads"]) * b
     L["mem_wgrad"] = np.where(L["weight"] == 0, 0.0,
                               (L["weight_grads"] + L["act"] + L["act_grads"]) * b)
-    if ctx.grad_accum_bytes:
+    if ctx.grad_accum_bytes and not (matrix and ctx.grad_accum_in_gemm):
         # The framework adds each fresh weight gradient into its fp32
-        # buffer outside the GEMM, once per micro-batch (TimeOverhead).
+        # buffer outside the GEMM, once per micro-batch (TimeOverhead);
+        # with grad_accum_in_gemm the linear layers' GEMMs accumulate in
+        # place and only the other weighted layers (norms) take the hook.
         L["mem_wgrad"] = L["mem_wgrad"] + np.where(
             L["weight"] == 0, 0.0, L["weight_grads"] * ctx.grad_accum_bytes)
     master = np.where(b < 4, L["weight"] * ctx.master_bytes, 0.0)

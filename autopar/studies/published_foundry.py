@@ -268,7 +268,10 @@ class LauncherRun:
     it: the model file, the layout, recompute (autopar's
     ``activation_recompute``), sequence parallelism, the optimizer (Apex's
     distributed fused Adam or plain fused Adam) and whether the gradient
-    reduction ran behind the backward, and where that is written."""
+    reduction ran behind the backward, and where that is written;
+    ``grad_accum_fusion``: the linear layers' weight-gradient GEMMs
+    accumulate into the optimizer's fp32 buffer themselves
+    (``launcher_system``)."""
     model: str
     tp: int
     pp: int
@@ -279,6 +282,7 @@ class LauncherRun:
     dist_opt: bool
     dp_overlap: bool
     source: str
+    grad_accum_fusion: bool = False
 
 
 LAUNCHER_FRAMEWORK = "nemo-megatron-2022"
@@ -290,7 +294,8 @@ LAUNCHER_RUNS = {
         dp_overlap=True, source=f"{_L22_08} conf/training/gpt3/5b.yaml"),
     ("GPT-3 175B", None): LauncherRun(
         "gpt3-175B", tp=8, pp=8, vp=1, mbs=2, sp=True, recompute="attn_only", dist_opt=True,
-        dp_overlap=False, source=f"{_L22_08} conf/training/gpt3/175b.yaml"),
+        dp_overlap=False, source=f"{_L22_08} conf/training/gpt3/175b.yaml",
+        grad_accum_fusion=True),
     ("GPT-3 5B", 1440): LauncherRun(
         "gpt3-5B", tp=2, pp=1, vp=1, mbs=2, sp=False, recompute="none", dist_opt=False,
         dp_overlap=False,
@@ -336,6 +341,29 @@ def launcher_execution(run: LauncherRun, system_, n: int, gbs: int) -> dict:
     return ex
 
 
+def launcher_system(run: LauncherRun):
+    """The A100 system under ``frameworks/nemo-megatron-2022.json`` for
+    ``run``: where the run's yaml keeps ``gradient_accumulation_fusion:
+    True`` and NeMo honours it (v1.11.0 megatron_base_model.py
+    ``_validate_config`` turns it off only without pipeline parallelism or
+    without O2: the 175B at PP 8), the linear layers' weight-gradient GEMMs
+    accumulate into fp32 ``main_grad`` themselves (Apex@6f7d8ac3
+    apex/transformer/tensor_parallel/layers.py
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``:
+    ``wgrad_gemm_accum_fp32(..., weight.main_grad)``, ``grad_weight =
+    None``), ``main_grad`` being a view of the distributed optimizer's
+    contiguous fp32 buffer (NeMo v1.11.0 nemo/core/optim/optimizers.py
+    ``MegatronDistributedFusedAdam._init_param_state``: ``param.main_grad =
+    self.grad_buffer_view(param)``); the hook's ``_grad_copy`` then finds
+    no ``.grad`` on them and adds nothing, so its bytes stay on the norms
+    only (``time_overhead.grad_accum_in_gemm``)."""
+    sy = P.system("a100_80g", LAUNCHER_FRAMEWORK)
+    if run.grad_accum_fusion:
+        sy = dataclasses.replace(sy, time_overhead=dataclasses.replace(
+            sy.time_overhead, grad_accum_in_gemm=True))
+    return sy
+
+
 def launcher_row(row) -> "P.PublishedCase | P.Skip":
     """One NeMo-Megatron-Launcher row: the run's configuration of the time
     (``LAUNCHER_RUNS``, keyed by model and the stated global batch; 2048,
@@ -349,7 +377,7 @@ def launcher_row(row) -> "P.PublishedCase | P.Skip":
         return P.Skip(f"no launcher configuration for {row.model}"
                       + (f" at global batch {stated}" if stated else ""), label)
     m = P.model(run.model, seq_size=int(row.seq_len))
-    sy = P.system("a100_80g", LAUNCHER_FRAMEWORK)
+    sy = launcher_system(run)
     if n % (run.tp * run.pp):
         return P.Skip(f"{n} GPUs do not hold TP {run.tp} x PP {run.pp}", label)
     dp = n // (run.tp * run.pp)
