@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS
-from autopar.io.specs import FP8_MATRIX, ModelSpec, SystemSpec
+from autopar.io.specs import FP8_MATRIX, MemoryOverhead, ModelSpec, SystemSpec, TimeOverhead
 from autopar.model.hardware import ComputeEngine, MemoryTier, NetworkTier
 
 
@@ -111,47 +111,43 @@ class LayoutContext:
         self.mem1 = MemoryTier(system.mem1)
         self.mem2 = MemoryTier(system.mem2)
         self.roofline = system.processing_mode == "roofline"
+        # The framework's records (their defaults: Calculon's count).
+        t = system.time_overhead or TimeOverhead()
+        mo = system.memory_overhead or MemoryOverhead()
         # Host time exposed per MoE block and micro-batch (autopar.model.moe).
-        self.moe_host_s = system.time_overhead.moe_block_s if system.time_overhead else 0.0
+        self.moe_host_s = t.moe_block_s
         # The framework's fused-attention speed, where stated (layers.flash_attention).
-        self.attention_speed = (system.time_overhead.attention_speed
-                                if system.time_overhead else 0.0)
+        self.attention_speed = t.attention_speed
         # ... its backward's speed and its causal tile, where stated.
-        self.attention_backward_speed = (system.time_overhead.attention_backward_speed
-                                         if system.time_overhead else 0.0)
-        self.attention_tile = system.time_overhead.attention_tile if system.time_overhead else 0
+        self.attention_backward_speed = t.attention_backward_speed
+        self.attention_tile = t.attention_tile
         # Weight-gradient accumulation outside the GEMM, bytes per weight and
-        # micro-batch (layers.layer: the weight-gradient pass's memory time).
-        self.grad_accum_bytes = (system.time_overhead.grad_accum_bytes
-                                 if system.time_overhead else 0.0)
-        # ... not on the linear layers where their GEMMs accumulate in place.
-        self.grad_accum_in_gemm = bool(system.time_overhead.grad_accum_in_gemm
-                                       if system.time_overhead else False)
+        # micro-batch (layers.layer: the weight-gradient pass's memory time),
+        # not on the linear layers where their GEMMs accumulate in place.
+        self.grad_accum_bytes = t.grad_accum_bytes
+        self.grad_accum_in_gemm = bool(t.grad_accum_in_gemm)
         # Overlapped TP GEMMs run as tensor_par per-rank chunks
         # (communication.tp_overlapped_linear; TimeOverhead.tp_overlap_chunks).
-        self.tp_overlap_chunks = bool(system.time_overhead.tp_overlap_chunks
-                                      if system.time_overhead else False)
+        self.tp_overlap_chunks = bool(t.tp_overlap_chunks)
         # The framework's LoRA adapter's element-wise bytes (adapters.adapter_layers).
-        self.adapter_bytes = (system.time_overhead.adapter_bytes
-                              if system.time_overhead else (0.0, 0.0, 0.0, 0.0))
+        self.adapter_bytes = t.adapter_bytes
         # Bytes of the optimizer's master copy per weight (narrow datatypes).
-        over = system.memory_overhead
-        self.master_bytes = over.master_weight_bytes if over is not None else 4.0
+        self.master_bytes = mo.master_weight_bytes
         # GEMM and router inputs counted as autograd keeps them (block, moe).
-        self.autograd_inputs = bool(over is not None and over.autograd_inputs)
-        self.moe_probs_in_activation = bool(over is not None and over.moe_probs_in_activation)
+        self.autograd_inputs = bool(mo.autograd_inputs)
+        self.moe_probs_in_activation = bool(mo.moe_probs_in_activation)
         # The framework memory terms a block sums only where asked for
         # (block.framework_terms).
-        self.dummy_wgrad = bool(over is not None and over.dummy_wgrad)
-        self.backward_by_op = bool(over is not None and over.backward_transient == "op")
-        self.cp_a2a_output_copy = bool(over is not None and over.cp_a2a_output_copy)
+        self.dummy_wgrad = bool(mo.dummy_wgrad)
+        self.backward_by_op = mo.backward_transient == "op"
+        self.cp_a2a_output_copy = bool(mo.cp_a2a_output_copy)
         # What a block keeps under selective recompute (block.op_policy_saves).
-        self.selective_saves = over.selective_saves if over is not None else "layers"
+        self.selective_saves = mo.selective_saves
         # Whether the fp8 / fp4 recipes keep a quantized copy of each weight.
-        self.fp8_weight_copy = over.fp8_weight_copy if over is not None else True
+        self.fp8_weight_copy = mo.fp8_weight_copy
         # Bytes a LoRA adapter keeps per input element beyond the base
         # layer's saved input (adapters.adapter_layers).
-        self.adapter_saved_bytes = over.adapter_saved_bytes if over is not None else 0.0
+        self.adapter_saved_bytes = mo.adapter_saved_bytes
         self.tp = cols["tensor_par"].astype(float)
         # Optimizer sharding divides the optimizer state (and, unless the
         # gradients are kept whole, the weight gradients) over data_par
@@ -186,18 +182,16 @@ class LayoutContext:
         # (TimeOverhead.tp_gather_fp8; communication.finish_tp_collective /
         # finish_tp_overlapped).
         self.tp_gather_bytes = self.elem_bytes
-        if (self.fp8 is not None and system.time_overhead is not None
-                and system.time_overhead.tp_gather_fp8):
+        if self.fp8 is not None and t.tp_gather_fp8:
             tensorwise = recipe == CHOICES["fp8_recipe"].index("tensorwise")
             self.tp_gather_bytes = np.where(tensorwise, 1.0, self.elem_bytes)
         # Published speed-ups of the framework's fp8 linear layer over bf16,
         # per recipe code (TimeOverhead.fp8_linear_speedup; layers.fp8_gemm).
         self.fp8_speedup = {}
         # ... read at each separate projection's shape (layers.fp8_table_speedup).
-        self.separate_projections = bool(system.time_overhead is not None
-                                         and system.time_overhead.separate_projections)
-        if self.fp8 is not None and system.time_overhead is not None:
-            for r, ms, ks, ns, v in system.time_overhead.fp8_linear_speedup:
+        self.separate_projections = bool(t.separate_projections)
+        if self.fp8 is not None:
+            for r, ms, ks, ns, v in t.fp8_linear_speedup:
                 self.fp8_speedup[CHOICES["fp8_recipe"].index(r)] = (
                     np.log2(ms), np.log2(ks), np.log2(ns),
                     np.asarray(v, dtype=float).reshape(len(ms), len(ks), len(ns)))
