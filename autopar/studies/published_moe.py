@@ -74,10 +74,10 @@ def fit_host_op_time(cases, grid=HOST_OP_GRID) -> tuple[float, dict]:
 
 
 def bridge_fit_cases() -> list:
-    """The Bridge table's ``BRIDGE_FIT_ROWS``."""
+    """The Bridge table's ``BRIDGE_FIT_ROWS`` (the tables are registered
+    once ``autopar.studies.published`` is imported)."""
     import re
 
-    from autopar.studies import published  # noqa: F401  (registers the tables)
     return [c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
             if isinstance(c, P.PublishedCase) and re.match(BRIDGE_FIT_ROWS, c.label)]
 
@@ -85,7 +85,6 @@ def bridge_fit_cases() -> list:
 def simumax_moe_cases() -> list:
     """SimuMax's 12 DeepSeek-V2/V3 rows (Megatron-LM's all-to-all dispatcher
     on ``systems/b200_nvl8_megatron.json``)."""
-    from autopar.studies import published  # noqa: F401  (registers the tables)
     return [c for _, c in P.cases(P.TABLES["simumax_b200"])
             if isinstance(c, P.PublishedCase) and c.model.moe is not None]
 
