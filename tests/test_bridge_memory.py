@@ -118,10 +118,13 @@ def test_bridge_tables_throughput_held(reference):
     assert len(qwen) == 36 and qwen.feasible.all() and qwen.feasible_any.all()
     assert nemo.tok_error.abs().median() == pytest.approx(0.099, abs=0.002)
     assert nemo.tok_error.abs().max() == pytest.approx(0.356, abs=0.002)
-    assert qwen.tok_error.abs().median() == pytest.approx(0.048, abs=0.002)
-    assert qwen.tok_error.abs().max() == pytest.approx(0.939, abs=0.002)
+    # (the Qwen3 rows' figures since the MoE host time is counted per op
+    # after the sync, docs/validation.md "MoE host time, counted": 4.8% /
+    # 93.9% / best 24.9% with the flat per-block constant before)
+    assert qwen.tok_error.abs().median() == pytest.approx(0.098, abs=0.002)
+    assert qwen.tok_error.abs().max() == pytest.approx(0.918, abs=0.002)
     assert nemo.best_tok_error.abs().median() == pytest.approx(0.118, abs=0.002)
-    assert qwen.best_tok_error.abs().median() == pytest.approx(0.249, abs=0.002)
+    assert qwen.best_tok_error.abs().median() == pytest.approx(0.242, abs=0.002)
     # the Qwen3 rows' predicted peaks fell by the counted terms; the 25.11
     # H100 row (PP 2, VP 24, micro-batch 2) no longer sits at the 80 GiB edge
     h100 = qwen[qwen.label == "25.11 DGX-H100 gbs512 mbs2 pp2 ep8 vp24"].iloc[0]

@@ -173,6 +173,59 @@ def test_moe_host_time_per_block_and_micro_batch(h100):
     assert c == d
 
 
+def test_moe_host_ops_counted_by_hand(h100):
+    """``time_overhead.moe_host_op_s`` per op counted after the MoE sync
+    (autopar.model.overhead.moe_sync_ops): 4 experts over expert_par 2 = 2
+    local experts.  bf16: forward 8 fixed + 2 GEMMs x 2 experts = 12 ops,
+    backward 8 + 4 x 2 = 16; with an fp8 recipe one quantize more per expert
+    and layer each way: 8 + 4 x 2 = 16 and 8 + 6 x 2 = 20.  2 MoE blocks x
+    2 micro-batches; dense blocks add nothing; it adds to a stated
+    ``moe_block_s``."""
+    from autopar.io.specs import TimeOverhead
+    from autopar.model.overhead import moe_sync_ops
+    op = 2e-5
+    counted = dataclasses.replace(h100, time_overhead=TimeOverhead(moe_host_op_s=op))
+    moe = tiny({"experts": 4, "top_k": 2, "expert_feedforward": 32, "first_dense": 1},
+               num_blocks=3)
+    kw = dict(num_procs=2, data_par=2, batch_size=4, expert_par=2, attention_impl="flash_v2")
+    a, b = run(moe, h100, **kw), run(moe, counted, **kw)
+    assert a["feasible"] and b["feasible"]
+    passes = 2 * 2
+    assert b["fw_time"] - a["fw_time"] == pytest.approx(passes * 12 * op, rel=1e-9)
+    assert b["bw_time"] - a["bw_time"] == pytest.approx(passes * 16 * op, rel=1e-9)
+    assert b["proc_mem_tier1_cap_req"] == a["proc_mem_tier1_cap_req"]
+    a8, b8 = (run(moe, s, fp8_recipe="tensorwise", **kw) for s in (h100, counted))
+    assert b8["fw_time"] - a8["fw_time"] == pytest.approx(passes * 16 * op, rel=1e-9)
+    assert b8["bw_time"] - a8["bw_time"] == pytest.approx(passes * 20 * op, rel=1e-9)
+    # more local experts, more ops: expert_par 1 holds all 4
+    one = dict(kw, expert_par=1)
+    c, d = run(moe, h100, **one), run(moe, counted, **one)
+    assert d["fw_time"] - c["fw_time"] == pytest.approx(passes * (8 + 2 * 4) * op, rel=1e-9)
+    fw, bw = moe_sync_ops(np.array([2.0, 4.0]), np.array([False, True]))
+    assert fw.tolist() == [12.0, 24.0] and bw.tolist() == [16.0, 32.0]
+    # stated and counted add up
+    both = dataclasses.replace(h100, time_overhead=TimeOverhead(0.0, 0.003, moe_host_op_s=op))
+    e = run(moe, both, **kw)
+    assert e["total_time"] - a["total_time"] == pytest.approx(
+        passes * (0.003 + 28 * op), rel=1e-9)
+    dense = tiny(feedforward=64)
+    assert run(dense, h100, batch_size=4) == run(dense, counted, batch_size=4)
+
+
+@pytest.mark.parametrize("value", [-1e-6, 0.01, "x"])
+def test_moe_host_op_spec_errors(h100, value):
+    from autopar.io.specs import system_to_json
+    d = system_to_json(h100)
+    d["time_overhead"] = {"moe_host_op_s": value}
+    with pytest.raises(SpecError) as e:
+        load_system(d)
+    assert e.value.field == "time_overhead.moe_host_op_s"
+    d["time_overhead"] = {"moe_host_op_s": 2e-5}
+    back = system_to_json(load_system(d))
+    assert back["time_overhead"]["moe_host_op_s"] == 2e-5
+    assert load_system(back).time_overhead.moe_host_op_s == 2e-5
+
+
 @pytest.mark.parametrize("value", [-0.001, 1.5, "x"])
 def test_moe_host_time_spec_errors(h100, value):
     from autopar.io.specs import system_to_json
@@ -376,10 +429,16 @@ def test_published_moe_rows(reference):
 
 
 def test_bridge_host_time_is_the_stated_fit(reference):
-    """The MoE host-time constant is what its stated fit (two rows, a grid of
-    0.25 ms) gives, and the fit rows' mean |error| rises away from it."""
-    from autopar.studies.published_moe import MOE_HOST_S, fit_bridge_host_time
-    best, scores = fit_bridge_host_time()
-    assert best == MOE_HOST_S
+    """The MoE host time per op is what its stated fit (two Bridge rows, a
+    grid of 0.5 us) gives, the fit rows' mean |error| rises away from it, and
+    refitted on SimuMax's DeepSeek rows alone it lands within 1.5x of it
+    (issue 24's leave-one-table-out bar for the constant itself)."""
+    from autopar.studies import published  # noqa: F401  (registers the tables)
+    from autopar.studies.published_moe import (MOE_HOST_OP_S, fit_bridge_host_op_time,
+                                               fit_simumax_host_op_time)
+    best, scores = fit_bridge_host_op_time()
+    assert best == MOE_HOST_OP_S
     assert scores[0.0] > 0.2 and scores[best] < 0.05
-    assert scores[0.006] > scores[best]
+    assert scores[4e-5] > scores[best]
+    other, _ = fit_simumax_host_op_time()
+    assert 0 < other and max(best, other) / min(best, other) <= 1.5

@@ -239,22 +239,23 @@ def test_shipped_errors_are_what_the_command_writes(reference):
 
 
 def test_left_out_moe_host_time_is_refitted_on_the_second_table(reference):
-    # MOE_HOST_S is fitted on two Bridge rows; left out of the Bridge table
+    # MOE_HOST_OP_S is fitted on two Bridge rows; left out of the Bridge table
     # it is refitted on SimuMax's DeepSeek rows (another framework release,
-    # dispatcher and system), not dropped to 0.
+    # dispatcher, model and system), not dropped to 0.
     from autopar.studies import crossval as X
     from autopar.studies import published as P
     from autopar.studies import published_moe as M
     t, fallbacks = X.left_out_transform("bridge_qwen3_moe")
-    refit, scores = M.fit_simumax_host_time()
+    refit, scores = M.fit_simumax_host_op_time()
     assert fallbacks and "refitted on simumax_b200" in fallbacks[0]
-    assert f"{1e3 * refit:.2f} ms" in fallbacks[0]
+    assert f"{1e6 * refit:.1f} us/op" in fallbacks[0]
     # the refit is a real minimum of the DeepSeek rows' error, inside the grid
     assert 0 < refit < max(scores) and scores[refit] < scores[0.0] - 0.05
     c = next(c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
              if isinstance(c, P.PublishedCase))
-    assert c.system.time_overhead.moe_block_s == M.MOE_HOST_S
-    assert t(c).system.time_overhead.moe_block_s == refit != M.MOE_HOST_S
+    assert c.system.time_overhead.moe_host_op_s == M.MOE_HOST_OP_S
+    assert c.system.time_overhead.moe_block_s == 0
+    assert t(c).system.time_overhead.moe_host_op_s == refit != M.MOE_HOST_OP_S
     assert X.left_out_transform("nemo_h100") == (None, [])
 
 
@@ -268,18 +269,22 @@ def test_b200_system_holds_no_fitted_constant_and_ratios_reached(reference):
     cv = X.cross_validate(["simumax_b200", "bridge_qwen3_moe", "torchtitan", "mcore_h100"])
     sim = cv.table.loc["simumax_b200"]
     assert sim.ratio_median_tok == 1.0 and sim.in_median_tok <= 0.075
-    # the Bridge table's left-out error with the host time refitted on the
-    # DeepSeek rows: 2.4x its in-sample (5.4x when it fell back to 0 ms);
-    # the issue's 1.5x bar is not met yet (docs/validation.md).
+    # the Bridge table's left-out error with the host time per op (ops
+    # counted) refitted on the DeepSeek rows: 1.03x its in-sample (2.42x
+    # with the flat per-block constant, 5.4x when it fell back to 0 ms), and
+    # the other direction, the DeepSeek rows at the Bridge fit: 1.02x
+    # (docs/validation.md, "MoE host time, counted").
     br = cv.table.loc["bridge_qwen3_moe"]
-    assert br.in_median_tok <= 0.06 and br.ratio_median_tok < 3.0
+    assert br.in_median_tok <= 0.15 and br.ratio_median_tok <= 1.5
+    r = cv.moe_reverse
+    assert r["in_median"] <= 0.15 and r["ratio"] <= 1.5
     # the two constants no source replaced yet: still above the bar, held
     # where they are (torchtitan 6.95x: in sample 7.5% since the async-TP
     # and float8 terms were counted, left out 52% on the datasheet H100 curve;
     # mcore's micro-batch 2.8x)
     assert cv.table.loc["torchtitan"].ratio_median_tok < 7.2
     assert cv.table.loc["mcore_h100"].ratio_median_tok < 3.0
-    assert (cv.table.ratio_median_tok > 1.5).sum() == 3
+    assert (cv.table.ratio_median_tok > 1.5).sum() == 2
 
 
 @pytest.mark.parametrize("top_n", [5, 3000])

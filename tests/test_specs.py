@@ -337,7 +337,7 @@ MEMORY_VALUES = {
     "selective_saves": "op_eager", "fp8_weight_copy": False, "optimizer_step_bytes": 8.0,
     "adapter_saved_bytes": 3.0}
 TIME_VALUES = {
-    "pipeline_fraction": 0.04, "moe_block_s": 0.003, "launch_s": 5e-6,
+    "pipeline_fraction": 0.04, "moe_block_s": 0.003, "moe_host_op_s": 2e-5, "launch_s": 5e-6,
     "attention_speed": 0.5, "attention_backward_speed": 0.4, "attention_tile": 128,
     "grad_accum_bytes": 10.0, "grad_accum_in_gemm": True, "adapter_bytes": (21.0, 10.0, 27.0, 4.0),
     "tp_overlap_chunks": True, "tp_gather_fp8": True,
@@ -389,6 +389,7 @@ def test_every_overhead_field_refuses_a_bad_value_by_name(repo_root, record, key
     ("memory_overhead", "adapter_saved_bytes", 65, "[0, 64] bytes an element"),
     ("time_overhead", "pipeline_fraction", 1, "[0, 1)"),
     ("time_overhead", "moe_block_s", 1.0, "[0, 1) seconds"),
+    ("time_overhead", "moe_host_op_s", 0.01, "[0, 0.01) seconds"),
     ("time_overhead", "launch_s", 0.01, "[0, 0.01) seconds"),
     ("time_overhead", "attention_speed", 2.5, "[0, 2]"),
     ("time_overhead", "attention_backward_speed", -0.1, "[0, 2]"),

@@ -297,6 +297,13 @@ class TimeOverhead:
     forward): dropless routing copies the per-expert token counts to the host
     in every MoE block, which drains the GPU's queue of launched kernels, so
     the block's launches after it are not hidden behind earlier work.
+    ``moe_host_op_s``: the same exposure counted instead of stated: host
+    time per op the host issues after that sync in one MoE block and
+    micro-batch, the ops counted from the framework's MoE layer
+    (``autopar.model.overhead.moe_sync_ops``: per local expert, the grouped
+    GEMMs' one GEMM each, forward, input- and weight-gradient, and the fp8
+    recipes' per-expert quantisations; plus the dispatcher's fixed ops);
+    added to ``moe_block_s``.  0: nothing counted.
     ``launch_s``: host time to issue one GPU kernel in an eager framework
     (PyTorch's per-op dispatch and the CUDA launch); a block pass whose
     kernels (counted from its ops, ``autopar.model.overhead``) take less GPU
@@ -379,6 +386,7 @@ class TimeOverhead:
     tp_gather_fp8: bool = False
     fp8_linear_speedup: tuple = ()
     separate_projections: bool = False
+    moe_host_op_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1054,13 +1062,16 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     c.keys(o, path, (), ("pipeline_fraction", "moe_block_s", "launch_s", "attention_speed",
                          "attention_backward_speed", "attention_tile", "grad_accum_bytes",
                          "grad_accum_in_gemm", "adapter_elementwise_bytes", "tp_overlap_chunks",
-                         "tp_gather_fp8", "fp8_linear_speedup", "separate_projections"))
+                         "tp_gather_fp8", "fp8_linear_speedup", "separate_projections",
+                         "moe_host_op_s"))
     frac = c.within(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction", 0, 1,
                     high_open=True)
     moe_s = c.within(o.get("moe_block_s", 0.0), f"{path}.moe_block_s", 0, 1, "seconds",
                      high_open=True)
     launch = c.within(o.get("launch_s", 0.0), f"{path}.launch_s", 0, 0.01, "seconds",
                       high_open=True)
+    moe_op = c.within(o.get("moe_host_op_s", 0.0), f"{path}.moe_host_op_s", 0, 0.01,
+                      "seconds", high_open=True)
     speed = c.within(o.get("attention_speed", 0.0), f"{path}.attention_speed", 0, 2)
     bw = c.within(o.get("attention_backward_speed", 0.0), f"{path}.attention_backward_speed",
                   0, 2)
@@ -1085,7 +1096,8 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
                         attention_tile=tile, grad_accum_bytes=accum,
                         grad_accum_in_gemm=in_gemm, adapter_bytes=ab,
                         tp_overlap_chunks=chunks, tp_gather_fp8=gather8,
-                        fp8_linear_speedup=tables, separate_projections=split)
+                        fp8_linear_speedup=tables, separate_projections=split,
+                        moe_host_op_s=moe_op)
 
 
 # The fp8 recipes ``time_overhead.fp8_linear_speedup`` may hold a table for.
@@ -1192,8 +1204,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
 
 def time_overhead_json(t: TimeOverhead) -> dict:
     out = {"pipeline_fraction": _num(t.pipeline_fraction)}
-    for k in ("moe_block_s", "launch_s", "attention_speed", "attention_backward_speed",
-              "attention_tile", "grad_accum_bytes"):
+    for k in ("moe_block_s", "moe_host_op_s", "launch_s", "attention_speed",
+              "attention_backward_speed", "attention_tile", "grad_accum_bytes"):
         if getattr(t, k):
             out[k] = _num(getattr(t, k))
     if any(t.adapter_bytes):

@@ -116,6 +116,9 @@ class LayoutContext:
         mo = system.memory_overhead or MemoryOverhead()
         # Host time exposed per MoE block and micro-batch (autopar.model.moe).
         self.moe_host_s = t.moe_block_s
+        # ... and host time per op issued after the block's token-count sync
+        # (overhead.moe_sync_ops; moe.host_sync).
+        self.moe_host_op_s = t.moe_host_op_s
         # The framework's fused-attention speed, where stated (layers.flash_attention).
         self.attention_speed = t.attention_speed
         # ... its backward's speed and its causal tile, where stated.

@@ -21,9 +21,11 @@ part of an MoE block's feed-forward (the shared experts are a dense MLP of
   when experts are padded to capacity), each expert's GEMM at the matrix
   engine's efficiency for its own size (``m / groups`` tokens);
 * the weighted sum of the experts' outputs;
-* where the system states it (``time_overhead.moe_block_s``), the host time
-  the block exposes per micro-batch (``host_sync``: dropless routing copies
-  the per-expert counts to the host, and the launches after it wait).
+* where the system states it (``time_overhead.moe_block_s``, or
+  ``moe_host_op_s`` per op counted by ``autopar.model.overhead.moe_sync_ops``),
+  the host time the block exposes per micro-batch (``host_sync``: dropless
+  routing copies the per-expert counts to the host, and the launches after
+  it wait).
 
 Expert weights are counted with ``expert=True``: their gradients and
 optimizer state are sharded over the expert-data-parallel group (see
@@ -49,6 +51,7 @@ from autopar.model.block_sums import KIND_SUMS, MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
 from autopar.model.context import LayoutContext
 from autopar.model.mamba import hybrid_kinds, layer_kinds
+from autopar.model.overhead import moe_sync_ops
 from autopar.model.pipeline import distinct_splits, uneven_rows
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
                                   fp8_gemm, gelu, grouped_linear, layer, linear, no_tp_comm,
@@ -152,17 +155,19 @@ def _finish_ep_comm(ctx: LayoutContext, L: dict):
     L["ep_exposed_total"] = L["time_fw"] + L["time_agrad"]
 
 
-# The forward's share of an MoE block's exposed host time (the backward
-# launches about twice the forward's kernels).
+# The forward's share of an MoE block's stated exposed host time
+# (``moe_block_s``; the backward launches about twice the forward's kernels).
 _HOST_FW_SHARE = 1.0 / 3.0
 
 
 def host_sync(ctx: LayoutContext, recompute) -> dict:
-    """The host time an MoE block exposes per micro-batch
-    (``time_overhead.moe_block_s`` of the system; 0 unless stated): dropless
-    routing copies the per-expert token counts to the host, which empties the
-    GPU's queue, so the kernels launched after it wait for the host.  A
-    third in the forward, two thirds in the backward."""
+    """The host time an MoE block exposes per micro-batch: dropless routing
+    copies the per-expert token counts to the host, which empties the GPU's
+    queue, so the kernels launched after it wait for the host.  Stated
+    (``time_overhead.moe_block_s``: a third in the forward, two thirds in
+    the backward) and / or counted (``time_overhead.moe_host_op_s`` per op
+    of ``autopar.model.overhead.moe_sync_ops``: the ops after the sync,
+    which grow with the processor's local experts); 0 unless stated."""
     L = layer(ctx, recompute=recompute, stored=False)
     L["kind"] = "hostsync"
     L["finish"] = _finish_host_sync
@@ -172,8 +177,15 @@ def host_sync(ctx: LayoutContext, recompute) -> dict:
 def _finish_host_sync(ctx: LayoutContext, L: dict):
     _idle(ctx, L)
     z = ctx.zeros
-    L["time_fw"] = z + ctx.moe_host_s * _HOST_FW_SHARE
-    L["time_agrad"] = z + ctx.moe_host_s * (1.0 - _HOST_FW_SHARE)
+    fw = z + ctx.moe_host_s * _HOST_FW_SHARE
+    bw = z + ctx.moe_host_s * (1.0 - _HOST_FW_SHARE)
+    if ctx.moe_host_op_s > 0:
+        fp8 = ctx.fp8 if ctx.fp8 is not None else False
+        n_fw, n_bw = moe_sync_ops(ctx.model.moe.experts / ctx.ep, fp8)
+        fw = fw + ctx.moe_host_op_s * n_fw
+        bw = bw + ctx.moe_host_op_s * n_bw
+    L["time_fw"] = fw
+    L["time_agrad"] = bw
 
 
 def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
@@ -230,7 +242,7 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     back = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=True)
     seq = [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
            (act_fn, True), (fc2, True), (back, True), (combine, True)]
-    if ctx.moe_host_s > 0:
+    if ctx.moe_host_s > 0 or ctx.moe_host_op_s > 0:
         seq.insert(2, (host_sync(ctx, x.recompute_full), True))
     return seq
 

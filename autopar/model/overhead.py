@@ -110,3 +110,52 @@ def launch_time(model, cols, sums, share, passes, launch_s: float):
     fw = np.maximum(k_fw * launch_s - sums.fw_time, 0.0)
     bw = np.where(cols["training"], np.maximum(k_bw * launch_s - gpu_bw, 0.0), 0.0)
     return passes * (fw + bw)
+
+
+# Ops the host issues after a dropless MoE layer's token-count sync, per MoE
+# block and micro-batch (``moe_sync_ops``).
+#   Per local expert, Transformer Engine's GroupedLinear (the experts' fc1
+#   and fc2; NVIDIA/TransformerEngine v2.11 @c188b533, transformer_engine/
+#   pytorch/module/grouped_linear.py _GroupedLinear.forward / backward)
+#   issues one cuBLAS GEMM per expert in each general_grouped_gemm call
+#   (transformer_engine/common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm:
+#   a loop of nvte_cublas_gemm_v2 over the groups): forward 1, backward 2
+#   (input gradient, weight gradient), for each of the two layers.  With an
+#   fp8 recipe, tex.split_quantize quantizes each expert's slice of the
+#   layer's input (forward) and of its output gradient (backward) with one
+#   kernel per slice (transformer_engine/common/cast/cast.cu
+#   nvte_multi_tensor_quantize: a loop over the tensors): 1 more per
+#   expert and layer each way.
+_MOE_GEMMS_PER_EXPERT = (2, 4)
+_MOE_QUANTIZE_PER_EXPERT = (2, 2)
+#   Fixed, per block: Megatron-Core's all-to-all dispatcher after its sync
+#   (NVIDIA/Megatron-LM @23e00ed0, megatron/core/transformer/moe/
+#   token_dispatcher.py MoEAlltoAllTokenDispatcher: cuda_sync_point
+#   "before_ep_alltoall" in preprocess, then token_dispatch,
+#   dispatch_postprocess, combine_preprocess, token_combine,
+#   combine_postprocess; experts.py TEGroupedMLP.forward): forward, the
+#   all-to-all of the tokens and of their probabilities, the sort of both by
+#   local expert, the activation weighted by the probabilities, the sort
+#   back, the combine's all-to-all and the unpermute (8); backward, each
+#   one's gradient op (8).
+_MOE_FIXED_OPS = (8, 8)
+
+
+def moe_sync_ops(local_experts, fp8) -> tuple[np.ndarray, np.ndarray]:
+    """Ops the host issues after an MoE block's token-count sync, per
+    micro-batch: (forward, backward), per layout.  ``local_experts``: the
+    experts a processor holds (experts / expert_par); ``fp8``: whether the
+    row's GEMMs run an fp8 / fp4 recipe (bool per layout).  A dropless
+    dispatcher copies the per-expert token counts to the host and waits for
+    them (Megatron-Core's token_dispatcher.py: the all-to-all dispatcher's
+    ``d2h_event.synchronize()`` at its cuda_sync_point; the flex dispatcher's
+    HybridEP/DeepEP dispatch blocks until the received counts are in pinned
+    memory unless num_permuted_tokens is given, fused_a2a.py
+    HybridEPDispatch.forward ``non_blocking``), so the GPU's queue is empty
+    and every op after it is issued at the host's pace: the count here, at
+    ``time_overhead.moe_host_op_s`` each (``autopar.model.moe.host_sync``)."""
+    e = np.asarray(local_experts, dtype=float)
+    q = np.asarray(fp8, dtype=float)
+    fw = _MOE_FIXED_OPS[0] + e * (_MOE_GEMMS_PER_EXPERT[0] + q * _MOE_QUANTIZE_PER_EXPERT[0])
+    bw = _MOE_FIXED_OPS[1] + e * (_MOE_GEMMS_PER_EXPERT[1] + q * _MOE_QUANTIZE_PER_EXPERT[1])
+    return fw, bw

@@ -73,20 +73,41 @@ _REFITS: dict = {}
 
 
 def moe_host_without_bridge() -> float:
-    """``MOE_HOST_S`` refitted without the Bridge table: the grid value that
-    fits SimuMax's 12 DeepSeek rows (``published_moe.fit_simumax_host_time``),
-    computed once."""
+    """``MOE_HOST_OP_S`` (host time per op after the MoE sync) refitted
+    without the Bridge table: the grid value that fits SimuMax's 12 DeepSeek
+    rows (``published_moe.fit_simumax_host_op_time``), computed once."""
     if "moe_host" not in _REFITS:
-        _REFITS["moe_host"] = published_moe.fit_simumax_host_time()[0]
+        _REFITS["moe_host"] = published_moe.fit_simumax_host_op_time()[0]
     return _REFITS["moe_host"]
 
 
 def _refit_moe_host(c):
     t = c.system.time_overhead
-    if t is None or not t.moe_block_s:
+    if t is None or not t.moe_host_op_s:
         return c
-    return dataclasses.replace(c, system=published_moe.with_moe_host_time(
+    return dataclasses.replace(c, system=published_moe.with_moe_host_op_time(
         c.system, moe_host_without_bridge()))
+
+
+def moe_host_reverse() -> dict:
+    """The other direction of the MoE host-time transfer: SimuMax's 12
+    DeepSeek rows predicted with the constant fitted on the Bridge rows (as
+    shipped) against refitted on themselves; their median / worst |tokens/s
+    error| each way and the ratio (left out over in sample)."""
+    from autopar.model import evaluate_one
+
+    def figs(h):
+        errs = []
+        for c in published_moe.simumax_moe_cases():
+            s = evaluate_one(c.model, published_moe.with_moe_host_op_time(c.system, h),
+                             c.execution)
+            tok = s["sample_rate"] * c.model.seq_size / c.execution["num_procs"]
+            errs.append(abs(tok / c.measured["tokens_per_s_per_gpu"] - 1))
+        return float(np.median(errs)), float(np.max(errs))
+    own, shipped = moe_host_without_bridge(), published_moe.MOE_HOST_OP_S
+    (a, aw), (b, bw) = figs(own), figs(shipped)
+    return {"fitted_here_s": own, "fitted_on_bridge_s": shipped, "in_median": a,
+            "in_worst": aw, "out_median": b, "out_worst": bw, "ratio": _ratio(a, b)}
 
 
 def _unfit_system(name: str, datasheet: str, fields: tuple):
@@ -104,10 +125,12 @@ def _unfit_micro_batch(c):
 
 
 FITTED = (
-    # fitted on two Bridge rows; SimuMax's DeepSeek rows (another framework
-    # release, dispatcher and system) measure it too: refitted there.
-    Fitted("MOE_HOST_S (3.25 ms)", ("bridge_qwen3_moe",),
-           lambda: f"{1e3 * moe_host_without_bridge():.2f} ms, refitted on "
+    # the host time per op after the MoE sync (ops counted), fitted on two
+    # Bridge rows; SimuMax's DeepSeek rows (another framework release,
+    # dispatcher, model and system) measure it too: refitted there.
+    Fitted(f"MOE_HOST_OP_S ({1e6 * published_moe.MOE_HOST_OP_S:.1f} us/op)",
+           ("bridge_qwen3_moe",),
+           lambda: f"{1e6 * moe_host_without_bridge():.1f} us/op, refitted on "
                    "simumax_b200's 12 DeepSeek rows",
            _refit_moe_host),
     # systems/b200_nvl8_megatron.json holds no fitted constant any more: its
@@ -150,6 +173,9 @@ class CrossValidation:
     censored bound ``censor`` = 'at_most' | 'more_than')."""
     table: pd.DataFrame
     residuals: pd.DataFrame
+    # the MoE host time's other direction (``moe_host_reverse``), where
+    # simumax_b200 or bridge_qwen3_moe was cross-validated
+    moe_reverse: dict | None = None
 
 
 def _figures(rows: pd.DataFrame) -> dict:
@@ -274,7 +300,8 @@ def cross_validate(names=None, reference: Path | None = None):
         if got is not None:
             rows.append(got[0])
             res += got[1]
-    return CrossValidation(pd.DataFrame(rows).set_index("table"), pd.DataFrame(res))
+    reverse = moe_host_reverse() if {"simumax_b200", "bridge_qwen3_moe"} & set(names) else None
+    return CrossValidation(pd.DataFrame(rows).set_index("table"), pd.DataFrame(res), reverse)
 
 
 # ----------------------------------------------------------------------------
@@ -370,6 +397,16 @@ def text(cv: CrossValidation) -> str:
         lines.append(f"{name:<18} {pct(r.in_median_tok) + ' / ' + pct(r.in_worst_tok):>20} "
                      f"{pct(r.out_median_tok) + ' / ' + pct(r.out_worst_tok):>20} "
                      f"{ratio:>6}{bar:<5}{mem:>14}  {r.constants}")
+    r = cv.moe_reverse
+    if r:
+        pct2 = lambda a, b: f"{pct(a)} / {pct(b)}"      # noqa: E731
+        bar = "ok" if r["ratio"] <= 1.5 else ">1.5"
+        lines.append(f"{'  DeepSeek rows':<18} {pct2(r['in_median'], r['in_worst']):>20} "
+                     f"{pct2(r['out_median'], r['out_worst']):>20} {r['ratio']:>6.2f} {bar:<4}"
+                     f"{'':>14}  the other direction: simumax_b200's 12 DeepSeek rows at "
+                     f"MOE_HOST_OP_S fitted on them ({1e6 * r['fitted_here_s']:.1f} us/op) "
+                     f"against fitted on the Bridge rows ({1e6 * r['fitted_on_bridge_s']:.1f} "
+                     "us/op)")
     lines.append("A constant fitted on one table only has nothing left to fit on without "
                  "it: its left-out value is the unfitted default named above; one that a "
                  "second table measures is refitted there.")

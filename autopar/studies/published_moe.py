@@ -11,8 +11,8 @@ Megatron-Bridge tables hand their MoE rows here:
 * ``bridge_qwen3(row)``: Qwen3-30B-A3B rows of Megatron-Bridge's
   performance summary (tokens/s/GPU with full layouts) on the datasheet
   system files (GB300, GB200, B300, B200, H100) with one fitted constant,
-  the host time each MoE block exposes per micro-batch
-  (``MOE_HOST_S``; ``fit_bridge_host_time``).  Every release's rows
+  the host time per op issued after each MoE block's token-count sync
+  (``MOE_HOST_OP_S``; ``fit_bridge_host_op_time``).  Every release's rows
   are predicted by the same model: the table repeats layouts over releases
   whose throughput moves up to 1.9x, and docs/validation.md reports the
   error by release.
@@ -41,29 +41,31 @@ from autopar.studies import published_base as P
 
 SIMUMAX_MOE_MODELS = {"deepseekv2": "deepseek-v2", "deepseekv3": "deepseek-v3"}
 
-# Host time exposed per MoE block and micro-batch by Megatron's dropless MoE
-# layers (``time_overhead.moe_block_s``; autopar.model.moe.host_sync).  One
-# constant, fitted by ``fit_bridge_host_time`` on the two ``BRIDGE_FIT_ROWS``
-# of the Bridge table (26.04.01 GB200 and B200, the systems that had files
-# before) and held out on its other 34 rows and on SimuMax's 12 DeepSeek rows
-# (Megatron-LM's all-to-all dispatcher syncs the same counts);
-# docs/validation.md says how far it can move.  It is the ``moe_block_s`` of
+# Host time per op that Megatron's dropless MoE layers issue after their
+# token-count sync (``time_overhead.moe_host_op_s``; the ops counted by
+# autopar.model.overhead.moe_sync_ops, applied by autopar.model.moe.host_sync).
+# One constant, fitted by ``fit_bridge_host_op_time`` on the two
+# ``BRIDGE_FIT_ROWS`` of the Bridge table (26.04.01 GB200 and B200) and held
+# out on its other 34 rows and on SimuMax's 12 DeepSeek rows; refitted on
+# those DeepSeek rows alone (``fit_simumax_host_op_time``) it predicts the
+# Bridge table for its leave-one-table-out figure (docs/validation.md, "MoE
+# host time, counted").  It is the ``moe_host_op_s`` of
 # frameworks/megatron-core.json and megatron-bridge.json.
-MOE_HOST_S = load_framework(P.FRAMEWORKS / "megatron-core.json").time_overhead.moe_block_s
+MOE_HOST_OP_S = load_framework(P.FRAMEWORKS / "megatron-core.json").time_overhead.moe_host_op_s
 BRIDGE_FIT_ROWS = r"^26\.04\.01 DGX-(GB200|B200) "
-BRIDGE_HOST_GRID = tuple(round(0.00025 * i, 5) for i in range(25))   # 0 to 6 ms
+HOST_OP_GRID = tuple(round(0.5e-6 * i, 8) for i in range(121))      # 0 to 60 us
 
 
-def fit_host_time(cases, grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
-    """The grid value of the exposed host time per MoE block that minimises
-    the mean |tokens/s error| on ``cases``, and that mean for every grid
-    value (the ties go to the smaller value)."""
+def fit_host_op_time(cases, grid=HOST_OP_GRID) -> tuple[float, dict]:
+    """The grid value of the host time per op after the MoE sync that
+    minimises the mean |tokens/s error| on ``cases``, and that mean for
+    every grid value (the ties go to the smaller value)."""
     from autopar.model import evaluate_one
     scores = {}
     for h in grid:
         errs = []
         for c in cases:
-            s = evaluate_one(c.model, with_moe_host_time(c.system, h), c.execution)
+            s = evaluate_one(c.model, with_moe_host_op_time(c.system, h), c.execution)
             tok = s["sample_rate"] * c.model.seq_size / c.execution["num_procs"]
             errs.append(abs(tok / c.measured["tokens_per_s_per_gpu"] - 1))
         scores[h] = sum(errs) / len(errs)
@@ -71,33 +73,44 @@ def fit_host_time(cases, grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
     return best, scores
 
 
-def fit_bridge_host_time(grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
-    """``fit_host_time`` on the ``BRIDGE_FIT_ROWS`` of the Bridge table: how
-    ``MOE_HOST_S`` was fitted."""
+def bridge_fit_cases() -> list:
+    """The Bridge table's ``BRIDGE_FIT_ROWS`` (the tables are registered
+    once ``autopar.studies.published`` is imported)."""
     import re
 
-    rows = [c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
+    return [c for _, c in P.cases(P.TABLES["bridge_qwen3_moe"])
             if isinstance(c, P.PublishedCase) and re.match(BRIDGE_FIT_ROWS, c.label)]
-    return fit_host_time(rows, grid)
 
 
-def fit_simumax_host_time(grid=BRIDGE_HOST_GRID) -> tuple[float, dict]:
-    """``fit_host_time`` on SimuMax's 12 DeepSeek-V2/V3 rows (Megatron-LM's
-    all-to-all dispatcher on ``systems/b200_nvl8_megatron.json``): the host
-    time refitted without the Bridge table, for its leave-one-table-out
-    figure (``autopar.studies.crossval``)."""
-    rows = [c for _, c in P.cases(P.TABLES["simumax_b200"])
+def simumax_moe_cases() -> list:
+    """SimuMax's 12 DeepSeek-V2/V3 rows (Megatron-LM's all-to-all dispatcher
+    on ``systems/b200_nvl8_megatron.json``)."""
+    return [c for _, c in P.cases(P.TABLES["simumax_b200"])
             if isinstance(c, P.PublishedCase) and c.model.moe is not None]
-    return fit_host_time(rows, grid)
 
 
-def with_moe_host_time(system_, seconds: float | None = None):
-    """``system_`` with the exposed host time of Megatron's MoE blocks
-    (``MOE_HOST_S`` unless given); nothing else changed (dense blocks have
-    none, so dense predictions on it stay as they were)."""
+def fit_bridge_host_op_time(grid=HOST_OP_GRID) -> tuple[float, dict]:
+    """``fit_host_op_time`` on the ``BRIDGE_FIT_ROWS`` of the Bridge table:
+    how ``MOE_HOST_OP_S`` was fitted."""
+    return fit_host_op_time(bridge_fit_cases(), grid)
+
+
+def fit_simumax_host_op_time(grid=HOST_OP_GRID) -> tuple[float, dict]:
+    """``fit_host_op_time`` on SimuMax's 12 DeepSeek rows: the constant
+    refitted without the Bridge table, for its leave-one-table-out figure
+    (``autopar.studies.crossval``)."""
+    return fit_host_op_time(simumax_moe_cases(), grid)
+
+
+def with_moe_host_op_time(system_, seconds: float | None = None):
+    """``system_`` with the host time per op after Megatron's MoE sync
+    (``MOE_HOST_OP_S`` unless given) and no stated per-block time; nothing
+    else changed (dense blocks have none, so dense predictions on it stay as
+    they were)."""
     t = system_.time_overhead or TimeOverhead()
-    s = MOE_HOST_S if seconds is None else seconds
-    return dataclasses.replace(system_, time_overhead=dataclasses.replace(t, moe_block_s=s))
+    s = MOE_HOST_OP_S if seconds is None else seconds
+    return dataclasses.replace(system_, time_overhead=dataclasses.replace(
+        t, moe_host_op_s=s, moe_block_s=0.0))
 
 
 def _expert_fields(system_, *, tp: int, ep: int, etp: int = 1,
@@ -123,9 +136,9 @@ def simumax_moe(row) -> "P.PublishedCase | P.Skip":
     blocks = int(row.layers_truncated_to)
     m = dataclasses.replace(base, seq_size=int(row.seq_len), num_blocks=blocks, mtp=0,
                             moe=dataclasses.replace(base.moe, first_dense=1))
-    # The B200 file calibrated on this table's dense rows (as they use), with
-    # the MoE blocks' exposed host time (fitted on the Bridge rows).
-    sy = P.system("b200_nvl8_megatron", P.SIMUMAX_FRAMEWORK)   # its moe_block_s: MOE_HOST_S
+    # The B200 file of SimuMax's measurements, with the MoE blocks' host time
+    # per op after the sync (fitted on the Bridge rows).
+    sy = P.system("b200_nvl8_megatron", P.SIMUMAX_FRAMEWORK)   # its moe_host_op_s
     n, tp, pp, dp, cp, ep = (int(row.n_gpus), int(row.tp), int(row.pp), int(row.dp),
                              int(row.cp), int(row.ep))
     vp = P.int_or_none(row.vp) or 1
@@ -186,7 +199,7 @@ def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
     sys_name = BRIDGE_SYSTEMS.get(str(row.system))
     if sys_name is None:
         return P.Skip(f"no system file for {row.system}", label)
-    # frameworks/megatron-bridge.json (its moe_block_s: MOE_HOST_S) as the
+    # frameworks/megatron-bridge.json (its moe_host_op_s: MOE_HOST_OP_S) as the
     # row's release ran it.
     sy = bridge_release_system(P.system(sys_name, "megatron-bridge"), str(row.release))
     precision = row.precision if isinstance(row.precision, str) else ""
