@@ -627,8 +627,9 @@ def test_500w_clock_leaves_one_fitted_scale_of_the_h100_curve():
 def test_left_out_keeps_the_500w_peaks_and_unfits_only_the_curve():
     """Cross-validation's left-out torchtitan prediction: the H100 80GB
     curve at the file's 500 W peaks (the clock is a hardware figure, not
-    refitted).  The honest figures: in sample 7.4%, left out 40.4% median
-    |tokens/s error| (51.9% at the 700 W peaks)."""
+    refitted).  The honest figures: in sample 7.4%, left out 38.9% median
+    |tokens/s error| (51.9% at the 700 W peaks; 40.4% before the eager
+    rows' unfused norms were counted)."""
     from autopar.studies import crossval as X
 
     transform, fallbacks = X.left_out_transform("torchtitan")
@@ -646,7 +647,7 @@ def test_left_out_keeps_the_500w_peaks_and_unfits_only_the_curve():
     left = P.predict(P.TABLES["torchtitan"], rank=False, transform=transform)
     med_in, med_out = inside.tok_error.abs().median(), left.tok_error.abs().median()
     assert med_in <= 0.08
-    assert 0.35 <= med_out <= 0.45
+    assert 0.35 <= med_out <= 0.42
     # every H100 row is predicted faster left out; the H200 (Trainy) rows
     # are on another system file and do not move
     h100_rows = ~inside.label.str.startswith("Trainy")
@@ -654,3 +655,37 @@ def test_left_out_keeps_the_500w_peaks_and_unfits_only_the_curve():
             > inside.pred_tokens_per_s_per_gpu[h100_rows]).all()
     assert (left.pred_tokens_per_s_per_gpu[~h100_rows]
             == inside.pred_tokens_per_s_per_gpu[~h100_rows]).all()
+
+
+def test_eager_rows_run_torchtitans_unfused_norm_and_activation():
+    """Without training.compile torchtitan (9dec370) runs its own RMSNorm
+    (norm_type "rmsnorm": x.float(), pow, mean, rsqrt, products, type_as as
+    separate kernels) and SiLU(w1 x) * w3 x as two ops; compiled rows are
+    fused.  By hand on Table 1's eager row: 2 norms a block move 48 bytes
+    more per element forward and 80 more backward (layers.rms_norm's
+    unfused count); the eager row is then predicted slower than the
+    compiled one, by less than the page measured (1.157)."""
+    from autopar.model import evaluate_one
+    from autopar.model.layers import _RMS_UNFUSED_TRAFFIC
+
+    frame = P.read_table(P.TABLES["torchtitan"])
+    got = dict(_titan_cases())
+    for i, c in got.items():
+        compiled = bool(frame.loc[i, "compile"])
+        assert c.execution.get("fused_norm", False) == compiled, i
+        assert c.execution["fused_activation"] == compiled, i
+    eager = got[0]
+    assert not frame.loc[0, "compile"] and frame.loc[1, "compile"]
+    a = evaluate_one(eager.model, eager.system, eager.execution)
+    b = evaluate_one(eager.model, eager.system,
+                     dict(eager.execution, fused_norm=True, fused_activation=True))
+    x = eager.execution["microbatch_size"] * eager.model.seq_size * eager.model.hidden
+    assert abs(a["block_fw_mem_accessed"] - b["block_fw_mem_accessed"]
+               - 2 * _RMS_UNFUSED_TRAFFIC["fw"] * x) < 1e-6 * x
+    assert abs(a["block_agrad_mem_accessed"] - b["block_agrad_mem_accessed"]
+               - 2 * _RMS_UNFUSED_TRAFFIC["agrad"] * x) < 1e-6 * x
+    rows = P.predict(P.TABLES["torchtitan"], rank=False)
+    for e, c in ((0, 1), (7, 8)):         # Table 1 and Table 3: eager, compiled
+        measured = rows.tokens_per_s_per_gpu[c] / rows.tokens_per_s_per_gpu[e]
+        predicted = rows.pred_tokens_per_s_per_gpu[c] / rows.pred_tokens_per_s_per_gpu[e]
+        assert 1.05 < predicted < measured
