@@ -689,3 +689,75 @@ def test_eager_rows_run_torchtitans_unfused_norm_and_activation():
         measured = rows.tokens_per_s_per_gpu[c] / rows.tokens_per_s_per_gpu[e]
         predicted = rows.pred_tokens_per_s_per_gpu[c] / rows.pred_tokens_per_s_per_gpu[e]
         assert 1.05 < predicted < measured
+
+
+def _with_memory(case, **fields):
+    import dataclasses
+    mo = dataclasses.replace(case.system.memory_overhead, **fields)
+    return dataclasses.replace(case, system=dataclasses.replace(case.system, memory_overhead=mo))
+
+
+def _parts(case):
+    from autopar.io.layouts import to_columns
+    from autopar.model.evaluate import evaluate_columns
+    names = ("mem_static_first", "mem_static_last", "mem_transient_first",
+             "act_checkpoint_size", "proc_mem_tier1_cap_req")
+    out = evaluate_columns(case.model, case.system, to_columns([case.execution]), stats=names)
+    return {k: float(out[k][0]) for k in names}
+
+
+def test_interleaved_in_flight_capped_at_the_micro_batches_by_hand():
+    """Table 5's interleaved row: 8 micro-batches (torchtitan's default, as
+    many as the 8 pipeline ranks), 2 chunks a rank.  Calculon's first stage
+    holds p + (p - 1) / v = 11.5 micro-batches' checkpoints; torch's
+    ScheduleInterleaved1F1B warms up at most the m * v chunk forwards there
+    are, so the first rank holds the step's 8 (memory_overhead.
+    pipeline_in_flight "capped", torchtitan's).  1F1B rows do not move."""
+    import pytest
+
+    from autopar.io.errors import SpecError
+    from autopar.io.frameworks import load_framework
+
+    got = dict(_titan_cases())
+    inter, plain = got[13], got[12]
+    assert inter.execution["pipeline_interleaving"] == 2
+    assert plain.execution["pipeline_interleaving"] == 1
+    assert inter.system.memory_overhead.pipeline_in_flight == "capped"
+    capped = _parts(inter)
+    calculon = _parts(_with_memory(inter, pipeline_in_flight="calculon"))
+    assert abs(capped["act_checkpoint_size"] / calculon["act_checkpoint_size"] - 8 / 11.5) < 1e-12
+    assert abs(calculon["act_checkpoint_size"] - capped["act_checkpoint_size"] - 7 * 2 ** 30) < 1
+    assert _parts(plain) == _parts(_with_memory(plain, pipeline_in_flight="calculon"))
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "memory_overhead": {"pipeline_in_flight": "some"}})
+    assert e.value.field == "memory_overhead.pipeline_in_flight"
+
+
+def test_pipeline_receive_buffers_by_hand():
+    """torch.distributed.pipelining keeps a receive buffer per micro-batch for
+    a stage's input and for its output's gradient: on Table 5's rows (8
+    micro-batches of 4 x 8192 tokens, TP 8 with sequence parallelism, so a
+    stage sends 4 x 1024 x 16384 bf16 = 128 MiB) the first and the last rank
+    hold 2v - 1 of them a micro-batch: 1 GiB with 1F1B, 3 GiB interleaved;
+    a row without pipeline stages none."""
+    import pytest
+
+    from autopar.io.errors import SpecError
+    from autopar.io.frameworks import load_framework
+
+    got = dict(_titan_cases())
+    boundary = 4 * 8192 / 8 * 16384 * 2
+    assert boundary == 128 * 2 ** 20
+    for row, v in ((12, 1), (13, 2)):
+        case = got[row]
+        assert case.system.memory_overhead.pipeline_recv_buffers
+        on, off = _parts(case), _parts(_with_memory(case, pipeline_recv_buffers=False))
+        for part in ("mem_static_first", "mem_static_last"):
+            assert on[part] - off[part] == 8 * (2 * v - 1) * boundary, (row, part)
+        assert on["mem_transient_first"] == off["mem_transient_first"]
+    flat = got[0]
+    assert flat.execution["pipeline_par"] == 1
+    assert _parts(flat) == _parts(_with_memory(flat, pipeline_recv_buffers=False))
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "memory_overhead": {"pipeline_recv_buffers": "yes"}})
+    assert e.value.field == "memory_overhead.pipeline_recv_buffers"
