@@ -89,16 +89,6 @@ def _refit_moe_host(c):
         c.system, moe_host_without_bridge()))
 
 
-def _unfit_system(name: str, datasheet: str, fields: tuple):
-    def unfit(c):
-        if c.system.name != name:
-            return c
-        ds = P.system(datasheet)
-        return dataclasses.replace(c, system=dataclasses.replace(
-            c.system, **{f: getattr(ds, f) for f in fields}))
-    return unfit
-
-
 def _unfit_curves_keep_peaks(name: str, datasheet: str):
     """``case -> case``: the system ``name``'s matrix efficiency curves set
     back to ``datasheet``'s, each datatype keeping ``name``'s own peak
