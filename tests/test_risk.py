@@ -279,10 +279,11 @@ def test_b200_system_holds_no_fitted_constant_and_ratios_reached(reference):
     r = cv.moe_reverse
     assert r["in_median"] <= 0.15 and r["ratio"] <= 1.5
     # the two constants no source replaced yet: still above the bar, held
-    # where they are (torchtitan 6.95x: in sample 7.5% since the async-TP
-    # and float8 terms were counted, left out 52% on the datasheet H100 curve;
+    # where they are (torchtitan 5.23x: in sample 7.4% since the async-TP
+    # and float8 terms were counted, left out 38.9% on the H100 curve at the
+    # 500 W power limit's peaks (52%, 6.95x, at the 700 W SXM peaks);
     # mcore's micro-batch 2.8x)
-    assert cv.table.loc["torchtitan"].ratio_median_tok < 7.2
+    assert cv.table.loc["torchtitan"].ratio_median_tok < 5.4
     assert cv.table.loc["mcore_h100"].ratio_median_tok < 3.0
     assert (cv.table.ratio_median_tok > 1.5).sum() == 2
 

@@ -572,3 +572,192 @@ def test_separate_projections_time_each_gemm_by_hand():
     assert split["flops_time_fw"][0] == pytest.approx(want, rel=1e-12)
     assert fused["flops_time_fw"][0] == pytest.approx(8 * float(t(flops / 8)), rel=1e-12)
     assert split["flops_time_fw"][0] > 1.1 * fused["flops_time_fw"][0]
+
+
+# ----------------------------------------------------------------------------
+# The 500 W power limit (docs/validation.md, "torchtitan on 500 W H100: the
+# fitted scale, counted (issue 24 LOTO)").
+
+SXM_PEAKS = {"matrix": {"float8": 1979, "float16": 989, "bfloat16": 989, "float32": 67},
+             "vector": {"float8": 133.8, "float16": 133.8, "bfloat16": 133.8, "float32": 67}}
+
+
+def _clock_500w() -> float:
+    """NVIDIA's dense bf16 peaks of the same 132-SM H100: 989 TFLOP/s at up
+    to 700 W (SXM), 835.5 (1671 with sparsity) at up to 400 W (NVL); the
+    peak taken linear in board power, at the Grand Teton hosts' 500 W."""
+    sxm, nvl = 989.0, 835.5
+    return (nvl + (sxm - nvl) * (500 - 400) / (700 - 400)) / sxm
+
+
+def test_500w_peaks_are_the_datasheet_peaks_at_the_power_limits_clock():
+    from autopar.io.specs import load_system
+
+    s = _clock_500w()
+    # the page's own bounds: "between SXM and NVL"
+    assert 835.5 / 989 < s < 1.0
+    assert abs(s - 0.8965) < 5e-5
+    hw = load_system("systems/h100_96g_nvl8.json")
+    for part, peaks in SXM_PEAKS.items():
+        for dt, sxm in peaks.items():
+            # matrix and vector alike: a clock scale
+            assert getattr(hw, part)[dt].tflops == round(sxm * 0.8965, 2), (part, dt)
+
+
+def test_500w_clock_leaves_one_fitted_scale_of_the_h100_curve():
+    """The efficiency curves are the H100 curve x0.6135 (what stays fitted);
+    with the 500 W peaks the delivered rate is the 0.55 x SXM peak of before,
+    to 1e-4."""
+    from autopar.io.specs import load_system
+
+    hw = load_system("systems/h100_96g_nvl8.json")
+    h100 = load_system("systems/h100_80g_nvl8.json")
+    for dt in ("float16", "bfloat16", "float32"):
+        mine, ref = hw.matrix[dt].gflops_efficiency, h100.matrix[dt].gflops_efficiency
+        assert [t for t, _ in mine] == [t for t, _ in ref]
+        for (_, e), (_, r) in zip(mine, ref):
+            assert abs(e / r - 0.6135) < 1e-6
+        assert abs(hw.matrix[dt].tflops * mine[0][1]
+                   - 0.55 * SXM_PEAKS["matrix"][dt] * ref[0][1]) < 1e-4 * hw.matrix[dt].tflops
+    # float8 keeps its plateau at 0.55 x 72% of the SXM's 1979
+    f8 = hw.matrix["float8"]
+    assert abs(f8.tflops * f8.gflops_efficiency[0][1] - 0.55 * 0.72 * 1979) < 0.2
+
+
+def test_left_out_keeps_the_500w_peaks_and_unfits_only_the_curve():
+    """Cross-validation's left-out torchtitan prediction: the H100 80GB
+    curve at the file's 500 W peaks (the clock is a hardware figure, not
+    refitted).  The honest figures: in sample 7.4%, left out 38.9% median
+    |tokens/s error| (51.9% at the 700 W peaks; 40.4% before the eager
+    rows' unfused norms were counted)."""
+    from autopar.studies import crossval as X
+
+    transform, fallbacks = X.left_out_transform("torchtitan")
+    assert fallbacks == ["h100_96g_nvl8 matrix efficiency x0.6135 (over the 500 W peaks) -> "
+                         "the h100_80g_nvl8 curve at the 500 W peaks (x1)"]
+    h100 = P.system("h100_80g_nvl8")
+    case = next(c for _, c in _titan_cases()
+                if isinstance(c, P.PublishedCase) and c.system.name == "h100_96g_nvl8")
+    out = transform(case).system
+    for dt, p in case.system.matrix.items():
+        assert out.matrix[dt].tflops == p.tflops
+        assert out.matrix[dt].gflops_efficiency == h100.matrix[dt].gflops_efficiency
+    assert out.vector == case.system.vector and out.mem1 == case.system.mem1
+    inside = P.predict(P.TABLES["torchtitan"], rank=False)
+    left = P.predict(P.TABLES["torchtitan"], rank=False, transform=transform)
+    med_in, med_out = inside.tok_error.abs().median(), left.tok_error.abs().median()
+    assert med_in <= 0.08
+    assert 0.35 <= med_out <= 0.42
+    # every H100 row is predicted faster left out; the H200 (Trainy) rows
+    # are on another system file and do not move
+    h100_rows = ~inside.label.str.startswith("Trainy")
+    assert (left.pred_tokens_per_s_per_gpu[h100_rows]
+            > inside.pred_tokens_per_s_per_gpu[h100_rows]).all()
+    assert (left.pred_tokens_per_s_per_gpu[~h100_rows]
+            == inside.pred_tokens_per_s_per_gpu[~h100_rows]).all()
+
+
+def test_eager_rows_run_torchtitans_unfused_norm_and_activation():
+    """Without training.compile torchtitan (9dec370) runs its own RMSNorm
+    (norm_type "rmsnorm": x.float(), pow, mean, rsqrt, products, type_as as
+    separate kernels) and SiLU(w1 x) * w3 x as two ops; compiled rows are
+    fused.  By hand on Table 1's eager row: 2 norms a block move 48 bytes
+    more per element forward and 80 more backward (layers.rms_norm's
+    unfused count); the eager row is then predicted slower than the
+    compiled one, by less than the page measured (1.157)."""
+    from autopar.model import evaluate_one
+    from autopar.model.layers import _RMS_UNFUSED_TRAFFIC
+
+    frame = P.read_table(P.TABLES["torchtitan"])
+    got = dict(_titan_cases())
+    for i, c in got.items():
+        compiled = bool(frame.loc[i, "compile"])
+        assert c.execution.get("fused_norm", False) == compiled, i
+        assert c.execution["fused_activation"] == compiled, i
+    eager = got[0]
+    assert not frame.loc[0, "compile"] and frame.loc[1, "compile"]
+    a = evaluate_one(eager.model, eager.system, eager.execution)
+    b = evaluate_one(eager.model, eager.system,
+                     dict(eager.execution, fused_norm=True, fused_activation=True))
+    x = eager.execution["microbatch_size"] * eager.model.seq_size * eager.model.hidden
+    assert abs(a["block_fw_mem_accessed"] - b["block_fw_mem_accessed"]
+               - 2 * _RMS_UNFUSED_TRAFFIC["fw"] * x) < 1e-6 * x
+    assert abs(a["block_agrad_mem_accessed"] - b["block_agrad_mem_accessed"]
+               - 2 * _RMS_UNFUSED_TRAFFIC["agrad"] * x) < 1e-6 * x
+    rows = P.predict(P.TABLES["torchtitan"], rank=False)
+    for e, c in ((0, 1), (7, 8)):         # Table 1 and Table 3: eager, compiled
+        measured = rows.tokens_per_s_per_gpu[c] / rows.tokens_per_s_per_gpu[e]
+        predicted = rows.pred_tokens_per_s_per_gpu[c] / rows.pred_tokens_per_s_per_gpu[e]
+        assert 1.05 < predicted < measured
+
+
+def _with_memory(case, **fields):
+    import dataclasses
+    mo = dataclasses.replace(case.system.memory_overhead, **fields)
+    return dataclasses.replace(case, system=dataclasses.replace(case.system, memory_overhead=mo))
+
+
+def _parts(case):
+    from autopar.io.layouts import to_columns
+    from autopar.model.evaluate import evaluate_columns
+    names = ("mem_static_first", "mem_static_last", "mem_transient_first",
+             "act_checkpoint_size", "proc_mem_tier1_cap_req")
+    out = evaluate_columns(case.model, case.system, to_columns([case.execution]), stats=names)
+    return {k: float(out[k][0]) for k in names}
+
+
+def test_interleaved_in_flight_capped_at_the_micro_batches_by_hand():
+    """Table 5's interleaved row: 8 micro-batches (torchtitan's default, as
+    many as the 8 pipeline ranks), 2 chunks a rank.  Calculon's first stage
+    holds p + (p - 1) / v = 11.5 micro-batches' checkpoints; torch's
+    ScheduleInterleaved1F1B warms up at most the m * v chunk forwards there
+    are, so the first rank holds the step's 8 (memory_overhead.
+    pipeline_in_flight "capped", torchtitan's).  1F1B rows do not move."""
+    import pytest
+
+    from autopar.io.errors import SpecError
+    from autopar.io.frameworks import load_framework
+
+    got = dict(_titan_cases())
+    inter, plain = got[13], got[12]
+    assert inter.execution["pipeline_interleaving"] == 2
+    assert plain.execution["pipeline_interleaving"] == 1
+    assert inter.system.memory_overhead.pipeline_in_flight == "capped"
+    capped = _parts(inter)
+    calculon = _parts(_with_memory(inter, pipeline_in_flight="calculon"))
+    assert abs(capped["act_checkpoint_size"] / calculon["act_checkpoint_size"] - 8 / 11.5) < 1e-12
+    assert abs(calculon["act_checkpoint_size"] - capped["act_checkpoint_size"] - 7 * 2 ** 30) < 1
+    assert _parts(plain) == _parts(_with_memory(plain, pipeline_in_flight="calculon"))
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "memory_overhead": {"pipeline_in_flight": "some"}})
+    assert e.value.field == "memory_overhead.pipeline_in_flight"
+
+
+def test_pipeline_receive_buffers_by_hand():
+    """torch.distributed.pipelining keeps a receive buffer per micro-batch for
+    a stage's input and for its output's gradient: on Table 5's rows (8
+    micro-batches of 4 x 8192 tokens, TP 8 with sequence parallelism, so a
+    stage sends 4 x 1024 x 16384 bf16 = 128 MiB) the first and the last rank
+    hold 2v - 1 of them a micro-batch: 1 GiB with 1F1B, 3 GiB interleaved;
+    a row without pipeline stages none."""
+    import pytest
+
+    from autopar.io.errors import SpecError
+    from autopar.io.frameworks import load_framework
+
+    got = dict(_titan_cases())
+    boundary = 4 * 8192 / 8 * 16384 * 2
+    assert boundary == 128 * 2 ** 20
+    for row, v in ((12, 1), (13, 2)):
+        case = got[row]
+        assert case.system.memory_overhead.pipeline_recv_buffers
+        on, off = _parts(case), _parts(_with_memory(case, pipeline_recv_buffers=False))
+        for part in ("mem_static_first", "mem_static_last"):
+            assert on[part] - off[part] == 8 * (2 * v - 1) * boundary, (row, part)
+        assert on["mem_transient_first"] == off["mem_transient_first"]
+    flat = got[0]
+    assert flat.execution["pipeline_par"] == 1
+    assert _parts(flat) == _parts(_with_memory(flat, pipeline_recv_buffers=False))
+    with pytest.raises(SpecError) as e:
+        load_framework({"name": "x", "memory_overhead": {"pipeline_recv_buffers": "yes"}})
+    assert e.value.field == "memory_overhead.pipeline_recv_buffers"

@@ -285,6 +285,21 @@ class MemoryOverhead:
     # dropped-out input, 2 bytes): 3.  0: the adapter's GEMM shares the base
     # layer's saved input (the count without the field).
     adapter_saved_bytes: float = 0.0
+    # Micro-batches a pipeline's first stage holds with interleaving:
+    # "calculon", Calculon's p + (p - 1) / v of the stage's blocks (the count
+    # without this field); "capped": that, at most the step's micro-batches
+    # (the schedule's warm-up runs no more forwards than the m * v there
+    # are: torch.distributed.pipelining ScheduleInterleaved1F1B
+    # ``get_rank_warmup_ops``, as Megatron's interleaved schedule;
+    # autopar.model.memory.first_stage_in_flight).
+    pipeline_in_flight: str = "calculon"
+    # Whether a pipeline stage keeps a receive buffer per micro-batch of the
+    # step for its input and for its output's gradient, per model chunk,
+    # allocated when the schedule is set up and kept (torch.distributed.
+    # pipelining's PipelineStage ``_prepare_forward_infra`` /
+    # ``_prepare_backward_infra``; autopar.model.memory.pipeline_recv_buffers).
+    # False: not counted (Calculon's meaning).
+    pipeline_recv_buffers: bool = False
 
 
 @dataclass(frozen=True)
@@ -455,6 +470,7 @@ FSDP_RESHARD = ("always", "never", "unless_pipelined")
 BACKWARD_TRANSIENT = ("block", "op")
 PIPELINE_GRADS = ("sharded", "whole")
 LOGITS_KEPT = ("always", "pipelined")
+PIPELINE_IN_FLIGHT = ("calculon", "capped")
 SELECTIVE_SAVES = ("layers", "op_eager", "op_compiled")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
@@ -1021,7 +1037,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "backward_transient", "moe_probs_in_activation",
                          "cp_a2a_output_copy", "pipeline_grads",
                          "logits_kept", "selective_saves", "fp8_weight_copy",
-                         "optimizer_step_bytes", "adapter_saved_bytes"))
+                         "optimizer_step_bytes", "adapter_saved_bytes",
+                         "pipeline_in_flight", "pipeline_recv_buffers"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.within(o.get("fraction", 0.0), f"{path}.fraction", 0, 1, high_open=True)
     if reserved < 0:
@@ -1049,12 +1066,16 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                     "bytes a parameter")
     saved = c.within(o.get("adapter_saved_bytes", 0.0), f"{path}.adapter_saved_bytes", 0, 64,
                      "bytes an element")
+    in_flight = c.choice(o.get("pipeline_in_flight", "calculon"), f"{path}.pipeline_in_flight",
+                         PIPELINE_IN_FLIGHT)
+    recv = c.bool(o.get("pipeline_recv_buffers", False), f"{path}.pipeline_recv_buffers")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
                           reshard, dummy_wgrad=dummy, backward_transient=transient,
                           moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
                           pipeline_grads=grads, logits_kept=kept, selective_saves=saves,
                           fp8_weight_copy=fp8_copy, optimizer_step_bytes=step,
-                          adapter_saved_bytes=saved)
+                          adapter_saved_bytes=saved, pipeline_in_flight=in_flight,
+                          pipeline_recv_buffers=recv)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -1199,6 +1220,10 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["optimizer_step_bytes"] = _num(o.optimizer_step_bytes)
     if o.adapter_saved_bytes:
         out["adapter_saved_bytes"] = _num(o.adapter_saved_bytes)
+    if o.pipeline_in_flight != "calculon":
+        out["pipeline_in_flight"] = o.pipeline_in_flight
+    if o.pipeline_recv_buffers:
+        out["pipeline_recv_buffers"] = True
     return out
 
 

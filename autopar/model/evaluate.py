@@ -124,10 +124,15 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activati
         kept = np.where(ctx.tp_rs_ag, acts.A_split, kept)
     checkpoint = masked(kept * ctx.elem_bytes, ctx.training & recompute_full)
     first, last, *second = stage_sums if stage_sums is not None else (sums, None)
+    boundary = None
+    if system.memory_overhead is not None and system.memory_overhead.pipeline_recv_buffers:
+        # What a stage sends the next: a block's input, its sequence-parallel
+        # shard where the blocks run sequence parallelism.
+        boundary = np.where(ctx.tp_rs_ag, acts.A_split, acts.A) * ctx.elem_bytes
     S = footprints(ctx, cols, first, sched, checkpoint, recompute_full,
                    head_memory(ctx, cols, acts, sched.stages, system),
                    system.memory_overhead, sums_last=last,
-                   sums_second=second[0] if second else None)
+                   sums_second=second[0] if second else None, boundary=boundary)
     return S, checkpoint
 
 

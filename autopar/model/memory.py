@@ -106,7 +106,7 @@ def second_stage_in_flight(sched: Schedule):
 
 def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
                recompute_full, head: dict, overhead, sums_last: BlockSums | None = None,
-               sums_second: BlockSums | None = None) -> dict:
+               sums_second: BlockSums | None = None, boundary=None) -> dict:
     """Every memory statistic (Calculon's names) and the need on each tier.
 
     ``sums`` are the first stage's per-block sums; ``sums_last`` the last
@@ -114,18 +114,20 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
     first blocks, multi-token prediction); the statistics describe the first.
     With an uneven split (``sched.uneven``) each stage counts its own
     blocks, and the second stage (``sums_second``) is weighed too:
-    ``mem_*_first`` are the fuller of the first two stages.
+    ``mem_*_first`` are the fuller of the first two stages.  ``boundary``:
+    bytes of the tensor a stage sends the next per micro-batch (only read
+    under ``memory_overhead.pipeline_recv_buffers``).
     """
     even = not sched.uneven
     S, static, tier2, transient_first, transient_last = _stage(
         ctx, cols, sums, sched, checkpoint, recompute_full, head, sched.blocks_first,
-        overhead=overhead)
+        overhead=overhead, boundary=boundary)
     static_last = static
     if sums_last is not None or not even:
         _, static_last, tier2_last, _, transient_last = _stage(
             ctx, cols, sums if sums_last is None else sums_last, sched, checkpoint,
             recompute_full, head, sched.blocks_last,
-            overhead=overhead)
+            overhead=overhead, boundary=boundary)
         tier2 = np.maximum(tier2, tier2_last)
     if not even:
         # An uneven split: the second stage, with more blocks than the first
@@ -133,7 +135,8 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
         # does, it stands for the stages before the last.
         _, static_2, tier2_2, transient_2, _ = _stage(
             ctx, cols, sums if sums_second is None else sums_second, sched, checkpoint,
-            recompute_full, head, sched.blocks_second, rank=1, overhead=overhead)
+            recompute_full, head, sched.blocks_second, rank=1, overhead=overhead,
+            boundary=boundary)
         fuller = (static_2 + transient_2 > static + transient_first) & (sched.stages > 2)
         static = pick(fuller, static_2, static)
         transient_first = pick(fuller, transient_2, transient_first)
@@ -155,13 +158,58 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
     return S
 
 
+def first_stage_in_flight(sched: Schedule, overhead=None):
+    """Micro-batches whose activations the first stage holds at its peak, in
+    units of a whole stage's blocks: Calculon's ``p + (p - 1) / v`` (``p``
+    without interleaving, at most the ``m`` micro-batches there are).  Under
+    ``memory_overhead.pipeline_in_flight`` ``capped`` the interleaved count
+    is at most ``m`` too: the schedule's warm-up runs no more forwards than
+    the ``m * v`` chunk passes of the step (torch.distributed.pipelining
+    ``ScheduleInterleaved1F1B``: ``get_rank_warmup_ops`` returns
+    ``min(warmup_ops, n_microbatches * n_local_stages)``; Megatron's
+    interleaved schedule caps its warm-up at the micro-batches as well), so
+    with ``m = p`` micro-batches and ``v = 2`` the first rank runs every
+    forward before its first backward and holds the step's ``m``, not
+    ``p + (p - 1) / v``."""
+    stages, interleaving = sched.stages, sched.interleaving
+    in_flight = np.minimum(sched.microbatches, stages).astype(float)
+    # (the factor is exactly 1 without interleaving: x * 0 added to 1)
+    first = in_flight * (1 + (stages - 1) / (interleaving * stages.astype(float))
+                         * (interleaving > 1))
+    if getattr(overhead, "pipeline_in_flight", "calculon") == "capped":
+        first = np.minimum(first, np.maximum(sched.microbatches, 1).astype(float))
+    return first
+
+
+def pipeline_recv_buffers(overhead, sched: Schedule, ctx: LayoutContext, boundary, rank: int = 0):
+    """Bytes of a pipeline stage's receive buffers under
+    ``memory_overhead.pipeline_recv_buffers`` (None where not counted):
+    torch.distributed.pipelining's ``PipelineStage`` allocates, when the
+    schedule first runs, one receive buffer per micro-batch of the step for
+    the stage's input (``_prepare_forward_infra``: ``args_recv_info[chunk_id]``
+    for every chunk, on every stage but the first) and one for its output's
+    gradient (``_prepare_backward_infra``: ``grad_recv_info[mb_index]``, on
+    every stage but the last), each the size of the tensor sent between
+    stages (``boundary``: a block's input, its sequence-parallel shard where
+    the blocks run sequence parallelism), and keeps them for the run (pytorch/
+    pytorch torch/distributed/pipelining/stage.py).  A rank holds ``v``
+    model chunks: the first and the last rank ``2 v - 1`` buffers a
+    micro-batch in training (``v`` in inference), a rank between them
+    (``rank`` 1) ``2 v``."""
+    if not getattr(overhead, "pipeline_recv_buffers", False) or boundary is None:
+        return None
+    v = sched.interleaving.astype(float)
+    m = np.maximum(sched.microbatches, 1).astype(float)
+    grads = np.where(ctx.training, v - (rank == 0), 0.0)
+    return masked(m * (v + grads) * boundary, sched.stages > 1)
+
+
 def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
-           recompute_full, head: dict, blocks, rank: int = 0, overhead=None):
+           recompute_full, head: dict, blocks, rank: int = 0, overhead=None, boundary=None):
     """Statistics, static and tier-2 footprints, and the transient footprint
     of the first (or, ``rank`` 1, the second) and of the last stage, from one
     stage's per-block sums and ``blocks`` blocks."""
     training = ctx.training
-    stages, interleaving = sched.stages, sched.interleaving
     S = {"block_weight_space": sums.weight_space,
          "block_act_working_space": sums.act_working,
          "block_act_storage_space": sums.act_storage,
@@ -172,10 +220,7 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
          "block_optimizer_space": sums.optimizer_space}
     weight_space = sums.weight_space * blocks
     # Micro-batches in flight on the first stage (more with interleaving).
-    in_flight = np.minimum(sched.microbatches, stages).astype(float)
-    # (the factor is exactly 1 without interleaving: x * 0 added to 1)
-    in_flight_first = in_flight * (1 + (stages - 1) / (interleaving * stages.astype(float))
-                                   * (interleaving > 1))
+    in_flight_first = first_stage_in_flight(sched, overhead)
 
     share = recompute_share(cols, recompute_full, blocks)
     partial = np.any(share != 1.0)
@@ -234,6 +279,9 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     weights_off, acts_off, optim_off = (cols["weight_offload"], cols["activations_offload"],
                                         cols["optimizer_offload"])
     static = pick(weights_off, weight_min, weight_space)
+    recv = pipeline_recv_buffers(overhead, sched, ctx, boundary, rank)
+    if recv is not None:
+        static = static + recv
     if overhead is not None and overhead.dummy_wgrad:
         # TE's cached dummy weight gradients (``block.framework_terms``):
         # one per block kind the stage holds, the attention's shared (none

@@ -553,14 +553,21 @@ def _titan(row) -> PublishedCase | Skip:
     # Pipeline: torchtitan's default schedule has as many micro-batches as stages.
     mbs = max(local // pp, 1) if pp > 1 else local
     vp = 2 if "Interleaved" in str(row.pp_schedule) else 1
-    # Norms and activations count as fused kernels with or without
-    # torch.compile: selective (per-op) checkpointing recomputes the
-    # element-wise ops instead of keeping their intermediates, and full
-    # checkpointing keeps none; compile's speed-up is not modelled.
+    # Norms and the MLP activation: run eagerly (training.compile off) they
+    # are torchtitan's own PyTorch ops, not fused kernels: the configs'
+    # norm_type "rmsnorm" is torchtitan/models/norms.py RMSNorm at 9dec370
+    # (x.float(), pow, mean, rsqrt, multiply, type_as, times the weight:
+    # separate kernels with fp32 intermediates, the reference RMSNorm that
+    # layers.rms_norm counts unfused) and FeedForward.forward is
+    # w2(F.silu(w1(x)) * w3(x)) (SiLU and the product apart); under
+    # torch.compile inductor fuses both.  What a block keeps for backward
+    # is the checkpointing policy's either way (block.op_policy_saves; full
+    # recompute keeps the block input only).
+    fused = titan_framework(row) != "torchtitan"
     ex = megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                             recompute=recompute, sp=tp > 1, tp_overlap=async_tp,
                             dist_opt=False, fsdp=fsdp * cp > 1, dp_overlap=True, fp8=fp8,
-                            fused=True, cp_comm="p2p")
+                            fused=fused, cp_comm="p2p")
     meas = {"tokens_per_s_per_gpu": float(row.tokens_per_sec_per_gpu)}
     if number_or_none(row.peak_mem_gib) is not None:
         meas["peak_mem_gib"] = float(row.peak_mem_gib)
