@@ -19,7 +19,8 @@ defaults, Bridge's recipe defaults):
   ``training/mixed_precision.py``; the performance recipes' ``_perf_precision``
   turns the first/last BF16 layers off).
 * ``recompute_granularity`` ``full`` -> ``full`` (``recompute_num_layers``
-  with ``block``: ``recompute_layers``; ``uniform`` recomputes every block);
+  with ``block``: ``recompute_layers``, that many of each model chunk:
+  ``stage_recompute_layers``; ``uniform`` recomputes every block);
   ``selective`` with Megatron-Core's modules ``core_attn`` -> ``attn_only``,
   ``mlp`` -> ``mlp_only``; other modules (``layernorm``, ``moe_act``,
   ``mla_up_proj``, ...) and combinations: Skip.
@@ -42,6 +43,11 @@ defaults, Bridge's recipe defaults):
   ``should_pad_vocab``), else the tokenizer's (``tokenizer.vocab_size``; the
   Nemotron-H recipes' NullTokenizer 32000) padded to a multiple of 128 x
   tensor_par (``padded_vocab``).
+* ``mixed_precision.fp8_param_gather`` / ``fp4_param_gather``: the fp8 /
+  fp4 weights kept as the only copy of the block's linear weights
+  (frameworks/megatron-bridge.json ``fp8_primary_weights``, as Bridge's fp8
+  and fp4 precision recipes set it); a recipe that turns it off gets the
+  count with the working-precision copy (``primary_weights_off``).
 * ``cuda_graph``: recorded, not modelled (docs/validation.md).
 """
 from __future__ import annotations
@@ -121,6 +127,34 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return int(math.ceil(vocab / m) * m)
 
 
+def stage_recompute_layers(n: int, blocks: int, pp: int, vp: int) -> int:
+    """autopar's ``recompute_layers`` (blocks of a pipeline stage recomputed)
+    for Megatron-Core's ``recompute_method: block`` with
+    ``recompute_num_layers`` = ``n``: Megatron recomputes the first ``n``
+    layers of each model chunk (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/recompute.py ``checkpointed_forward``: the ``block`` loop
+    runs over ``self.num_layers_per_pipeline_rank``, which
+    transformer_block.py sets to ``len(self.layers)``, the layers of the one
+    chunk it builds), so with ``vp`` chunks a stage recomputes ``n * vp``
+    blocks; ``n`` at or above a chunk's blocks: every block (0)."""
+    if n <= 0:
+        return 0
+    per_chunk = blocks // max(pp * vp, 1)
+    if n >= per_chunk:
+        return 0
+    return n * vp
+
+
+def primary_weights_off(row, fp8: str) -> bool:
+    """Whether the recipe turns off keeping its fp8 / fp4 weights as the only
+    copy (``mixed_precision.fp8_param_gather`` / ``fp4_param_gather`` False
+    under that recipe), where frameworks/megatron-bridge.json has it on."""
+    x = extra(row)
+    key = "mixed_precision.fp4_param_gather" if fp8 == "nvfp4" else \
+        "mixed_precision.fp8_param_gather"
+    return fp8 != "none" and x.get(key) == "False"
+
+
 def is_moe(row) -> bool:
     return bool(str(row["ep"]).strip()) or str(row["model"]) not in DENSE_MODELS
 
@@ -184,6 +218,9 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         vocab = _int(x.get("tokenizer.vocab_size"), m.vocab_size)
         m = dataclasses.replace(m, vocab_size=padded_vocab(vocab, tp))
     sy = P.system(sys_name, FRAMEWORK)
+    if primary_weights_off(row, FP8[precision]):
+        sy = dataclasses.replace(sy, memory_overhead=dataclasses.replace(
+            sy.memory_overhead, fp8_primary_weights=False))
     fsdp = _true(x.get("ddp.use_megatron_fsdp")) and \
         x.get("ddp.data_parallel_sharding_strategy", "") == "optim_grads_params"
     if _true(x.get("ddp.use_megatron_fsdp")) and not fsdp:
@@ -201,7 +238,8 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if x.get("ddp.overlap_param_gather") == "False":
         ex["param_gather_overlap"] = False
     P.te_gathers_again(ex)
-    ex["recompute_layers"] = layers if recompute == "full" else 0
+    ex["recompute_layers"] = (stage_recompute_layers(layers, m.num_blocks, pp, vp)
+                              if recompute == "full" else 0)
     inst = _int(x.get("ddp.num_distributed_optimizer_instances"), 1)
     if inst > 1:
         ex["sharding_group"] = dp * cp // inst
