@@ -159,9 +159,13 @@ class Interpreter:
         defaults = fn.args.defaults
         for p, d in zip(params[len(params) - len(defaults):], defaults):
             env[p] = self.expr(d, {}, path)
+        for p, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults):
+            if d is not None:
+                env[p.arg] = self.expr(d, {}, path)
         for p, v in zip(params, args):
             env[p] = v
-        env.update({k: v for k, v in kwargs.items() if k in params})
+        names = set(params) | {a.arg for a in fn.args.kwonlyargs}
+        env.update({k: v for k, v in kwargs.items() if k in names})
         try:
             self.block(fn.body, env, path)
         except _Return as r:

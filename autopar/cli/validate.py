@@ -95,6 +95,8 @@ def run(args) -> int:
         if args.output:
             write_atomic_csv(table, args.output)
         return 0
+    if getattr(args, "family", None) and args.target != "recipes":
+        raise SpecError("command line", "--family", "needs 'validate recipes'")
     if args.target == "published" and getattr(args, "cross_validate", False):
         return _cross_validate(args)
     if getattr(args, "write_errors", None):
@@ -103,8 +105,6 @@ def run(args) -> int:
         return _published(args)
     if args.target == "recipes":
         return _recipes(args)
-    if args.family:
-        raise SpecError("command line", "--family", "needs 'validate recipes'")
     if not args.system:
         raise SpecError("command line", "--system", "a system file is required for a sweep")
     from autopar.studies.validate import sweep_report, validate_sweep
