@@ -60,6 +60,7 @@ import numpy as np
 import pandas as pd
 
 from autopar.io.errors import SpecError
+from autopar.io.specs import FP8_MATRIX, load_execution
 from autopar.studies import published_base as P
 
 CSV = Path(__file__).resolve().parent.parent / "data" / "recipes" / "bridge_dense.csv"
@@ -250,12 +251,9 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         targets = x.get("peft.target_modules", "")
         if targets not in LORA_TARGETS:
             return P.Skip(f"LoRA on {targets}", lab)
-        ex.update(adapter="lora", adapter_targets=LORA_TARGETS[targets], adapter_rank=_int(x.get("peft.dim"), LORA_DIM))
+        ex.update(adapter="lora", adapter_targets=LORA_TARGETS[targets],
+                  adapter_rank=_int(x.get("peft.dim"), LORA_DIM))
     return P.PublishedCase(m, sy, ex, {}, lab)
-
-
-# The matrix datatype an fp8 / fp4 recipe's GEMMs run in (for MFU's peak).
-GEMM_DATATYPE = {"none": "bfloat16", "tensorwise": "float8", "mxfp8": "mxfp8", "nvfp4": "nvfp4"}
 
 
 def mfu(stats: dict, system_, fp8_recipe: str) -> float:
@@ -266,9 +264,8 @@ def mfu(stats: dict, system_, fp8_recipe: str) -> float:
     to that peak.  Above 1 cannot be; below 0.15 or above 0.75 is
     implausible for a benchmark recipe (docs/validation.md)."""
     bf16 = system_.matrix["bfloat16"].tflops
-    dt = GEMM_DATATYPE.get(fp8_recipe, "bfloat16")
-    peak = system_.matrix[dt].tflops if dt in system_.matrix else \
-        system_.matrix.get("float8", system_.matrix["bfloat16"]).tflops
+    dt = FP8_MATRIX.get(fp8_recipe, "bfloat16")       # the rate the model runs them at
+    peak = system_.matrix[dt].tflops if dt in system_.matrix else bf16
     return float(stats["total_efficiency"]) * bf16 / peak
 
 
@@ -296,7 +293,7 @@ def predict(family: str | None = None, partial: bool = False,
         if isinstance(c, P.Skip):
             recs.append({**base, "status": "skipped", "reason": c.reason})
             continue
-        ex = P.load_execution(c.execution, system=c.system, model=c.model,
+        ex = load_execution(c.execution, system=c.system, model=c.model,
                               source=f"{Path(path).name}: {c.label}")
         s = evaluate_one(c.model, c.system, ex)
         fits = bool(s["feasible"])
