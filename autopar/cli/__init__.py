@@ -35,7 +35,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                  "autopar estimate models/gpt3-175B.json systems/a100_80g.json best.json"),
     "exhaustive": ("autopar exhaustive models/gpt3-175B.json systems/a100_80g.json --num-procs 64 "
                    "--max-batch-size 64 --datatype float16 --space small --output best.json",),
-    "validate": ("autopar validate megatron", "autopar validate published --table nemo_h100"),
+    "validate": ("autopar validate megatron", "autopar validate published --table nemo_h100",
+                 "autopar validate recipes --family llama3"),
     "compare": ("autopar compare experiments/compare-quick.yaml --output-dir compare-out",),
     "tune": ("autopar tune models/gpt3-175B.json systems/a100_80g.json --num-procs 1024 "
              "--max-batch-size 1536 --datatype float16 --sampler skeleton-tpe --trials 50 "

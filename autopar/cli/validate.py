@@ -8,6 +8,9 @@ column format of the LLaMA sweeps) and scores the model on it.
 training measurements (``autopar.studies.published``) and reports per table;
 with ``--partial`` each row is also predicted over every completion of the
 fields its source does not state (``Table.unstated``).
+``autopar validate recipes [--family F] [--rows] [--partial]`` predicts
+Megatron-Bridge's performance recipes (``autopar.studies.recipes``): each is
+a layout NVIDIA ran, so each should be predicted to fit.
 """
 from __future__ import annotations
 
@@ -23,13 +26,16 @@ def register(subparsers) -> None:
                     "a CSV path: predict a measured sweep and report out-of-memory "
                     "agreement, Spearman rank correlation, step-time error and "
                     "top-1 regret.")
-    p.add_argument("target", help="'megatron', 'published' or a measured sweep CSV")
+    p.add_argument("target", help="'megatron', 'published', 'recipes' (Megatron-Bridge's "
+                                  "performance recipes: do they fit?) or a measured sweep CSV")
+    p.add_argument("--family", default=None,
+                   help="recipes: only this family (llama3, llama31, nemotronh, ...)")
     p.add_argument("--table", action="append", default=None,
                    help="published: only this table (repeatable; default: all)")
     p.add_argument("--no-rank", action="store_true",
                    help="published: skip ranking the published layouts among autopar's")
     p.add_argument("--rows", action="store_true",
-                   help="published: also print every row's prediction")
+                   help="published, recipes: also print every row's prediction")
     p.add_argument("--partial", action="store_true",
                    help="published: also predict each row over every completion of the "
                         "execution fields its source does not state (docs/validation.md): "
@@ -89,12 +95,16 @@ def run(args) -> int:
         if args.output:
             write_atomic_csv(table, args.output)
         return 0
+    if getattr(args, "family", None) and args.target != "recipes":
+        raise SpecError("command line", "--family", "needs 'validate recipes'")
     if args.target == "published" and getattr(args, "cross_validate", False):
         return _cross_validate(args)
     if getattr(args, "write_errors", None):
         raise SpecError("command line", "--write-errors", "needs 'published --cross-validate'")
     if args.target == "published":
         return _published(args)
+    if args.target == "recipes":
+        return _recipes(args)
     if not args.system:
         raise SpecError("command line", "--system", "a system file is required for a sweep")
     from autopar.studies.validate import sweep_report, validate_sweep
@@ -218,6 +228,37 @@ def _published(args) -> int:
                 index=False, float_format=lambda x: f"{x:.3f}"))
     if args.output:
         write_atomic_csv(pd.concat(rows, names=["table"]).reset_index(level=0), args.output)
+    return 0
+
+
+def _recipes(args) -> int:
+    """Megatron-Bridge's performance recipes: per recipe, the predicted peak
+    per GPU against the capacity, fits or not (and with ``--partial`` whether
+    some completion of what it leaves unset fits), tokens/s/GPU and MFU; the
+    skipped ones with their reason; one summary line."""
+    from autopar.io.writers import write_atomic_csv
+    from autopar.studies.recipes import predict, summary_line
+
+    rows = predict(args.family, partial=args.partial)
+    pred = rows[rows.status == "predicted"]
+    if args.rows:
+        show = pred.drop(columns=["status", "family"]).copy()
+        show["mfu"] = show["mfu"].map(lambda x: f"{100 * x:.1f}%" if x == x else "-")
+        print(show.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+    for _, b in pred[~pred.fits.astype(bool)].iterrows():
+        print(f"  predicted not to fit: {b.recipe}: {b.reason}")
+    if args.partial:
+        for _, b in pred[~pred.fits_any.astype(bool)].iterrows():
+            print(f"  no completion fits: {b.recipe}: {b.completion}")
+    odd = pred[pred.fits.astype(bool) & ((pred.mfu < 0.15) | (pred.mfu > 0.75))]
+    for _, b in odd.iterrows():
+        print(f"  implausible MFU {100 * b.mfu:.1f}%: {b.recipe}")
+    skipped = rows[rows.status == "skipped"]
+    for reason, g in skipped.groupby("reason", sort=False):
+        print(f"  skipped {len(g)} x {reason}")
+    print(summary_line(rows))
+    if args.output:
+        write_atomic_csv(rows, args.output)
     return 0
 
 

@@ -267,6 +267,18 @@ class MemoryOverhead:
     # the weight is cast at each use and the cast freed (torchao's dynamic
     # float8 scaling, torchtitan's).
     fp8_weight_copy: bool = True
+    # Whether that quantized weight is the only copy of a block's linear
+    # weight (no working-precision one beside it): Megatron-Core's
+    # ``fp8_param_gather`` / ``fp4_param_gather`` ("keep the compute param in
+    # fp8 (do not use any other intermediate dtype) and perform the param
+    # all-gather in fp8", NVIDIA/Megatron-LM@2a75ac1 megatron/core/distributed/
+    # distributed_data_parallel_config.py), which Megatron-Bridge's fp8 / fp4
+    # precision recipes turn on (src/megatron/bridge/training/mixed_precision.py
+    # bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed,
+    # bf16_with_nvfp4_mixed).  The fp32 master copy stays with the optimizer.
+    # Only with ``fp8_weight_copy``; False (the count without this field): the
+    # quantized copy beside the working-precision weight.
+    fp8_primary_weights: bool = False
     # Bytes per trained parameter that the optimizer step allocates as
     # temporaries, after the batch's last backward (activations, logits and
     # the loss's buffers freed): a second peak, the static state and these
@@ -1037,8 +1049,9 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "backward_transient", "moe_probs_in_activation",
                          "cp_a2a_output_copy", "pipeline_grads",
                          "logits_kept", "selective_saves", "fp8_weight_copy",
-                         "optimizer_step_bytes", "adapter_saved_bytes",
-                         "pipeline_in_flight", "pipeline_recv_buffers"))
+                         "fp8_primary_weights", "optimizer_step_bytes",
+                         "adapter_saved_bytes", "pipeline_in_flight",
+                         "pipeline_recv_buffers"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.within(o.get("fraction", 0.0), f"{path}.fraction", 0, 1, high_open=True)
     if reserved < 0:
@@ -1062,6 +1075,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     saves = c.choice(o.get("selective_saves", "layers"), f"{path}.selective_saves",
                      SELECTIVE_SAVES)
     fp8_copy = c.bool(o.get("fp8_weight_copy", True), f"{path}.fp8_weight_copy")
+    fp8_primary = c.bool(o.get("fp8_primary_weights", False), f"{path}.fp8_primary_weights")
     step = c.within(o.get("optimizer_step_bytes", 0.0), f"{path}.optimizer_step_bytes", 0, 64,
                     "bytes a parameter")
     saved = c.within(o.get("adapter_saved_bytes", 0.0), f"{path}.adapter_saved_bytes", 0, 64,
@@ -1073,9 +1087,9 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                           reshard, dummy_wgrad=dummy, backward_transient=transient,
                           moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
                           pipeline_grads=grads, logits_kept=kept, selective_saves=saves,
-                          fp8_weight_copy=fp8_copy, optimizer_step_bytes=step,
-                          adapter_saved_bytes=saved, pipeline_in_flight=in_flight,
-                          pipeline_recv_buffers=recv)
+                          fp8_weight_copy=fp8_copy, fp8_primary_weights=fp8_primary,
+                          optimizer_step_bytes=step, adapter_saved_bytes=saved,
+                          pipeline_in_flight=in_flight, pipeline_recv_buffers=recv)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -1216,6 +1230,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["selective_saves"] = o.selective_saves
     if not o.fp8_weight_copy:
         out["fp8_weight_copy"] = False
+    if o.fp8_primary_weights:
+        out["fp8_primary_weights"] = True
     if o.optimizer_step_bytes:
         out["optimizer_step_bytes"] = _num(o.optimizer_step_bytes)
     if o.adapter_saved_bytes:

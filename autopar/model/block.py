@@ -313,7 +313,8 @@ def _mlp(ctx: LayoutContext, x: BlockInputs, f: float, after_attention: bool = T
 # The sums the layers add up (the others are set after the sum: the K/V
 # exchange, the stored activations of a whole block, the gathered weights).
 _ACCUMULATED = tuple(name for name in BlockSums.__dataclass_fields__
-                     if name not in ("act_storage_all", "weight_space_full", "cp_fw_link",
+                     if name not in ("act_storage_all", "weight_space_full",
+                                     "weight_unkept_full", "cp_fw_link",
                                      "cp_fw_exp", "cp_bw_link", "cp_bw_exp", "cp_re_exp",
                                      "cp_fw_size", "dummy_attn", "dummy_rest", "op_grads"))
 
@@ -400,6 +401,8 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> BlockSums
         add(acc.useful_bw, L["agrad"] + L["wgrad"], on_t)
         acc.tp_bw_req = np.maximum(acc.tp_bw_req, np.where(pt, L["tp_bw_req_agrad"], 0.0))
         add(acc.weight_space, L["weight_b"])
+        if "unkept_b" in L:
+            add(acc.weight_unkept, L["unkept_b"])
         add(acc.act_working, L["act_b"], _rows_of(p & ~L["reused"]))
         add(acc.act_storage, L["act_b"])
         add(acc.act_storage, -L["out_b"], _rows_of(pt & ~L["out_stored"]))

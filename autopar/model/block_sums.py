@@ -89,6 +89,12 @@ class BlockSums:
     # a whole block's weights where ZeRO-3 / FSDP shards them (set with the
     # shard divisions)
     weight_space_full: np.ndarray = _sum()
+    # the part of weight_space a framework does not hold: the working-
+    # precision copy of weights kept only quantized
+    # (``memory_overhead.fp8_primary_weights``), and the same of a whole
+    # block where ZeRO-3 / FSDP shards the weights
+    weight_unkept: np.ndarray = _sum()
+    weight_unkept_full: np.ndarray = _sum()
     # model FLOPs of the forward and backward passes (no recompute)
     useful_fw: np.ndarray = _sum()
     useful_bw: np.ndarray = _sum()

@@ -148,6 +148,8 @@ class LayoutContext:
         self.selective_saves = mo.selective_saves
         # Whether the fp8 / fp4 recipes keep a quantized copy of each weight.
         self.fp8_weight_copy = mo.fp8_weight_copy
+        # ... and whether that copy is the only one (layers.fp8_gemm).
+        self.fp8_primary_weights = bool(mo.fp8_primary_weights)
         # Bytes a LoRA adapter keeps per input element beyond the base
         # layer's saved input (adapters.adapter_layers).
         self.adapter_saved_bytes = mo.adapter_saved_bytes

@@ -268,6 +268,13 @@ def fp8_gemm(ctx, L: dict) -> dict:
     L["mem_fw"] = L["mem_fw"] + per_act * L["inputs"] + per_w * L["weight"]
     L["mem_agrad"] = L["mem_agrad"] + per_act * L["act_grads"]
     if ctx.fp8_weight_copy:
+        if ctx.fp8_primary_weights:
+            # The quantized weight is the layer's only copy (Megatron-Core's
+            # fp8_param_gather / fp4_param_gather;
+            # MemoryOverhead.fp8_primary_weights): the working-precision
+            # bytes are not held (memory.footprints); ``weight_b`` keeps
+            # them, as the gradient sync's size (communication).
+            L["unkept_b"] = np.where(ctx.fp8, L["weight"] * b, 0.0)
         L["weight_b"] = L["weight_b"] + L["weight"] * copy_b
     # The input kept for the weight gradient is its quantized cast, in the one
     # orientation the weight-gradient GEMM reads (Transformer Engine drops

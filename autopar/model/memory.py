@@ -210,7 +210,11 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     of the first (or, ``rank`` 1, the second) and of the last stage, from one
     stage's per-block sums and ``blocks`` blocks."""
     training = ctx.training
-    S = {"block_weight_space": sums.weight_space,
+    # The weights a stage holds: less the working-precision copies kept only
+    # quantized (memory_overhead.fp8_primary_weights; None or 0 elsewhere).
+    held = sums.weight_space if sums.weight_unkept is None else \
+        sums.weight_space - sums.weight_unkept
+    S = {"block_weight_space": held,
          "block_act_working_space": sums.act_working,
          "block_act_storage_space": sums.act_storage,
          "block_act_checkpoint_size": checkpoint,
@@ -218,7 +222,7 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
          "block_weight_grad_space_no_sharding": sums.wgrad_space_full,
          "block_act_grad_space": sums.act_grad_space,
          "block_optimizer_space": sums.optimizer_space}
-    weight_space = sums.weight_space * blocks
+    weight_space = held * blocks
     # Micro-batches in flight on the first stage (more with interleaving).
     in_flight_first = first_stage_in_flight(sched, overhead)
 
@@ -261,7 +265,7 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
                            wgrad_space)
     optimizer_space = ctx.if_training(sums.optimizer_space * blocks)
     # With offloading, tier 1 keeps two blocks' worth (double buffering).
-    weight_min = sums.weight_space * 2
+    weight_min = held * 2
     act_min = sums.act_working + masked(sums.act_storage, ~recompute_full)
     ckpt_min = ctx.if_training(checkpoint * 2, np.nan)
     wgrad_min = ctx.if_training(sums.wgrad_space_full + sums.wgrad_space)
@@ -290,12 +294,14 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
             np.where(blocks > 0, sums.dummy_attn + sums.dummy_rest, 0.0))
     if sums.weight_space_full is not None and np.any(ctx.weight_shards > 1):
         # ZeRO-3 / FSDP: the gathered block and the prefetched next one.
-        gathered = 2 * sums.weight_space_full
+        whole = sums.weight_space_full if sums.weight_unkept_full is None else \
+            sums.weight_space_full - sums.weight_unkept_full
+        gathered = 2 * whole
         kept = kept_gathered(overhead, sched, ctx)
         if kept is not None:
             # A framework that does not reshard after forward keeps every
             # block of the stage gathered until its backward.
-            gathered = gathered + masked(sums.weight_space_full
+            gathered = gathered + masked(whole
                                          * np.maximum(blocks - 2, 0), kept)
         static = static + masked(gathered, ctx.weight_shards > 1)
     tier2 = masked(weight_space, weights_off)

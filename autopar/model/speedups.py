@@ -56,7 +56,8 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
 # Per-block sums the memory footprints need (``memory.footprints``, with
 # the shard divisions of ``BlockCache.rows``): evaluate_columns gathers
 # them for every row, the others only for the rows that fit in memory.
-FOOTPRINT_SUMS = ("weight_space", "act_working", "act_storage", "act_storage_all",
+FOOTPRINT_SUMS = ("weight_space", "weight_unkept", "act_working", "act_storage",
+                  "act_storage_all",
                   "wgrad_space", "wgrad_space_full", "act_grad_space", "optimizer_space",
                   "x_wgrad_space", "x_optimizer_space", "dummy_attn", "dummy_rest", "op_grads")
 # Block sums of the optimizer step (they depend on the sharding, cached apart).
@@ -268,8 +269,11 @@ class BlockCache:
         # ZeRO-3 / FSDP keeps 1/shards of the weights; a whole block is
         # gathered when it runs (``weight_space_full``).
         sums.weight_space_full = sums.weight_space
+        sums.weight_unkept_full = sums.weight_unkept
         if self.weight_shard is not None:
             sums.weight_space = sums.weight_space / self.weight_shard[at]
+            if sums.weight_unkept is not None:
+                sums.weight_unkept = sums.weight_unkept / self.weight_shard[at]
         return sums
 
 
