@@ -16,7 +16,8 @@ What a recipe sets and autopar counts:
   (blockwise 1x128) -> ``rowwise``, ``nvfp4``; BF16 first/last blocks where
   the recipe keeps them), gradients reduced in the working precision
   (``ddp.grad_reduce_in_fp32``), the overlapped gradient reduce,
-  the distributed optimizer, Adam or Muon, ``moe_a2a_overlap``
+  the distributed optimizer, Adam or Muon (``dist_muon``: layer-wise
+  sharded over the data-parallel ranks), ``moe_a2a_overlap``
   (``comm_overlap.overlap_moe_expert_parallel_comm``) as ``moe_overlap``, the
   flex dispatcher (DeepEP / HybridEP) as ``deepep``, the model's MTP layers
   (``mtp_num_layers``), the pipeline layout (``pipeline_layout_fields``).
@@ -252,8 +253,19 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     dispatcher = "deepep" if disp.startswith("flex") else disp
     ex.update(expert_fields(sy, tp=tp, ep=ep, etp=etp, dispatcher=dispatcher))
     ex["moe_overlap"] = _flag(x.get("overlap.overlap_moe_expert_parallel_comm")) and ep * etp > 1
-    if x.get("opt.optimizer", "adam").endswith("muon"):
+    opt = x.get("opt.optimizer", "adam")
+    if opt.endswith("muon"):
         ex["optimizer"] = "muon"
+    if opt.startswith("dist_") and dp * cp > 1:
+        # "dist_muon" is Muon under Megatron-Core's layer-wise distributed
+        # optimizer (NVIDIA/Megatron-LM@2a75ac1, Bridge's pin,
+        # megatron/core/optimizer/__init__.py: "dist_*" -> the bare name with
+        # use_layer_wise_distributed_optimizer; layer_wise_optimizer.py
+        # LayerWiseDistributedOptimizer: each data-parallel rank keeps the
+        # state of its share of the layers) whatever ddp.use_distributed_optimizer
+        # says: the state sharded over the data-parallel ranks, the
+        # gradients whole.
+        ex.update(optimizer_sharding=True, unsharded_grads=True)
     if fp8 != "none" and _flag(x.get("mp.first_last_layers_bf16")):
         ex["bf16_first_blocks"] = _int(x.get("mp.num_layers_at_start_in_bf16"), 0)
         ex["bf16_last_blocks"] = _int(x.get("mp.num_layers_at_end_in_bf16"), 0)
