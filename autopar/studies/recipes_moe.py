@@ -22,10 +22,11 @@ What a recipe sets and autopar counts:
   flex dispatcher (DeepEP / HybridEP) as ``deepep``, the model's MTP layers
   (``mtp_num_layers``), the pipeline layout (``pipeline_layout_fields``).
 * recompute: ``full`` (uniform: every block), selective ``core_attn`` ->
-  ``attn_only``, ``mlp`` -> ``mlp_only``; Megatron-Core's other selective
-  modules (``mla_up_proj``, ``moe_act``, ``layernorm``, ``moe``,
-  ``shared_experts``) are not autopar choices and are dropped: their
-  activations are counted as saved (more memory than the run needs).
+  ``attn_only``, ``mlp`` -> ``mlp_only``, ``moe_act`` and ``mla_up_proj``
+  -> ``recompute_moe_act`` / ``recompute_mla_up_proj``; Megatron-Core's other
+  selective modules (``layernorm``, ``moe``, ``shared_experts``) are not
+  autopar choices and are dropped: their activations are counted as saved
+  (more memory than the run needs).
 * Not counted (the layout is predicted without them; the docs say which
   rows they touch): CUDA graphs, fine-grained activation offloading (its
   activations counted on the GPU), paged stashing / expert capacity padding
@@ -37,12 +38,12 @@ table), and layouts whose pipeline split autopar cannot build.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pandas as pd
 
 from autopar.io.errors import SpecError
+from autopar.io.launch.mcore import unroll_layout
 from autopar.model.pipeline import stage_split
 from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
@@ -119,17 +120,10 @@ def _int(v, default=None):
 
 def parse_layout(text: str) -> list[str]:
     """A Megatron ``pipeline_model_parallel_layout`` string as its virtual
-    stages (Megatron-Core pipeline_parallel_layer_layout.py's syntax: ``E``
-    embedding, ``t`` decoder block, ``m`` MTP, ``L`` loss, ``|`` between
-    stages, ``X*n`` and ``(...)*n`` repeats)."""
-    s = text.replace(",", "|").replace(" ", "")
-    while True:
-        t = re.sub(r"\(([^()]*)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), s)
-        if t == s:
-            break
-        s = t
-    s = re.sub(r"([A-Za-z])\*(\d+)", lambda g: g.group(1) * int(g.group(2)), s)
-    return s.split("|")
+    stages (``E`` embedding, ``t`` decoder block, ``m`` MTP, ``L`` loss,
+    ``|`` between stages; the repeats written out by
+    ``autopar.io.launch.mcore.unroll_layout``)."""
+    return unroll_layout(text).split("|")
 
 
 def recipe_stage_blocks(stages: list[str], pp: int) -> list[int]:
@@ -229,7 +223,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     # recompute
     gran = str(row["recompute_granularity"] or "")
     mods = str(row["recompute_modules"] or "")
-    recompute = "none"
+    recompute, discard = "none", {}
     if gran == "full":
         if str(row["recompute_method"]) == "block" and _int(row["recompute_num_layers"]):
             return P.Skip("full recompute of some blocks (block method) not mapped", label)
@@ -241,6 +235,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
             recompute = RECOMPUTE_CHOICE.get(kept)
             if recompute is None:
                 return P.Skip(f"selective recompute of {' and '.join(kept)} together", label)
+        discard = {f"recompute_{mm}": True for mm in ("moe_act", "mla_up_proj") if mm in mod_list}
     ddp_fp32 = x.get("ddp.grad_reduce_in_fp32")
     fp32_grads = _flag(ddp_fp32) if ddp_fp32 is not None else None
     dist_opt = not (x.get("ddp.use_distributed_optimizer") == "false")
@@ -249,6 +244,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
                               recompute=recompute, sp=sp, dist_opt=dist_opt,
                               dp_overlap=dp_overlap, fp8=fp8, fp32_grads=fp32_grads)
     P.te_gathers_again(ex)
+    ex.update(discard)
     disp = str(row["dispatcher"] or "alltoall")
     dispatcher = "deepep" if disp.startswith("flex") else disp
     ex.update(expert_fields(sy, tp=tp, ep=ep, etp=etp, dispatcher=dispatcher))
