@@ -152,7 +152,10 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
         return {}
     stages = parse_layout(layout)
     if len(stages) != pp * vp:
-        return f"pipeline layout of {len(stages)} stages for pipeline {pp} x virtual {vp}"
+        # (Megatron-Core@2a75ac1 transformer_config.py __post_init__ asserts
+        # the virtual size the layout implies is the one set)
+        return (f"pipeline layout of {len(stages)} virtual stages beside pipeline {pp} x "
+                f"virtual {vp}: Megatron-Core refuses the two together")
     want = recipe_stage_blocks(stages, pp)
     if sum(want) != num_blocks:
         return f"pipeline layout of {sum(want)} blocks for a model of {num_blocks}"
@@ -216,9 +219,12 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         return P.Skip(f"{n} GPUs are no multiple of tp x pp x cp = {tp * pp * cp}", label)
     dp = n // (tp * pp * cp)
     if (tp * dp * cp) % (ep * etp):
-        return P.Skip(f"expert parallel {ep} x expert tensor {etp} does not divide the "
-                      f"{tp * dp * cp} ranks of a pipeline stage on {n} GPUs: Megatron-Core "
-                      f"cannot build it (the recipe's GPU count is a proxy)", label)
+        # (NVIDIA/Megatron-LM@2a75ac1 megatron/core/parallel_state.py
+        # initialize_model_parallel: the world must divide by
+        # expert_tensor x expert x pipeline)
+        return P.Skip(f"expert parallel {ep} x expert tensor {etp} x pipeline {pp} does not "
+                      f"divide the {n} GPUs of the recipe's name: Megatron-Core cannot build "
+                      f"it on them (parallel_state.initialize_model_parallel)", label)
     sp = _flag(row["sp"]) if row["sp"] else tp > 1
     # recompute
     gran = str(row["recompute_granularity"] or "")
