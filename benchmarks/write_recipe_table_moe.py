@@ -76,7 +76,7 @@ EXTRA_MODEL = ("pipeline_model_parallel_layout", "num_layers_in_first_pipeline_s
                "make_vocab_size_divisible_by", "kv_channels", "bias_activation_fusion",
                "apply_rope_fusion", "gradient_accumulation_fusion", "init_model_with_meta_device",
                "overlap_dispatch_backward_with_experts_wgrad", "high_priority_a2a_comm_stream",
-               "qk_clip", "attention_backend", "cross_entropy_fusion_impl")
+               "qk_clip", "attention_backend", "cross_entropy_fusion_impl", "cp_comm_type")
 EXTRA_PRECISION = ("fp8_recipe", "fp4_recipe", "fp8_param_gather", "fp8_param", "fp4_param",
                    "fp4_param_gather", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
                    "num_layers_at_end_in_bf16", "fp8_dot_product_attention",

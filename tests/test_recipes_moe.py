@@ -18,12 +18,21 @@ from autopar.studies import recipes_moe as R
 ROOT = Path(__file__).resolve().parent.parent
 MIRROR = Path(os.environ.get("BRIDGE_MIRROR", "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"))
 # The count predicted to fit (held: may rise, must not fall).
-FITS_AT_LEAST = 117
+FITS_AT_LEAST = 127
 # The recipes predicted not to fit, each with what the recipe turns on that
 # autopar does not count (docs/validation.md, "Megatron-Bridge performance
 # recipes: do they fit? (MoE)"): none since recompute_moe_act /
 # recompute_mla_up_proj are counted.
 KNOWN_NOT_FIT: dict[str, str] = {}
+# Fitting recipes predicted below 10% MFU, with why (docs/validation.md):
+# one micro-batch a step, the data-parallel gradient reduce-scatter and
+# parameter all-gather (11 GB a GPU) over the inter-node tier left exposed.
+KNOWN_LOW_MFU = {
+    "gpt_oss_20b_pretrain_64gpu_b300_fp8mx_config": "exposed data-parallel sync",
+    "gpt_oss_20b_pretrain_64gpu_b300_nvfp4_config": "exposed data-parallel sync",
+    "gpt_oss_20b_pretrain_512gpu_gb200_fp8mx_config": "exposed data-parallel sync",
+    "gpt_oss_20b_pretrain_512gpu_gb300_fp8mx_config": "exposed data-parallel sync",
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +78,20 @@ def test_every_recipe_predicted_or_skipped_with_a_reason(outcomes, table):
     # want of a model file
     for name, (status, info) in outcomes.items():
         if status == "skip":
-            assert not any(name.startswith(p) for p in ("kimi_k2", "qwen3_30b", "gpt_oss_120b")) \
+            assert not any(name.startswith(p) for p in ("kimi_k2", "qwen3_30b", "gpt_oss")) \
                 or "FSDP" in info or "pipeline" in info or "expert parallel" in info, name
 
 
 def test_fitting_recipes_run_at_a_plausible_mfu(outcomes):
     for name, (status, s) in outcomes.items():
-        if status == "fits":
+        if status == "fits" and name not in KNOWN_LOW_MFU:
             assert 0.10 <= s["total_efficiency"] <= 0.70, (name, s["total_efficiency"])
+    for name in KNOWN_LOW_MFU:
+        status, s = outcomes[name]
+        assert status == "fits" and s["total_efficiency"] < 0.10, name
+        # the data-parallel sync is most of the step
+        assert s["dp_comm_exposed_time"] + s["weight_gather_exposed_time"] \
+            > 0.5 * s["total_time"], name
 
 
 def test_hand_check_deepseek_v3_h100_bf16(table):

@@ -202,6 +202,9 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     base = P.model(name)
     if "mtp_num_layers" in x and base.mtp is not None:
         changes["mtp"] = _int(x["mtp_num_layers"], 0)
+    if "vocab_size" in x:
+        # the recipe's own vocabulary (gpt-oss 20B's perf recipes: 128256)
+        changes["vocab_size"] = _int(x["vocab_size"])
     m = P.model(name, **changes)
     n = _int(row["n_gpus"])
     tp, pp, cp = _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1)
@@ -246,7 +249,11 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     fp32_grads = _flag(ddp_fp32) if ddp_fp32 is not None else None
     dist_opt = not (x.get("ddp.use_distributed_optimizer") == "false")
     dp_overlap = x.get("ddp.overlap_grad_reduce") != "false"
+    cp_comm = x.get("cp_comm_type", "p2p")      # Megatron-Core's default: p2p
+    if cp > 1 and cp_comm not in ("p2p", "a2a"):
+        return P.Skip(f"context parallel communication {cp_comm} is not modelled", label)
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
+                              cp_comm=cp_comm if cp > 1 else "p2p",
                               recompute=recompute, sp=sp, dist_opt=dist_opt,
                               dp_overlap=dp_overlap, fp8=fp8, fp32_grads=fp32_grads)
     P.te_gathers_again(ex)
