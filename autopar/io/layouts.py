@@ -221,6 +221,28 @@ EXT_INT_FIELDS = EXT_INT_FIELDS | {"attention_span"}
 # nothing; 0 (the default): every block quantized, today's meaning.
 EXT_DEFAULTS.update({"bf16_first_blocks": 0, "bf16_last_blocks": 0})
 EXT_INT_FIELDS = EXT_INT_FIELDS | {"bf16_first_blocks", "bf16_last_blocks"}
+# Megatron-Core's output-discarding selective recompute of MoE / MLA models
+# (``recompute_modules`` "moe_act" and "mla_up_proj", NVIDIA/Megatron-LM@2a75ac1
+# megatron/core/transformer/transformer_config.py), beside any
+# ``activation_recompute``:
+# * ``recompute_moe_act``: the routed experts' activation runs under
+#   ``CheckpointWithoutOutput`` and its output, the second grouped GEMM's
+#   input, is freed once that GEMM has run and recomputed in backward
+#   (megatron/core/transformer/moe/experts.py ``TEGroupedMLP.forward``; with
+#   fp8 / fp4 the GEMM is told to save its original input,
+#   ``set_save_original_input``, which is the freed tensor): nothing of the
+#   activation's output kept, its forward run again.
+# * ``recompute_mla_up_proj``: multi-head latent attention's query and
+#   key/value up projections and the rotary embedding run under
+#   ``CheckpointWithoutOutput`` (multi_latent_attention.py
+#   ``qkv_up_proj_and_rope_apply``); the query, key and value they make,
+#   the attention core's inputs, are freed after the core and recomputed
+#   in backward: the core's inputs not kept, the up projections and the
+#   rotary embedding run again.
+# False (the default): everything kept, Calculon's meaning; they change
+# nothing for a model without experts / without MLA.
+EXT_DEFAULTS.update({"recompute_moe_act": False, "recompute_mla_up_proj": False})
+BOOL_FIELDS = BOOL_FIELDS | {"recompute_moe_act", "recompute_mla_up_proj"}
 # The fields of the pipeline split (all at their defaults: Calculon's).
 SPLIT_FIELDS = ("first_stage_blocks", "last_stage_blocks", "embedding_in_split",
                 "loss_in_split", "pipeline_layout")

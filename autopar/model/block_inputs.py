@@ -66,6 +66,11 @@ class BlockInputs:
     recompute_attn: np.ndarray  # full or attn_only
     recompute_mlp: np.ndarray   # full or mlp_only
     mlp_only: np.ndarray        # Megatron's selective MLP recompute
+    # Megatron's output-discarding recompute of the experts' activation and
+    # of MLA's up projections (autopar.io.layouts: recompute_moe_act,
+    # recompute_mla_up_proj)
+    recompute_moe_act: np.ndarray | bool
+    recompute_up_proj: np.ndarray | bool
     regather_attn: np.ndarray   # the attention's input all-gather runs again
     regather_mlp: np.ndarray    # the MLP's input all-gather runs again
     # what the column-parallel GEMMs keep (see block_inputs)
@@ -88,6 +93,12 @@ class BlockInputs:
     full: dict
     attn: dict
     shared_input: dict
+
+
+def _flag(cols: dict, field: str) -> np.ndarray | bool:
+    """A flag column, or False where the columns lack it (its default)."""
+    c = cols.get(field)
+    return False if c is None else c.astype(bool, copy=False)
 
 
 def block_inputs(ctx: LayoutContext, cols: dict) -> BlockInputs:
@@ -142,6 +153,8 @@ def block_inputs(ctx: LayoutContext, cols: dict) -> BlockInputs:
         A_tp=np.where(ctx.tp_rs_ag, acts.A_split, acts.A),
         recompute_full=recompute_full, recompute_attn=recompute_attn,
         recompute_mlp=recompute_full | mlp_only, mlp_only=mlp_only,
+        recompute_moe_act=_flag(cols, "recompute_moe_act"),
+        recompute_up_proj=_flag(cols, "recompute_mla_up_proj"),
         regather_attn=regather_attn, regather_mlp=regather_mlp,
         keep_shard_attn=keep_shard_attn, keep_shard_mlp=keep_shard_mlp,
         keep_qkv_input=keep_qkv_input,

@@ -218,8 +218,11 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     # Local permutation of the token copies (before and after the transfer).
     permute = layer(ctx, inputs=T * h, outputs=M * h, act_grads=M * h, **full)
     fc1 = g(grouped_linear(ctx, groups, M, h, fc1_width, **full))
-    act_fn = (swiglu if llama else gelu)(ctx, M * ffe, x.fused, **full)
-    fc2 = g(grouped_linear(ctx, groups, M, ffe, h, **full))
+    # ``recompute_moe_act`` (autopar.io.layouts): the activation runs again
+    # in backward and the second GEMM keeps nothing of its input.
+    act_fn = (swiglu if llama else gelu)(ctx, M * ffe, x.fused,
+                                         recompute=x.recompute_full | x.recompute_moe_act)
+    fc2 = g(grouped_linear(ctx, groups, M, ffe, h, **full, stored=~np.asarray(x.recompute_moe_act)))
     # The weighted sum keeps the experts' outputs for the gradient of the scores.
     combine = layer(ctx, fw=2 * M * h, agrad=3 * M * h, inputs=M * h, outputs=T * h,
                     act=M * h, act_grads=T * h, **full)
@@ -261,6 +264,12 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
     A, B, mbs, sq = x.A, x.B, x.mbs, x.sq
     full, attn, shared_input = x.full, x.attn, x.shared_input
     g = partial(fp8_gemm, ctx)          # a GEMM of the block: fp8 where the recipe says so
+    # ``recompute_mla_up_proj`` (autopar.io.layouts): the up projections and
+    # the rotary embedding run again in backward; the core's query, key and
+    # value are not kept (the rotary embedding keeps nothing anyway).
+    up = x.recompute_up_proj
+    up_rec = {"recompute": x.recompute_full | up}
+    kept_qkv = ~np.asarray(up)
     seq = [
         (fork(ctx, x.A_tp, 2, **full, stored=True), True),
         (x.norm(ctx, x.A_tp, h, x.fused_norm, **full, **shared_input), True),
@@ -270,14 +279,15 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
     if qr > 0:
         seq += [(g(linear(ctx, B, h, qr, **full, **shared_input)), True),
                 (rms_norm(ctx, B * qr, qr, x.fused_norm, **full), True),
-                (g(linear(ctx, B, qr, heads_tp * dqk, **full)), True)]
+                (g(linear(ctx, B, qr, heads_tp * dqk, **up_rec)), True)]
     else:
-        seq.append((g(linear(ctx, B, h, heads_tp * dqk, **full, **shared_input)), True))
+        seq.append((g(linear(ctx, B, h, heads_tp * dqk, **up_rec, **shared_input)), True))
     seq += [
         (g(linear(ctx, B, h, kvr + rope, **full, **shared_input)), True),
         (rms_norm(ctx, B * kvr, kvr, x.fused_norm, **full), True),
-        (g(linear(ctx, B, kvr, heads_tp * (a.qk_nope_head_dim + dv), **full)), True),
-        (rotary(ctx, B * (heads_tp * rope + rope), **attn), True),
+        (g(linear(ctx, B, kvr, heads_tp * (a.qk_nope_head_dim + dv), **up_rec)), True),
+        (rotary(ctx, B * (heads_tp * rope + rope), recompute=attn["recompute"] | up,
+                stored=kept_qkv), True),
     ]
     core, kept = x.core, ~x.recompute_attn
     core_layers = [
@@ -285,7 +295,7 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
         (softmax(ctx, heads_tp * sq * s * mbs, x.impl, True, **attn, out_stored=kept), core),
         (batched_matmul(ctx, mbs * heads_tp, sq, s, dv, **full), core),
         (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, x.impl, sk=x.span, dv=dv,
-                         kv_v=heads_tp * dv, **full), x.flash),
+                         kv_v=heads_tp * dv, **full, stored=kept_qkv), x.flash),
     ]
     seq += core_layers
     seq += [

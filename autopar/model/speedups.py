@@ -52,7 +52,8 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "weight_sharding", "fp32_grads",
                  "expert_par", "expert_tensor_par", "expert_par_net",
                  "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
-                 "optimizer", "adapter", "adapter_rank", "adapter_targets", "attention_span")
+                 "optimizer", "adapter", "adapter_rank", "adapter_targets", "attention_span",
+                 "recompute_moe_act", "recompute_mla_up_proj")
 # Per-block sums the memory footprints need (``memory.footprints``, with
 # the shard divisions of ``BlockCache.rows``): evaluate_columns gathers
 # them for every row, the others only for the rows that fit in memory.

@@ -102,6 +102,19 @@ def _r_fp32grads(c, s):
     return _TF, None
 
 
+def _r_recompute_moe_act(c, s):
+    if not (c.training and c.experts) or s["activation_recompute"] == "full":
+        return (False,), "needs training, experts and activation_recompute other than full"
+    return _TF, None
+
+
+def _r_recompute_up_proj(c, s):
+    if not (c.training and c.mla) or s["activation_recompute"] == "full":
+        return (False,), "needs training, latent attention (mla) and activation_recompute " \
+            "other than full"
+    return _TF, None
+
+
 def _r_fp8(c, s):
     if c.datatype not in ("bfloat16", "float16"):
         return ("none",), "needs datatype bfloat16 or float16"
@@ -464,6 +477,8 @@ RULES: tuple[Rule, ...] = (
     Rule("bf16_last_blocks", (), _r_bf16_blocks, "0 up to num_blocks"),
     Rule("fp32_grads", (), _r_fp32grads, ""),
     Rule("param_gather_overlap", ("optimizer_sharding", "weight_sharding"), _r_pgo, ""),
+    Rule("recompute_moe_act", ("activation_recompute",), _r_recompute_moe_act, ""),
+    Rule("recompute_mla_up_proj", ("activation_recompute",), _r_recompute_up_proj, ""),
     Rule("expert_par_net", ("expert_par",), _r_net("expert_par"), "network tier"),
     Rule("expert_tensor_par_net", ("expert_tensor_par",), _r_net("expert_tensor_par"),
           "network tier"),

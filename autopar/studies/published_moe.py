@@ -113,7 +113,7 @@ def with_moe_host_op_time(system_, seconds: float | None = None):
         t, moe_host_op_s=s, moe_block_s=0.0))
 
 
-def _expert_fields(system_, *, tp: int, ep: int, etp: int = 1,
+def expert_fields(system_, *, tp: int, ep: int, etp: int = 1,
                    dispatcher: str = "alltoall") -> dict:
     """Execution fields of expert parallelism: EP ranks follow the tensor
     ranks in Megatron's order, so the EP group spans tp * ep consecutive
@@ -147,7 +147,7 @@ def simumax_moe(row) -> "P.PublishedCase | P.Skip":
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                               dist_opt=True, dp_overlap=False, cp_comm="a2a")
     P.te_gathers_again(ex)
-    ex.update(_expert_fields(sy, tp=tp, ep=ep))
+    ex.update(expert_fields(sy, tp=tp, ep=ep))
     step = float(row.real_step_ms) / 1e3
     tok = gbs * m.seq_size / step / n
     return P.PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok,
@@ -221,6 +221,6 @@ def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
                               dist_opt=True, dp_overlap=True, fp8=recipe, fp32_grads=False)
     P.te_gathers_again(ex)
     # The recipes' "flex" dispatcher with the HybridEP backend (DeepEP-style).
-    ex.update(_expert_fields(sy, tp=tp, ep=ep, dispatcher="deepep"))
+    ex.update(expert_fields(sy, tp=tp, ep=ep, dispatcher="deepep"))
     tok = float(row.tokens_per_sec_per_gpu)
     return P.PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)

@@ -22,15 +22,19 @@ from autopar.io.layouts import BOOL_FIELDS, CHOICES, EXT_DEFAULTS
 # torchtitan/components/optimizer.py; its later DistMuon is configured in
 # Python; DeepSpeed widens this to Muon and Adafactor: deepspeed.py), the
 # fine-tuning adapters (neither has LoRA in its config) and their rank and
-# targets, and the recipes' BF16 blocks.  A layout with another value is
+# targets, the recipes' BF16 blocks, and Megatron-Core's output-discarding
+# recompute of the experts' activation and MLA's up projections
+# (``recompute_moe_act``, ``recompute_mla_up_proj``).  A layout with another value is
 # refused in one line; a config read back states these defaults.
 # ``sequence_fill`` (the real tokens of padded sequences) is the data's, not
 # the config's: not written (a format's ``UNSTATED``).
 RECIPE_DEFAULTS = {f: EXT_DEFAULTS[f] for f in ("optimizer", "adapter", "adapter_rank",
                                                 "adapter_targets", "bf16_first_blocks",
-                                                "bf16_last_blocks")}
+                                                "bf16_last_blocks", "recompute_moe_act",
+                                                "recompute_mla_up_proj")}
 RECIPE_EXPRESSIBLE = {"optimizer": ("adam",), "adapter": ("none",),
-                      "bf16_first_blocks": (0,), "bf16_last_blocks": (0,)}
+                      "bf16_first_blocks": (0,), "bf16_last_blocks": (0,),
+                      "recompute_moe_act": (False,), "recompute_mla_up_proj": (False,)}
 
 
 def space_values(space, field: str):

@@ -375,14 +375,18 @@ def settings(model, ex: Mapping) -> dict:
     s["model.sequence_parallel"] = ex["tensor_par_comm_type"] == "rs_ag" and tp > 1
     s["model.tp_comm_overlap"] = ex["tensor_par_overlap"] == "ring"
     rec = ex["activation_recompute"]
+    # Megatron-Core's output-discarding modules beside the selective choice
+    discard = [m for m, f in (("moe_act", "recompute_moe_act"),
+                              ("mla_up_proj", "recompute_mla_up_proj")) if _get(ex, f)]
     if rec == "full":
         k = _get(ex, "recompute_layers")
         s["model.recompute_granularity"] = "full"
         s["model.recompute_method"] = "block" if k else "uniform"
         s["model.recompute_num_layers"] = k if k else 1
-    elif rec in ("attn_only", "mlp_only"):
+    elif rec in ("attn_only", "mlp_only") or discard:
         s["model.recompute_granularity"] = "selective"
-        s["model.recompute_modules"] = ["core_attn" if rec == "attn_only" else "mlp"]
+        s["model.recompute_modules"] = ([] if rec == "none" else
+                                        ["core_attn" if rec == "attn_only" else "mlp"]) + discard
     else:
         s["model.recompute_granularity"] = None
     # data-parallel sharding: none, ZeRO-1 (the distributed optimizer),
@@ -592,7 +596,7 @@ class Reader:
         return [x for x in re.split(r"[\s,\[\]'\"]+", str(raw)) if x]
 
 
-def _unroll(layout: str) -> str:
+def unroll_layout(layout: str) -> str:
     """Megatron's layout shorthand ``(ab|)*n`` and ``x*n`` written out."""
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
         layout = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), layout)
@@ -602,7 +606,7 @@ def _unroll(layout: str) -> str:
 def _read_layout(r: Reader, key: str, pp: int, num_blocks: int | None) -> dict:
     """A ``pipeline_model_parallel_layout`` -> autopar's balanced split fields,
     or a one-line error where it is not one autopar can represent."""
-    text = _unroll(str(r.v[key]))
+    text = unroll_layout(str(r.v[key]))
     stages = text.split("|")
     if not pp or len(stages) % pp:
         r.fail(key, f"has {len(stages)} stages, not a multiple of the pipeline size {pp}")
@@ -781,18 +785,28 @@ def _read_recompute(r: Reader, ex: dict, d: bool) -> None:
         if d or r.has("model.recompute_granularity"):
             ex["activation_recompute"] = "none"
             ex["recompute_layers"] = 0
+            ex["recompute_moe_act"] = ex["recompute_mla_up_proj"] = False
         return
     if gran == "selective":
-        mods = r.list("model.recompute_modules") or ["core_attn"]
-        if mods == ["core_attn"]:
+        mods = r.list("model.recompute_modules")
+        mods = ["core_attn"] if mods is None else mods
+        # output-discarding modules: autopar.io.layouts recompute_moe_act /
+        # recompute_mla_up_proj
+        ex["recompute_moe_act"] = "moe_act" in mods
+        ex["recompute_mla_up_proj"] = "mla_up_proj" in mods
+        rest = [m for m in mods if m not in ("moe_act", "mla_up_proj")]
+        if rest == ["core_attn"]:
             ex["activation_recompute"] = "attn_only"
-        elif mods == ["mlp"]:
+        elif rest == ["mlp"]:
             ex["activation_recompute"] = "mlp_only"
+        elif rest == []:
+            ex["activation_recompute"] = "none"
         else:
-            r.fail("model.recompute_modules", f"autopar models core_attn or mlp alone, "
-                   f"got {' '.join(mods)}")
+            r.fail("model.recompute_modules", f"autopar models core_attn or mlp alone (with "
+                   f"moe_act, mla_up_proj), got {' '.join(mods)}")
         ex["recompute_layers"] = 0
         return
+    ex["recompute_moe_act"] = ex["recompute_mla_up_proj"] = False
     method = r.choice("model.recompute_method", ("uniform", "block"), None)
     k = r.int("model.recompute_num_layers", None)
     if method is None:

@@ -1,0 +1,290 @@
+"""Megatron-Bridge's MoE performance recipes as autopar layouts: do they fit?
+
+``autopar/data/recipes/bridge_moe.csv`` (written by
+benchmarks/write_recipe_table_moe.py from ``NVIDIA-NeMo/Megatron-Bridge@067f987``
+``src/megatron/bridge/perf_recipes/<family>/<gpu>/*.py``) holds one row per
+recipe function: a layout NVIDIA ran as a benchmark, so it fits its GPUs.
+``recipe_case(row)`` turns a row into a ``published_base.PublishedCase``
+(``measured`` empty: feasibility only) under frameworks/megatron-bridge.json,
+or a ``published_base.Skip`` that says what autopar cannot express.
+
+What a recipe sets and autopar counts:
+
+* tensor / pipeline / virtual / context / expert / expert-tensor parallel
+  sizes, micro and global batch, sequence, sequence parallelism, the
+  precision (``fp8_cs`` -> ``tensorwise``, ``fp8_mx`` -> ``mxfp8``, ``fp8_sc``
+  (blockwise 1x128) -> ``rowwise``, ``nvfp4``; BF16 first/last blocks where
+  the recipe keeps them), gradients reduced in the working precision
+  (``ddp.grad_reduce_in_fp32``), the overlapped gradient reduce,
+  the distributed optimizer, Adam or Muon (``dist_muon``: layer-wise
+  sharded over the data-parallel ranks), ``moe_a2a_overlap``
+  (``comm_overlap.overlap_moe_expert_parallel_comm``) as ``moe_overlap``, the
+  flex dispatcher (DeepEP / HybridEP) as ``deepep``, the model's MTP layers
+  (``mtp_num_layers``), the pipeline layout (``pipeline_layout_fields``).
+* recompute: ``full`` (uniform: every block), selective ``core_attn`` ->
+  ``attn_only``, ``mlp`` -> ``mlp_only``, ``moe_act`` and ``mla_up_proj``
+  -> ``recompute_moe_act`` / ``recompute_mla_up_proj``; Megatron-Core's other
+  selective modules (``layernorm``, ``moe``, ``shared_experts``) are not
+  autopar choices and are dropped: their activations are counted as saved
+  (more memory than the run needs).
+* Not counted (the layout is predicted without them; the docs say which
+  rows they touch): CUDA graphs, fine-grained activation offloading (its
+  activations counted on the GPU), paged stashing / expert capacity padding
+  for CUDA graphs, fp8 primary weights / fp8 parameter gather.
+
+Skipped: models without a file in ``models/``, Megatron FSDP (with expert
+parallelism autopar does not model it: the same skip as the Bridge Qwen3
+table), and layouts whose pipeline split autopar cannot build.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from autopar.io.errors import SpecError
+from autopar.io.launch.mcore import unroll_layout
+from autopar.model.pipeline import stage_split
+from autopar.studies import published_base as P
+from autopar.studies.published_moe import expert_fields
+
+CSV = Path(__file__).resolve().parent.parent / "data" / "recipes" / "bridge_moe.csv"
+FRAMEWORK = "megatron-bridge"
+# The recipes' GPU folders -> autopar's datasheet system files (vr200: none).
+RECIPE_SYSTEMS = {"h100": "h100_80g_nvl8", "b200": "b200_nvl8", "b300": "b300_nvl8",
+                  "gb200": "gb200_nvl72", "gb300": "gb300_nvl72"}
+# The recipes' precision (perf_recipes/_common.py ``_perf_precision``) ->
+# autopar's fp8_recipe.
+# (per-tensor delayed scaling is autopar's tensorwise too: autopar.io.layouts)
+RECIPE_FP8 = {"bf16": "none", "fp8_cs": "tensorwise", "fp8_ds": "tensorwise", "fp8_mx": "mxfp8",
+              "fp8_sc": "rowwise", "nvfp4": "nvfp4"}
+# The columns shared with the dense recipe table.
+COLUMNS = ("recipe", "family", "model", "gpu", "precision", "n_gpus", "tp", "pp", "cp", "vp",
+           "ep", "etp", "mbs", "gbs", "seq", "sp", "recompute_granularity", "recompute_modules",
+           "recompute_num_layers", "recompute_method", "offload", "cuda_graph", "dispatcher",
+           "extra", "source")
+# Megatron-Core's selective recompute modules autopar has a choice for.
+RECOMPUTE_CHOICE = {("core_attn",): "attn_only", ("mlp",): "mlp_only"}
+
+
+def read_recipes(path: Path | str = CSV) -> pd.DataFrame:
+    """The recipe table (``SpecError`` naming the file where it is missing or
+    not a CSV with the shared columns)."""
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise SpecError(str(path), "(file)", "no such file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise SpecError(str(path), missing[0], "missing column")
+    return frame
+
+
+def cases(path: Path | str = CSV) -> list[tuple[str, "P.PublishedCase | P.Skip"]]:
+    """Every recipe of the table as (recipe, case or skip), each execution
+    checked as a user's file is."""
+    from autopar.io.specs import load_execution
+
+    out = []
+    for i, row in read_recipes(path).iterrows():
+        c = recipe_case(row)
+        if isinstance(c, P.PublishedCase):
+            ex = load_execution(c.execution, system=c.system, model=c.model,
+                                source=f"{Path(path).name} row {i}")
+            c = P.PublishedCase(c.model, c.system, ex, c.measured, c.label)
+        out.append((row["recipe"], c))
+    return out
+
+
+def extra(row) -> dict:
+    """The ``extra`` column as a dict of strings."""
+    s = row["extra"] if isinstance(row["extra"], str) else ""
+    out = {}
+    for kv in s.split(";"):
+        if "=" in kv:
+            k, v = kv.split("=", 1)
+            out[k] = v
+    return out
+
+
+def _flag(v: str | None) -> bool:
+    return str(v).lower() == "true"
+
+
+def _int(v, default=None):
+    x = P.int_or_none(v)
+    return default if x is None else x
+
+
+def parse_layout(text: str) -> list[str]:
+    """A Megatron ``pipeline_model_parallel_layout`` string as its virtual
+    stages (``E`` embedding, ``t`` decoder block, ``m`` MTP, ``L`` loss,
+    ``|`` between stages; the repeats written out by
+    ``autopar.io.launch.mcore.unroll_layout``)."""
+    return unroll_layout(text).split("|")
+
+
+def recipe_stage_blocks(stages: list[str], pp: int) -> list[int]:
+    """Decoder blocks of each of the ``pp`` stages (virtual stage k on stage
+    k % pp, Megatron's interleaved order)."""
+    per = [0] * pp
+    for k, st in enumerate(stages):
+        per[k % pp] += st.count("t")
+    return per
+
+
+def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int,
+                           first: int | None = None, last: int | None = None,
+                           emb: bool = False, loss: bool = False) -> dict | str:
+    """autopar's split fields (``autopar.io.layouts.SPLIT_FIELDS``) that build
+    the recipe's blocks per stage, or the reason none does.  A layout string
+    is matched by its blocks per stage (autopar.model.pipeline.stage_split):
+    even, balanced, with or without the embedding / loss counted."""
+    if pp <= 1:
+        return {}
+    if layout is None:
+        if first or last:
+            return {"first_stage_blocks": first or 0, "last_stage_blocks": last or 0}
+        if emb or loss:
+            return {"embedding_in_split": emb, "loss_in_split": loss}
+        return {}
+    stages = parse_layout(layout)
+    if len(stages) != pp * vp:
+        # (Megatron-Core@2a75ac1 transformer_config.py __post_init__ asserts
+        # the virtual size the layout implies is the one set)
+        return (f"pipeline layout of {len(stages)} virtual stages beside pipeline {pp} x "
+                f"virtual {vp}: Megatron-Core refuses the two together")
+    want = recipe_stage_blocks(stages, pp)
+    if sum(want) != num_blocks:
+        return f"pipeline layout of {sum(want)} blocks for a model of {num_blocks}"
+    ceil = -(-num_blocks // pp)
+    if want[:-1] == [ceil] * (pp - 1) and num_blocks % pp:
+        # Calculon's split (autopar's default): ceil(blocks / pp) a stage,
+        # the last stage lacking the rest
+        return {}
+    for balanced in (False, True):
+        for e in (False, True):
+            for lo in (False, True):
+                got = stage_split(num_blocks, pp, vp, 0, 0, e, lo, balanced)
+                if got == want:
+                    f = {"embedding_in_split": e, "loss_in_split": lo}
+                    if balanced:
+                        f["pipeline_layout"] = "balanced"
+                    return f
+    for a in range(1, num_blocks):
+        for b in range(1, num_blocks - a + 1):
+            if stage_split(num_blocks, pp, vp, a, b, False, False, False) == want:
+                return {"first_stage_blocks": a, "last_stage_blocks": b}
+    return f"pipeline layout {layout!r} (blocks per stage {want}) is no split autopar builds"
+
+
+def recipe_case(row) -> "P.PublishedCase | P.Skip":
+    label = str(row["recipe"])
+    name = str(row["model"])
+    if not (P.MODELS / f"{name}.json").is_file():
+        return P.Skip(f"no model file for {name}", label)
+    gpu = str(row["gpu"])
+    sys_name = RECIPE_SYSTEMS.get(gpu)
+    if sys_name is None:
+        return P.Skip(f"no system file for {gpu}", label)
+    x = extra(row)
+    if _flag(x.get("ddp.use_megatron_fsdp")):
+        return P.Skip("FSDP with expert parallelism is not modelled", label)
+    precision = str(row["precision"])
+    fp8 = RECIPE_FP8.get(precision)
+    if fp8 is None:
+        return P.Skip(f"precision {precision} is no autopar recipe", label)
+    sy = P.system(sys_name, FRAMEWORK)
+    seq = _int(row["seq"], 4096)
+    changes = {"seq_size": seq}
+    base = P.model(name)
+    if "mtp_num_layers" in x and base.mtp is not None:
+        changes["mtp"] = _int(x["mtp_num_layers"], 0)
+    if "vocab_size" in x:
+        # the recipe's own vocabulary (gpt-oss 20B's perf recipes: 128256)
+        changes["vocab_size"] = _int(x["vocab_size"])
+    m = P.model(name, **changes)
+    n = _int(row["n_gpus"])
+    tp, pp, cp = _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1)
+    vp = _int(row["vp"], 1)
+    layout = x.get("pipeline_model_parallel_layout")
+    if layout and pp > 1 and not row["vp"] and len(parse_layout(layout)) % pp == 0:
+        # A layout sets the virtual stages where the recipe does not
+        # (Megatron-Core@2a75ac1 transformer_config.py ``__post_init__``:
+        # virtual_pipeline_model_parallel_size from the layout; a different
+        # one set beside it fails its assertion)
+        vp = len(parse_layout(layout)) // pp
+    ep, etp = _int(row["ep"], 1), _int(row["etp"], 1)
+    mbs, gbs = _int(row["mbs"], 1), _int(row["gbs"])
+    if n is None or gbs is None or n % (tp * pp * cp):
+        return P.Skip(f"{n} GPUs are no multiple of tp x pp x cp = {tp * pp * cp}", label)
+    dp = n // (tp * pp * cp)
+    if (tp * dp * cp) % (ep * etp):
+        # (NVIDIA/Megatron-LM@2a75ac1 megatron/core/parallel_state.py
+        # initialize_model_parallel: the world must divide by
+        # expert_tensor x expert x pipeline)
+        return P.Skip(f"expert parallel {ep} x expert tensor {etp} x pipeline {pp} does not "
+                      f"divide the {n} GPUs of the recipe's name: Megatron-Core cannot build "
+                      f"it on them (parallel_state.initialize_model_parallel)", label)
+    sp = _flag(row["sp"]) if row["sp"] else tp > 1
+    # recompute
+    gran = str(row["recompute_granularity"] or "")
+    mods = str(row["recompute_modules"] or "")
+    recompute, discard = "none", {}
+    if gran == "full":
+        if str(row["recompute_method"]) == "block" and _int(row["recompute_num_layers"]):
+            return P.Skip("full recompute of some blocks (block method) not mapped", label)
+        recompute = "full"
+    elif gran == "selective":
+        mod_list = ["core_attn"] if mods == "" else ([] if mods == "none" else mods.split(";"))
+        kept = tuple(sorted(mm for mm in mod_list if mm in ("core_attn", "mlp")))
+        if kept:
+            recompute = RECOMPUTE_CHOICE.get(kept)
+            if recompute is None:
+                return P.Skip(f"selective recompute of {' and '.join(kept)} together", label)
+        discard = {f"recompute_{mm}": True for mm in ("moe_act", "mla_up_proj") if mm in mod_list}
+    ddp_fp32 = x.get("ddp.grad_reduce_in_fp32")
+    fp32_grads = _flag(ddp_fp32) if ddp_fp32 is not None else None
+    dist_opt = not (x.get("ddp.use_distributed_optimizer") == "false")
+    dp_overlap = x.get("ddp.overlap_grad_reduce") != "false"
+    cp_comm = x.get("cp_comm_type", "p2p")      # Megatron-Core's default: p2p
+    if cp > 1 and cp_comm not in ("p2p", "a2a"):
+        return P.Skip(f"context parallel communication {cp_comm} is not modelled", label)
+    ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
+                              cp_comm=cp_comm if cp > 1 else "p2p",
+                              recompute=recompute, sp=sp, dist_opt=dist_opt,
+                              dp_overlap=dp_overlap, fp8=fp8, fp32_grads=fp32_grads)
+    P.te_gathers_again(ex)
+    ex.update(discard)
+    disp = str(row["dispatcher"] or "alltoall")
+    dispatcher = "deepep" if disp.startswith("flex") else disp
+    ex.update(expert_fields(sy, tp=tp, ep=ep, etp=etp, dispatcher=dispatcher))
+    ex["moe_overlap"] = _flag(x.get("overlap.overlap_moe_expert_parallel_comm")) and ep * etp > 1
+    opt = x.get("opt.optimizer", "adam")
+    if opt.endswith("muon"):
+        ex["optimizer"] = "muon"
+    if opt.startswith("dist_") and dp * cp > 1:
+        # "dist_muon" is Muon under Megatron-Core's layer-wise distributed
+        # optimizer (NVIDIA/Megatron-LM@2a75ac1, Bridge's pin,
+        # megatron/core/optimizer/__init__.py: "dist_*" -> the bare name with
+        # use_layer_wise_distributed_optimizer; layer_wise_optimizer.py
+        # LayerWiseDistributedOptimizer: each data-parallel rank keeps the
+        # state of its share of the layers) whatever ddp.use_distributed_optimizer
+        # says: the state sharded over the data-parallel ranks, the
+        # gradients whole.
+        ex.update(optimizer_sharding=True, unsharded_grads=True)
+    if fp8 != "none" and _flag(x.get("mp.first_last_layers_bf16")):
+        ex["bf16_first_blocks"] = _int(x.get("mp.num_layers_at_start_in_bf16"), 0)
+        ex["bf16_last_blocks"] = _int(x.get("mp.num_layers_at_end_in_bf16"), 0)
+    split = pipeline_layout_fields(
+        layout, m.num_blocks, pp, vp,
+        _int(x.get("num_layers_in_first_pipeline_stage")),
+        _int(x.get("num_layers_in_last_pipeline_stage")),
+        _flag(x.get("account_for_embedding_in_pipeline_split")),
+        _flag(x.get("account_for_loss_in_pipeline_split")))
+    if isinstance(split, str):
+        return P.Skip(split, label)
+    ex.update(split)
+    return P.PublishedCase(m, sy, ex, {}, label)
