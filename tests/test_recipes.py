@@ -47,7 +47,14 @@ def table():
 
 @pytest.fixture(scope="module")
 def rows():
+    """Both tables' recipes, as ``autopar validate recipes`` predicts them."""
     return R.predict()
+
+
+@pytest.fixture(scope="module")
+def dense_rows():
+    """The dense table's recipes alone (its MoE rows included)."""
+    return R.predict(paths=R.CSV)
 
 
 def test_the_table_parses_and_names_real_models_and_systems(table):
@@ -83,7 +90,8 @@ def test_every_dense_recipe_is_predicted_or_skipped_with_a_reason(rows):
     assert pred.peak_gib.notna().all() and (pred.capacity_gib > 0).all()
 
 
-def test_the_count_that_fits_is_held_and_the_rest_are_the_known_ones(rows):
+def test_the_count_that_fits_is_held_and_the_rest_are_the_known_ones(dense_rows):
+    rows = dense_rows
     pred = rows[rows.status == "predicted"]
     fits = pred[pred.fits.astype(bool)]
     assert len(fits) >= DENSE_FITS
@@ -97,15 +105,18 @@ def test_the_count_that_fits_is_held_and_the_rest_are_the_known_ones(rows):
     assert R.summary_line(rows).startswith(f"{len(fits)} of {len(rows)} recipes predicted to fit")
 
 
-def test_moe_rows_go_to_the_moe_helper(table):
+def test_moe_rows_go_to_the_moe_helper(table, rows):
+    """The dense table's MoE rows (Nemotron 3) and the MoE table's rows are
+    predicted by ``recipes_moe.recipe_case``; ``validate recipes`` reads
+    both tables."""
+    from autopar.studies import recipes_moe
     moe = table[table.apply(R.is_moe, axis=1)]
     assert len(moe) == 39
-    try:
-        import autopar.studies.recipes_moe  # noqa: F401
-    except ImportError:
-        for _, r in moe.iterrows():
-            c = R.recipe_case(r)
-            assert isinstance(c, P.Skip) and "recipes_moe" in c.reason
+    for _, r in moe.iterrows():
+        assert R.recipe_case(r) == recipes_moe.recipe_case(r)
+    n_moe = len(R.read(R.CSVS[1]))
+    assert len(rows) == len(table) + n_moe
+    assert set(rows[rows.model.isin(R.DENSE_MODELS)].recipe) <= set(table.recipe)
 
 
 def test_one_row_by_hand_against_its_recipe_function(table):

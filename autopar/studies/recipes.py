@@ -62,16 +62,10 @@ import pandas as pd
 from autopar.io.errors import SpecError
 from autopar.io.specs import FP8_MATRIX, load_execution
 from autopar.studies import published_base as P
+from autopar.studies import recipes_moe
+from autopar.studies.recipe_table import (CSV, CSVS, FP8, FRAMEWORK, SELECTIVE,  # noqa: F401
+                                          SYSTEMS, extra, int_cell, read)
 
-CSV = Path(__file__).resolve().parent.parent / "data" / "recipes" / "bridge_dense.csv"
-FRAMEWORK = "megatron-bridge"
-# Megatron-Bridge GPU folder -> autopar system file.
-SYSTEMS = {"h100": "h100_80g_nvl8", "b200": "b200_nvl8", "b300": "b300_nvl8",
-           "gb200": "gb200_nvl72", "gb300": "gb300_nvl72"}
-FP8 = {"bf16": "none", "fp8_cs": "tensorwise", "fp8_ds": "tensorwise", "fp8_mx": "mxfp8",
-       "nvfp4": "nvfp4"}
-# Megatron-Core's selective recompute modules autopar expresses.
-SELECTIVE = {("core_attn",): "attn_only", ("mlp",): "mlp_only"}
 # The dense and hybrid models of autopar's models/ the recipes name.
 DENSE_MODELS = ("llama3-8B", "llama3-70B", "llama3-405B", "nemotron-h-8B", "nemotron-h-47B",
                 "nemotron-h-56B")
@@ -84,34 +78,6 @@ LORA_DIM = 32
 # linear_proj, linear_fc1, linear_fc2).
 LORA_TARGETS = {"": "all", "linear_qkv": "qkv",
                 "linear_qkv;linear_proj;linear_fc1;linear_fc2": "all"}
-
-
-def read(path: Path | str = CSV) -> pd.DataFrame:
-    """The recipe table, every column as text (empty: not set by the recipe)."""
-    try:
-        return pd.read_csv(path, dtype=str, keep_default_na=False)
-    except FileNotFoundError:
-        raise SpecError(str(path), "(file)", "no such file (benchmarks/write_recipe_table.py "
-                        "writes it)") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
-
-
-def extra(row) -> dict:
-    """The row's ``extra`` column as {key: text}."""
-    out = {}
-    for part in str(row["extra"]).split(";"):
-        if "=" in part:
-            k, v = part.split("=", 1)
-            out[k] = v
-    return out
-
-
-def _int(v, default=None):
-    v = str(v).strip()
-    if v in ("", "None", "nan"):
-        return default
-    return int(float(v))
 
 
 def _true(v) -> bool:
@@ -168,10 +134,6 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     """One recipe row as a case to predict (feasibility only) or a Skip."""
     lab = label(row)
     if is_moe(row):
-        try:
-            from autopar.studies import recipes_moe
-        except ImportError:
-            return P.Skip("MoE recipe rows: autopar/studies/recipes_moe.py", lab)
         return recipes_moe.recipe_case(row)
     sys_name = SYSTEMS.get(str(row["gpu"]))
     if sys_name is None:
@@ -186,7 +148,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if gran == "full":
         recompute = "full"
         if str(row["recompute_method"]) == "block":
-            layers = _int(row["recompute_num_layers"], 0)
+            layers = int_cell(row["recompute_num_layers"], 0)
     elif gran == "selective":
         key = tuple(m for m in mods.split(";") if m) or ("core_attn",)
         if key not in SELECTIVE:
@@ -200,15 +162,15 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if layout and layout != "None":
         return P.Skip(f"pipeline_model_parallel_layout {layout}: not a split autopar "
                       "expresses (even, balanced, first/last stage counts)", lab)
-    n, tp, pp, cp = (_int(row["n_gpus"]), _int(row["tp"], 1), _int(row["pp"], 1),
-                     _int(row["cp"], 1))
-    vp = _int(row["vp"], 1)
+    n, tp, pp, cp = (int_cell(row["n_gpus"]), int_cell(row["tp"], 1), int_cell(row["pp"], 1),
+                     int_cell(row["cp"], 1))
+    vp = int_cell(row["vp"], 1)
     if vp > 1 and pp == 1:
         vp = 1
     if n % (tp * pp * cp):
         return P.Skip(f"{n} GPUs not divisible by tp*pp*cp = {tp * pp * cp}", lab)
     dp = n // (tp * pp * cp)
-    mbs, gbs, seq = _int(row["mbs"], 1), _int(row["gbs"]), _int(row["seq"])
+    mbs, gbs, seq = int_cell(row["mbs"], 1), int_cell(row["gbs"]), int_cell(row["seq"])
     if gbs % (dp * mbs):
         # Megatron refuses it (global batch = micro-batch x data_par x micro-batches).
         return P.Skip(f"global batch {gbs} not divisible by micro-batch {mbs} x data_par {dp} "
@@ -216,7 +178,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     m = P.model(str(row["model"]), seq_size=seq)
     if x.get("model_vocab") == "tokenizer":
         # No vocabulary preset by the model: the tokenizer's, padded.
-        vocab = _int(x.get("tokenizer.vocab_size"), m.vocab_size)
+        vocab = int_cell(x.get("tokenizer.vocab_size"), m.vocab_size)
         m = dataclasses.replace(m, vocab_size=padded_vocab(vocab, tp))
     sy = P.system(sys_name, FRAMEWORK)
     if primary_weights_off(row, FP8[precision]):
@@ -241,7 +203,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     P.te_gathers_again(ex)
     ex["recompute_layers"] = (stage_recompute_layers(layers, m.num_blocks, pp, vp)
                               if recompute == "full" else 0)
-    inst = _int(x.get("ddp.num_distributed_optimizer_instances"), 1)
+    inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
     if inst > 1:
         ex["sharding_group"] = dp * cp // inst
     ex["embedding_in_split"] = _true(x.get("model.account_for_embedding_in_pipeline_split")) \
@@ -252,7 +214,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         if targets not in LORA_TARGETS:
             return P.Skip(f"LoRA on {targets}", lab)
         ex.update(adapter="lora", adapter_targets=LORA_TARGETS[targets],
-                  adapter_rank=_int(x.get("peft.dim"), LORA_DIM))
+                  adapter_rank=int_cell(x.get("peft.dim"), LORA_DIM))
     return P.PublishedCase(m, sy, ex, {}, lab)
 
 
@@ -270,7 +232,7 @@ def mfu(stats: dict, system_, fp8_recipe: str) -> float:
 
 
 def predict(family: str | None = None, partial: bool = False,
-            path: Path | str = CSV) -> pd.DataFrame:
+            paths=CSVS) -> pd.DataFrame:
     """One row per recipe: status (predicted | skipped), reason, fits,
     predicted peak GiB per GPU and the system's capacity, tokens/s/GPU and
     MFU; with ``partial``: whether some completion of the fields the recipe
@@ -278,13 +240,16 @@ def predict(family: str | None = None, partial: bool = False,
     from autopar.model import evaluate_one
     from autopar.model.evaluate import reason_text
 
-    frame = read(path)
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    frames = [read(p).assign(_file=Path(p).name) for p in paths]
+    whole = pd.concat(frames, ignore_index=True)
+    frame = whole
     if family:
-        frame = frame[frame["family"] == family]
+        frame = whole[whole["family"] == family]
         if not len(frame):
             raise SpecError("command line", "--family",
                             f"no recipes of family {family!r} (one of: "
-                            f"{', '.join(sorted(read(path)['family'].unique()))})")
+                            f"{', '.join(sorted(whole['family'].unique()))})")
     recs = []
     for _, row in frame.iterrows():
         c = recipe_case(row)
@@ -294,7 +259,7 @@ def predict(family: str | None = None, partial: bool = False,
             recs.append({**base, "status": "skipped", "reason": c.reason})
             continue
         ex = load_execution(c.execution, system=c.system, model=c.model,
-                              source=f"{Path(path).name}: {c.label}")
+                              source=f"{row['_file']}: {c.label}")
         s = evaluate_one(c.model, c.system, ex)
         fits = bool(s["feasible"])
         tok = s["sample_rate"] * c.model.seq_size / ex["num_procs"] if fits else np.nan

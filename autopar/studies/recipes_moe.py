@@ -42,44 +42,24 @@ from pathlib import Path
 
 import pandas as pd
 
-from autopar.io.errors import SpecError
 from autopar.io.launch.mcore import unroll_layout
 from autopar.model.pipeline import stage_split
 from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
+from autopar.studies.recipe_table import (COLUMNS, FP8, RECIPES, SELECTIVE,  # noqa: F401
+                                          SYSTEMS, extra, int_cell, read)
 
-CSV = Path(__file__).resolve().parent.parent / "data" / "recipes" / "bridge_moe.csv"
+CSV = RECIPES / "bridge_moe.csv"
 FRAMEWORK = "megatron-bridge"
-# The recipes' GPU folders -> autopar's datasheet system files (vr200: none).
-RECIPE_SYSTEMS = {"h100": "h100_80g_nvl8", "b200": "b200_nvl8", "b300": "b300_nvl8",
-                  "gb200": "gb200_nvl72", "gb300": "gb300_nvl72"}
-# The recipes' precision (perf_recipes/_common.py ``_perf_precision``) ->
-# autopar's fp8_recipe.
-# (per-tensor delayed scaling is autopar's tensorwise too: autopar.io.layouts)
-RECIPE_FP8 = {"bf16": "none", "fp8_cs": "tensorwise", "fp8_ds": "tensorwise", "fp8_mx": "mxfp8",
-              "fp8_sc": "rowwise", "nvfp4": "nvfp4"}
-# The columns shared with the dense recipe table.
-COLUMNS = ("recipe", "family", "model", "gpu", "precision", "n_gpus", "tp", "pp", "cp", "vp",
-           "ep", "etp", "mbs", "gbs", "seq", "sp", "recompute_granularity", "recompute_modules",
-           "recompute_num_layers", "recompute_method", "offload", "cuda_graph", "dispatcher",
-           "extra", "source")
-# Megatron-Core's selective recompute modules autopar has a choice for.
-RECOMPUTE_CHOICE = {("core_attn",): "attn_only", ("mlp",): "mlp_only"}
+# The shared vocabulary of both recipe tables (autopar.studies.recipe_table): GPU
+# folders -> system files, precision -> fp8_recipe, the columns, Megatron-Core's
+# selective recompute modules autopar has a choice for.
+RECIPE_SYSTEMS, RECIPE_FP8, RECOMPUTE_CHOICE = SYSTEMS, FP8, SELECTIVE
 
 
 def read_recipes(path: Path | str = CSV) -> pd.DataFrame:
-    """The recipe table (``SpecError`` naming the file where it is missing or
-    not a CSV with the shared columns)."""
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except FileNotFoundError:
-        raise SpecError(str(path), "(file)", "no such file") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise SpecError(str(path), missing[0], "missing column")
-    return frame
+    """The MoE recipe table (``autopar.studies.recipe_table.read``)."""
+    return read(path)
 
 
 def cases(path: Path | str = CSV) -> list[tuple[str, "P.PublishedCase | P.Skip"]]:
@@ -98,24 +78,8 @@ def cases(path: Path | str = CSV) -> list[tuple[str, "P.PublishedCase | P.Skip"]
     return out
 
 
-def extra(row) -> dict:
-    """The ``extra`` column as a dict of strings."""
-    s = row["extra"] if isinstance(row["extra"], str) else ""
-    out = {}
-    for kv in s.split(";"):
-        if "=" in kv:
-            k, v = kv.split("=", 1)
-            out[k] = v
-    return out
-
-
 def _flag(v: str | None) -> bool:
     return str(v).lower() == "true"
-
-
-def _int(v, default=None):
-    x = P.int_or_none(v)
-    return default if x is None else x
 
 
 def parse_layout(text: str) -> list[str]:
@@ -197,18 +161,18 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if fp8 is None:
         return P.Skip(f"precision {precision} is no autopar recipe", label)
     sy = P.system(sys_name, FRAMEWORK)
-    seq = _int(row["seq"], 4096)
+    seq = int_cell(row["seq"], 4096)
     changes = {"seq_size": seq}
     base = P.model(name)
     if "mtp_num_layers" in x and base.mtp is not None:
-        changes["mtp"] = _int(x["mtp_num_layers"], 0)
+        changes["mtp"] = int_cell(x["mtp_num_layers"], 0)
     if "vocab_size" in x:
         # the recipe's own vocabulary (gpt-oss 20B's perf recipes: 128256)
-        changes["vocab_size"] = _int(x["vocab_size"])
+        changes["vocab_size"] = int_cell(x["vocab_size"])
     m = P.model(name, **changes)
-    n = _int(row["n_gpus"])
-    tp, pp, cp = _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1)
-    vp = _int(row["vp"], 1)
+    n = int_cell(row["n_gpus"])
+    tp, pp, cp = int_cell(row["tp"], 1), int_cell(row["pp"], 1), int_cell(row["cp"], 1)
+    vp = int_cell(row["vp"], 1)
     layout = x.get("pipeline_model_parallel_layout")
     if layout and pp > 1 and not row["vp"] and len(parse_layout(layout)) % pp == 0:
         # A layout sets the virtual stages where the recipe does not
@@ -216,8 +180,8 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # virtual_pipeline_model_parallel_size from the layout; a different
         # one set beside it fails its assertion)
         vp = len(parse_layout(layout)) // pp
-    ep, etp = _int(row["ep"], 1), _int(row["etp"], 1)
-    mbs, gbs = _int(row["mbs"], 1), _int(row["gbs"])
+    ep, etp = int_cell(row["ep"], 1), int_cell(row["etp"], 1)
+    mbs, gbs = int_cell(row["mbs"], 1), int_cell(row["gbs"])
     if n is None or gbs is None or n % (tp * pp * cp):
         return P.Skip(f"{n} GPUs are no multiple of tp x pp x cp = {tp * pp * cp}", label)
     dp = n // (tp * pp * cp)
@@ -234,7 +198,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     mods = str(row["recompute_modules"] or "")
     recompute, discard = "none", {}
     if gran == "full":
-        if str(row["recompute_method"]) == "block" and _int(row["recompute_num_layers"]):
+        if str(row["recompute_method"]) == "block" and int_cell(row["recompute_num_layers"]):
             return P.Skip("full recompute of some blocks (block method) not mapped", label)
         recompute = "full"
     elif gran == "selective":
@@ -276,12 +240,12 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # gradients whole.
         ex.update(optimizer_sharding=True, unsharded_grads=True)
     if fp8 != "none" and _flag(x.get("mp.first_last_layers_bf16")):
-        ex["bf16_first_blocks"] = _int(x.get("mp.num_layers_at_start_in_bf16"), 0)
-        ex["bf16_last_blocks"] = _int(x.get("mp.num_layers_at_end_in_bf16"), 0)
+        ex["bf16_first_blocks"] = int_cell(x.get("mp.num_layers_at_start_in_bf16"), 0)
+        ex["bf16_last_blocks"] = int_cell(x.get("mp.num_layers_at_end_in_bf16"), 0)
     split = pipeline_layout_fields(
         layout, m.num_blocks, pp, vp,
-        _int(x.get("num_layers_in_first_pipeline_stage")),
-        _int(x.get("num_layers_in_last_pipeline_stage")),
+        int_cell(x.get("num_layers_in_first_pipeline_stage")),
+        int_cell(x.get("num_layers_in_last_pipeline_stage")),
         _flag(x.get("account_for_embedding_in_pipeline_split")),
         _flag(x.get("account_for_loss_in_pipeline_split")))
     if isinstance(split, str):

@@ -1,0 +1,71 @@
+"""The shared vocabulary of the Megatron-Bridge performance-recipe tables
+(``autopar/data/recipes/*.csv``, written by ``benchmarks/write_recipe_table*.py``
+from NVIDIA-NeMo/Megatron-Bridge@067f987 ``src/megatron/bridge/perf_recipes``):
+where they are, their columns, how a GPU folder, a precision and a selective
+recompute module map to autopar, and how a row's cells read.  The dense rows
+are ``autopar.studies.recipes``'s, the MoE rows ``autopar.studies.recipes_moe``'s.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from autopar.io.errors import SpecError
+
+RECIPES = Path(__file__).resolve().parent.parent / "data" / "recipes"
+CSV = RECIPES / "bridge_dense.csv"
+# Every recipe table: the dense and hybrid recipes (``autopar.studies.recipes``)
+# and the MoE ones (``autopar.studies.recipes_moe``).
+CSVS = (CSV, RECIPES / "bridge_moe.csv")
+FRAMEWORK = "megatron-bridge"
+# The columns both recipe tables share (empty: not set by the recipe).
+COLUMNS = ("recipe", "family", "model", "gpu", "precision", "n_gpus", "tp", "pp", "cp", "vp",
+           "ep", "etp", "mbs", "gbs", "seq", "sp", "recompute_granularity", "recompute_modules",
+           "recompute_num_layers", "recompute_method", "offload", "cuda_graph", "dispatcher",
+           "extra", "source")
+# Megatron-Bridge GPU folder -> autopar system file.
+SYSTEMS = {"h100": "h100_80g_nvl8", "b200": "b200_nvl8", "b300": "b300_nvl8",
+           "gb200": "gb200_nvl72", "gb300": "gb300_nvl72"}
+# The recipes' precision (perf_recipes/_common.py ``_perf_precision``) ->
+# autopar's fp8_recipe (per-tensor delayed scaling is autopar's tensorwise
+# too; ``fp8_sc``, blockwise 1x128, its rowwise).
+FP8 = {"bf16": "none", "fp8_cs": "tensorwise", "fp8_ds": "tensorwise", "fp8_mx": "mxfp8",
+       "fp8_sc": "rowwise", "nvfp4": "nvfp4"}
+# Megatron-Core's selective recompute modules autopar expresses.
+SELECTIVE = {("core_attn",): "attn_only", ("mlp",): "mlp_only"}
+
+
+def read(path: Path | str = CSV) -> pd.DataFrame:
+    """A recipe table, every column as text (empty: not set by the recipe);
+    ``SpecError`` naming the file where it is missing or not a CSV with the
+    shared columns."""
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise SpecError(str(path), "(file)", "no such file (benchmarks/write_recipe_table*.py "
+                        "write them)") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise SpecError(str(path), "(file)", f"not a readable CSV: {e}") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise SpecError(str(path), missing[0], "missing column")
+    return frame
+
+
+def extra(row) -> dict:
+    """The row's ``extra`` column as {key: text}."""
+    out = {}
+    for part in str(row["extra"]).split(";"):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k] = v
+    return out
+
+
+def int_cell(v, default=None):
+    """A cell as an int (``default`` where it is empty, None or nan)."""
+    v = str(v).strip()
+    if v in ("", "None", "nan"):
+        return default
+    return int(float(v))
