@@ -21,7 +21,7 @@ MIRROR = Path("/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
 
 # What autopar reaches on the dense recipes (llama3, llama31, nemotronh_56b):
 # held, never lowered.
-DENSE_FITS = 94
+DENSE_FITS = 106
 # The dense recipes predicted NOT to fit, and why (docs/validation.md): the
 # code's layout of the Llama 3.1 405B 128/256-GPU recipes on B200 / GB200 is
 # TP 4, PP 16, CP 1 with 8 (or 4) virtual stages, whose interleaved warm-up
@@ -34,9 +34,18 @@ NOT_FITTING = {
     "llama31_405b_pretrain_128gpu_gb200_bf16_config": 207.7,
     "llama31_405b_pretrain_128gpu_gb200_fp8cs_config": 184.7,
     "llama31_405b_pretrain_256gpu_gb200_bf16_config": 188.4,
+    # CPU offloading of 40 of the 80 blocks at micro-batch 2 (fp8): the 40
+    # blocks TE keeps on the GPU hold 140 GiB of saved activations
+    # (docs/validation.md, "Partial CPU activation offloading").
+    "llama3_70b_pretrain_32gpu_gb200_fp8cs_config": 189.2,
 }
+# Recipes predicted to fit at an implausible MFU, and why: the Megatron-FSDP
+# weight gathers of Llama 3 70B over 8 B200 nodes are 31.7 s of the 42 s
+# step (weight_gather_exposed_time), a count outside CPU offloading (its
+# offload exposes nothing here); docs/validation.md.
+LOW_MFU = {"llama3_70b_pretrain_64gpu_b200_fp8cs_config"}
 # The dense recipes autopar cannot express, by reason (start of the Skip text).
-SKIPPED = {"offloading cpu_activations": 13, "pipeline_model_parallel_layout": 1,
+SKIPPED = {"pipeline_model_parallel_layout": 1,
            "global batch 192 not divisible": 2}
 
 
@@ -100,7 +109,8 @@ def test_the_count_that_fits_is_held_and_the_rest_are_the_known_ones(dense_rows)
     assert bad.reason.str.startswith("infeasible: mem tier1").all()
     # the ones that fit run at a plausible MFU (of the peak of the datatype
     # their GEMMs run in): 15% to 75%
-    assert fits.mfu.between(0.15, 0.75).all(), fits[~fits.mfu.between(0.15, 0.75)]
+    plausible = fits.mfu.between(0.15, 0.75)
+    assert set(fits[~plausible].recipe) == LOW_MFU, fits[~plausible]
     assert (fits.tokens_per_s_per_gpu > 0).all()
     assert R.summary_line(rows).startswith(f"{len(fits)} of {len(rows)} recipes predicted to fit")
 
@@ -200,9 +210,10 @@ def test_cli_prints_the_summary_and_refuses_an_unknown_family(tmp_path):
                           "--family", "llama3", "--output", str(tmp_path / "r.csv")],
                          capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    # every Llama 3 (8B, 70B) recipe autopar can express fits
+    # every Llama 3 (8B, 70B) recipe autopar can express fits but the one
+    # CPU-offloading recipe in NOT_FITTING
     assert out.stdout.strip().splitlines()[-1] == \
-        "67 of 77 recipes predicted to fit (67 predicted, 10 skipped)"
+        "75 of 77 recipes predicted to fit (76 predicted, 1 skipped)"
     assert (tmp_path / "r.csv").stat().st_size > 0
     bad = subprocess.run([sys.executable, "-m", "autopar.cli", "validate", "recipes",
                           "--family", "gpt9"], capture_output=True, text=True, env=env)
