@@ -148,3 +148,21 @@ def test_io_refuses_offloading_every_block_and_a_negative_count(tmp_path, capsys
 def test_the_model_flags_a_layout_it_is_given(n, kw, reason):
     s = evaluate_one(load_model(MODEL), load_system(SYSTEM), _execution(n, **kw))
     assert not s["feasible"] and REASONS[s["reason_code"]].startswith(reason)
+
+
+def test_bridge_table_searches_it_where_megatron_takes_it():
+    """``validate published --partial`` on the Qwen3 Bridge table: the pp 1
+    rows' completions gain every offloaded count of the 48 blocks with no
+    recompute (192 + 47 x 48), the pp 2 rows none (the rules refuse it
+    there); offloading only costs time here, so no best completion picks it
+    and the default completion is the one it was."""
+    from autopar.studies.published import TABLES, predict
+    table = TABLES["bridge_qwen3_moe"]
+    assert table.unstated["activation_offload_blocks"] is None
+    rows = predict(table, rank=False, partial=True)
+    pp2 = rows.label.str.contains(" pp2 ")
+    assert pp2.any() and (~pp2).any()
+    assert (rows[~pp2].completions == 192 + 47 * 48).all()
+    assert (rows[pp2].completions == 192).all()
+    assert rows.chosen.str.contains("activation_offload_blocks=0").all()
+    assert rows.feasible.all()
