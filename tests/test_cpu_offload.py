@@ -166,3 +166,19 @@ def test_bridge_table_searches_it_where_megatron_takes_it():
     assert (rows[pp2].completions == 192).all()
     assert rows.chosen.str.contains("activation_offload_blocks=0").all()
     assert rows.feasible.all()
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "deepspeed-zero3", "llm-foundry",
+                                       "hf-peft"])
+def test_a_framework_without_it_cuts_it_from_a_space(framework):
+    """A space that searches the field keeps only 0 under a framework whose
+    offloading is not TE's schedule (its ``options``); Megatron's keep it."""
+    from autopar.search.space import framework_space, load_space
+    base = load_space("small").to_dict()
+    base["fixed"].pop("activation_offload_blocks", None)
+    base["params"]["activation_offload_blocks"] = "derived"
+    space = load_space(base, source="mine.yaml")
+    assert space.allowed["activation_offload_blocks"].values is None
+    assert framework_space(space, framework).allowed["activation_offload_blocks"].values == (0,)
+    assert framework_space(space, "megatron-bridge").allowed["activation_offload_blocks"] \
+        == space.allowed["activation_offload_blocks"]
