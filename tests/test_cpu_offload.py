@@ -182,3 +182,18 @@ def test_a_framework_without_it_cuts_it_from_a_space(framework):
     assert framework_space(space, framework).allowed["activation_offload_blocks"].values == (0,)
     assert framework_space(space, "megatron-bridge").allowed["activation_offload_blocks"] \
         == space.allowed["activation_offload_blocks"]
+
+
+def test_ranking_does_not_recommend_offloading_for_nothing():
+    """Two layouts equally fast, the offloaded one with less tier-1 memory:
+    the one without offloading is recommended (offloading is a kind of
+    offloading for the tie-break before memory); alone, memory decides."""
+    import numpy as np
+    from autopar.search.ranking import order
+    cols = {"sample_rate": np.array([10.0, 10.0]),
+            "proc_mem_tier1_cap_req": np.array([50.0, 60.0]),
+            "activation_offload_blocks": np.array([8, 0]),
+            "pipeline_par": np.array([1, 1])}
+    assert order(cols).tolist() == [1, 0]
+    cols["activation_offload_blocks"] = np.array([0, 0])
+    assert order(cols).tolist() == [0, 1]
