@@ -30,6 +30,12 @@ it): ``recipe,family,model,gpu,precision,n_gpus,tp,pp,cp,vp,ep,etp,mbs,gbs,
 seq,sp,recompute_granularity,recompute_modules,recompute_num_layers,
 recompute_method,offload,cuda_graph,dispatcher,extra,source``;
 ``recompute_modules`` and ``extra`` are ``;``-separated (``extra``: ``k=v``).
+
+The ``model`` column: a Hugging Face id or provider class of ``MODELS``, a
+dense hybrid provider by its (layers, hidden) (``SHAPES``), Nemotron 3 Nano's
+MoE hybrid provider by its layer pattern, hidden and experts (``MOE_SHAPES``);
+a provider that names its own checkpoint (``hf_model_id``: Nemotron 3.5
+Lightning) by that id; else the call's name.
 """
 from __future__ import annotations
 
