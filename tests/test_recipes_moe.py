@@ -190,7 +190,7 @@ def test_nemotron_3_nano_recipes_fit_at_a_plausible_mfu():
     are predicted with models/nemotron3-nano-30B-A3B.json and fit; their MFU over
     the BF16 peak is in this table's 10-70% band, and over their GEMM datatype's
     peak the BF16 and FP8 ones are in the dense table's 15-75%.  The NVFP4 ones
-    are below 15% of the NVFP4 peak (4x BF16's): in this 2688-wide model the
+    are below 15% of the NVFP4 peak (4-6x BF16's): in this 2688-wide model the
     quantized GEMMs are a small share of the step (docs/validation.md)."""
     from autopar.studies import recipes as RD
     dense = RD.read()
