@@ -98,9 +98,12 @@ def test_the_count_that_fits_is_held_and_the_rest_are_the_known_ones(dense_rows)
     bad = pred[~pred.fits.astype(bool)]
     assert dict(zip(bad.recipe, bad.peak_gib.round(1))) == NOT_FITTING
     assert bad.reason.str.startswith("infeasible: mem tier1").all()
-    # the ones that fit run at a plausible MFU (of the peak of the datatype
-    # their GEMMs run in): 15% to 75%
-    assert fits.mfu.between(0.15, 0.75).all(), fits[~fits.mfu.between(0.15, 0.75)]
+    # the dense ones that fit run at a plausible MFU (of the peak of the
+    # datatype their GEMMs run in): 15% to 75% (this table's MoE rows, Nemotron
+    # 3 Nano, are held by tests/test_recipes_moe.py test_nemotron_3_nano_recipes)
+    dense = fits[fits.model.isin(R.DENSE_MODELS)]
+    assert len(dense) >= DENSE_FITS
+    assert dense.mfu.between(0.15, 0.75).all(), dense[~dense.mfu.between(0.15, 0.75)]
     assert (fits.tokens_per_s_per_gpu > 0).all()
     assert R.summary_line(rows).startswith(f"{len(fits)} of {len(rows)} recipes predicted to fit")
 
