@@ -30,6 +30,12 @@ it): ``recipe,family,model,gpu,precision,n_gpus,tp,pp,cp,vp,ep,etp,mbs,gbs,
 seq,sp,recompute_granularity,recompute_modules,recompute_num_layers,
 recompute_method,offload,cuda_graph,dispatcher,extra,source``;
 ``recompute_modules`` and ``extra`` are ``;``-separated (``extra``: ``k=v``).
+
+The ``model`` column: a Hugging Face id or provider class of ``MODELS``, a
+dense hybrid provider by its (layers, hidden) (``SHAPES``), Nemotron 3 Nano's
+MoE hybrid provider by its layer pattern, hidden and experts (``MOE_SHAPES``);
+a provider that names its own checkpoint (``hf_model_id``: Nemotron 3.5
+Lightning) by that id; else the call's name.
 """
 from __future__ import annotations
 
@@ -349,13 +355,29 @@ def text(v) -> str:
 
 # A model provider's (layers, hidden) -> autopar models/ name.
 SHAPES = {(118, 8192): "nemotron-h-56B", (98, 8192): "nemotron-h-47B", (52, 4096): "nemotron-h-8B"}
+# A hybrid MoE provider's (layer pattern, hidden, experts) -> autopar models/ name: Nemotron 3
+# Nano 30B-A3B, the provider recipes/nemotronh/h100/nemotron_3_nano.py
+# nemotron_3_nano_pretrain_8gpu_h100_bf16_config builds (tests/test_recipes_moe.py checks
+# its settings against models/nemotron3-nano-30B-A3B.json).
+MOE_SHAPES = {("MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 2688, 128):
+              "nemotron3-nano-30B-A3B"}
 
 
 def model_name(flat: dict) -> str:
     src = str(flat.get("model", ""))
     shape = (flat.get("model.num_layers"), flat.get("model.hidden_size"))
-    if src == "HybridModelProvider" and not flat.get("model.num_moe_experts") and shape in SHAPES:
+    if src == "HybridModelProvider" and flat.get("model.hf_model_id"):
+        # A provider that names its own checkpoint (Nemotron 3.5 Lightning: the Nano
+        # provider with MTP layers, nemotron_3_5_lightning_pretrain_config) is that model.
+        src = str(flat["model.hf_model_id"])
+    elif src == "HybridModelProvider" and not flat.get("model.num_moe_experts") \
+            and shape in SHAPES:
         return SHAPES[shape]
+    elif src == "HybridModelProvider" and not flat.get("model.mtp_num_layers"):
+        key = (flat.get("model.hybrid_layer_pattern"), flat.get("model.hidden_size"),
+               flat.get("model.num_moe_experts"))
+        if key in MOE_SHAPES:
+            return MOE_SHAPES[key]
     if src.startswith("hf:"):
         src = src[3:]
     for k, v in MODELS.items():

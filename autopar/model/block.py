@@ -403,6 +403,14 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> BlockSums
         add(acc.weight_space, L["weight_b"])
         if "unkept_b" in L:
             add(acc.weight_unkept, L["unkept_b"])
+        if "copy_b" in L:
+            add(acc.weight_copies, L["copy_b"])
+            if "unsent_b" in L:
+                add(acc.weight_unsent, L["unsent_b"])
+            if L["expert"]:
+                add(acc.x_weight_copies, L["copy_b"])
+                if "unsent_b" in L:
+                    add(acc.x_weight_unsent, L["unsent_b"])
         add(acc.act_working, L["act_b"], _rows_of(p & ~L["reused"]))
         add(acc.act_storage, L["act_b"])
         add(acc.act_storage, -L["out_b"], _rows_of(pt & ~L["out_stored"]))

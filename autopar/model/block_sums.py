@@ -95,6 +95,16 @@ class BlockSums:
     # block where ZeRO-3 / FSDP shards the weights
     weight_unkept: np.ndarray = _sum()
     weight_unkept_full: np.ndarray = _sum()
+    # within weight_space (a whole block's, not sharded): the quantized
+    # weight copies of fp8 / fp4 recipes, which are no parameters and no
+    # data-parallel collective moves, and the bytes of quantized-only
+    # weights the parameter all-gather does not move (it moves the quantized
+    # bytes); x_: the routed experts' share of each
+    # (communication.data_parallel_sync, weight_gathers)
+    weight_copies: np.ndarray = _sum()
+    weight_unsent: np.ndarray = _sum()
+    x_weight_copies: np.ndarray = _sum()
+    x_weight_unsent: np.ndarray = _sum()
     # model FLOPs of the forward and backward passes (no recompute)
     useful_fw: np.ndarray = _sum()
     useful_bw: np.ndarray = _sum()

@@ -298,7 +298,7 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, netwo
         return {"link": 0.0, "exposed": 0.0}
     dp = cols["data_par"]
     net = NetworkTier(networks, np.where(dp > 1, cols["data_par_net"], cols["context_par_net"]))
-    g = net.time("all_gather", sums.weight_space_full,
+    g = net.time("all_gather", gathered_bytes(sums, sums.weight_space_full),
                  np.maximum(np.where(on, ws, ctx.optim_shards), 2))
     fw_hidden = np.maximum(g - sums.fw_time, 0.0)
     bw_hidden = np.maximum(g - (sums.agrad_time + sums.wgrad_time + sums.re_time), 0.0)
@@ -310,6 +310,29 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, netwo
     link = np.where(pgo, blocks * g, link)
     exposed = np.where(pgo, (blocks - 1) * fw_hidden + g, exposed)
     return {"link": link, "exposed": exposed}
+
+
+def parameter_bytes(sums: BlockSums, weights, expert=False):
+    """The parameters' bytes (working precision) in a block's ``weights``
+    (``weight_space_full`` / ``x_weight_space``): less the quantized weight
+    copies of fp8 / fp4 recipes (Transformer Engine's weight workspaces),
+    which are no parameters.  What the gradient reduce-scatter / all-reduce
+    moves (times ``grad_scale``): Megatron-Core's gradient buffer holds one
+    element a parameter (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/distributed/param_and_grad_buffer.py, ``grad_data`` of
+    ``numel`` elements of ``grad_dtype``)."""
+    copies = sums.x_weight_copies if expert else sums.weight_copies
+    return weights if copies is None else weights - copies
+
+
+def gathered_bytes(sums: BlockSums, weights, expert=False):
+    """The bytes a parameter all-gather (the distributed optimizer's after
+    the step, Megatron's overlap_param_gather, ZeRO-3 / FSDP's before use)
+    moves of a block's ``weights``: the parameters (``parameter_bytes``), of
+    a quantized-only weight its quantized bytes (layers._gathered_bytes)."""
+    unsent = sums.x_weight_unsent if expert else sums.weight_unsent
+    held = parameter_bytes(sums, weights, expert)
+    return held if unsent is None else held - unsent
 
 
 def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, chunk,
@@ -360,21 +383,30 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, c
     peers = np.maximum(group, 2)
     active = (group > 1) & training
     # Routed experts' gradients sync over the expert-data-parallel group instead.
-    expert_bytes = sums.x_weight_space if sums.x_weight_space is not None else 0.0
-    full = sums.weight_space_full if sums.weight_space_full is not None else sums.weight_space
+    # The gradients move the parameters' bytes, the parameter all-gather the
+    # gathered ones (no quantized weight copies: ``parameter_bytes``).
+    weights = sums.weight_space_full if sums.weight_space_full is not None else sums.weight_space
+    x_weights = sums.x_weight_space if sums.x_weight_space is not None else 0.0
+    full = parameter_bytes(sums, weights)
+    expert_bytes = parameter_bytes(sums, x_weights, expert=True)
+    full_gathered = gathered_bytes(sums, weights)
+    expert_gathered = gathered_bytes(sums, x_weights, expert=True)
     if ctx.frozen is not None:
         # Fine-tuning with adapters: only the adapters' gradients are synced
         # (of the working datatype: the weight gradients count 4 bytes an
         # element before sharding); the frozen experts' none.
         full = np.where(ctx.frozen, sums.wgrad_space_full / 4.0 * ctx.elem_bytes, full)
         expert_bytes = np.where(ctx.frozen, 0.0, expert_bytes)
+        full_gathered = np.where(ctx.frozen, full, full_gathered)
+        expert_gathered = np.where(ctx.frozen, 0.0, expert_gathered)
     block_bytes = masked(full - expert_bytes, active)
+    gather_bytes = masked(full_gathered - expert_gathered, active)
     wire_scale = np.where(sharded, net.scale("reduce_scatter") + net.scale("all_gather"),
                           net.scale("all_reduce"))
     if not extended:
         block_time = np.where(active, np.where(
             sharded, net.time("reduce_scatter", block_bytes, peers)
-            + net.time("all_gather", block_bytes, peers),
+            + net.time("all_gather", gather_bytes, peers),
             net.time("all_reduce", block_bytes, peers)), 0.0)
     else:
         # Hybrid sharding: reduce-scatter / all-gather inside a group of
@@ -388,7 +420,7 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, c
         replicas = np.maximum(choose(hybrid, by_value(lambda d, x: d // np.maximum(x, 1), dp, g),
                                      1), 2) if hybrid.any() else 2
         gather = np.where(cols["weight_sharding"] | cols["param_gather_overlap"], 0.0,
-                          net.time("all_gather", block_bytes, inner))
+                          net.time("all_gather", gather_bytes, inner))
         cross = np.where(hybrid, net.time("all_reduce", block_bytes / inner, replicas), 0.0)
         # Gradients reduced in fp32 move 4 bytes an element.
         scale = grad_scale(cols)
@@ -404,7 +436,7 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, c
         x_grads = expert_bytes if scale is None else expert_bytes * scale
         block_time = block_time + np.where(x_active, np.where(
             sharded, net.time("reduce_scatter", x_grads, x_peers)
-            + net.time("all_gather", expert_bytes, x_peers),
+            + net.time("all_gather", expert_gathered, x_peers),
             net.time("all_reduce", x_grads, x_peers)), 0.0)
         block_bytes = block_bytes + np.where(x_active, expert_bytes, 0.0)
         active = active | x_active

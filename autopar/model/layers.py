@@ -240,6 +240,39 @@ def _recipe_bytes():
 _RECIPE_BYTES = _recipe_bytes()
 
 
+def _gathered_bytes():
+    """Per recipe code: the bytes one weight element moves in Megatron-Core's
+    parameter all-gather where the quantized weight is the only copy
+    (``fp8_param_gather`` / ``fp4_param_gather``;
+    MemoryOverhead.fp8_primary_weights), counted from the data-parallel
+    buffer the gather reads (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/distributed/param_and_grad_buffer.py:
+    ``group_params_for_buffers`` stores a quantized parameter in a uint8
+    buffer of one element a parameter; ``_ParamAndGradBuffer.__init__``
+    sizes an NVFP4 buffer by its packed row-wise bytes,
+    ``nvfp4_packed_numel``; with MXFP8 parameters and the distributed
+    optimizer it makes ``param_data`` a bf16 view of the gradient buffer,
+    ``shared_buffer``, into which the bf16 values are gathered and
+    re-quantized after, ``_post_param_sync``):
+
+    * ``tensorwise``, ``rowwise``: the 1-byte values (the per-tensor or
+      per-block scales are not in the buffer: each rank recomputes them from
+      its fp32 master shard, ``quantize_param_shard``);
+    * ``mxfp8``: 2 bytes (the bf16 view), the same as a bf16 parameter;
+    * ``nvfp4``: the packed 4-bit row-wise values, half a byte;
+    * ``mxfp4``: no Megatron-Core path; its values as nvfp4's.
+    The cached copies beside them (Transformer Engine's transposes) are
+    never gathered."""
+    out = np.zeros(len(CHOICES["fp8_recipe"]))
+    for name, g in (("tensorwise", 1.0), ("rowwise", 1.0), ("mxfp8", 2.0),
+                    ("nvfp4", 0.5), ("mxfp4", 0.5)):
+        out[CHOICES["fp8_recipe"].index(name)] = g
+    return out
+
+
+_GATHERED_BYTES = _gathered_bytes()
+
+
 def fp8_gemm(ctx, L: dict) -> dict:
     """Mark a linear layer's GEMMs as low-precision where the row's recipe
     (fp8 or fp4) says so: they run at the recipe's matrix rate; the casts of
@@ -273,9 +306,18 @@ def fp8_gemm(ctx, L: dict) -> dict:
             # fp8_param_gather / fp4_param_gather;
             # MemoryOverhead.fp8_primary_weights): the working-precision
             # bytes are not held (memory.footprints); ``weight_b`` keeps
-            # them, as the gradient sync's size (communication).
+            # them, as the gradient sync's size (communication), and the
+            # parameter all-gather moves the quantized bytes instead
+            # (``_gathered_bytes``; ``unsent_b``: the bytes it does not move).
             L["unkept_b"] = np.where(ctx.fp8, L["weight"] * b, 0.0)
-        L["weight_b"] = L["weight_b"] + L["weight"] * copy_b
+            L["unsent_b"] = np.where(ctx.fp8, L["weight"] * (b - _GATHERED_BYTES[r]), 0.0)
+        # The quantized copies are no parameters: Megatron-Core's data-
+        # parallel buffers hold one gradient and one parameter element a
+        # parameter (param_and_grad_buffer.py), so neither the gradient
+        # reduce-scatter / all-reduce nor the parameter all-gather moves them
+        # (``copy_b``, subtracted in communication.data_parallel_sync).
+        L["copy_b"] = L["weight"] * copy_b
+        L["weight_b"] = L["weight_b"] + L["copy_b"]
     # The input kept for the weight gradient is its quantized cast, in the one
     # orientation the weight-gradient GEMM reads (Transformer Engine drops
     # the row-wise data of a saved quantized input: update_usage(rowwise=False)).

@@ -75,7 +75,8 @@ BATCH_SUMS = ("fw_time", "fw_mem_time", "re_time", "re_flops_time", "re_mem_time
               "edge_agrad_tp_exp", "base_recomm_time", "edge_recomm_time",
               "base_recomm_exp", "edge_recomm_exp",
               "cp_fw_link", "cp_bw_link", "cp_fw_exp", "cp_bw_exp", "cp_re_exp",
-              "ep_link", "ep_exposed", "useful_fw", "useful_bw", "x_weight_space")
+              "ep_link", "ep_exposed", "useful_fw", "useful_bw", "x_weight_space",
+              "weight_copies", "weight_unsent", "x_weight_copies", "x_weight_unsent")
 
 
 _FEW = 64

@@ -32,9 +32,11 @@ What a recipe sets and autopar counts:
   activations counted on the GPU), paged stashing / expert capacity padding
   for CUDA graphs, fp8 primary weights / fp8 parameter gather.
 
-Skipped: models without a file in ``models/``, Megatron FSDP (with expert
-parallelism autopar does not model it: the same skip as the Bridge Qwen3
-table), and layouts whose pipeline split autopar cannot build.
+Skipped: models whose blocks autopar cannot express (``NOT_EXPRESSED``: the
+reason names what it lacks), models without a file in ``models/``, Megatron
+FSDP (with expert parallelism autopar does not model it: the same skip as
+the Bridge Qwen3 table), and layouts whose pipeline split autopar cannot
+build.
 """
 from __future__ import annotations
 
@@ -55,6 +57,44 @@ FRAMEWORK = "megatron-bridge"
 # folders -> system files, precision -> fp8_recipe, the columns, Megatron-Core's
 # selective recompute modules autopar has a choice for.
 RECIPE_SYSTEMS, RECIPE_FP8, RECOMPUTE_CHOICE = SYSTEMS, FP8, SELECTIVE
+
+# The recipe tables' models whose blocks autopar cannot express (no models/ file
+# is written for them), each with what autopar lacks: the Skip reason.  Sources:
+# Megatron-Bridge@067f987's model bridges, which build the Megatron-Core model
+# from each released Hugging Face config (docs/validation.md, "Megatron-Bridge
+# performance recipes: model files (Nemotron 3, ...)").
+_HYBRID_MTP = ("autopar's mtp modules are DeepSeek-V3's and a model file refuses them beside "
+               "hybrid_override_pattern")
+NOT_EXPRESSED = {
+    # recipes/nemotronh/h100/nemotron_3_nano.py nemotron_3_5_lightning_pretrain_config
+    "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16":
+        "Nemotron 3.5 Lightning is Nemotron 3 Nano's 52 layers plus MTP: 2 passes of one "
+        "shared '*E' (attention + MoE) layer (mtp_num_layers 2, mtp_use_repeated_layer, "
+        "mtp_hybrid_override_pattern '*E'); " + _HYBRID_MTP,
+    # models/nemotronh/nemotron_h_bridge.py: moe_latent_size, num_nextn_predict_layers
+    "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16":
+        "Nemotron 3 Super is LatentMoE (moe_latent_size 1024: the 512 experts run on a "
+        "down-projection of the 4096 hidden and are projected back up) with MTP (2 passes of "
+        "one shared '*E' layer); autopar's experts take the hidden size, and " + _HYBRID_MTP,
+    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16":
+        "Nemotron 3 Ultra is LatentMoE (moe_latent_size: the experts run on a down-projection "
+        "of the hidden) with MTP (2 passes of one shared '*E' layer); autopar's experts take "
+        "the hidden size, and " + _HYBRID_MTP,
+    # models/qwen/qwen3_next_bridge.py: experimental_attention_variant "gated_delta_net"
+    "qwen3-next-80B-A3B":
+        "Qwen3-Next mixes Gated DeltaNet linear-attention layers (3 of every 4) with gated "
+        "softmax attention (attention_output_gate); autopar has no linear-attention layer kind",
+    # models/glm_moe_dsa/glm5_bridge.py: experimental_attention_variant "dsa"
+    "glm5":
+        "GLM-5 attends through DeepSeek Sparse Attention: MLA whose keys are chosen per query "
+        "by a lightning indexer (index_n_heads, index_head_dim, index_topk); autopar's MLA "
+        "attends to every key and has no indexer",
+    # models/deepseek/deepseek_v4_bridge.py: HyperConnectionModule, CompressedSparseAttention
+    "deepseek-v4":
+        "DeepSeek-V4 (Flash / Pro) uses hyper-connections (4 residual streams mixed per layer), "
+        "compressed sparse attention (compressor and indexer, compress ratios 4 and 128, "
+        "sliding-window layers) and hash-routed MoE layers; autopar has none of the three",
+}
 
 
 def read_recipes(path: Path | str = CSV) -> pd.DataFrame:
@@ -147,6 +187,8 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
 def recipe_case(row) -> "P.PublishedCase | P.Skip":
     label = str(row["recipe"])
     name = str(row["model"])
+    if name in NOT_EXPRESSED:
+        return P.Skip(NOT_EXPRESSED[name], label)
     if not (P.MODELS / f"{name}.json").is_file():
         return P.Skip(f"no model file for {name}", label)
     gpu = str(row["gpu"])
