@@ -278,7 +278,14 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     act_grad = ctx.if_training(sums.op_grads if by_op else sums.act_grad_space)
     # (the last stage's output layer runs its own op in backward)
     act_grad_last = np.maximum(act_grad, head["op_grads"]) if by_op else act_grad
-    wgrad_space = ctx.if_training(sums.wgrad_space_full + sums.wgrad_space * (blocks - 1))
+    # Calculon: one block's gradient whole in fp32 beside the (sharded)
+    # others.  Under ``memory_overhead.wgrad_accumulation_fusion`` the weight-
+    # gradient GEMMs write into the gradient buffer itself: where it stays
+    # whole, every block's gradient is its slot there.
+    first_grad = sums.wgrad_space_full
+    if getattr(overhead, "wgrad_accumulation_fusion", False):
+        first_grad = np.where(ctx.grad_shards == 1, sums.wgrad_space, first_grad)
+    wgrad_space = ctx.if_training(first_grad + sums.wgrad_space * (blocks - 1))
     whole = whole_pipeline_grads(overhead, sched.stages, ctx)
     if whole is not None:
         # Every block of the stage holds its whole gradient between the
