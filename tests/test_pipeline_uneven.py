@@ -328,3 +328,118 @@ def test_a_virtual_stage_holding_only_the_embedding(h100):
     assert four["feasible"] and three["feasible"]
     assert four["total_time"] == pytest.approx(three["total_time"], rel=1e-12)
     assert four["bubble_time"] > 0
+
+
+# ------------------------------------- interleaved chunks: what each rank holds
+
+def test_chunk_split_puts_the_embedding_and_loss_in_their_own_chunks():
+    # 6 blocks + embedding + loss over 4 x 2 virtual stages: one layer each;
+    # virtual stage j * p + s is chunk j of stage s
+    from autopar.model.pipeline import chunk_split
+    assert chunk_split(6, 4, 2, 0, 0, True, True, False) == [[0, 1], [1, 1], [1, 1], [1, 0]]
+    assert stage_split(6, 4, 2, 0, 0, True, True, False) == [1, 2, 2, 1]
+    # balanced: 10 layers (9 blocks and the embedding) over 4 virtual
+    # stages, the first two with 3: virtual stage 0 the embedding and 2 blocks
+    assert chunk_split(9, 2, 2, 0, 0, True, False, True) == [[2, 2], [3, 2]]
+    # first / last counts: a stage's blocks spread evenly over its chunks
+    assert chunk_split(80, 8, 2, 4, 4, False, False, False)[0] == [2, 2]
+    assert chunk_split(80, 8, 2, 4, 4, False, False, False)[1] == [6, 6]
+
+
+def test_interleaved_peak_by_hand_with_the_embedding_and_loss_in_the_split():
+    """p = 4 ranks, v = 2 chunks, m = 8 micro-batches, chunks [[0, 1], [1, 1],
+    [1, 1], [1, 0]] (the embedding alone in rank 0's chunk 0, the loss alone
+    in rank 3's chunk 1).  Megatron-Core's table (groups of p = 4): entries
+    0-3 chunk 0 (micro-batches 0-3), 4-7 chunk 1, 8-11 chunk 0 (4-7),
+    12-15 chunk 1; a backward of entry k runs chunk 1 - chunk(k).
+
+    rank 0: warm-up (4 - 0 - 1) * 2 + 1 * 4 = 10 forwards (entries 0-9):
+      chunk 1 holds 4 micro-batches of its block, chunk 0 none -> 4; then
+      F10 (chunk 0) 4, B0 (chunk 1) 3, F11 3, B1 2, F12 (chunk 1) 3, B2 2,
+      F13 3, B3 2, F14 3, B4 (chunk 0) 3, F15 4: peak 4 (Calculon's count:
+      min(m, p) (1 + (p - 1) / (v p)) = 5.5 stages of 1 block).
+    rank 1: warm-up 2 * 2 + 4 = 8, F8 -> 9 blocks: 4.5 stages of 2 (as
+      before).
+    rank 3: warm-up 4 (entries 0-3, chunk 0) -> 4; F4 (the loss chunk) 4,
+      B0 (loss) 4, ... F8 (chunk 0) 5, B4 (chunk 0) 4, ...: peak 5 blocks
+      (before: ((v - 1) p + 1) / v = 2.5 stages of 1 block)."""
+    from autopar.model.pipeline import interleaved_peak
+    assert interleaved_peak(4, 2, 8, 0, [0, 1]) == 4
+    assert interleaved_peak(4, 2, 8, 1, [1, 1]) == 9
+    assert interleaved_peak(4, 2, 8, 3, [1, 0]) == 5
+    # uniform chunks: Calculon's first-stage count and Megatron's warm-up + 1
+    for p, v in ((4, 2), (8, 4), (16, 8)):
+        m = 4 * p
+        assert interleaved_peak(p, v, m, 0, [1] * v) == p * v + p - 1
+        assert interleaved_peak(p, v, m, 1, [1] * v) == (p - 2) * 2 + (v - 1) * p + 1
+        assert interleaved_peak(p, v, m, p - 1, [1] * v) == (v - 1) * p + 1
+    # every forward before the first backward: the step's m micro-batches
+    assert interleaved_peak(4, 3, 4, 0, [1, 2, 2]) == 4 * 5
+    # the Llama 3.1 405B recipes: PP 16, VP 8, 384 micro-batches, one block a
+    # chunk: rank 1 holds 141, rank 0 112 (its chunk 0 is the embedding),
+    # the last rank 113 (its chunk 7 the loss)
+    assert interleaved_peak(16, 8, 384, 1, [1] * 8) == 141
+    assert interleaved_peak(16, 8, 384, 0, [0] + [1] * 7) == 112
+    assert interleaved_peak(16, 8, 384, 15, [1] * 7 + [0]) == 113
+
+
+def test_interleaved_stages_hold_what_the_schedule_keeps(roomy):
+    """The hand count above through the model: 6 blocks without a vocabulary
+    (no head), p = 4, v = 2, m = 8, the embedding and loss counted."""
+    shape = json.loads((ROOT / "models" / "llama2-70B.json").read_text())
+    del shape["vocab_size"]
+    shape.update(num_blocks=6, name="six")
+    model = load_model(shape)
+    run = dense_layout(num_procs=64, tensor_par=8, pipeline_par=4, data_par=2, batch_size=16,
+                       pipeline_interleaving=2, embedding_in_split=True, loss_in_split=True)
+    sched = schedule(to_columns([run]), 6)
+    assert (sched.blocks_first[0], sched.blocks_second[0], sched.blocks_last[0]) == (1, 2, 1)
+    assert [float(c[0]) for c in sched.in_flight] == [4.0, 4.5, 5.0]
+    r = evaluate_one(model, roomy, run)
+    assert r["feasible"], REASONS[r["reason_code"]]
+    W, G, G1, O = (r["block_weight_space"], r["block_weight_grad_space"],
+                   r["block_weight_grad_space_no_sharding"], r["block_optimizer_space"])
+    work, store, agrad = (r["block_act_working_space"], r["block_act_storage_space"],
+                          r["block_act_grad_space"])
+
+    def stage(b, in_flight):
+        return W * b + G1 + G * (b - 1) + O * b + work + store * (b * in_flight - 1) + agrad
+    # rank 0: 4 blocks held, rank 1: 9, rank 3: 5
+    assert r["act_space"] == pytest.approx(work + store * 3, rel=1e-12)
+    need = max(stage(1, 4), stage(2, 4.5), stage(1, 5))
+    assert need == stage(2, 4.5)
+    assert r["proc_mem_tier1_cap_req"] == pytest.approx(need, rel=1e-12)
+    # without the split the same blocks per stage count Calculon's way
+    even = schedule(to_columns([dense_layout(num_procs=32, tensor_par=8, pipeline_par=4,
+                                             data_par=2, batch_size=16,
+                                             pipeline_interleaving=2)]), 8)
+    assert even.in_flight is None
+
+
+def test_the_second_stage_holds_no_embedding(h100):
+    """With a vocabulary the embedding's weights, gradients and optimizer
+    state are the first stage's alone: where the second stage is the fuller
+    one, its need is its own blocks and activations."""
+    shape = json.loads((ROOT / "models" / "llama2-70B.json").read_text())
+    shape.update(num_blocks=14, name="fourteen")
+    model = load_model(shape)
+    from autopar.studies.validate import unbounded
+    roomy = unbounded(h100)
+    run = dense_layout(num_procs=64, tensor_par=8, pipeline_par=4, data_par=2, batch_size=16,
+                       pipeline_interleaving=2, embedding_in_split=True, loss_in_split=True)
+    r = evaluate_one(model, roomy, run)
+    assert r["feasible"], REASONS[r["reason_code"]]
+    # 16 layers: stages of [3, 4, 4, 3] blocks; rank 1 holds 18 blocks'
+    # activations (4.5 stages of 4), rank 0 (chunks of 1 and 2 blocks: the
+    # embedding beside one) 15, the last rank (2 and 1: the loss beside one) 10
+    sched = schedule(to_columns([run]), 14)
+    assert (sched.blocks_first[0], sched.blocks_second[0]) == (3, 4)
+    assert [float(c[0]) for c in sched.in_flight] == [5.0, 4.5, 10 / 3]
+    W, G, G1, O = (r["block_weight_space"], r["block_weight_grad_space"],
+                   r["block_weight_grad_space_no_sharding"], r["block_optimizer_space"])
+    work, store, agrad = (r["block_act_working_space"], r["block_act_storage_space"],
+                          r["block_act_grad_space"])
+    second = W * 4 + G1 + G * 3 + O * 4 + work + store * (4 * 4.5 - 1) + agrad
+    # the fullest stage, without the embedding's 32000 x 8192 / 8 parameters
+    # (before: charged to it as well)
+    assert r["proc_mem_tier1_cap_req"] == pytest.approx(second, rel=1e-12)

@@ -212,6 +212,15 @@ class MemoryOverhead:
     # block kind, and the output layer's on the last stage.  False: none
     # (Calculon's count).
     dummy_wgrad: bool = False
+    # Megatron's gradient-accumulation fusion (True): a linear layer's
+    # weight-gradient GEMM writes straight into the weight's slot of the
+    # framework's gradient buffer (``main_grad``, in the buffer's datatype:
+    # NVIDIA/TransformerEngine module/linear.py, ``out=main_grad`` under
+    # ``fuse_wgrad_accumulation``; Megatron-Core passes its
+    # ``gradient_accumulation_fusion``), so where the gradients stay whole
+    # (unsharded) no block's gradient exists beside the buffer.  False:
+    # Calculon's count, one block's gradient whole in fp32 beside the others.
+    wgrad_accumulation_fusion: bool = False
     # Gradients alive in the backward pass beside the saved activations.
     # "block": Calculon's count (the output gradients of every layer of a
     # block, and the block's working space in place of its saved
@@ -1046,6 +1055,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     c.keys(o, path, (), ("reserved_GiB", "fraction", "logits_fp32_copies",
                          "logits_gathered", "checkpoint_split", "master_weight_bytes",
                          "autograd_inputs", "fsdp_reshard", "dummy_wgrad",
+                         "wgrad_accumulation_fusion",
                          "backward_transient", "moe_probs_in_activation",
                          "cp_a2a_output_copy", "pipeline_grads",
                          "logits_kept", "selective_saves", "fp8_weight_copy",
@@ -1065,6 +1075,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     autograd = c.bool(o.get("autograd_inputs", False), f"{path}.autograd_inputs")
     reshard = c.choice(o.get("fsdp_reshard", "always"), f"{path}.fsdp_reshard", FSDP_RESHARD)
     dummy = c.bool(o.get("dummy_wgrad", False), f"{path}.dummy_wgrad")
+    fusion = c.bool(o.get("wgrad_accumulation_fusion", False),
+                    f"{path}.wgrad_accumulation_fusion")
     transient = c.choice(o.get("backward_transient", "block"), f"{path}.backward_transient",
                          BACKWARD_TRANSIENT)
     probs = c.bool(o.get("moe_probs_in_activation", False), f"{path}.moe_probs_in_activation")
@@ -1089,7 +1101,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                           pipeline_grads=grads, logits_kept=kept, selective_saves=saves,
                           fp8_weight_copy=fp8_copy, fp8_primary_weights=fp8_primary,
                           optimizer_step_bytes=step, adapter_saved_bytes=saved,
-                          pipeline_in_flight=in_flight, pipeline_recv_buffers=recv)
+                          pipeline_in_flight=in_flight, pipeline_recv_buffers=recv,
+                          wgrad_accumulation_fusion=fusion)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -1216,6 +1229,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["fsdp_reshard"] = o.fsdp_reshard
     if o.dummy_wgrad:
         out["dummy_wgrad"] = True
+    if o.wgrad_accumulation_fusion:
+        out["wgrad_accumulation_fusion"] = True
     if o.backward_transient != "block":
         out["backward_transient"] = o.backward_transient
     if o.moe_probs_in_activation:

@@ -121,6 +121,16 @@ def recompute_share(cols: dict, recompute_full, blocks):
     return np.minimum(counts, blocks) / blocks
 
 
+def _counted(sched: Schedule, which: int, formula):
+    """``formula`` where a row's in-flight count is not counted chunk by
+    chunk, else the count (``Schedule.in_flight``: an uneven split with
+    interleaving, ``autopar.model.pipeline.split_in_flight``)."""
+    if sched.in_flight is None:
+        return formula
+    counted = sched.in_flight[which]
+    return np.where(np.isnan(counted), formula, counted)
+
+
 def last_stage_in_flight(sched: Schedule):
     """Micro-batches whose activations the last stage holds at its peak, in
     units of a whole stage's blocks.
@@ -133,11 +143,15 @@ def last_stage_in_flight(sched: Schedule):
     1`` chunks of ``1 / v`` of the stage's blocks.  The first stage's count,
     ``p + (p - 1) / v`` of them, is Calculon's.  The last stage matters only
     for a model with a vocabulary (it holds the output layer and the logits);
-    without one the first stage is always at least as full."""
+    without one the first stage is always at least as full.  With an uneven
+    split the chunks of a stage can differ (the loss alone in the last
+    chunk): there the count is chunk by chunk (``Schedule.in_flight``,
+    ``autopar.model.pipeline.interleaved_peak``), the logits added on top
+    (one micro-batch's: the loss chunk's backward follows its forward)."""
     p = sched.stages.astype(float)
     v = sched.interleaving.astype(float)
     m = sched.microbatches.astype(float)
-    return np.minimum((v - 1) * p + 1, np.maximum(m, 1.0) * v) / v
+    return _counted(sched, 2, np.minimum((v - 1) * p + 1, np.maximum(m, 1.0) * v) / v)
 
 
 def second_stage_in_flight(sched: Schedule):
@@ -147,13 +161,14 @@ def second_stage_in_flight(sched: Schedule):
     ``forward_backward_pipelining_without_interleaving``: ``p - r - 1``
     warm-up forwards and one in the steady state, at most the ``m`` there
     are; with ``v`` chunks the interleaved schedule's warm-up as in
-    ``last_stage_in_flight``)."""
+    ``last_stage_in_flight``; chunk by chunk where a split sets them,
+    ``Schedule.in_flight``)."""
     p = sched.stages.astype(float)
     v = sched.interleaving.astype(float)
     m = np.maximum(sched.microbatches, 1).astype(float)
     plain = np.minimum(m, p - 1)
     chunked = np.minimum((p - 2) * 2 + (v - 1) * p + 1, m * v) / v
-    return np.where(v > 1, chunked, plain)
+    return _counted(sched, 1, np.where(v > 1, chunked, plain))
 
 
 def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
@@ -171,6 +186,7 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
     under ``memory_overhead.pipeline_recv_buffers``).
     """
     even = not sched.uneven
+    head_first = head["first"]
     S, static, tier2, transient_first, transient_last = _stage(
         ctx, cols, sums, sched, checkpoint, recompute_full, head, sched.blocks_first,
         overhead=overhead, boundary=boundary)
@@ -189,16 +205,20 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
             ctx, cols, sums if sums_second is None else sums_second, sched, checkpoint,
             recompute_full, head, sched.blocks_second, rank=1, overhead=overhead,
             boundary=boundary)
-        fuller = (static_2 + transient_2 > static + transient_first) & (sched.stages > 2)
-        static = pick(fuller, static_2, static)
+        # (the embedding is the first stage's alone: the second holds none
+        # of it)
+        fuller = (static_2 + transient_2 > static + head_first + transient_first) \
+            & (sched.stages > 2)
+        static = pick(fuller, static_2, static + head_first)
         transient_first = pick(fuller, transient_2, transient_first)
         tier2 = np.maximum(tier2, tier2_2)
+        head_first = 0.0
     logits = head["logits"]
     if getattr(overhead, "optimizer_step_bytes", 0.0):
         trained_first, trained_last = trained_parameters(ctx, sums, sums_last, sched, head)
     else:           # (only the optimizer step's temporaries read them)
         trained_first = trained_last = ctx.zeros
-    parts = {"mem_static_first": static + head["first"], "mem_transient_first": transient_first,
+    parts = {"mem_static_first": static + head_first, "mem_transient_first": transient_first,
              "mem_static_last": static_last + head["last"],
              "mem_transient_last": transient_last - logits["fp32_copies"],
              "mem_logits_fp32_copy": logits["fp32_copy"],
@@ -222,7 +242,9 @@ def first_stage_in_flight(sched: Schedule, overhead=None):
     interleaved schedule caps its warm-up at the micro-batches as well), so
     with ``m = p`` micro-batches and ``v = 2`` the first rank runs every
     forward before its first backward and holds the step's ``m``, not
-    ``p + (p - 1) / v``."""
+    ``p + (p - 1) / v``.  Where an uneven split sets the chunks
+    (``Schedule.in_flight``: the embedding alone in chunk 0 holds no block),
+    the count is chunk by chunk, capped as the schedules cap it."""
     stages, interleaving = sched.stages, sched.interleaving
     in_flight = np.minimum(sched.microbatches, stages).astype(float)
     # (the factor is exactly 1 without interleaving: x * 0 added to 1)
@@ -230,7 +252,7 @@ def first_stage_in_flight(sched: Schedule, overhead=None):
                          * (interleaving > 1))
     if getattr(overhead, "pipeline_in_flight", "calculon") == "capped":
         first = np.minimum(first, np.maximum(sched.microbatches, 1).astype(float))
-    return first
+    return _counted(sched, 0, first)
 
 
 def pipeline_recv_buffers(overhead, sched: Schedule, ctx: LayoutContext, boundary, rank: int = 0):
@@ -318,7 +340,14 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
     act_grad = ctx.if_training(sums.op_grads if by_op else sums.act_grad_space)
     # (the last stage's output layer runs its own op in backward)
     act_grad_last = np.maximum(act_grad, head["op_grads"]) if by_op else act_grad
-    wgrad_space = ctx.if_training(sums.wgrad_space_full + sums.wgrad_space * (blocks - 1))
+    # Calculon: one block's gradient whole in fp32 beside the (sharded)
+    # others.  Under ``memory_overhead.wgrad_accumulation_fusion`` the weight-
+    # gradient GEMMs write into the gradient buffer itself: where it stays
+    # whole, every block's gradient is its slot there.
+    first_grad = sums.wgrad_space_full
+    if getattr(overhead, "wgrad_accumulation_fusion", False):
+        first_grad = np.where(ctx.grad_shards == 1, sums.wgrad_space, first_grad)
+    wgrad_space = ctx.if_training(first_grad + sums.wgrad_space * (blocks - 1))
     whole = whole_pipeline_grads(overhead, sched.stages, ctx)
     if whole is not None:
         # Every block of the stage holds its whole gradient between the

@@ -52,11 +52,18 @@ class Schedule:
     blocks_second: np.ndarray
     blocks_last: np.ndarray
     uneven: bool = False          # whether some row splits the pipeline unevenly
+    # Micro-batches in flight on the first, second and last stage at its
+    # peak, in units of its blocks, counted chunk by chunk
+    # (``split_in_flight``) where a row splits unevenly with interleaving;
+    # None, or NaN in a row, where the formulas of autopar.model.memory hold.
+    in_flight: tuple | None = None
 
     def rows(self, sl) -> "Schedule":
         """The schedule of the rows ``sl`` (a slice, or positions)."""
         return Schedule(**{f.name: getattr(self, f.name)[sl] for f in fields(self)
-                           if f.name != "uneven"}, uneven=self.uneven)
+                           if f.name not in ("uneven", "in_flight")}, uneven=self.uneven,
+                        in_flight=None if self.in_flight is None
+                        else tuple(c[sl] for c in self.in_flight))
 
 
 def schedule(cols: dict, num_blocks: int) -> Schedule:
@@ -84,6 +91,7 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
         microbatches = cols["batch_size"] // dp // mbs
     base_blocks = (blocks_per_chunk - 1).astype(float)
     first = second = last = blocks_per_stage
+    in_flight = None
     split = uneven_rows(cols)
     if split is not None:
         # Megatron's splits (only where a row asks for one): the pacing
@@ -100,13 +108,17 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
         blocks_per_chunk = _put(blocks_per_chunk.astype(float), rows, counts[0] / v)
         base_blocks = blocks_per_chunk - 1.0
         blocks_per_stage = pace
+        if np.any(interleaving[rows] > 1):
+            nan = np.full(len(stages), np.nan)
+            in_flight = tuple(_put(nan, rows, c) for c in
+                              split_in_flight(cols, num_blocks, rows, microbatches))
     return Schedule(
         stages=stages, interleaving=interleaving, microbatches=microbatches,
         blocks_per_stage=blocks_per_stage, missing_blocks=missing,
         blocks_per_chunk=blocks_per_chunk, chunks=chunks,
         base_blocks=base_blocks, chunk_passes=microbatches * chunks,
         leftover=microbatches % stages, blocks_first=first, blocks_second=second,
-        blocks_last=last, uneven=split is not None)
+        blocks_last=last, uneven=split is not None, in_flight=in_flight)
 
 
 def _put(col, rows, values):
@@ -157,6 +169,21 @@ def stage_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
       last, as the layout requires.  Layouts conflict with first/last
       (transformer_config.py); every virtual stage holds a layer.
     """
+    split = chunk_split(num_blocks, p, v, first, last, embedding, loss, balanced)
+    return split if isinstance(split, str) else [sum(chunks) for chunks in split]
+
+
+def chunk_split(num_blocks: int, p: int, v: int, first: int, last: int, embedding: bool,
+                loss: bool, balanced: bool):
+    """The blocks of each of the ``v`` model chunks of each of the ``p``
+    stages (chunk ``j`` of stage ``s`` is virtual stage ``j * p + s``), or the
+    reason the split cannot be built (``stage_split``, which sums them).
+    Megatron-Core builds every virtual stage alike
+    (transformer_block.py ``get_num_layers_to_build``: a stage's layers over
+    its ``v`` chunks), but the first virtual stage builds one block fewer
+    where the embedding is counted and the last where the loss is: with one
+    layer a virtual stage, the first rank's chunk 0 holds only the
+    embedding and the last rank's last chunk only the loss."""
     e, l_ = int(embedding), int(loss)
     if min(first, last) < 0:
         return "invalid: first_stage_blocks and last_stage_blocks must be >= 0"
@@ -173,10 +200,10 @@ def stage_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
         q, r = divmod(layers, k)
         if q < 1:
             return "infeasible: pipeline_layout balanced needs a block for every virtual stage"
-        per = [sum(q + (j * p + s < r) for j in range(v)) for s in range(p)]
-        per[0] -= e
-        per[-1] -= l_
-        return per
+        chunks = [[q + (j * p + s < r) for j in range(v)] for s in range(p)]
+        chunks[0][0] -= e
+        chunks[-1][-1] -= l_
+        return chunks
     if first or last:
         if first % v or last % v:
             return ("infeasible: first_stage_blocks and last_stage_blocks must be divisible "
@@ -194,7 +221,7 @@ def stage_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
             per[0] = first
         if last:
             per[-1] = last
-        return per
+        return [[n // v] * v for n in per]
     layers = num_blocks + e + l_
     if layers % p:
         return ("infeasible: blocks with the embedding and loss counted must be divisible "
@@ -202,10 +229,10 @@ def stage_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
     if (layers // p) % v:
         return ("infeasible: blocks per stage with the embedding and loss counted must be "
                 "divisible by pipeline_interleaving")
-    per = [layers // p] * p
-    per[0] -= e
-    per[-1] -= l_
-    return per
+    chunks = [[layers // p // v] * v for _ in range(p)]
+    chunks[0][0] -= e
+    chunks[-1][-1] -= l_
+    return chunks
 
 
 def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool = False):
@@ -222,6 +249,74 @@ def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool
         per = stage_split(num_blocks, p, max(v, 1), first, last, bool(e), bool(l_), bool(bal))
         splits.append(per if reasons or not isinstance(per, str) else [0] * max(p, 1))
     return splits, inv
+
+
+def interleaved_peak(p: int, v: int, m: int, rank: int, chunk_blocks) -> float:
+    """The most blocks' activations pipeline rank ``rank`` of ``p`` holds at
+    once over a training step of ``m`` micro-batches, its ``v`` model chunks
+    holding ``chunk_blocks`` blocks each, under the interleaved 1F1B
+    schedule (NVIDIA/Megatron-LM@2a75ac1 megatron/core/pipeline_parallel/
+    schedules.py ``forward_backward_pipelining_with_interleaving``):
+
+    * the order of the chunk passes is ``get_schedule_table`` with groups of
+      ``microbatch_group_size_per_vp_stage`` micro-batches, which defaults to
+      ``p`` (model_parallel_config.py ``__post_init__``): micro-batches
+      0..p-1 through chunk 0, then through chunk 1, ..., then p..2p-1, the
+      last group the micro-batches left; a forward runs table entry ``k`` on
+      its chunk (``get_model_chunk_id``), a backward entry ``k`` on chunk
+      ``v - 1 - chunk``;
+    * ``get_pp_rank_microbatches``: ``(p - rank - 1) * 2 + (v - 1) * p``
+      warm-up forwards, at most the ``m * v`` there are; then each steady
+      step runs one forward before one backward, so the peak is right after
+      a forward; a backward frees the activations of its chunk pass (the
+      chunk's output is sent and freed at once: ``deallocate_output_tensor``).
+
+    torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` runs the same
+    order (``get_rank_warmup_ops``: the same warm-up, capped at ``m * v``;
+    rounds of ``p`` micro-batches a local stage, backward stages reversed).
+    A chunk of no blocks (the embedding or the loss alone) holds none: the
+    embedding's saved token ids and the loss's logits are the head's, counted
+    apart."""
+    w = np.asarray(chunk_blocks, dtype=float)
+    total = m * v
+    warm = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    if warm >= total:
+        return float(m * w.sum())
+    chunk = np.concatenate([np.repeat(np.arange(v), min(p, m - lo)) for lo in range(0, m, p)])
+    held_after_forwards = np.cumsum(w[chunk])
+    freed_after_backwards = np.concatenate(([0.0], np.cumsum(w[v - 1 - chunk])))
+    k = np.arange(total - warm)
+    # (steady step k: k + warm + 1 forwards done, k backwards)
+    return float(np.max(held_after_forwards[k + warm] - freed_after_backwards[k]))
+
+
+def split_in_flight(cols: dict, num_blocks: int, rows: np.ndarray, microbatches: np.ndarray):
+    """For the ``rows`` (that set a split field and pass the rules): the
+    micro-batches in flight on the first, the second and the last stage at
+    its peak, in units of the stage's blocks (``interleaved_peak`` over the
+    stage's blocks, 0 on a stage of none), from each stage's chunks
+    (``chunk_split``); NaN where there is no interleaving (one chunk a
+    stage: the counts of ``autopar.model.memory`` are exact)."""
+    keys = [np.asarray(cols[f])[rows].astype(np.int64)
+            for f in ("pipeline_par", "pipeline_interleaving") + SPLIT_FIELDS]
+    keys.append(np.asarray(microbatches)[rows].astype(np.int64))
+    idx, inv = distinct(*pack(keys))
+    table = []
+    for i in idx.tolist():
+        p, v, first, last, e, l_, bal, m = (int(c[i]) for c in keys)
+        chunks = chunk_split(num_blocks, p, max(v, 1), first, last, bool(e), bool(l_),
+                             bool(bal)) if v > 1 else "one chunk"
+        if isinstance(chunks, str):
+            table.append((np.nan,) * 3)
+            continue
+        held = []
+        for rank in (0, min(1, p - 1), p - 1):
+            blocks = sum(chunks[rank])
+            held.append(interleaved_peak(p, v, max(m, 1), rank, chunks[rank]) / blocks
+                        if blocks else 0.0)
+        table.append(tuple(held))
+    table = np.array(table, dtype=float).reshape(-1, 3).T
+    return tuple(table[k].take(inv) for k in range(3))
 
 
 def split_counts(cols: dict, num_blocks: int, rows: np.ndarray):

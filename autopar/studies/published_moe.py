@@ -183,12 +183,14 @@ BRIDGE_NO_WGRAD_FUSION = ("25.11", "26.02")
 
 def bridge_release_system(system_, release: str):
     """``system_`` (on frameworks/megatron-bridge.json) as the Bridge release
-    ``release`` ran it: without TE's cached dummy weight gradients where the
+    ``release`` ran it: without TE's cached dummy weight gradients and
+    without the fusion's gradients in the buffer (Calculon's count) where the
     release left gradient-accumulation fusion off (``BRIDGE_NO_WGRAD_FUSION``;
     a release "26.02.01" is 26.02's); unchanged otherwise."""
     if not release.startswith(BRIDGE_NO_WGRAD_FUSION):
         return system_
-    over = dataclasses.replace(system_.memory_overhead, dummy_wgrad=False)
+    over = dataclasses.replace(system_.memory_overhead, dummy_wgrad=False,
+                               wgrad_accumulation_fusion=False)
     return dataclasses.replace(system_, memory_overhead=over)
 
 
