@@ -357,6 +357,7 @@ NAMES_AS_FACTS = {
     "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
     "--overlap-moe-expert-parallel-comm", "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split", "--decoder-last-pipeline-num-layers",
+    "--cpu-offloading-num-layers",
 }
 
 
@@ -372,6 +373,8 @@ def test_written_megatron_names_are_documented(llama):
                   "--nproc-per-node", "--nnodes"}
     import re
     for ex in (_plain(), _plain(optimizer_offload=True),
+               _plain(pipeline_par=1, pipeline_interleaving=1, data_par=4,
+                      activation_recompute="none", activation_offload_blocks=8),
                _plain(context_par=2, data_par=1, context_par_comm="a2a",
                                 fp8_recipe="mxfp8", tensor_par_overlap="ring",
                                 weight_sharding=True, unsharded_grads=False)):

@@ -21,7 +21,7 @@ MIRROR = Path("/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
 
 # What autopar reaches on the dense recipes (llama3, llama31, nemotronh_56b):
 # held, never lowered.
-DENSE_FITS = 98
+DENSE_FITS = 110
 # The dense recipes predicted NOT to fit, and why (docs/validation.md,
 # "Interleaved pipelines: what each rank holds"): the code's layout of the
 # Llama 3.1 405B bf16 recipes on 128 B200 / GB200 is TP 4, PP 16, CP 1, VP 8
@@ -33,9 +33,17 @@ DENSE_FITS = 98
 NOT_FITTING = {
     "llama31_405b_pretrain_128gpu_b200_bf16_config": 201.3,
     "llama31_405b_pretrain_128gpu_gb200_bf16_config": 201.3,
+    # CPU offloading of 40 of the 80 blocks at micro-batch 2 (fp8): the 40
+    # blocks TE keeps on the GPU hold 140 GiB of saved activations
+    # (docs/validation.md, "Partial CPU activation offloading").
+    "llama3_70b_pretrain_32gpu_gb200_fp8cs_config": 189.2,
 }
+# Dense recipes predicted to fit at an implausible MFU (none since the fp8
+# data-parallel traffic is counted: llama3_70b_pretrain_64gpu_b200_fp8cs,
+# which offloads 5 blocks, 8.2% -> 22.8%; docs/validation.md).
+LOW_MFU: set = set()
 # The dense recipes autopar cannot express, by reason (start of the Skip text).
-SKIPPED = {"offloading cpu_activations": 13, "pipeline_model_parallel_layout": 1,
+SKIPPED = {"pipeline_model_parallel_layout": 1,
            "global batch 192 not divisible": 2}
 
 
@@ -98,11 +106,13 @@ def test_the_count_that_fits_is_held_and_the_rest_are_the_known_ones(dense_rows)
     assert dict(zip(bad.recipe, bad.peak_gib.round(1))) == NOT_FITTING
     assert bad.reason.str.startswith("infeasible: mem tier1").all()
     # the dense ones that fit run at a plausible MFU (of the peak of the
-    # datatype their GEMMs run in): 15% to 75% (this table's MoE rows, Nemotron
-    # 3 Nano, are held by tests/test_recipes_moe.py test_nemotron_3_nano_recipes)
+    # datatype their GEMMs run in): 15% to 75%, but the ones in LOW_MFU (this
+    # table's MoE rows, Nemotron 3 Nano, are held by tests/test_recipes_moe.py
+    # test_nemotron_3_nano_recipes)
     dense = fits[fits.model.isin(R.DENSE_MODELS)]
     assert len(dense) >= DENSE_FITS
-    assert dense.mfu.between(0.15, 0.75).all(), dense[~dense.mfu.between(0.15, 0.75)]
+    plausible = dense.mfu.between(0.15, 0.75)
+    assert set(dense[~plausible].recipe) == LOW_MFU, dense[~plausible]
     assert (fits.tokens_per_s_per_gpu > 0).all()
     assert R.summary_line(rows).startswith(f"{len(fits)} of {len(rows)} recipes predicted to fit")
 
@@ -228,9 +238,10 @@ def test_cli_prints_the_summary_and_refuses_an_unknown_family(tmp_path):
                           "--family", "llama3", "--output", str(tmp_path / "r.csv")],
                          capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    # every Llama 3 (8B, 70B) recipe autopar can express fits
+    # every Llama 3 (8B, 70B) recipe autopar can express fits but the one
+    # CPU-offloading recipe in NOT_FITTING
     assert out.stdout.strip().splitlines()[-1] == \
-        "67 of 77 recipes predicted to fit (67 predicted, 10 skipped)"
+        "75 of 77 recipes predicted to fit (76 predicted, 1 skipped)"
     assert (tmp_path / "r.csv").stat().st_size > 0
     bad = subprocess.run([sys.executable, "-m", "autopar.cli", "validate", "recipes",
                           "--family", "gpt9"], capture_output=True, text=True, env=env)

@@ -244,7 +244,9 @@ def memory_rows(model, execution, stats: dict) -> list[tuple[str, float, float]]
         rows.append(("act checkpoints", g("act_checkpoint_size_with_offload"),
                      g("act_checkpoint_size") if full_recompute else 0.0))
     else:
-        rows.append(("activations", g("act_space"), 0.0))
+        # partial CPU offloading: that many blocks' saved activations on the host
+        host = e.get("activation_offload_blocks", 0) * g("block_act_storage_space")
+        rows.append(("activations", g("act_space"), host))
         rows.append(("act checkpoints", g("act_checkpoint_size"), 0.0))
     if e["optimizer_offload"]:
         blocks_per_proc = model.num_blocks / e["pipeline_par"]
@@ -300,7 +302,8 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
     flags += [f"{f}={e[f]}" for f in ("sharding_group", "recompute_layers", "fp8_recipe",
                                       "attention_impl", "pipeline_layout",
                                       "first_stage_blocks", "last_stage_blocks",
-                                      "bf16_first_blocks", "bf16_last_blocks") if f in e]
+                                      "bf16_first_blocks", "bf16_last_blocks",
+                                      "activation_offload_blocks") if f in e]
     flags += [f for f in ("embedding_in_split", "loss_in_split") if e.get(f)]
     add("        " + ", ".join(flags))
     if e.get("expert_par", 1) > 1 or e.get("expert_tensor_par", 1) > 1:

@@ -243,6 +243,23 @@ EXT_INT_FIELDS = EXT_INT_FIELDS | {"bf16_first_blocks", "bf16_last_blocks"}
 # nothing for a model without experts / without MLA.
 EXT_DEFAULTS.update({"recompute_moe_act": False, "recompute_mla_up_proj": False})
 BOOL_FIELDS = BOOL_FIELDS | {"recompute_moe_act", "recompute_mla_up_proj"}
+# Partial CPU activation offloading (issue 24): ``activation_offload_blocks``
+# > 0 offloads the saved activations of that many blocks of the stage to the
+# second memory tier (host memory) in forward and brings them back in
+# backward, as Megatron-Core's ``cpu_offloading`` with
+# ``cpu_offloading_num_layers`` N runs Transformer Engine's CPU offload
+# (NVIDIA/Megatron-LM@2a75ac1 transformer_block.py ``get_cpu_offload_context``;
+# TransformerEngine transformer_engine/pytorch/cpu_offload.py
+# ``DefaultOffloadSynchronizer``): the first N blocks offload, each kept on
+# the GPU until the forward of the block L - N later (L the stage's blocks),
+# so L - N blocks' saved activations are on the GPU at once
+# (``autopar.model.memory.partial_offload``).  Megatron-Core takes it only
+# without pipeline parallelism and without activation recompute, for fewer
+# blocks than the model has (transformer_config.py ``__post_init__``); the
+# model's rules say the same.  0 (the default): nothing offloaded beyond
+# ``activations_offload``, Calculon's meaning.
+EXT_DEFAULTS.update({"activation_offload_blocks": 0})
+EXT_INT_FIELDS = EXT_INT_FIELDS | {"activation_offload_blocks"}
 # The fields of the pipeline split (all at their defaults: Calculon's).
 SPLIT_FIELDS = ("first_stage_blocks", "last_stage_blocks", "embedding_in_split",
                 "loss_in_split", "pipeline_layout")

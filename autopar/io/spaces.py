@@ -36,7 +36,7 @@ PARAMS: tuple[str, ...] = (
     "activation_recompute", "recompute_layers", "optimizer_sharding", "weight_sharding",
     "sharding_group", "tensor_par_comm_type",
     "seq_par_ag_redo", "data_par_overlap", "tensor_par_overlap",
-    "weight_offload", "activations_offload", "optimizer_offload",
+    "weight_offload", "activations_offload", "optimizer_offload", "activation_offload_blocks",
     "fused_activation", "attention_type", "microbatch_size",
     "tensor_par_net", "pipeline_par_net", "data_par_net",
     # autopar's extensions (optional in a file: when absent, fixed at their
@@ -61,7 +61,7 @@ NET_FIELDS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par
 # Integer parameters whose smallest value is 0.
 _ZERO_OK = NET_FIELDS + ("sharding_group", "recompute_layers", "first_stage_blocks",
                          "last_stage_blocks", "bf16_first_blocks", "bf16_last_blocks",
-                         "attention_span")
+                         "attention_span", "activation_offload_blocks")
 
 
 

@@ -1316,6 +1316,35 @@ def _check_split(c: "Checker", out: dict, model: ModelSpec | None) -> None:
                          f"the model's {model.num_blocks} blocks")
 
 
+def _check_offload_blocks(c: "Checker", out: dict, model: ModelSpec | None) -> None:
+    """``activation_offload_blocks`` where Megatron-Core takes
+    ``cpu_offloading_num_layers`` (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/transformer/transformer_config.py ``__post_init__``): in
+    training, without pipeline parallelism, without activation recompute
+    (nor the all-activations ``activations_offload``), below the model's
+    blocks (Transformer Engine's ``get_cpu_offload_context`` keeps the last
+    layer on the GPU).  Only the fields the file states are checked."""
+    n = out.get("activation_offload_blocks", 0)
+    if not n:
+        return
+    why = None
+    if out.get("training") is False:
+        why = "needs training (offloads the activations saved for backward)"
+    elif out.get("pipeline_par", 1) != 1:
+        why = (f"needs pipeline_par 1: Megatron-Core has no CPU offloading with pipeline "
+               f"parallelism (pipeline_par {out['pipeline_par']})")
+    elif out.get("activation_recompute", "none") != "none" or out.get("recompute_moe_act") \
+            or out.get("recompute_mla_up_proj"):
+        why = "cannot be set with activation recompute (Megatron-Core refuses the two together)"
+    elif out.get("activations_offload"):
+        why = "cannot be set with activations_offload (that offloads every block already)"
+    elif model is not None and n >= model.num_blocks:
+        why = (f"{n} must be below the model's {model.num_blocks} blocks (the last block's "
+               f"activations stay on the GPU)")
+    if why:
+        c.fail("activation_offload_blocks", why)
+
+
 def _check_counts(c: "Checker", out: dict, model: ModelSpec | None) -> None:
     """Counts beyond what the model has: ``recompute_layers`` above the blocks
     of a pipeline stage (Megatron-Core's ``TransformerConfig.__post_init__``,
@@ -1447,6 +1476,7 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
             del out[f]
     _check_split(c, out, model)
     _check_counts(c, out, model)
+    _check_offload_blocks(c, out, model)
     if out.get("sequence_fill", 100) > 100:
         c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
                                 f"sequence's tokens that are real)")

@@ -35,7 +35,7 @@ from autopar.model.block_sums import CALCULON, BlockSums
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
-                                  recompute_share)
+                                  partial_offload_exposed, recompute_share)
 from autopar.model.mamba import hybrid_kinds, pace_weights
 from autopar.model.moe import BF16, bf16_blocks, mix, stage_counts
 from autopar.model.finetune import real_tokens
@@ -187,6 +187,11 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
     fw_offload = per_batch(sched, chunk["fw_base_offload"], chunk["fw_edge_offload"])
     bw_offload = ctx.if_training(per_batch(sched, chunk["bw_base_offload"],
                                            chunk["bw_edge_offload"]))
+    partial = partial_offload_exposed(ctx, cols, sums, sched, chunk)
+    if partial is not None:
+        # Some blocks' activations offloaded (activation_offload_blocks).
+        fw_offload = fw_offload + partial[0]
+        bw_offload = bw_offload + ctx.if_training(partial[1])
     # Full recompute of only recompute_layers blocks of each stage.
     share = recompute_share(cols, recompute_full, sched.blocks_per_stage)
     recompute_time = passes * sums.re_time * share
@@ -427,7 +432,8 @@ def typed_columns(c: dict) -> dict:
               "context_par_net", "sharding_group", "recompute_layers",
               "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
               "first_stage_blocks", "last_stage_blocks", "adapter_rank", "sequence_fill",
-              "bf16_first_blocks", "bf16_last_blocks", "attention_span"):
+              "bf16_first_blocks", "bf16_last_blocks", "attention_span",
+              "activation_offload_blocks"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",
               "data_par_overlap", "weight_offload", "activations_offload",

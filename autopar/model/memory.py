@@ -39,6 +39,58 @@ def offload_traffic(ctx: LayoutContext, cols: dict, sums: BlockSums, checkpoint,
             "bw_time": ctx.if_training(ctx.mem2.time(bw_bytes))}
 
 
+def offloaded_blocks(cols: dict, ctx: LayoutContext):
+    """The rows' ``activation_offload_blocks`` where some row trains with it
+    set (> 0), else None (every row as Calculon: no partial offload)."""
+    k = cols.get("activation_offload_blocks") if hasattr(cols, "get") else None
+    if k is None or not np.any(k > 0):
+        return None
+    k = np.where(ctx.training, np.maximum(k, 0), 0)
+    return k if np.any(k > 0) else None
+
+
+def partial_offload_exposed(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
+                            chunk: dict):
+    """Exposed time of partial CPU activation offloading over the batch,
+    forward and backward (``activation_offload_blocks`` N of a stage's L
+    blocks), or None where no row sets it.
+
+    Transformer Engine's ``DefaultOffloadSynchronizer``
+    (transformer_engine/pytorch/cpu_offload.py, the TE Megatron-Bridge pins,
+    NVIDIA/TransformerEngine@e7c550c, what Megatron-Core's ``cpu_offloading``
+    runs) copies block ``i`` < N to host memory on its own stream, started
+    when block ``i + 1``'s forward starts (``fwd_step`` -> ``start_offload``),
+    one copy after another, and makes block ``L - N + i``'s forward wait for
+    it (``finish_offload_map``); in backward block ``i``'s reload starts
+    before the backward of block ``L - 1 - N + i`` (``start_reload_map``) and
+    block ``i``'s backward waits for it (``pop_tensor``).  Both are the same
+    chain: copy ``r`` may start ``r + 1`` block passes in and must end ``D +
+    r`` passes in (``D = L - N``).  With ``c`` the copy of one block's saved
+    activations over the second tier (``ctx.mem2``) and ``f`` a block pass
+    (forward, or backward), the wait the compute stream sees per micro-batch
+    is the longest path through that chain: ``max(0, c - (D - 1) f, N c -
+    (L - 2) f)`` for ``D`` >= 2 (one run of back-to-back copies); ``N c``
+    for ``D`` = 1 (every block waits for its own copy: TE warns that
+    ``num_layers == model_layers - 1`` prevents overlap).  The copy is
+    counted from the end of the block's pass (TE may start it on each
+    tensor's event inside the pass: a bound from above)."""
+    k = offloaded_blocks(cols, ctx)
+    if k is None:
+        return None
+    n = k.astype(float)
+    blocks = sched.blocks_per_stage.astype(float)
+    d = blocks - n
+    copy = ctx.mem2.time(sums.act_storage)
+
+    def exposed(f):
+        chained = np.maximum(np.maximum(copy - (d - 1) * f, n * copy - (blocks - 2) * f), 0.0)
+        return np.where(k > 0, np.where(d <= 1, n * copy, chained), 0.0)
+
+    micro = sched.microbatches.astype(float)
+    return (micro * exposed(chunk["fw_base_no_offload"]),
+            micro * exposed(chunk["bw_base_no_offload"]))
+
+
 def offload_bandwidth(ctx: LayoutContext, sums: BlockSums, chunk: dict, offload: dict) -> dict:
     """Tier-2 bandwidth each offload needs to hide behind a block's compute."""
     training = ctx.training
@@ -275,6 +327,16 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
         in_flight_first = second_stage_in_flight(sched)
     act_first, ckpt_first = stage_activations(in_flight_first)
     act_last, ckpt_last = stage_activations(last_stage_in_flight(sched))
+    off = offloaded_blocks(cols, ctx)
+    host_acts = 0.0
+    if off is not None:
+        # Partial CPU activation offloading (``partial_offload_exposed``):
+        # L - N blocks' saved activations on tier 1 at once, the N others'
+        # in pinned host buffers (TE's ``start_offload``), one micro-batch in
+        # flight (the rules take it without pipeline stages or recompute).
+        host_acts = masked(sums.act_storage * off, ~recompute_full)
+        act_first = act_first - host_acts
+        act_last = act_last - host_acts
     act_grad = ctx.if_training(sums.op_grads if by_op else sums.act_grad_space)
     # (the last stage's output layer runs its own op in backward)
     act_grad_last = np.maximum(act_grad, head["op_grads"]) if by_op else act_grad
@@ -342,6 +404,7 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
         + act_grad_last + head["logits"]["total"]
     if np.any(acts_off):
         tier2 = tier2 + masked(np.where(recompute_full, ckpt_first, act_first), acts_off)
+    tier2 = tier2 + host_acts
     static = static + pick(optim_off, wgrad_min + optim_min, wgrad_space + optimizer_space)
     tier2 = tier2 + masked(sums.wgrad_space * blocks + optimizer_space, optim_off)
     return S, static, tier2, transient_first, transient_last

@@ -114,6 +114,17 @@ REASONS = REASONS + (
     "invalid: qlora dequantises to bfloat16 or float16 GEMMs: no fp8_recipe",
     "invalid: adapter_rank must be >= 1 and sequence_fill 1..100",
 )
+# Partial CPU activation offloading (issue 24, ``activation_offload_blocks``):
+# Megatron-Core's TransformerConfig.__post_init__ (NVIDIA/Megatron-LM@2a75ac1
+# megatron/core/transformer/transformer_config.py) takes cpu_offloading only
+# without pipeline parallelism and without activation recompute, with
+# cpu_offloading_num_layers below num_layers; Transformer Engine's
+# get_cpu_offload_context (cpu_offload.py) refuses offloading every layer.
+REASONS = REASONS + (
+    "invalid: activation_offload_blocks needs training, pipeline_par 1, no activation "
+    "recompute and no activations_offload",
+    "invalid: activation_offload_blocks must be 0..num_blocks - 1",
+)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -296,6 +307,15 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
              "invalid: recompute_layers needs activation_recompute full")
         flag(k > nb // pp1, "invalid: recompute_layers exceeds the blocks per pipeline stage "
                             "(num_blocks // pipeline_par)")
+    off = cols["activation_offload_blocks"]
+    if off.any():
+        none = CHOICES["activation_recompute"].index("none")
+        flag((off > 0) & (~tr | (pp != 1) | (rec != none) | cols["activations_offload"]
+                          | cols["recompute_moe_act"] | cols["recompute_mla_up_proj"]),
+             "invalid: activation_offload_blocks needs training, pipeline_par 1, no "
+             "activation recompute and no activations_offload")
+        flag((off < 0) | (off >= nb),
+             "invalid: activation_offload_blocks must be 0..num_blocks - 1")
     recipe = cols["fp8_recipe"]
     for f in ("bf16_first_blocks", "bf16_last_blocks"):
         b = cols[f]

@@ -341,6 +341,18 @@ def _r_ooff(c, s):
     return _TF, None
 
 
+def _r_offload_blocks(c, s):
+    # Partial CPU activation offloading (activation_offload_blocks): 0 up to
+    # the model's blocks - 1 where there is a second tier to offload to and
+    # a backward to keep activations for.  No dependency on pipeline_par or
+    # activation_recompute (see _r_bf16_blocks: a field with one is checked
+    # per combination, slow even where a space holds it fixed); the model's
+    # rules refuse it with pipeline stages or recompute, as Megatron-Core does.
+    if not c.mem2 or not c.training:
+        return (0,), "needs a second memory tier (mem2) and training"
+    return tuple(range(c.blocks)), None
+
+
 def _r_fused(c, s):
     return _TF, None
 
@@ -459,6 +471,7 @@ RULES: tuple[Rule, ...] = (
     Rule("weight_offload", (), _r_woff, ""),
     Rule("activations_offload", ("activation_recompute",), _r_aoff, ""),
     Rule("optimizer_offload", (), _r_ooff, ""),
+    Rule("activation_offload_blocks", (), _r_offload_blocks, "0 up to num_blocks - 1"),
     Rule("fused_activation", (), _r_fused, ""),
     Rule("attention_type", (), _r_attn, ""),
     Rule("microbatch_size", ("tensor_par", "data_par", "batch_size"), _r_mbs,

@@ -11,7 +11,8 @@ gain.  The rule:
 2. Inside the group the simpler layout comes first, by these keys in turn:
 
    a. fewer kinds of offloading (``weight_offload``, ``activations_offload``,
-      ``optimizer_offload``: none first);
+      ``optimizer_offload``, and ``activation_offload_blocks`` above 0:
+      none first);
    b. less tier-1 memory (``proc_mem_tier1_cap_req``, compared exactly;
       left out where a table does not have it);
    c. fewer pipeline stages (``pipeline_par``);
@@ -49,6 +50,7 @@ TOLERANCE = 1e-3
 RATE = "sample_rate"
 MEMORY = "proc_mem_tier1_cap_req"
 OFFLOADS = ("weight_offload", "activations_offload", "optimizer_offload")
+PARTIAL_OFFLOAD = "activation_offload_blocks"
 RECOMPUTE = {"none": 0, "attn_only": 1, "mlp_only": 1, "full": 2}
 
 
@@ -88,6 +90,9 @@ def order(cols: Mapping) -> np.ndarray:
     idx = _index(cols, n)
     tie = in_tie(rate, float(np.nanmax(rate)))
     offloads = sum(_values(cols[f]).astype(np.int64) for f in OFFLOADS if f in cols)
+    if PARTIAL_OFFLOAD in cols:
+        # some blocks' activations offloaded: a kind of offloading too
+        offloads = offloads + (_values(cols[PARTIAL_OFFLOAD]) > 0).astype(np.int64)
     zero = np.zeros(n)
     memory = _values(cols[MEMORY]).astype(np.float64) if MEMORY in cols else zero
     pp = _values(cols["pipeline_par"]).astype(np.int64) if "pipeline_par" in cols else zero

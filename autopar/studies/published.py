@@ -632,6 +632,14 @@ register(Table(
 
 # Megatron-Bridge Qwen3 30B-A3B (MoE) ----------------------------------------
 
+# Megatron-Core's partial CPU activation offloading (model.cpu_offloading with
+# cpu_offloading_num_layers, autopar's activation_offload_blocks), which a
+# Bridge recipe may turn on without the performance page saying so: none
+# (the assumed value, first) or any number of blocks the rules allow (one
+# stage, no recompute; docs/validation.md, "Partial CPU activation
+# offloading (Megatron-Core / TE), counted").
+CPU_OFFLOAD_OPTIONS = {"activation_offload_blocks": None}
+
 def _bridge_moe(row) -> PublishedCase | Skip:
     return bridge_qwen3(row)
 
@@ -642,7 +650,7 @@ register(Table(
     unstated={"activation_recompute": ("none", "attn_only", "mlp_only", "full"),
               "fp32_grads": (False, True), "moe_dispatcher": ("deepep", "alltoall", "allgather"),
               "moe_overlap": (False, True), "data_par_overlap": (True, False),
-              "param_gather_overlap": (True, False)}))
+              "param_gather_overlap": (True, False), **CPU_OFFLOAD_OPTIONS}))
 
 
 # Tables registered by their own modules (llm-foundry MPT, NeMo-Megatron-Launcher).

@@ -24,8 +24,10 @@ defaults, Bridge's recipe defaults):
   ``selective`` with Megatron-Core's modules ``core_attn`` -> ``attn_only``,
   ``mlp`` -> ``mlp_only``; other modules (``layernorm``, ``moe_act``,
   ``mla_up_proj``, ...) and combinations: Skip.
-* ``offload`` (CPU offloading of some layers' activations,
-  fine-grained activation offloading): Skip (autopar offloads all or none).
+* ``offload``: ``cpu_activations:layers=N`` (Megatron-Core's
+  ``cpu_offloading`` of the first N layers' activations) ->
+  ``activation_offload_blocks`` N (``cpu_offload_layers``); other
+  offloading (fine-grained activation offloading of modules): Skip.
 * ``extra``: ``ddp.use_megatron_fsdp`` with ``optim_grads_params`` ->
   ``weight_sharding``; ``ddp.num_distributed_optimizer_instances`` ->
   ``sharding_group``; ``grad_reduce_in_fp32`` -> ``fp32_grads``;
@@ -122,6 +124,25 @@ def primary_weights_off(row, fp8: str) -> bool:
     return fp8 != "none" and x.get(key) == "False"
 
 
+def cpu_offload_layers(cell) -> "int | str":
+    """The recipe's ``offload`` cell as autopar's ``activation_offload_blocks``:
+    ``cpu_activations:layers=N`` (Megatron-Core's ``cpu_offloading`` with
+    ``cpu_offloading_num_layers`` N, ``cpu_offloading_weights`` False, as
+    the Llama recipes set it) -> N; empty -> 0; anything else (weights,
+    fine-grained offloading of modules): the reason autopar cannot express
+    it."""
+    cell = str(cell).strip()
+    if not cell or cell == "nan":
+        return 0
+    kind, _, rest = cell.partition(":")
+    if kind == "cpu_activations" and rest.startswith("layers="):
+        n = int_cell(rest[len("layers="):], 0)
+        if n > 0:
+            return n
+    return f"offloading {cell}: autopar offloads the activations of whole blocks " \
+           "(activation_offload_blocks) or all of them"
+
+
 def is_moe(row) -> bool:
     return bool(str(row["ep"]).strip()) or str(row["model"]) not in DENSE_MODELS
 
@@ -155,9 +176,9 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
             return P.Skip(f"selective recompute of {'+'.join(key)}: autopar recomputes the "
                           "attention core or the MLP", lab)
         recompute = SELECTIVE[key]
-    if str(row["offload"]):
-        return P.Skip(f"offloading {row['offload']}: autopar offloads all activations or none",
-                      lab)
+    offload_blocks = cpu_offload_layers(row["offload"])
+    if isinstance(offload_blocks, str):
+        return P.Skip(offload_blocks, lab)
     layout = x.get("model.pipeline_model_parallel_layout", "")
     if layout and layout != "None":
         return P.Skip(f"pipeline_model_parallel_layout {layout}: not a split autopar "
@@ -203,6 +224,8 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     P.te_gathers_again(ex)
     ex["recompute_layers"] = (stage_recompute_layers(layers, m.num_blocks, pp, vp)
                               if recompute == "full" else 0)
+    if offload_blocks:
+        ex["activation_offload_blocks"] = offload_blocks
     inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
     if inst > 1:
         ex["sharding_group"] = dp * cp // inst

@@ -70,6 +70,7 @@ EXPRESSIBLE = {
     "sharding_group": (0,),
     "tensor_par_overlap": ("none",),
     "activations_offload": (False,),
+    "activation_offload_blocks": (0,),
     "fp8_recipe": ("none",),
     "expert_tensor_par": (1,),
     "moe_dispatcher": ("alltoall",),
@@ -87,6 +88,11 @@ WHY = {"optimizer": "SGD would be torch.optim.SGD under ZeRO's untested-optimize
                     "switch, which autopar does not write",
        "adapter": "DeepSpeed's LoRA (deepspeed/linear/config.py LoRAConfig, "
                   "OptimizedLinear) is set up in the training script, not in ds_config",
+       "activation_offload_blocks": "ds_config offloads activations only as "
+                                    "activation_checkpointing.cpu_checkpointing, every "
+                                    "layer's checkpoint under recompute (deepspeed/runtime/"
+                                    "activation_checkpointing/config.py), not some layers' "
+                                    "saved activations",
        "fp8_recipe": "ds_config has no fp8/fp4 recipe (Transformer Engine's are the "
                      "model code's)"}
 # ds_config optimizer.type of autopar's optimizers (Adam: the config's own
@@ -107,7 +113,8 @@ def refuse_model(model) -> str | None:
 def refuse_space(model, space) -> str | None:
     return refuse_values(NAME, space, {f: EXPRESSIBLE[f] for f in (
         "optimizer", "adapter", "activation_recompute", "pipeline_layout",
-        "activations_offload", "fp8_recipe", "sharding_group", "tensor_par_overlap")}, WHY)
+        "activations_offload", "activation_offload_blocks", "fp8_recipe", "sharding_group",
+        "tensor_par_overlap")}, WHY)
 
 
 def cut_space(space) -> dict:
@@ -232,7 +239,8 @@ def read(text: str, source: str) -> Imported:
                 "training": True, "attention_type": "multihead", "pipeline_layout": "even",
                 "embedding_in_split": False, "loss_in_split": False, "first_stage_blocks": 0,
                 "last_stage_blocks": 0, "sharding_group": 0, "tensor_par_overlap": "none",
-                "activations_offload": False, "fp8_recipe": "none", "expert_tensor_par": 1,
+                "activations_offload": False, "activation_offload_blocks": 0,
+                "fp8_recipe": "none", "expert_tensor_par": 1,
                 "moe_dispatcher": "alltoall", "moe_overlap": False,
                 "param_gather_overlap": False, "pipeline_interleaving": 1}
     L = LAUNCHER + "."

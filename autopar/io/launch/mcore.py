@@ -49,9 +49,11 @@ UNEXPRESSED = {
     "weight_offload": {True: "Megatron-Core has no argument that keeps the weights in host "
                              "memory between uses (cpu_offloading_weights has no "
                              "pretrain_gpt.py argument; arguments.py excludes it)"},
-    "activations_offload": {True: "layer-level activation offloading (cpu_offloading) has no "
-                                  "pretrain_gpt.py argument and fine-grained offloading "
-                                  "(offload_modules) does not cover every stored activation"},
+    "activations_offload": {True: "Megatron-Core's cpu_offloading keeps the last layer's "
+                                  "activations on the GPU (cpu_offloading_num_layers below "
+                                  "num_layers: activation_offload_blocks) and fine-grained "
+                                  "offloading (offload_modules) does not cover every stored "
+                                  "activation"},
     "training": {False: "pretrain_gpt.py trains; an inference layout is not a training "
                         "launch"},
     "tensor_par_comm_type": {"p2p_rs_ag": "Megatron-Core's sequence parallelism uses NCCL "
@@ -224,6 +226,19 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
         if why:
             return refusal("moe_overlap", "true", fmt, "Megatron-Core's EP all-to-all "
                            "overlap (overlap_moe_expert_parallel_comm): " + why)
+    k = _get(ex, "activation_offload_blocks")
+    if k:
+        # transformer_config.py __post_init__ (NVIDIA/Megatron-LM@2a75ac1)
+        why = ("there is no CPU offloading with pipeline parallelism"
+               if ex.get("pipeline_par", 1) > 1 else
+               "CPU offloading does not work with activation recompute"
+               if ex.get("activation_recompute", "none") != "none"
+               or _get(ex, "recompute_moe_act") or _get(ex, "recompute_mla_up_proj") else
+               f"cpu_offloading_num_layers must be below num_layers ({model.num_blocks})"
+               if k >= model.num_blocks else None)
+        if why:
+            return refusal("activation_offload_blocks", k, fmt, "Megatron-Core's cpu_offloading: "
+                           + why)
     if _get(ex, "recompute_layers") and ex.get("activation_recompute") != "full":
         return refusal("recompute_layers", _get(ex, "recompute_layers"), fmt,
                        "recompute_num_layers with recompute_method block is full recompute only")
@@ -414,6 +429,16 @@ def settings(model, ex: Mapping) -> dict:
     s["ddp.overlap_grad_reduce"] = bool(ex["data_par_overlap"])
     s["ddp.overlap_param_gather"] = bool(_get(ex, "param_gather_overlap"))
     s["ddp.grad_reduce_in_fp32"] = bool(_get(ex, "fp32_grads"))
+    # Partial CPU activation offloading: TransformerConfig.cpu_offloading with
+    # cpu_offloading_num_layers (model_parallel_config.py; Megatron-LM's
+    # --cpu-offloading-num-layers N sets cpu_offloading itself, arguments.py
+    # validate_args), activations only, as the Bridge recipes set it
+    off = _get(ex, "activation_offload_blocks")
+    s["model.cpu_offloading"] = bool(off)
+    if off:
+        s["model.cpu_offloading_num_layers"] = int(off)
+        s["model.cpu_offloading_activations"] = True
+        s["model.cpu_offloading_weights"] = False
     s["optimizer.optimizer_cpu_offload"] = bool(ex["optimizer_offload"])
     if ex["optimizer_offload"]:
         s["optimizer.optimizer_offload_fraction"] = 1.0
@@ -701,6 +726,7 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
     put("data_par_overlap", r.bool("ddp.overlap_grad_reduce", False if d else None))
     put("param_gather_overlap", r.bool("ddp.overlap_param_gather", False if d else None))
     put("fp32_grads", r.bool("ddp.grad_reduce_in_fp32", None))
+    _read_cpu_offload(r, ex, d)
     put("optimizer_offload", r.bool("optimizer.optimizer_cpu_offload", False if d else None))
     if ex.get("optimizer_offload") and \
             r.float("optimizer.optimizer_offload_fraction", 1.0) != 1.0:
@@ -820,6 +846,21 @@ def _read_recompute(r: Reader, ex: dict, d: bool) -> None:
         if k is None:
             r.fail("model.recompute_num_layers", "block recompute needs a number of layers")
         ex.update(activation_recompute="full", recompute_layers=k)
+
+
+def _read_cpu_offload(r: Reader, ex: dict, d: bool) -> None:
+    """``activation_offload_blocks`` from Megatron-Core's CPU offloading:
+    ``cpu_offloading`` on with ``cpu_offloading_num_layers`` N offloading
+    activations -> N (Megatron-LM's command line has no --cpu-offloading: a
+    number of layers above 0 turns it on, arguments.py validate_args);
+    offloading weights alone does nothing in Transformer Engine 2.x
+    (cpu_offload.py: deprecated, no effect) -> 0."""
+    on = r.bool("model.cpu_offloading", True if d else None)
+    k = r.int("model.cpu_offloading_num_layers", 0 if d else None, minimum=0)
+    if on is None:
+        return
+    acts = r.bool("model.cpu_offloading_activations", True)
+    ex["activation_offload_blocks"] = (k or 0) if on and acts else 0
 
 
 def _read_sharding(r: Reader, ex: dict, d: bool) -> None:

@@ -49,7 +49,14 @@ OFF_FLAGS = {"model.masked_softmax_fusion": "--no-masked-softmax-fusion",
              "model.add_bias_linear": "--disable-bias-linear"}
 # settings not written as one argument of their own (handled in ``write``)
 SPECIAL = ("mixed_precision.dtype", "ddp.grad_reduce_in_fp32", "model.bias_activation_fusion",
-           "model.seq_length", "model.num_query_groups", "_num_procs")
+           "model.seq_length", "model.num_query_groups", "_num_procs",
+           # no arguments of their own: --cpu-offloading-num-layers N > 0 turns
+           # CPU offloading on (arguments.py validate_args; cpu_offloading,
+           # cpu_offloading_activations and _weights are excluded from the
+           # generated arguments, which leave them at TransformerConfig's
+           # defaults: activations on, weights off)
+           "model.cpu_offloading", "model.cpu_offloading_activations",
+           "model.cpu_offloading_weights")
 
 
 def arg_name(key: str) -> str:
@@ -180,7 +187,8 @@ def _arg_keys() -> dict:
         "model.qk_pos_emb_head_dim", "model.v_head_dim", "model.mtp_num_layers",
         "model.seq_length", "checkpoint.ckpt_format", "model.hybrid_layer_pattern",
         "model.mamba_num_heads", "model.mamba_head_dim", "model.mamba_state_dim",
-        "model.mamba_num_groups", "optimizer.muon_tp_mode", "optimizer.muon_num_ns_steps"]
+        "model.mamba_num_groups", "optimizer.muon_tp_mode", "optimizer.muon_num_ns_steps",
+        "model.cpu_offloading_num_layers"]
     for k in names:
         keys[arg_name(k)] = (k, "value")
     for k in ("model.sequence_parallel", "model.tp_comm_overlap", "model.first_last_layers_bf16",

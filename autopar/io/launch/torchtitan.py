@@ -72,6 +72,7 @@ EXPRESSIBLE = {
     "recompute_layers": (0,),
     "unsharded_grads": (False,),
     "activations_offload": (False,),
+    "activation_offload_blocks": (0,),
     "tensor_par_overlap": ("none", "ring"),
     "context_par_comm": ("p2p",),
     "moe_dispatcher": ("alltoall", "deepep"),
@@ -93,6 +94,10 @@ WHY = {"optimizer": "torchtitan 0.2.2's build_optimizers has Adam and AdamW "
                     "configured in Python, not TOML",
        "adapter": "torchtitan 0.2.2 has no LoRA; later releases' LoRA converter "
                   "(torchtitan/components/lora.py) is configured in Python, not TOML",
+       "activation_offload_blocks": "torchtitan offloads no activations: its CPU offload "
+                                    "(training.enable_cpu_offload, torchtitan/config/"
+                                    "configs.py) is FSDP's of parameters, gradients and "
+                                    "optimizer state",
        "fp8_recipe": "autopar writes its quantize converters as float8 tensorwise / "
                      "rowwise and MX mxfp8 (quantize.linear.mx.recipe_name is a torchao "
                      "recipe name; an fp4 training recipe of the torchao 0.2.2 pins was "
@@ -112,7 +117,8 @@ def refuse_model(model) -> str | None:
 def refuse_space(model, space) -> str | None:
     return refuse_model(model) or refuse_values(NAME, space, {
         f: EXPRESSIBLE[f] for f in ("optimizer", "adapter", "attention_impl", "fp32_grads",
-                                    "activation_recompute", "activations_offload")}, WHY)
+                                    "activation_recompute", "activations_offload",
+                                    "activation_offload_blocks")}, WHY)
 
 
 def split_counts(model, ex) -> list[int]:
@@ -307,7 +313,8 @@ def read(text: str, source: str, num_procs: int | None = None) -> Imported:
     ex: dict = {**RECIPE_DEFAULTS,
                 "training": True, "attention_type": "multihead", "attention_impl": "flash_v2",
                 "fp32_grads": True, "unsharded_grads": False,
-                "activations_offload": False, "moe_overlap": False, "recompute_layers": 0,
+                "activations_offload": False, "activation_offload_blocks": 0,
+                "moe_overlap": False, "recompute_layers": 0,
                 "param_gather_overlap": False,
                 "first_stage_blocks": 0, "last_stage_blocks": 0}
     P = "parallelism."
