@@ -1,0 +1,172 @@
+"""Gated DeltaNet layers of hybrid models (Qwen3-Next, Qwen3.5): hand counts
+of one small layer (parameters, forward FLOPs, what it keeps for backward),
+gated attention, tensor parallelism, bad values, and the Qwen3-Next file."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from autopar import model as M
+from autopar.io.errors import SpecError
+from autopar.io.specs import load_execution, load_model, model_to_json
+from autopar.model.gated_delta import delta_rule_flops
+from autopar.model.params import parameter_counts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One small layer: h 64, 2 key heads of 16, 4 value heads of 8, conv 4,
+# chunk 16, on sequences of 32.
+GDN = {"key_heads": 2, "value_heads": 4, "key_head_dim": 16, "value_head_dim": 8,
+       "conv_kernel": 4, "chunk": 16}
+
+
+def tiny(pattern="G*-G", **kw):
+    shape = {"hidden": 64, "feedforward": 128, "seq_size": 32, "attn_heads": 4,
+             "attn_size": 16, "num_blocks": len(pattern), "name": "tiny",
+             "hybrid_override_pattern": pattern, "gdn": dict(GDN)}
+    shape.update(kw)
+    return load_model(shape)
+
+
+def run(model, system, **kw):
+    ex = {"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1,
+          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+          "batch_size": 1, "microbatch_size": 1, "datatype": "bfloat16",
+          "fused_activation": True, "attention_type": "multihead",
+          "activation_recompute": "none", "pipeline_interleaving": 1,
+          "optimizer_sharding": False, "tensor_par_comm_type": "ar",
+          "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": False,
+          "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
+          "training": True}
+    ex.update(kw)
+    return M.evaluate_one(model, system, load_execution(ex))
+
+
+def test_round_trip_and_default():
+    m = tiny(attention_output_gate=True)
+    assert load_model(model_to_json(m)) == dataclasses.replace(m, source="dict")
+    plain = load_model(ROOT / "models" / "qwen3-30B-A3B.json")
+    assert plain.gdn is None and not plain.attention_output_gate
+    assert "gdn" not in model_to_json(plain)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"gdn": None}, "gdn"),
+    ({"gdn": dict(GDN, value_heads=3)}, "gdn.value_heads"),
+    ({"gdn": dict(GDN, key_head_dim=0)}, "gdn.key_head_dim"),
+    ({"gdn": dict(GDN, chunk="big")}, "gdn.chunk"),
+    ({"gdn": dict(GDN, state=8)}, "gdn.state"),
+    ({"hybrid_override_pattern": "M*-M", "mamba": {"heads": 4, "head_dim": 16, "state": 8}},
+     "gdn"),
+    ({"attention_output_gate": "yes"}, "attention_output_gate"),
+])
+def test_spec_errors(change, field):
+    with pytest.raises(SpecError) as e:
+        tiny(**change)
+    assert e.value.field == field
+
+
+def test_gate_needs_a_pattern():
+    with pytest.raises(SpecError) as e:
+        load_model({"hidden": 64, "feedforward": 128, "seq_size": 32, "attn_heads": 4,
+                    "attn_size": 16, "num_blocks": 2, "attention_output_gate": True})
+    assert e.value.field == "attention_output_gate"
+
+
+def test_layer_parameters_by_hand(h100):
+    """in_proj h (2 Hk dk + 2 Hv dv + 2 Hv) + conv1d (2 Hk dk + Hv dv) K (no
+    bias) + dt_bias, A_log (Hv each) + out norm dv + out_proj Hv dv h + the
+    pre-norm ('gpt' LayerNorm: 2 h)."""
+    h, Hk, dk, Hv, dv, K = 64, 2, 16, 4, 8, 4
+    hand = (h * (2 * Hk * dk + 2 * Hv * dv + 2 * Hv) + (2 * Hk * dk + Hv * dv) * K
+            + 2 * Hv + dv + Hv * dv * h + 2 * h)
+    assert hand == 8704 + 384 + 8 + 8 + 2048 + 128 == 11280
+    c = parameter_counts(tiny(), h100)
+    assert c["gdn_block"] == hand
+    assert c["total"] == 2 * hand + c["attention_block"] + c["mlp_block"]
+
+
+def test_output_gate_parameters(h100):
+    """Gated attention adds the gate's columns of linear_qkv: h x H d."""
+    plain = parameter_counts(tiny(), h100)["attention_block"]
+    gated = parameter_counts(tiny(attention_output_gate=True), h100)["attention_block"]
+    assert gated - plain == 64 * 4 * 16
+
+
+def test_delta_rule_flops_by_hand():
+    """32 tokens, chunk 16, 4 value heads, dk 16, dv 8: k k^T 2 T C dk, the
+    inverse 2 T C^2 / 3, w and u 2 T C (dk + dv), the states 4 T dk dv, the
+    output 2 T (dk dv + C dk + C dv), per head."""
+    T, C, H, dk, dv = 32, 16, 4, 16, 8
+    f = delta_rule_flops(T, H, dk, dv, C)
+    hand = H * (2 * T * C * dk + 2 * T * C * C / 3 + 2 * T * C * (dk + dv) + 4 * T * dk * dv
+                + 2 * T * (dk * dv + C * dk + C * dv))
+    assert f["fw"] == pytest.approx(hand, rel=1e-12)
+    assert f["bw"] == 2 * f["fw"]
+    assert f["recompute"] == H * (2 * T * C * (dk + dv) + 4 * T * dk * dv)
+
+
+def test_layer_forward_flops_by_hand(h100):
+    """LayerNorm 9 A, in_proj 2 T h W, conv (2K + 4) T ch, L2 norm 3 per q/k
+    element and the gates 10 per value head, the delta rule, the out RMSNorm
+    4 T Hv dv, the SiLU gate 5 T Hv dv, out_proj 2 T Hv dv h, dropout and
+    residual A each."""
+    s = run(tiny("GG"), h100)
+    assert s["feasible"], M.REASONS[s["reason_code"]]
+    T, h, Hk, dk, Hv, dv, K, C = 32, 64, 2, 16, 4, 8, 4, 16
+    A, W, ch, vd = T * h, 2 * Hk * dk + 2 * Hv * dv + 2 * Hv, 2 * Hk * dk + Hv * dv, Hv * dv
+    hand = (9 * A + 2 * T * h * W + (2 * K + 4) * T * ch + T * (3 * 2 * Hk * dk + 10 * Hv)
+            + delta_rule_flops(T, Hv, dk, dv, C)["fw"] + 4 * T * vd + 5 * T * vd
+            + 2 * T * vd * h + A + A)
+    assert s["block_fw_flops"] == pytest.approx(hand, rel=1e-12)
+
+
+def test_saved_for_backward_by_hand(h100):
+    """Doubling the value heads (4 -> 8) adds per token: the conv input 32,
+    the gates' inputs 2 x 4, the kernel's q and k repeated 2 x 64, v 32, g
+    (fp32) and beta 3 x 4, the inverse 4 x 16; the norm's input 32, the
+    gate and the normed output 2 x 32, out_proj's input 32 -- bf16 bytes."""
+    one = run(tiny("GG"), h100)
+    two = run(tiny("GG", gdn=dict(GDN, value_heads=8)), h100)
+    per_token = 32 + 8 + (128 + 32 + 12 + 64) + 32 + 64 + 32
+    assert per_token == 404
+    assert two["block_act_storage_space"] - one["block_act_storage_space"] == 2 * 32 * per_token
+
+
+def test_tensor_parallel_splits_heads(h100):
+    m = tiny("GG")
+    one = run(m, h100)
+    two = run(m, h100, num_procs=2, tensor_par=2)
+    assert two["feasible"], M.REASONS[two["reason_code"]]
+    A = 32 * 64
+    norms = 9 * A + 2 * A
+    # all but the LayerNorm, dropout, residual and the out norm's... halve;
+    # the all-reduce adds A / 2
+    assert two["block_fw_flops"] - norms - A / 2 == pytest.approx(
+        (one["block_fw_flops"] - norms) / 2, rel=1e-12)
+    four = run(m, h100, num_procs=4, tensor_par=4)
+    assert M.REASONS[four["reason_code"]] == \
+        "invalid: gdn key and value heads must be divisible by tensor_par"
+
+
+def test_context_parallel_refused(h100):
+    s = run(tiny("GG"), h100, num_procs=2, context_par=2)
+    assert not s["feasible"]
+    assert "context_par" in M.REASONS[s["reason_code"]]
+
+
+def test_qwen3_next_counts(h100):
+    """Qwen3-Next-80B-A3B: 36 Gated DeltaNet and 12 gated attention layers,
+    each followed by an MoE layer.  The checkpoint's 79,674,391,296 (and
+    3,874,929,408 active) less what autopar does not count: q/k RMSNorm
+    (12 x 2 x 256), the shared expert's gate (48 x 2048) and the final norm
+    (2048) = 106,496 -- never more than the checkpoint."""
+    m = load_model(ROOT / "models" / "qwen3-next-80B-A3B.json")
+    assert m.hybrid_pattern.count("G") == 36 and m.hybrid_pattern.count("*") == 12
+    c = parameter_counts(m, h100)
+    missing = 12 * 2 * 256 + 48 * 2048 + 2048
+    assert missing == 106_496
+    assert c["total"] == 79_674_391_296 - missing
+    assert c["active"] == 3_874_929_408 - missing
