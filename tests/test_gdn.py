@@ -170,3 +170,18 @@ def test_qwen3_next_counts(h100):
     assert missing == 106_496
     assert c["total"] == 79_674_391_296 - missing
     assert c["active"] == 3_874_929_408 - missing
+
+
+def test_hybrid_mtp_module_is_attention_and_moe(h100):
+    """A hybrid model's mtp module is one transformer layer (attention and
+    MoE blocks) plus the 2h -> h projection: parameters, and the step's
+    weights and time grow by it."""
+    moe = {"experts": 4, "top_k": 2, "expert_feedforward": 32}
+    base = tiny("GE*E", moe=moe)
+    one = tiny("GE*E", moe=moe, mtp=1)
+    c0, c1 = parameter_counts(base, h100), parameter_counts(one, h100)
+    assert c1["total"] - c0["total"] == c0["attention_block"] + c0["moe_block"] + 2 * 64 ** 2
+    s0, s1 = run(base, h100), run(one, h100)
+    assert s0["feasible"] and s1["feasible"], M.REASONS[s1["reason_code"]]
+    assert s1["weight_space"] > s0["weight_space"]
+    assert s1["total_time"] > s0["total_time"]

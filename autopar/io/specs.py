@@ -831,8 +831,13 @@ def _hybrid(c: Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "Ma
         c.fail("moe", "the pattern has no MoE layers (E)")
     if moe is not None and moe.first_dense:
         c.fail("moe.first_dense", "a hybrid pattern says which layers are dense: leave it out")
-    if mla is not None or mtp:
-        c.fail("hybrid_override_pattern", "not supported with mla or mtp")
+    if mla is not None:
+        c.fail("hybrid_override_pattern", "not supported with mla")
+    if mtp and ("*" not in pattern or not set(pattern) & {"E", "-"}):
+        # (an mtp module of a hybrid model is an attention and an MoE / MLP
+        # layer: autopar.model.moe.mtp_kinds)
+        c.fail("mtp", "beside hybrid_override_pattern needs attention (*) and MoE (E) or "
+                      "MLP (-) layers in the pattern")
     return pattern, mamba
 
 
