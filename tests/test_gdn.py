@@ -185,3 +185,12 @@ def test_hybrid_mtp_module_is_attention_and_moe(h100):
     assert s0["feasible"] and s1["feasible"], M.REASONS[s1["reason_code"]]
     assert s1["weight_space"] > s0["weight_space"]
     assert s1["total_time"] > s0["total_time"]
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "bridge", "torchtitan"])
+def test_export_refuses_the_layer_kind_naming_the_field(fmt):
+    from autopar.io import launch
+    m = load_model(ROOT / "models" / "qwen3-next-80B-A3B.json")
+    why = launch.get(fmt).refuse_model(m)
+    assert why and why.startswith(fmt)
+    assert ("gdn" in why) if fmt != "torchtitan" else ("hybrid_override_pattern" in why)
