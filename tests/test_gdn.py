@@ -194,3 +194,41 @@ def test_export_refuses_the_layer_kind_naming_the_field(fmt):
     why = launch.get(fmt).refuse_model(m)
     assert why and why.startswith(fmt)
     assert ("gdn" in why) if fmt != "torchtitan" else ("hybrid_override_pattern" in why)
+
+
+QWEN3_NEXT_HF = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 2048,
+    "intermediate_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "hidden_act": "silu",
+    "max_position_embeddings": 262144, "vocab_size": 151936, "num_experts": 512,
+    "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "tie_word_embeddings": False}
+
+
+def test_hf_import_is_the_shipped_file():
+    import json
+    from autopar.io import launch
+    got = launch.get("hf").read(json.dumps(QWEN3_NEXT_HF), "config.json")
+    m = load_model(dict(got.model, seq_size=4096, name="qwen3-next-80B-A3B"))
+    shipped = load_model(ROOT / "models" / "qwen3-next-80B-A3B.json")
+    assert dataclasses.replace(m, source="", description="") == \
+        dataclasses.replace(shipped, source="", description="")
+    assert any("multi-token" in n for n in got.notes)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"linear_num_value_heads": None}, "linear_num_value_heads"),
+    ({"linear_key_head_dim": "128"}, "linear_key_head_dim"),
+    ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
+])
+def test_hf_import_bad_values(change, field):
+    import json
+    from autopar.io import launch
+    cfg = {k: v for k, v in QWEN3_NEXT_HF.items() if change.get(k, 0) is not None}
+    cfg.update({k: v for k, v in change.items() if v is not None})
+    with pytest.raises(SpecError) as e:
+        launch.get("hf").read(json.dumps(cfg), "config.json")
+    assert e.value.field == field
