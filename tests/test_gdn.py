@@ -232,3 +232,22 @@ def test_hf_import_bad_values(change, field):
     with pytest.raises(SpecError) as e:
         launch.get("hf").read(json.dumps(cfg), "config.json")
     assert e.value.field == field
+
+
+def test_space_keeps_gdn_layouts_valid(h100):
+    """The search space offers only tensor_par values that divide both GDN
+    head counts (key heads 2, value heads 4: 1 or 2), and every layout it
+    builds passes the rules."""
+    import numpy as np
+    from autopar.search.space import Case, load_space
+    moe = {"experts": 8, "top_k": 2, "expert_feedforward": 32}
+    m = tiny("GE*E" * 2, moe=moe)
+    sp = load_space(ROOT / "search_spaces" / "modern.yaml")
+    parts = list(sp.enumerate(Case(m, h100, 8, 16, "bfloat16")))
+    cols = {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
+    assert set(cols["tensor_par"].tolist()) <= {1, 2}
+    out = M.evaluate_columns(m, h100, cols, stats=("total_time",))
+    bad = {M.REASONS[c] for c in np.unique(out["reason_code"])
+           if M.REASONS[c].startswith("invalid:")}
+    assert not bad, bad
+    assert out["feasible"].any()
