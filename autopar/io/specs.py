@@ -7,8 +7,9 @@ The three inputs are read in Calculon's JSON formats, unchanged:
   "llama"), ``kv_heads``, ``vocab_size``, ``moe`` (mixture of experts,
   ``MoESpec``), ``mla`` (multi-head latent attention, ``MLASpec``), ``mtp``
   (multi-token-prediction modules), ``hybrid_override_pattern`` (layer kinds,
-  Megatron's notation) with ``mamba`` (Mamba-2 mixers, ``MambaSpec``),
-  ``name`` and ``description``.
+  Megatron's notation) with ``mamba`` (Mamba-2 mixers, ``MambaSpec``) and
+  ``gdn`` (Gated DeltaNet mixers, ``GatedDeltaNetSpec``),
+  ``attention_output_gate``, ``name`` and ``description``.
 * system: ``matrix, vector, mem1, mem2, processing_mode, networks``; optional
   top-level ``name`` and ``description`` strings.
 * execution: exactly Calculon's 23 fields (``autopar.io.layouts.FIELDS``).
