@@ -35,6 +35,16 @@ KNOWN_LOW_MFU = {
     "gpt_oss_20b_pretrain_512gpu_gb200_fp8mx_config": "exposed data-parallel sync",
     "gpt_oss_20b_pretrain_512gpu_gb300_fp8mx_config": "exposed data-parallel sync",
 }
+# Fitting recipes predicted below 10% MFU because the expert-parallel
+# all-to-all is most of the step: Qwen3-Next's 512 experts over 64-128 GPUs
+# (8-16 nodes) with overlap_moe_expert_parallel_comm not set by the recipe
+# (docs/validation.md, "Gated DeltaNet layers (Qwen3-Next, Qwen3.5), counted").
+KNOWN_LOW_MFU_EP = {
+    "qwen3_next_80b_a3b_pretrain_128gpu_h100_bf16_config",
+    "qwen3_next_80b_a3b_pretrain_128gpu_h100_fp8cs_config",
+    "qwen3_next_80b_a3b_pretrain_64gpu_b200_bf16_config",
+    "qwen3_next_80b_a3b_pretrain_64gpu_b200_fp8mx_config",
+}
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +96,7 @@ def test_every_recipe_predicted_or_skipped_with_a_reason(outcomes, table):
 
 def test_fitting_recipes_run_at_a_plausible_mfu(outcomes):
     for name, (status, s) in outcomes.items():
-        if status == "fits" and name not in KNOWN_LOW_MFU:
+        if status == "fits" and name not in KNOWN_LOW_MFU and name not in KNOWN_LOW_MFU_EP:
             assert 0.10 <= s["total_efficiency"] <= 0.70, (name, s["total_efficiency"])
     for name in KNOWN_LOW_MFU:
         status, s = outcomes[name]
@@ -94,6 +104,10 @@ def test_fitting_recipes_run_at_a_plausible_mfu(outcomes):
         # the data-parallel sync is most of the step
         assert s["dp_comm_exposed_time"] + s["weight_gather_exposed_time"] \
             > 0.5 * s["total_time"], name
+    for name in KNOWN_LOW_MFU_EP:
+        status, s = outcomes[name]
+        assert status == "fits" and s["total_efficiency"] < 0.10, name
+        assert s["ep_comm_exposed_time"] > 0.5 * s["total_time"], name
 
 
 def test_hand_check_deepseek_v3_h100_bf16(table):
@@ -175,7 +189,7 @@ NANO_FITS = 14
 NOT_EXPRESSED_COUNTS = {"nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16": 10,
                         "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": 13,
                         "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": 2,
-                        "qwen3-next-80B-A3B": 10, "glm5": 4, "deepseek-v4": 3}
+                        "glm5": 4, "deepseek-v4": 3}
 
 
 def _writer():
@@ -296,7 +310,25 @@ def test_models_autopar_cannot_express_are_skipped_with_what_it_lacks():
         assert (sel.status == "skipped").all() and (sel.reason == R.NOT_EXPRESSED[name]).all()
     assert counts == NOT_EXPRESSED_COUNTS
     assert set(R.NOT_EXPRESSED) == set(NOT_EXPRESSED_COUNTS)
-    assert "autopar has no" in R.NOT_EXPRESSED["qwen3-next-80B-A3B"]
+    assert "has no indexer" in R.NOT_EXPRESSED["glm5"]
     assert "LatentMoE" in R.NOT_EXPRESSED["nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"]
     # no row is skipped for want of a model file any more
     assert not rows.reason.fillna("").str.startswith("no model file").any()
+
+
+def test_qwen3_next_recipes_predicted(outcomes):
+    """The 10 Qwen3-Next recipes: the six without a pipeline are predicted
+    and fit (models/qwen3-next-80B-A3B.json, Gated DeltaNet layers, with the
+    recipes' MTP layer); the four GB200 / GB300 ones interleave a pipeline
+    (pp 2 x vp 4), which autopar's hybrid split does not build."""
+    rows = {n: o for n, o in outcomes.items() if n.startswith("qwen3_next_80b_a3b")}
+    assert len(rows) == 10
+    fits = sorted(n for n, (st, _) in rows.items() if st == "fits")
+    assert len(fits) == 6 and all(("gb200" not in n and "gb300" not in n) for n in fits)
+    for n, (st, info) in rows.items():
+        if st == "skip":
+            assert "virtual 4" in info and "hybrid" in info, (n, info)
+        else:
+            assert info["feasible"]
+    c = dict(R.cases())["qwen3_next_80b_a3b_pretrain_128gpu_h100_bf16_config"]
+    assert c.model.mtp == 1 and c.model.gdn is not None and c.model.attention_output_gate

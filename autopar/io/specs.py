@@ -7,8 +7,9 @@ The three inputs are read in Calculon's JSON formats, unchanged:
   "llama"), ``kv_heads``, ``vocab_size``, ``moe`` (mixture of experts,
   ``MoESpec``), ``mla`` (multi-head latent attention, ``MLASpec``), ``mtp``
   (multi-token-prediction modules), ``hybrid_override_pattern`` (layer kinds,
-  Megatron's notation) with ``mamba`` (Mamba-2 mixers, ``MambaSpec``),
-  ``name`` and ``description``.
+  Megatron's notation) with ``mamba`` (Mamba-2 mixers, ``MambaSpec``) and
+  ``gdn`` (Gated DeltaNet mixers, ``GatedDeltaNetSpec``),
+  ``attention_output_gate``, ``name`` and ``description``.
 * system: ``matrix, vector, mem1, mem2, processing_mode, networks``; optional
   top-level ``name`` and ``description`` strings.
 * execution: exactly Calculon's 23 fields (``autopar.io.layouts.FIELDS``).
@@ -105,10 +106,27 @@ class MambaSpec:
         return self.heads * self.head_dim
 
 
+@dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """Gated DeltaNet linear-attention mixers of a hybrid model (the ``gdn``
+    object of a model file; Megatron-Core's ``linear_num_key_heads``,
+    ``linear_num_value_heads``, ``linear_key_head_dim``,
+    ``linear_value_head_dim``, ``linear_conv_kernel_dim``; Hugging Face's
+    keys of the same names).  ``chunk`` is the chunked delta-rule kernel's
+    chunk (fla ``chunk_gated_delta_rule``: 64 tokens).  Query and key heads
+    are repeated to the value heads (``value_heads % key_heads == 0``)."""
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+    chunk: int = 64
+
+
 # The layer kinds of a hybrid pattern (Megatron-Core's hybrid_layer_allocation
-# Symbols: M Mamba, * attention, - MLP, E mixture of experts), by the block
-# kind the model evaluates for each.
-HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+# Symbols: M Mamba, G Gated DeltaNet, * attention, - MLP, E mixture of
+# experts), by the block kind the model evaluates for each.
+HYBRID_SYMBOLS = {"M": "mamba", "G": "gdn", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 @dataclass(frozen=True)
@@ -130,6 +148,10 @@ class ModelSpec:
     # block (HYBRID_SYMBOLS), as Megatron's hybrid_override_pattern
     hybrid_pattern: str = ""
     mamba: MambaSpec | None = None
+    gdn: GatedDeltaNetSpec | None = None
+    # Qwen3-Next's gated attention (Megatron-Core attention_output_gate): the
+    # query projection also gives a per-element gate on the attention output
+    attention_output_gate: bool = False
     name: str = ""
     source: str = "dict"
     description: str = ""
@@ -473,7 +495,10 @@ class SystemSpec:
 MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
               "num_blocks")
 MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "moe", "mla", "mtp",
-                        "hybrid_override_pattern", "mamba", "name", "description")
+                        "hybrid_override_pattern", "mamba", "gdn", "attention_output_gate",
+                        "name", "description")
+GDN_KEYS = ("key_heads", "value_heads", "key_head_dim", "value_head_dim")
+GDN_OPTIONAL_KEYS = ("conv_kernel", "chunk")
 MAMBA_KEYS = ("heads", "head_dim", "state")
 MAMBA_OPTIONAL_KEYS = ("groups", "conv_kernel", "chunk")
 MOE_KEYS = ("experts", "top_k", "expert_feedforward")
@@ -752,13 +777,18 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
     mla = _mla(c, data["mla"]) if data.get("mla") is not None else None
     mtp = c.int(data.get("mtp", 0), "mtp", minimum=0)
     pattern, mamba = _hybrid(c, data, vals, moe, mla, mtp)
+    gdn = _gdn(c, data, pattern)
+    gate = c.bool(data.get("attention_output_gate", False), "attention_output_gate")
+    if gate and not pattern:
+        c.fail("attention_output_gate", "is modelled for hybrid models (a pattern with '*')")
     if "name" in data:
         name = c.str(data["name"], "name")
     else:
         name = _stem(path_or_dict)
     desc = c.str(data.get("description", ""), "description")
     return ModelSpec(**vals, block=block, kv_heads=kv_heads, vocab_size=vocab, moe=moe,
-                     mla=mla, mtp=mtp, hybrid_pattern=pattern, mamba=mamba, name=name,
+                     mla=mla, mtp=mtp, hybrid_pattern=pattern, mamba=mamba, gdn=gdn,
+                     attention_output_gate=gate, name=name,
                      source=src, description=desc)
 
 
@@ -788,7 +818,8 @@ def _hybrid(c: Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "Ma
     bad = sorted(set(pattern) - set(HYBRID_SYMBOLS))
     if bad:
         c.fail("hybrid_override_pattern",
-               f"unknown layer symbols {''.join(bad)!r}: one of M (Mamba), * (attention), "
+               f"unknown layer symbols {''.join(bad)!r}: one of M (Mamba), G (Gated "
+               f"DeltaNet), * (attention), "
                f"- (MLP), E (MoE) per layer; '|' stage separators are not supported")
     if len(pattern) != vals["num_blocks"]:
         c.fail("hybrid_override_pattern",
@@ -801,9 +832,39 @@ def _hybrid(c: Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "Ma
         c.fail("moe", "the pattern has no MoE layers (E)")
     if moe is not None and moe.first_dense:
         c.fail("moe.first_dense", "a hybrid pattern says which layers are dense: leave it out")
-    if mla is not None or mtp:
-        c.fail("hybrid_override_pattern", "not supported with mla or mtp")
+    if mla is not None:
+        c.fail("hybrid_override_pattern", "not supported with mla")
+    if mtp and ("*" not in pattern or not set(pattern) & {"E", "-"}):
+        # (an mtp module of a hybrid model is an attention and an MoE / MLP
+        # layer: autopar.model.moe.mtp_kinds)
+        c.fail("mtp", "beside hybrid_override_pattern needs attention (*) and MoE (E) or "
+                      "MLP (-) layers in the pattern")
     return pattern, mamba
+
+
+def _gdn(c: Checker, data: dict, pattern: str) -> "GatedDeltaNetSpec | None":
+    """The ``gdn`` object of a model file, checked against its pattern."""
+    if data.get("gdn") is None:
+        if "G" in pattern:
+            c.fail("gdn", "the pattern has Gated DeltaNet layers (G): give gdn.key_heads, "
+                          "value_heads, key_head_dim, value_head_dim")
+        return None
+    if "G" not in pattern:
+        c.fail("gdn", "needs hybrid_override_pattern with Gated DeltaNet layers (G)")
+    v = data["gdn"]
+    c.keys(v, "gdn", GDN_KEYS, GDN_OPTIONAL_KEYS)
+    kh = c.int(v["key_heads"], "gdn.key_heads", minimum=1)
+    vh = c.int(v["value_heads"], "gdn.value_heads", minimum=1)
+    if vh % kh:
+        # (Megatron-Core _GDNBase._prepare_input_for_gated_delta_rule repeats
+        # the query and key heads to the value heads)
+        c.fail("gdn.value_heads", f"must be a multiple of gdn.key_heads ({kh}), got {vh}")
+    return GatedDeltaNetSpec(
+        key_heads=kh, value_heads=vh,
+        key_head_dim=c.int(v["key_head_dim"], "gdn.key_head_dim", minimum=1),
+        value_head_dim=c.int(v["value_head_dim"], "gdn.value_head_dim", minimum=1),
+        conv_kernel=c.int(v.get("conv_kernel", 4), "gdn.conv_kernel", minimum=1),
+        chunk=c.int(v.get("chunk", 64), "gdn.chunk", minimum=1))
 
 
 def _moe(c: Checker, v, vals: dict) -> MoESpec:
@@ -890,6 +951,13 @@ def model_to_json(model: ModelSpec) -> dict:
         mb = model.mamba
         out["mamba"] = {"heads": mb.heads, "head_dim": mb.head_dim, "state": mb.state,
                         "groups": mb.groups, "conv_kernel": mb.conv_kernel, "chunk": mb.chunk}
+    if model.gdn is not None:
+        g = model.gdn
+        out["gdn"] = {"key_heads": g.key_heads, "value_heads": g.value_heads,
+                      "key_head_dim": g.key_head_dim, "value_head_dim": g.value_head_dim,
+                      "conv_kernel": g.conv_kernel, "chunk": g.chunk}
+    if model.attention_output_gate:
+        out["attention_output_gate"] = True
     if model.name:
         out["name"] = model.name
     if model.description:

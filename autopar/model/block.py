@@ -32,6 +32,7 @@ from autopar.model.communication import context_exchange, tp_collective, tp_over
 from autopar.model.context import LayoutContext, masked
 from autopar.model.adapters import adapter_layers
 from autopar.model.optimizers import head_state_bytes
+from autopar.model.gated_delta import gdn_mixer
 from autopar.model.mamba import mamba_mixer
 from autopar.model.memory import whole_pipeline_grads
 from autopar.model.moe import mla_attention, routed_experts
@@ -54,7 +55,7 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
     (a dense MLP of ``shared_feedforward``, absent when 0) followed by the
     routed experts (``autopar.model.moe``).  A model with ``mla`` has
     multi-head latent attention.  A hybrid model's block is one layer of
-    ``kind`` "mamba", "attention", "mlp" or "moe" (``_hybrid_layer``).
+    ``kind`` "mamba", "gdn", "attention", "mlp" or "moe" (``_hybrid_layer``).
     """
     m = ctx.model
     x = block_inputs(ctx, cols)
@@ -191,16 +192,21 @@ def op_policy_saves(ctx: LayoutContext, x: BlockInputs, eager: bool):
 
 def _hybrid_layer(ctx: LayoutContext, cols: dict, x: BlockInputs, kind: str):
     """One layer of a hybrid model (``autopar.model.mamba``): a pre-norm
-    residual layer holding only a Mamba-2 mixer, only attention, only an MLP
-    or only a mixture of experts (its shared experts, then the routed ones);
-    the layers and the attention core's, as (layer, rows that have it) pairs."""
+    residual layer holding only a Mamba-2 mixer, only a Gated DeltaNet
+    (``autopar.model.gated_delta``), only attention, only an MLP or only a
+    mixture of experts (its shared experts, then the routed ones); the layers
+    and the attention core's, as (layer, rows that have it) pairs."""
     m = ctx.model
     core_layers = []
     if kind == "attention":
         seq, core_layers = _attention(ctx, x)       # (with its dropout)
+        if m.attention_output_gate:
+            seq = seq + _output_gate(ctx, x)
     else:
         if kind == "mamba":
             seq = mamba_mixer(ctx, x)
+        elif kind == "gdn":
+            seq = gdn_mixer(ctx, x)
         elif kind == "mlp":
             seq = _mlp(ctx, x, float(m.feedforward), after_attention=False)
         elif kind == "moe":
@@ -212,6 +218,23 @@ def _hybrid_layer(ctx: LayoutContext, cols: dict, x: BlockInputs, kind: str):
             seq.append((dropout(ctx, x.A_tp, **x.full), True))
     seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
     return seq, core_layers
+
+
+def _output_gate(ctx: LayoutContext, x: BlockInputs) -> list:
+    """Gated attention (Megatron-Core ``attention_output_gate``,
+    NVIDIA/Megatron-LM@2a75ac1 ``megatron/core/transformer/attention.py``:
+    ``linear_qkv`` also gives a gate per query element, and the core
+    attention's output is multiplied by its sigmoid before ``linear_proj``):
+    the gate's columns of the projection (``h -> H d / t``, on the same
+    gathered input as q, k, v) and the product, which keeps the gate and the
+    attention output."""
+    m = ctx.model
+    h, B = float(m.hidden), x.B
+    q = float(m.attn_heads) * float(m.attn_size) / ctx.tp
+    gate = layer(ctx, fw=B * q * (4.0 + 1.0), agrad=B * q * (5.0 + 2.0), inputs=B * 2 * q,
+                 outputs=B * q, act=B * 2 * q, act_grads=B * q, recompute=x.recompute_full)
+    return [(fp8_gemm(ctx, linear(ctx, B, h, q, **x.full, **x.shared_input)), True),
+            (gate, True)]
 
 
 def _attention(ctx: LayoutContext, x: BlockInputs):

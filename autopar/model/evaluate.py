@@ -36,7 +36,8 @@ from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight
 from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
                                   partial_offload_exposed, recompute_share)
-from autopar.model.mamba import hybrid_kinds, pace_weights
+from autopar.model.gated_delta import pace_weights
+from autopar.model.mamba import hybrid_kinds
 from autopar.model.moe import BF16, bf16_blocks, mix, stage_counts
 from autopar.model.finetune import real_tokens
 from autopar.model.optimizers import newton_schulz

@@ -4,7 +4,8 @@ hybrid pattern.
 A model with ``hybrid_pattern`` (the model file's ``hybrid_override_pattern``,
 Megatron-Core's notation: ``megatron/core/models/hybrid/
 hybrid_layer_allocation.py``, ``Symbols``) is a stack of layers of four
-kinds, one per block of the pipeline: ``M`` a Mamba-2 mixer, ``*``
+kinds, one per block of the pipeline: ``M`` a Mamba-2 mixer, ``G`` a Gated
+DeltaNet (``autopar.model.gated_delta``), ``*``
 self-attention, ``-`` an MLP, ``E`` a mixture of experts.  Each layer is a
 pre-norm residual layer of its own (Megatron's ``MambaLayer`` and the
 ``TransformerLayer`` with only attention or only an MLP): norm, mixer,
@@ -71,11 +72,11 @@ from autopar.model.layers import fork, fp8_gemm, layer, linear, rms_norm
 # Elementwise FLOPs per element (counted as the kernels compute them):
 # SiLU x * sigmoid(x) = x / (1 + exp(-x)): negate, exp, add, divide;
 # its gradient: sigmoid(x) * (1 + x (1 - sigmoid(x))): 4 more with the chain rule.
-_SILU_FW, _SILU_BW = 4.0, 5.0
+SILU_FW, SILU_BW = 4.0, 5.0
 # The gate y * SiLU(z) (SiLU and a product) and the D skip (a multiply-add)
 # per element of d_inner; per head and token, dt's bias and softplus
 # log(1 + exp(x)) and the decay dt * A with its cumulative sum over the chunk.
-_GATE_FW, _GATE_BW = _SILU_FW + 1.0 + 2.0, _SILU_BW + 2.0 + 2.0
+_GATE_FW, _GATE_BW = SILU_FW + 1.0 + 2.0, SILU_BW + 2.0 + 2.0
 _DT_FW, _DT_BW = 6.0, 8.0
 
 
@@ -113,20 +114,43 @@ def mamba_mixer(ctx: LayoutContext, x: BlockInputs) -> list:
     projections (separate or tile-overlapped, as the MLP's)."""
     m = ctx.model
     mb = m.mamba
-    h, tp = float(m.hidden), ctx.tp
+    tp = ctx.tp
     H, P, N, G = float(mb.heads), float(mb.head_dim), float(mb.state), float(mb.groups)
     K = float(mb.conv_kernel)
     di = H * P
-    A, A_tp, B = x.A, x.A_tp, x.B
-    full, shared_input = x.full, x.shared_input
-    separate, overlapped = x.tp_separate, x.tp_overlapped
+    B, full = x.B, x.full
     Ht, Gt, dit = H / tp, G / tp, di / tp
     proj = 2 * di + 2 * G * N + H                 # z, x, B, C, dt
     conv_ch = dit + 2 * Gt * N                    # x, B, C per processor
     # (a sequence shorter than the chunk is one chunk of its own length)
     Q = np.minimum(float(mb.chunk), x.sq)
     rec = x.recompute_full
-    seq = [
+    middle = [
+        (conv1d(ctx, B, conv_ch, K, proj / tp, rec), True),
+        (_ssd_scan(ctx, B, Ht, P, N, Gt, Q, rec), True),
+        (layer(ctx, fw=B * (_GATE_FW * dit + _DT_FW * Ht),
+               agrad=B * (_GATE_BW * dit + _DT_BW * Ht), inputs=B * (2 * dit + Ht),
+               outputs=B * dit, act=0.0, act_grads=B * dit, weight=3 * Ht,
+               weight_grads=3 * Ht, optim=2 * 3 * Ht, recompute=rec), True),
+        # RMSNormGated: one fused kernel; it keeps its input (the gated output).
+        (rms_norm(ctx, B * dit, dit, True, **full), True),
+    ]
+    return projected_mixer(ctx, x, proj, di, middle)
+
+
+def projected_mixer(ctx: LayoutContext, x: BlockInputs, proj, inner, middle: list) -> list:
+    """A mixer between two projections, as Megatron-Core builds its Mamba-2
+    and Gated DeltaNet layers (``MambaMixer``, ``_GDNBase``): the pre-norm,
+    the column-parallel ``in_proj`` (``h -> proj / t``; with sequence
+    parallelism its input all-gathered first), the ``middle`` layers, the
+    row-parallel ``out_proj`` (``inner / t -> h``) and its reduce; the
+    collectives separate or tile-overlapped, as the MLP's."""
+    h, tp = float(ctx.model.hidden), ctx.tp
+    A, A_tp, B = x.A, x.A_tp, x.B
+    full, shared_input = x.full, x.shared_input
+    separate, overlapped = x.tp_separate, x.tp_overlapped
+    rec = x.recompute_full
+    return [
         (fork(ctx, A_tp, 2, **full, stored=True), True),
         (x.norm(ctx, A_tp, h, x.fused_norm, **full, **shared_input), True),
         (tp_collective(ctx, A, False, recomm=x.regather_mlp, stored=x.keep_shard_mlp),
@@ -135,32 +159,28 @@ def mamba_mixer(ctx: LayoutContext, x: BlockInputs) -> list:
          separate),
         (fp8_gemm(ctx, tp_overlapped_linear(ctx, B, h, proj, False, rec, x.regather_mlp)),
          overlapped),
-        (_conv1d(ctx, B, conv_ch, K, proj / tp, rec), True),
-        (_ssd_scan(ctx, B, Ht, P, N, Gt, Q, rec), True),
-        (layer(ctx, fw=B * (_GATE_FW * dit + _DT_FW * Ht),
-               agrad=B * (_GATE_BW * dit + _DT_BW * Ht), inputs=B * (2 * dit + Ht),
-               outputs=B * dit, act=0.0, act_grads=B * dit, weight=3 * Ht,
-               weight_grads=3 * Ht, optim=2 * 3 * Ht, recompute=rec), True),
-        # RMSNormGated: one fused kernel; it keeps its input (the gated output).
-        (rms_norm(ctx, B * dit, dit, True, **full), True),
-        (fp8_gemm(ctx, linear(ctx, B, dit, h, **full)), separate),
+    ] + middle + [
+        (fp8_gemm(ctx, linear(ctx, B, inner / tp, h, **full)), separate),
         (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), separate),
-        (fp8_gemm(ctx, tp_overlapped_linear(ctx, B, di, h, True, rec, rec)), overlapped),
+        (fp8_gemm(ctx, tp_overlapped_linear(ctx, B, inner, h, True, rec, rec)), overlapped),
     ]
-    return seq
 
 
-def _conv1d(ctx: LayoutContext, B, channels, K, kept, recompute):
-    """The causal depthwise convolution (kernel ``K``, with bias) and SiLU
-    over ``channels`` channels of ``B`` tokens.  The fused function keeps
-    its input, the whole in_proj output (``kept`` wide: z and dt with x, B,
-    C), and recomputes the convolution's output in backward."""
+def conv1d(ctx: LayoutContext, B, channels, K, kept, recompute, bias=True):
+    """The causal depthwise convolution (kernel ``K``, with a bias unless
+    ``bias`` is False) and SiLU over ``channels`` channels of ``B`` tokens.
+    It keeps ``kept`` elements a token (Mamba-2's fused function: the whole
+    in_proj output, z and dt with x, B, C; Gated DeltaNet's fla
+    ``causal_conv1d``: its input) and recomputes the convolution's output
+    in backward."""
     n = B * channels
-    fw = n * (2 * K + 1 + _SILU_FW)
-    L = layer(ctx, fw=fw, agrad=n * (2 * K + _SILU_BW), wgrad=n * (2 * K + 1),
+    b = 1.0 if bias else 0.0
+    kb = K + b
+    fw = n * (2 * K + b + SILU_FW)
+    L = layer(ctx, fw=fw, agrad=n * (2 * K + SILU_BW), wgrad=n * (2 * K + b),
               inputs=n, outputs=n, act=B * kept, act_grads=n,
-              weight=channels * (K + 1), weight_grads=channels * (K + 1),
-              optim=2 * channels * (K + 1), recompute=recompute)
+              weight=channels * kb, weight_grads=channels * kb,
+              optim=2 * channels * kb, recompute=recompute)
     # The forward is run again in the backward (time, not useful work).
     L["time_scale"] = 1.0 + ctx.zeros
     L["agrad_extra"] = fw + ctx.zeros
@@ -202,7 +222,8 @@ def pace_weights(model: ModelSpec) -> dict:
         out["mamba"] = 2 * h * proj + 2 * di * h + scan
     H, d = float(model.attn_heads), float(model.attn_size)
     KV = float(model.kv_heads or model.attn_heads)
-    out["attention"] = 2 * h * (H + 2 * KV) * d + 2 * H * d * h + 4 * s * H * d
+    gate = H if model.attention_output_gate else 0.0
+    out["attention"] = 2 * h * (H + gate + 2 * KV) * d + 2 * H * d * h + 4 * s * H * d
     f = float(model.feedforward)
     out["mlp"] = 2 * h * f * (gated + 1)
     if model.moe is not None:

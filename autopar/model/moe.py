@@ -333,14 +333,26 @@ def bf16_blocks(cols: dict | None):
     return first, last
 
 
+def mtp_kinds(model) -> tuple[str, ...]:
+    """The block kinds of one multi-token-prediction module: DeepSeek-V3's
+    is one MoE block (a dense one without MoE); a hybrid model's is one
+    transformer layer, an attention block and an MoE (or MLP) block
+    (Megatron-Core ``multi_token_prediction.py``, ``MultiTokenPredictionLayer``:
+    its ``mtp_model_layer`` is a ``TransformerLayer`` built from the decoder's
+    layer spec; Megatron-Bridge@067f987 qwen3_next_bridge.py maps
+    ``mtp.layers.*.self_attn`` and ``mtp.layers.*.mlp.experts``)."""
+    ffn = "moe" if model.moe is not None else ("mlp" if model.hybrid_pattern else "dense")
+    return ("attention", ffn) if model.hybrid_pattern else (ffn,)
+
+
 def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
                  pace_weights: dict | None = None) -> dict:
     """Blocks of each kind (``{who}_{kind}``) of the first stage, the last
     stage and the stage that paces the pipeline, per row.  Stage i holds
     blocks [i * bps, (i + 1) * bps) with ``bps = ceil(num_blocks / stages)``.
     A model with ``moe`` has kinds "dense" (the first ``first_dense``) and
-    "moe"; the last stage also runs the ``mtp`` modules (an MoE block each,
-    as DeepSeek-V3's); the pace is the most MoE blocks, then the most blocks.
+    "moe"; the last stage also runs the ``mtp`` modules (``mtp_kinds``: an
+    MoE block each, as DeepSeek-V3's; attention and MoE in a hybrid model); the pace is the most MoE blocks, then the most blocks.
     A hybrid model (``hybrid_pattern``) has one kind per block
     (``autopar.model.mamba.layer_kinds``); its pace is the stage with the
     most work by ``pace_weights`` (a weight per kind).  Rows of ``cols`` that
@@ -373,8 +385,9 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
         if bf is None:
             return base_key(c)
         return base_key([c[i] + c[i + nk] for i in range(nk)]) + (sum(c[nk:]),)
-    mtp = model.mtp         # (0 for a hybrid model: the model file refuses both)
-    extra = kinds.index("moe" if model.moe is not None else "dense") if mtp else 0
+    mtp = model.mtp
+    # the kinds of the blocks of one mtp module (mtp_kinds)
+    extra = [kinds.index(k) for k in mtp_kinds(model)] if mtp else []
     split = uneven_rows(cols) if cols is not None else None
     whos = ("first", "last", "pace") + (("second",) if split is not None else ())
     out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in all_kinds}
@@ -413,7 +426,8 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
             held = held_kinds[lo:hi]
             c = [held.count(t) for t in all_kinds]
             if i == len(per) - 1:
-                c[extra] += mtp
+                for e in extra:
+                    c[e] += mtp
             counts.append(tuple(c))
             lo = hi
         pace = max(counts, key=pace_key)

@@ -13,6 +13,7 @@ from autopar.io.layouts import to_columns
 from autopar.io.specs import ModelSpec, SystemSpec
 from autopar.model.evaluate import typed_columns
 from autopar.model.mamba import hybrid_kinds, layer_kinds
+from autopar.model.moe import mtp_kinds
 from autopar.model.rules import normalize
 from autopar.model.speedups import BlockCache
 
@@ -64,12 +65,13 @@ def _hybrid_counts(model: ModelSpec, system: SystemSpec, cols: dict, fp32) -> di
     """A hybrid model's counts: one layer of each kind (``{kind}_block``),
     times the layers of that kind in its pattern."""
     out = {"routed": 0.0}
-    total = active = 2.0 * model.vocab_size * model.hidden
+    # (each mtp module: its blocks, mtp_kinds, and the 2h -> h projection)
+    total = active = 2.0 * model.vocab_size * model.hidden + model.mtp * 2.0 * model.hidden ** 2
     for kind in hybrid_kinds(model):
         sums = BlockCache(model, system, cols, fp32, kind=kind).rows(slice(0, 1))
         per = float(sums.weight_space[0]) / 4
         routed = float(sums.x_weight_space[0]) / 4
-        n = layer_kinds(model).count(kind)
+        n = layer_kinds(model).count(kind) + model.mtp * mtp_kinds(model).count(kind)
         out[f"{kind}_block"] = per
         total += n * per
         active += n * (per - routed)

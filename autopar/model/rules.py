@@ -125,6 +125,10 @@ REASONS = REASONS + (
     "recompute and no activations_offload",
     "invalid: activation_offload_blocks must be 0..num_blocks - 1",
 )
+# Gated DeltaNet layers (autopar.model.gated_delta).
+REASONS = REASONS + (
+    "invalid: gdn key and value heads must be divisible by tensor_par",
+)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -359,6 +363,13 @@ def _check_hybrid(model: ModelSpec, cols: dict, flag, tp1, cp, ranges: Ranges) -
     if mb is not None:
         flag(by_value(lambda x: (mb.heads % x != 0) | (mb.groups % x != 0), tp1, ranges=ranges),
              "invalid: mamba heads and groups must be divisible by tensor_par")
+    g = model.gdn
+    if g is not None:
+        # (Megatron-Core _GDNBase.__init__ splits qk_dim, v_dim and the value
+        # heads by tp_size: num_k_heads_local_tp, num_v_heads_local_tp)
+        flag(by_value(lambda x: (g.key_heads % x != 0) | (g.value_heads % x != 0), tp1,
+                      ranges=ranges),
+             "invalid: gdn key and value heads must be divisible by tensor_par")
     flag((cols["pipeline_interleaving"] > 1) | (cp > 1),
          "invalid: a hybrid model's layers split over the pipeline without interleaving "
          "or context_par (Megatron's split of a pattern without '|')")

@@ -71,7 +71,9 @@ class _Ctx:
     mla: bool = False     # latent attention (TP communication not overlapped)
     uneven: bool = False  # the space searches or fixes a pipeline split field
     hybrid: bool = False  # a hybrid layer pattern (no interleaving, no context_par)
-    mamba_tp: int = 0     # gcd of the Mamba heads and groups (0: no Mamba layers)
+    # gcd of the Mamba heads and groups and the Gated DeltaNet key and value
+    # heads, which tensor_par must divide (0: no such layers)
+    mamba_tp: int = 0
 
 
 def _check_case(case: Case, source: str = "case") -> None:
@@ -122,10 +124,21 @@ def layout_context(case: Case, space: "Space") -> _Ctx:
                 expert_ff=int(m.moe.expert_feedforward) if getattr(m, "moe", None) else 0,
                 mla=getattr(m, "mla", None) is not None,
                 hybrid=bool(getattr(m, "hybrid_pattern", "")),
-                mamba_tp=(math.gcd(m.mamba.heads, m.mamba.groups)
-                          if getattr(m, "mamba", None) is not None else 0),
+                mamba_tp=_mixer_heads_gcd(m),
                 uneven=any(f in space.allowed or space.fixed.get(f, EXT_DEFAULTS[f])
                            != EXT_DEFAULTS[f] for f in SPLIT_FIELDS))
+
+
+def _mixer_heads_gcd(m) -> int:
+    """The gcd of the head counts a hybrid model's mixers split over
+    tensor_par (Mamba-2 heads and groups, Gated DeltaNet key and value
+    heads; autopar.model.rules._check_hybrid), 0 with none."""
+    counts = []
+    if getattr(m, "mamba", None) is not None:
+        counts += [m.mamba.heads, m.mamba.groups]
+    if getattr(m, "gdn", None) is not None:
+        counts += [m.gdn.key_heads, m.gdn.value_heads]
+    return math.gcd(*counts) if counts else 0
 
 
 # --------------------------------------------------------------------------

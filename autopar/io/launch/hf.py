@@ -3,7 +3,7 @@ autopar model (read only: a model, not a layout).
 
 The keys are those of the ``transformers`` configuration classes of each
 ``model_type`` (``LlamaConfig``, ``MistralConfig``, ``MixtralConfig``,
-``Qwen2Config``, ``Qwen3Config``, ``Qwen3MoeConfig``,
+``Qwen2Config``, ``Qwen3Config``, ``Qwen3MoeConfig``, ``Qwen3NextConfig``,
 ``DeepseekV2Config``/``DeepseekV3Config``, ``GptOssConfig``):
 
 * every architecture: ``hidden_size`` (``hidden``), ``intermediate_size``
@@ -19,6 +19,12 @@ The keys are those of the ``transformers`` configuration classes of each
   ``num_experts_per_tok``, ``moe_intermediate_size``, ``decoder_sparse_step``
   (1: every block) and ``mlp_only_layers`` (dense blocks: a leading run is
   ``moe.first_dense``);
+* Qwen3-Next: the Qwen3-MoE keys with ``shared_expert_intermediate_size``,
+  ``layer_types`` / ``full_attention_interval`` (the hybrid pattern: 'G'
+  Gated DeltaNet or '*' gated attention, then 'E', per layer) and
+  ``linear_num_key_heads``, ``linear_num_value_heads``,
+  ``linear_key_head_dim``, ``linear_value_head_dim``,
+  ``linear_conv_kernel_dim`` (``gdn``);
 * DeepSeek-V2/V3: ``n_routed_experts``, ``n_shared_experts``,
   ``moe_intermediate_size``, ``num_experts_per_tok``,
   ``first_k_dense_replace`` (``moe.first_dense``), ``moe_layer_freq`` (1:
@@ -41,7 +47,8 @@ from autopar.io.launch.base import Imported, LaunchFormat
 from autopar.io.launch.expressible import Keys, json_object
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3")
-MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss",
+       "qwen3_next")
 MODEL_TYPES = DENSE + MOE
 ACTIVATIONS = ("silu", "swiglu")
 
@@ -80,8 +87,10 @@ def read(text: str, source: str) -> Imported:
         model["moe"] = {"experts": k.int("num_local_experts", minimum=1),
                         "top_k": k.int("num_experts_per_tok", minimum=1),
                         "expert_feedforward": model["feedforward"]}
-    elif mt in ("qwen3_moe", "qwen2_moe"):
+    elif mt in ("qwen3_moe", "qwen2_moe", "qwen3_next"):
         model["moe"] = _qwen_moe(k, mt, layers)
+    if mt == "qwen3_next":
+        _qwen3_next(k, model, layers, notes)
     if mt == "gpt_oss":
         notes.append("gpt-oss: the banded (sliding_window) attention of every other block, the "
                      "attention sinks and the biases are not modelled")
@@ -124,13 +133,43 @@ def _qwen_moe(k: Keys, mt: str, layers: int) -> dict:
     moe = {"experts": k.int("num_experts", minimum=1),
            "top_k": k.int("num_experts_per_tok", minimum=1),
            "expert_feedforward": k.int("moe_intermediate_size", minimum=1)}
-    if mt == "qwen2_moe":
+    if mt in ("qwen2_moe", "qwen3_next"):
         shared = k.int("shared_expert_intermediate_size", 0)
         if shared:
             moe.update(shared_experts=1, shared_feedforward=shared)
     if dense:
         moe["first_dense"] = len(dense)
     return moe
+
+
+def _qwen3_next(k: Keys, model: dict, layers: int, notes: list) -> None:
+    """Qwen3-Next (``Qwen3NextConfig``): each layer is a mixer, Gated DeltaNet
+    ('G') where ``layer_types`` says ``linear_attention`` (default: every
+    ``full_attention_interval``-th layer is full attention), gated softmax
+    attention ('*', ``attention_output_gate``) otherwise, then its MoE ('E'):
+    a hybrid pattern of two blocks a layer."""
+    if model["moe"].get("first_dense"):
+        k.fail("mlp_only_layers", "dense layers of a Qwen3-Next model are not modelled")
+    types = k.raw("layer_types")
+    if types is None:
+        every = k.int("full_attention_interval", 4, minimum=1)
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                 for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or \
+            not set(types) <= {"linear_attention", "full_attention"}:
+        k.fail("layer_types", f"expected {layers} of linear_attention / full_attention")
+    model["num_blocks"] = 2 * layers
+    model["hybrid_override_pattern"] = "".join(
+        ("G" if t == "linear_attention" else "*") + "E" for t in types)
+    model["gdn"] = {"key_heads": k.int("linear_num_key_heads", minimum=1),
+                    "value_heads": k.int("linear_num_value_heads", minimum=1),
+                    "key_head_dim": k.int("linear_key_head_dim", minimum=1),
+                    "value_head_dim": k.int("linear_value_head_dim", minimum=1),
+                    "conv_kernel": k.int("linear_conv_kernel_dim", 4, minimum=1)}
+    model["attention_output_gate"] = True
+    notes.append("qwen3_next: the multi-token-prediction layer (not in config.json; the "
+                 "Bridge recipes set mtp_num_layers 1: give mtp), q/k RMSNorm and the shared "
+                 "expert's gate are not in the model")
 
 
 def _deepseek(k: Keys, model: dict, layers: int) -> None:

@@ -92,6 +92,13 @@ def refuse_model(model, fmt: str, chunk_setting: bool = False) -> str | None:
     ``d_conv=4``, ``chunk_size=128``; no Megatron-LM argument sets them),
     so other values are refused; ``chunk_setting``: the format sets the
     chunk (Megatron-Bridge's ``HybridModelProvider.mamba_chunk_size``)."""
+    if getattr(model, "gdn", None) is not None or getattr(model, "attention_output_gate", False):
+        # (Megatron-Core@2a75ac1 builds 'G' layers from linear_num_key_heads,
+        # linear_num_value_heads, linear_key_head_dim, linear_value_head_dim,
+        # linear_conv_kernel_dim; autopar does not write them yet)
+        field = "gdn" if getattr(model, "gdn", None) is not None else "attention_output_gate"
+        return (f"{fmt}: the model {model.name or ''} has {field}: writing Megatron-Core's "
+                "linear_* (Gated DeltaNet) and attention_output_gate settings is not supported")
     mb = getattr(model, "mamba", None)
     if getattr(model, "hybrid_pattern", "") and mb is not None:
         fixed_fields = [("conv_kernel", mb.conv_kernel, MAMBA_CONV_KERNEL)]
@@ -979,9 +986,12 @@ def _pattern_segments(r: Reader) -> list[str] | None:
     text = str(r.v[key]).replace(" ", "")
     if "/" in text:
         r.fail(key, "multi-token prediction patterns (/) are not modelled with hybrid models")
-    bad = sorted(set(text) - set(HYBRID_SYMBOLS) - {"|"})
+    # (Gated DeltaNet 'G' layers are modelled, but their linear_* settings
+    # are not read from a launch file: refused with the rest)
+    read_symbols = [c for c in HYBRID_SYMBOLS if c != "G"]
+    bad = sorted(set(text) - set(read_symbols) - {"|"})
     if bad:
-        r.fail(key, f"autopar models the layer symbols {''.join(HYBRID_SYMBOLS)} "
+        r.fail(key, f"autopar reads the layer symbols {''.join(read_symbols)} "
                f"(and | between stages), got {''.join(bad)!r}")
     return text.split("|")
 

@@ -111,6 +111,9 @@ def refuse_model(model) -> str | None:
     if getattr(model, "block", "gpt") != "llama":
         return (f"{NAME}: the model {model.name or ''} has block={model.block}; torchtitan's "
                 "models are LLaMA-style (RMSNorm, SwiGLU): block llama")
+    if getattr(model, "hybrid_pattern", ""):
+        return (f"{NAME}: the model {model.name or ''} has hybrid_override_pattern; torchtitan's "
+                "models are decoder blocks of attention and MLP / MoE only")
     return None
 
 
