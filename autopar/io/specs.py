@@ -47,7 +47,12 @@ class MoESpec:
     or sigmoid; ``capacity_factor`` pads every expert to that multiple of
     the balanced load (None: dropless, no padding); ``imbalance`` is the
     load of the busiest expert relative to the balanced load (1.0: balanced
-    routing, the default assumption).
+    routing, the default assumption).  ``latent_size`` (0: off) is
+    LatentMoE (Nemotron 3 Super / Ultra; Megatron-Core's ``moe_latent_size``):
+    the routed experts run on a projection of the hidden state down to this
+    width, dispatched and combined at it, and projected back up after the
+    combine; the router and the shared experts keep the hidden size
+    (``autopar.model.moe.routed_experts``).
     """
     experts: int
     top_k: int
@@ -58,6 +63,7 @@ class MoESpec:
     router: str = "softmax"
     capacity_factor: float | None = None
     imbalance: float = 1.0
+    latent_size: int = 0
 
     @property
     def load(self) -> float:
@@ -478,7 +484,7 @@ MAMBA_KEYS = ("heads", "head_dim", "state")
 MAMBA_OPTIONAL_KEYS = ("groups", "conv_kernel", "chunk")
 MOE_KEYS = ("experts", "top_k", "expert_feedforward")
 MOE_OPTIONAL_KEYS = ("shared_experts", "shared_feedforward", "first_dense", "router",
-                     "capacity_factor", "imbalance")
+                     "capacity_factor", "imbalance", "latent_size")
 ROUTERS = ("softmax", "sigmoid")
 MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MLA_OPTIONAL_KEYS = ("q_lora_rank",)
@@ -834,10 +840,11 @@ def _moe(c: Checker, v, vals: dict) -> MoESpec:
     if imbalance * top_k > experts:
         c.fail("moe.imbalance", f"the busiest expert cannot take more than every token: "
                                 f"imbalance * top_k must be <= experts ({experts})")
+    latent = c.int(v.get("latent_size", 0), "moe.latent_size", minimum=0)
     return MoESpec(experts=experts, top_k=top_k, expert_feedforward=ffe,
                    shared_experts=shared, shared_feedforward=shared_ff,
                    first_dense=first_dense, router=router, capacity_factor=cap,
-                   imbalance=imbalance)
+                   imbalance=imbalance, latent_size=latent)
 
 
 def _mla(c: Checker, v) -> MLASpec:
@@ -875,6 +882,8 @@ def model_to_json(model: ModelSpec) -> dict:
             moe["capacity_factor"] = _num(m.capacity_factor)
         if m.imbalance != 1.0:
             moe["imbalance"] = _num(m.imbalance)
+        if m.latent_size:
+            moe["latent_size"] = m.latent_size
         out["moe"] = moe
     if model.mla is not None:
         a = model.mla

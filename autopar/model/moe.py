@@ -194,7 +194,11 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     g = partial(fp8_gemm, ctx)
     llama, full = x.llama, x.full
     moe = ctx.model.moe
-    h = float(ctx.model.hidden)
+    hidden = float(ctx.model.hidden)
+    # LatentMoE (``moe.latent_size``): the experts, the dispatch and the
+    # combine are at the latent width, between two projections of every
+    # token (``_latent_projections``); the router scores the hidden state.
+    h = float(moe.latent_size) if moe.latent_size else hidden
     E = float(moe.experts)
     k = float(moe.top_k)
     ffe = moe.expert_feedforward / ctx.etp
@@ -210,7 +214,8 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     # Counted so under ``memory_overhead.autograd_inputs`` (measured with
     # PyTorch: benchmarks/memory_torch.py).
     keep = ctx.autograd_inputs and not moe.shared_feedforward
-    router = linear(ctx, T, h, E, **full, stored=keep, reused=True)
+    down, up = _latent_projections(ctx, T, hidden, h, x) if moe.latent_size else (None, None)
+    router = linear(ctx, T, hidden, E, **full, stored=keep and down is None, reused=True)
     router["dummy_wgrad"] = False       # Megatron's own parameter, not a TE module
     score = float(_ROUTER_FLOPS[moe.router])
     scores = layer(ctx, fw=score * T * E, agrad=score * T * E, inputs=T * E, outputs=T * E,
@@ -245,9 +250,43 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     back = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=True)
     seq = [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
            (act_fn, True), (fc2, True), (back, True), (combine, True)]
+    if down is not None:
+        # (Megatron-Core's MoELayer.preprocess projects down before the
+        # dispatcher's permutation; postprocess projects up after the combine)
+        seq.insert(2, (down, True))
+        seq.append((up, True))
     if ctx.moe_host_s > 0 or ctx.moe_host_op_s > 0:
         seq.insert(2, (host_sync(ctx, x.recompute_full), True))
     return seq
+
+
+def _latent_projections(ctx: LayoutContext, T, hidden: float, latent: float,
+                        x: BlockInputs):
+    """LatentMoE's two projections of one MoE layer, as (down, up) layers.
+
+    NVIDIA/Megatron-LM@2a75ac1 megatron/core/transformer/moe/moe_layer.py
+    ``MoELayer.__init__``: ``fc1_latent_proj`` (hidden -> ``moe_latent_size``)
+    and ``fc2_latent_proj`` (back) are Transformer Engine linear layers in
+    ``parallel_mode="duplicated"``: every tensor-parallel rank holds the
+    whole weight (not split over tensor_par, not an expert's: synchronised
+    over the data-parallel group like a dense weight) and projects its own
+    ``T`` sequence-parallel tokens.  ``MoELayer.preprocess`` runs the down
+    projection after the router (which scores the hidden state) and before
+    the dispatcher, so the dispatcher moves latent-width tokens
+    (token_dispatcher.py: the flex dispatcher's buffers sized
+    ``moe_latent_size or hidden_size``) and the experts take it
+    (experts.py: their input size is ``moe_latent_size``);
+    ``MoELayer.postprocess`` projects the combined output back up, before the
+    shared experts' output (which ran on the hidden state) is added.  Each
+    keeps its input for its weight gradient: the down projection the
+    layer's normalised input (the router's; with shared experts their first
+    GEMM keeps the same tensor, so it is counted there), the up projection
+    the combined latent tokens."""
+    g = partial(fp8_gemm, ctx)
+    keep = not ctx.model.moe.shared_feedforward
+    down = g(linear(ctx, T, hidden, latent, **x.full, stored=keep, reused=not keep))
+    up = g(linear(ctx, T, latent, hidden, **x.full))
+    return down, up
 
 
 def mla_attention(ctx: LayoutContext, x: BlockInputs):
