@@ -82,7 +82,10 @@ def test_pattern_round_trip_and_kinds():
     ({"mamba": {"heads": 4, "head_dim": 16, "state": 8, "groups": 3}}, "mamba.groups"),
     ({"mamba": {"heads": 4, "head_dim": 16}}, "mamba.state"),
     ({"mamba": {"heads": 0, "head_dim": 16, "state": 8}}, "mamba.heads"),
-    ({"mtp": 1}, "hybrid_override_pattern"),
+    # (MTP on a hybrid model needs its module's layers: tests/test_hybrid_mtp.py)
+    ({"mtp": 1}, "mtp_hybrid_override_pattern"),
+    ({"mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+              "v_head_dim": 8}}, "hybrid_override_pattern"),
 ])
 def test_spec_errors(change, field):
     shape = {"hidden": 64, "feedforward": 128, "seq_size": 32, "attn_heads": 4,

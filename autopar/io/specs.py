@@ -136,6 +136,13 @@ class ModelSpec:
     # block (HYBRID_SYMBOLS), as Megatron's hybrid_override_pattern
     hybrid_pattern: str = ""
     mamba: MambaSpec | None = None
+    # A hybrid model's MTP module: its layers (HYBRID_SYMBOLS), as Megatron's
+    # mtp_hybrid_override_pattern; "" with ``mtp`` on a non-hybrid model
+    # (DeepSeek-V3's: one block of the model's MoE kind)
+    mtp_pattern: str = ""
+    # Megatron's mtp_use_repeated_layer: one MTP module (its weights) run
+    # ``mtp`` times; False: ``mtp`` modules of their own
+    mtp_repeated: bool = False
     name: str = ""
     source: str = "dict"
     description: str = ""
@@ -479,7 +486,8 @@ class SystemSpec:
 MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
               "num_blocks")
 MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "moe", "mla", "mtp",
-                        "hybrid_override_pattern", "mamba", "name", "description")
+                        "hybrid_override_pattern", "mamba", "mtp_hybrid_override_pattern",
+                        "mtp_use_repeated_layer", "name", "description")
 MAMBA_KEYS = ("heads", "head_dim", "state")
 MAMBA_OPTIONAL_KEYS = ("groups", "conv_kernel", "chunk")
 MOE_KEYS = ("experts", "top_k", "expert_feedforward")
@@ -758,14 +766,41 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
     mla = _mla(c, data["mla"]) if data.get("mla") is not None else None
     mtp = c.int(data.get("mtp", 0), "mtp", minimum=0)
     pattern, mamba = _hybrid(c, data, vals, moe, mla, mtp)
+    mtp_pattern, mtp_repeated = _hybrid_mtp(c, data, pattern, mtp)
     if "name" in data:
         name = c.str(data["name"], "name")
     else:
         name = _stem(path_or_dict)
     desc = c.str(data.get("description", ""), "description")
     return ModelSpec(**vals, block=block, kv_heads=kv_heads, vocab_size=vocab, moe=moe,
-                     mla=mla, mtp=mtp, hybrid_pattern=pattern, mamba=mamba, name=name,
+                     mla=mla, mtp=mtp, hybrid_pattern=pattern, mamba=mamba,
+                     mtp_pattern=mtp_pattern, mtp_repeated=mtp_repeated, name=name,
                      source=src, description=desc)
+
+
+def _hybrid_mtp(c: Checker, data: dict, pattern: str, mtp: int) -> tuple[str, bool]:
+    """A model file's ``mtp_hybrid_override_pattern`` (the layers of a hybrid
+    model's MTP module, Megatron's name and symbols; each of its kinds must
+    be one the model's own pattern has) and ``mtp_use_repeated_layer`` (one
+    module run ``mtp`` times), checked."""
+    repeated = c.bool(data.get("mtp_use_repeated_layer", False), "mtp_use_repeated_layer")
+    if repeated and not mtp:
+        c.fail("mtp_use_repeated_layer", "needs mtp >= 1 (the passes of the shared module)")
+    raw = data.get("mtp_hybrid_override_pattern")
+    if raw is None:
+        if pattern and mtp:
+            c.fail("mtp_hybrid_override_pattern",
+                   "a hybrid model's mtp modules need their layers (e.g. \"*E\")")
+        return "", repeated
+    mp = c.str(raw, "mtp_hybrid_override_pattern")
+    if not pattern or not mtp:
+        c.fail("mtp_hybrid_override_pattern", "needs hybrid_override_pattern and mtp >= 1")
+    bad = sorted(set(mp) - set(pattern))
+    if not mp or bad:
+        c.fail("mtp_hybrid_override_pattern",
+               f"must be layers of the kinds hybrid_override_pattern has "
+               f"({''.join(sorted(set(pattern)))!r}), got {mp!r}")
+    return mp, repeated
 
 
 def _hybrid(c: Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "MambaSpec | None"]:
@@ -807,8 +842,8 @@ def _hybrid(c: Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "Ma
         c.fail("moe", "the pattern has no MoE layers (E)")
     if moe is not None and moe.first_dense:
         c.fail("moe.first_dense", "a hybrid pattern says which layers are dense: leave it out")
-    if mla is not None or mtp:
-        c.fail("hybrid_override_pattern", "not supported with mla or mtp")
+    if mla is not None:
+        c.fail("hybrid_override_pattern", "not supported with mla")
     return pattern, mamba
 
 
@@ -895,6 +930,10 @@ def model_to_json(model: ModelSpec) -> dict:
         out["mtp"] = model.mtp
     if model.hybrid_pattern:
         out["hybrid_override_pattern"] = model.hybrid_pattern
+    if model.mtp_pattern:
+        out["mtp_hybrid_override_pattern"] = model.mtp_pattern
+    if model.mtp_repeated:
+        out["mtp_use_repeated_layer"] = True
     if model.mamba is not None:
         mb = model.mamba
         out["mamba"] = {"heads": mb.heads, "head_dim": mb.head_dim, "state": mb.state,

@@ -522,7 +522,10 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     copies = over.logits_fp32_copies * copy
     last = matrix * (1.0 + (stages == 1))        # both matrices on a single stage
     if mtp:
-        last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * mtp * per_param
+        # each module's projection of [hidden; embedding] (2 x hidden) to
+        # hidden; one module's with ``mtp_repeated`` (moe.mtp_layers)
+        held = 1 if ctx.model.mtp_repeated else mtp
+        last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * held * per_param
     if over.dummy_wgrad:
         # The output layer's cached dummy weight gradient: Megatron's
         # column-parallel output layer takes its placeholder from TE's

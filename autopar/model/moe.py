@@ -49,6 +49,7 @@ import numpy as np
 from autopar.model.block_inputs import BlockInputs
 from autopar.model.block_sums import KIND_SUMS, MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
+from autopar.io.specs import HYBRID_SYMBOLS
 from autopar.model.context import LayoutContext
 from autopar.model.mamba import hybrid_kinds, layer_kinds
 from autopar.model.overhead import moe_sync_ops
@@ -412,11 +413,18 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
         if bf is None:
             return base_key(c)
         return base_key([c[i] + c[i + nk] for i in range(nk)]) + (sum(c[nk:]),)
-    mtp = model.mtp         # (0 for a hybrid model: the model file refuses both)
-    extra = kinds.index("moe" if model.moe is not None else "dense") if mtp else 0
+    # The last stage's multi-token-prediction layers by kind (``mtp_layers``)
+    # and, with one module run ``mtp`` times (``mtp_repeated``), the layers
+    # whose weights it holds (``{who}_{kind}@held``: ``mix``'s weight counts).
+    add, held_add = mtp_layers(model, kinds)
+    add = list(add) + [0] * (len(all_kinds) - nk)
+    held_add = list(held_add) + [0] * (len(all_kinds) - nk)
+    repeated = add != held_add
     split = uneven_rows(cols) if cols is not None else None
     whos = ("first", "last", "pace") + (("second",) if split is not None else ())
     out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in all_kinds}
+    if repeated:
+        out.update({f"{w}_{t}@held": np.zeros(len(stages)) for w in whos for t in all_kinds})
     groups = []
     for pp in np.unique(stages):
         rows = stages == pp
@@ -446,21 +454,26 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
             f, l = int(bf[0][i]), int(bf[1][i])
             held_kinds = tuple(t + BF16 if b < f or b >= N - l else t
                                for b, t in enumerate(per_block))
-        counts, lo = [], 0
+        counts, helds, lo = [], [], 0
         for i, n in enumerate(per):
             hi = min(lo + n, N)
             held = held_kinds[lo:hi]
             c = [held.count(t) for t in all_kinds]
+            w_c = list(c)
             if i == len(per) - 1:
-                c[extra] += mtp
+                c = [a + b for a, b in zip(c, add)]
+                w_c = [a + b for a, b in zip(w_c, held_add)]
             counts.append(tuple(c))
+            helds.append(tuple(w_c))
             lo = hi
-        pace = max(counts, key=pace_key)
-        picked = {"first": counts[0], "last": counts[-1], "pace": pace,
-                  "second": counts[min(1, len(counts) - 1)]}
+        pace_at = max(range(len(counts)), key=lambda j: pace_key(counts[j]))
+        at = {"first": 0, "last": len(counts) - 1, "pace": pace_at,
+              "second": min(1, len(counts) - 1)}
         for w in whos:
-            for t, n in zip(all_kinds, picked[w]):
+            for t, n, nh in zip(all_kinds, counts[at[w]], helds[at[w]]):
                 out[f"{w}_{t}"][rows] = n
+                if repeated:
+                    out[f"{w}_{t}@held"][rows] = nh
             if split is not None and split[rows].any():
                 n = {"first": per[0], "last": per[-1], "second": per[min(1, len(per) - 1)],
                      "pace": max(per)}[w]
@@ -468,15 +481,57 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
     return out
 
 
-def mix(sums: dict, counts: dict, per_stage) -> BlockSums:
+def mtp_layers(model, kinds: tuple) -> tuple[tuple, tuple]:
+    """The multi-token-prediction layers the last stage runs, per block kind
+    of ``kinds``, and those whose weights it holds.
+
+    Without ``mtp_pattern`` each of the ``mtp`` modules is one block of the
+    model's MoE (else dense) kind (DeepSeek-V3's).  A hybrid model's module
+    is the layers of its ``mtp_pattern`` (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/transformer/multi_token_prediction.py
+    ``MultiTokenPredictionLayer.__init__``: a ``HybridStack`` built from
+    ``mtp_layer_pattern``), run once per depth
+    (``MultiTokenPredictionBlock.forward`` loops over ``mtp_num_layers``).
+    With ``mtp_repeated`` (``mtp_use_repeated_layer``:
+    ``MultiTokenPredictionBlock._build_layers`` builds one layer and the
+    forward runs ``layers[0]`` at every depth) the weights are held once."""
+    mtp = model.mtp
+    per = [0] * len(kinds)
+    if mtp and model.mtp_pattern:
+        for sym in model.mtp_pattern:
+            per[kinds.index(HYBRID_SYMBOLS[sym])] += 1
+    elif mtp:
+        per[kinds.index("moe" if model.moe is not None else "dense")] += 1
+    held = 1 if model.mtp_repeated else mtp
+    return tuple(n * mtp for n in per), tuple(n * held for n in per)
+
+
+# The sums that scale with the weights a stage holds, not the layers it
+# runs (one MTP module run several times: ``mtp_layers``).
+HELD_SUMS = ("weight_space", "wgrad_space", "wgrad_space_full", "optimizer_space",
+             "weight_space_full", "weight_unkept", "weight_unkept_full", "weight_copies",
+             "weight_unsent", "x_weight_copies", "x_weight_unsent", "x_weight_space",
+             "x_wgrad_space", "x_optimizer_space", "optim_flops", "optim_flops_time",
+             "optim_mem", "optim_mem_time", "optim_time")
+
+
+def mix(sums: dict, counts: dict, per_stage, held: dict | None = None) -> BlockSums:
     """Per-block sums of a stage holding ``counts[kind]`` blocks of each
     kind whose per-block sums are ``sums[kind]``, as the average block of its
     ``per_stage`` block slots (so that the batch composition's
-    ``blocks_per_stage`` multiples give the stage's totals)."""
+    ``blocks_per_stage`` multiples give the stage's totals).  ``held``: the
+    blocks whose weights the stage holds where they differ (``HELD_SUMS``;
+    a repeated MTP module)."""
     kinds = list(sums)
     out = {}
     for key in sums[kinds[0]].given():
         vals = [getattr(sums[k], key) for k in kinds]
+        if held is not None and key in HELD_SUMS:
+            v = held[kinds[0]] * vals[0]
+            for k, e in zip(kinds[1:], vals[1:]):
+                v = v + held[k] * e
+            out[key] = v / per_stage
+            continue
         if key in KIND_SUMS:
             # once per block kind the stage holds (a stage total, as the
             # memory footprints read it); a kind's BF16 blocks have its shapes
