@@ -346,3 +346,25 @@ def test_lightning_file_is_the_nano_file_plus_its_mtp_module():
                      "mtp_use_repeated_layer": True}
     assert {k: v for k, v in light.items() if k in nano and k != "description"} == \
         {k: v for k, v in nano.items() if k != "description"}
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="no Megatron-Bridge mirror (CI): the CSV is committed")
+def test_lightning_model_file_is_the_recipes_provider():
+    """models/nemotron3.5-lightning-30B-A3B.json's MTP keys against what
+    recipes/nemotronh/h100/nemotron_3_nano.py nemotron_3_5_lightning_pretrain_config
+    sets on the Nano provider (its other fields: the Nano test above)."""
+    import ast
+    import json
+    W = _writer()
+    src = W.Source(MIRROR, W.COMMIT)
+    path = "src/megatron/bridge/recipes/nemotronh/h100/nemotron_3_nano.py"
+    fn = next(n for n in src.tree(path).body if isinstance(n, ast.FunctionDef)
+              and n.name == "nemotron_3_5_lightning_pretrain_config")
+    flat = W.flatten(W.Interpreter(src).call_function(path, fn, [], {}))
+    g = {k[len("model."):]: v for k, v in flat.items() if k.startswith("model.")}
+    f = json.loads((P.MODELS / f"{LIGHTNING}.json").read_text())
+    assert (g["mtp_num_layers"], g["mtp_hybrid_override_pattern"],
+            g["mtp_use_repeated_layer"]) == \
+        (f["mtp"], f["mtp_hybrid_override_pattern"], f["mtp_use_repeated_layer"])
+    assert g["hybrid_layer_pattern"] == f["hybrid_override_pattern"]
+    assert W.model_name(flat) == LIGHTNING
