@@ -149,3 +149,68 @@ def test_unlike_mtp_depths_are_refused_on_import():
     with pytest.raises(SpecError) as e:
         get("megatron").read(text.replace("M*E/*E/*E", "M*E/*E/E"), "x.sh")
     assert e.value.field == "--hybrid-layer-pattern"
+
+
+# A nemotron_h config.json as Hugging Face's NemotronHConfig spells its keys,
+# with the shipped Nemotron 3 Nano file's values (models/nemotron3-nano-30B-A3B.json).
+NANO_HF = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+           "hidden_size": 2688, "intermediate_size": 1856, "num_hidden_layers": 52,
+           "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+           "vocab_size": 131072, "max_position_embeddings": 262144,
+           "hybrid_override_pattern":
+               "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+           "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128,
+           "n_groups": 8, "conv_kernel": 4, "chunk_size": 128, "n_routed_experts": 128,
+           "num_experts_per_tok": 6, "moe_intermediate_size": 1856, "n_shared_experts": 1,
+           "moe_shared_expert_intermediate_size": 3712, "mlp_hidden_act": "relu2",
+           "mamba_hidden_act": "silu"}
+
+
+def _hf(tmp_path, data):
+    import json
+    from autopar.io.launch import read_config
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(data))
+    return read_config(p)
+
+
+def test_hf_nemotron_h_config_gives_the_shipped_nano(tmp_path):
+    import json
+    from pathlib import Path
+    fmt, imp = _hf(tmp_path, NANO_HF)
+    assert fmt == "hf" and imp.execution == {}
+    root = Path(__file__).resolve().parents[1]
+    shipped = json.loads((root / "models" / "nemotron3-nano-30B-A3B.json").read_text())
+    shipped.pop("description")
+    got = dict(imp.model, seq_size=shipped["seq_size"])    # the card gives the context
+    assert model_to_json(load_model(got)) == model_to_json(load_model(shipped))
+
+
+def test_hf_nemotron_h_reads_the_latent_and_the_mtp_module(tmp_path):
+    """``moe_latent_size`` and ``num_nextn_predict_layers`` depths of
+    ``mtp_hybrid_override_pattern`` (or the list ``mtp_layers_block_type``),
+    one repeated module unless the config says otherwise (Bridge's default)."""
+    data = {**NANO_HF, "moe_latent_size": 1024, "num_nextn_predict_layers": 1,
+            "mtp_hybrid_override_pattern": "*E"}
+    m = load_model(dict(_hf(tmp_path, data)[1].model))
+    assert (m.moe.latent_size, m.mtp, m.mtp_pattern, m.mtp_repeated) == (1024, 1, "*E", True)
+    data = {k: v for k, v in data.items() if k != "mtp_hybrid_override_pattern"}
+    data.update(mtp_layers_block_type=["attention", "moe"], mtp_use_repeated_layer=False)
+    m = load_model(dict(_hf(tmp_path, data)[1].model))
+    assert (m.mtp_pattern, m.mtp_repeated) == ("*E", False)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"mlp_hidden_act": "gelu"}, "mlp_hidden_act"),
+    ({"hybrid_override_pattern": "ME"}, "hybrid_override_pattern"),
+    ({"hybrid_override_pattern": None}, "hybrid_override_pattern"),
+    ({"num_nextn_predict_layers": 2}, "mtp_hybrid_override_pattern"),
+    ({"moe_latent_size": 0}, "moe_latent_size"),
+    ({"layers_block_type": ["mamba", "conv"], "hybrid_override_pattern": None},
+     "layers_block_type"),
+])
+def test_hf_nemotron_h_refusals_name_the_key(tmp_path, change, field):
+    data = {k: v for k, v in {**NANO_HF, **change}.items() if v is not None}
+    with pytest.raises(SpecError) as e:
+        _hf(tmp_path, data)
+    assert e.value.field == field
