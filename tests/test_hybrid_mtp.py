@@ -214,3 +214,15 @@ def test_hf_nemotron_h_refusals_name_the_key(tmp_path, change, field):
     with pytest.raises(SpecError) as e:
         _hf(tmp_path, data)
     assert e.value.field == field
+
+
+def test_held_sums_are_block_sums_of_weights():
+    """Every sum ``mix`` counts by the weights held (a repeated MTP module)
+    is a field of BlockSums, and none of the per-pass ones is among them."""
+    from dataclasses import fields
+    from autopar.model.block_sums import BlockSums
+    from autopar.model.moe import HELD_SUMS
+    names = {f.name for f in fields(BlockSums)}
+    assert set(HELD_SUMS) <= names
+    assert not {"fw_flops", "agrad_flops", "wgrad_flops", "act_storage", "useful_fw",
+                "ep_link"} & set(HELD_SUMS)
