@@ -64,7 +64,10 @@ MODELS = {"meta-llama/Meta-Llama-3-8B": "llama3-8B", "meta-llama/Meta-Llama-3-70
           "meta-llama/Llama-3.1-405B": "llama3-405B",
           "NemotronHModelProvider56B": "nemotron-h-56B",
           "NemotronHModelProvider47B": "nemotron-h-47B",
-          "NemotronHModelProvider8B": "nemotron-h-8B"}
+          "NemotronHModelProvider8B": "nemotron-h-8B",
+          # the Nano provider with its MTP module (nemotron_3_5_lightning_pretrain_config;
+          # models/nemotron3.5-lightning-30B-A3B.json)
+          "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16": "nemotron3.5-lightning-30B-A3B"}
 PRECISIONS = {"bf16_mixed": "bf16", "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
               "bf16_with_fp8_delayed_scaling_mixed": "fp8_ds", "bf16_with_mxfp8_mixed": "fp8_mx",
               "bf16_with_nvfp4_mixed": "nvfp4",

@@ -82,6 +82,8 @@ def test_pattern_round_trip_and_kinds():
     ({"mamba": {"heads": 4, "head_dim": 16, "state": 8, "groups": 3}}, "mamba.groups"),
     ({"mamba": {"heads": 4, "head_dim": 16}}, "mamba.state"),
     ({"mamba": {"heads": 0, "head_dim": 16, "state": 8}}, "mamba.heads"),
+    # (a hybrid model's mtp module without mtp_hybrid_override_pattern is one
+    # attention and one MoE / MLP layer: the pattern needs both kinds)
     ({"mtp": 1, "hybrid_override_pattern": "MM-M"}, "mtp"),
     ({"mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}},
      "hybrid_override_pattern"),

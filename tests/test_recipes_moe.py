@@ -183,11 +183,14 @@ def test_writer_reproduces_the_committed_table(tmp_path):
 # "Megatron-Bridge performance recipes: model files (Nemotron 3, ...)") ---
 
 NANO = "nemotron3-nano-30B-A3B"
+LIGHTNING = "nemotron3.5-lightning-30B-A3B"
+# Nemotron 3.5 Lightning recipes predicted and fitting (held: may rise, must not
+# fall); its other 2 are Megatron FSDP with expert parallelism (skipped).
+LIGHTNING_FITS = 8
 # Recipes of the dense table that name the Nano file (held: may rise, must not fall).
 NANO_FITS = 14
 # Skipped for blocks autopar cannot express: model -> recipes.
-NOT_EXPRESSED_COUNTS = {"nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16": 10,
-                        "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": 13,
+NOT_EXPRESSED_COUNTS = {"nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": 13,
                         "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": 2,
                         "glm5": 4, "deepseek-v4": 3}
 
@@ -261,7 +264,7 @@ def test_writer_names_the_nano_provider_and_lightning_by_its_checkpoint():
     assert W.model_name(nano | {"model.mtp_num_layers": 2}) == "HybridModelProvider"
     lightning = nano | {"model.mtp_num_layers": 2,
                         "model.hf_model_id": "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16"}
-    assert W.model_name(lightning) == "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16"
+    assert W.model_name(lightning) == LIGHTNING
     # the dense Nemotron-H providers still map by (layers, hidden)
     assert W.model_name({"model": "HybridModelProvider", "model.num_layers": 118,
                          "model.hidden_size": 8192}) == "nemotron-h-56B"
@@ -332,3 +335,68 @@ def test_qwen3_next_recipes_predicted(outcomes):
             assert info["feasible"]
     c = dict(R.cases())["qwen3_next_80b_a3b_pretrain_128gpu_h100_bf16_config"]
     assert c.model.mtp == 1 and c.model.gdn is not None and c.model.attention_output_gate
+
+
+def test_nemotron_3_5_lightning_recipes_fit_with_the_hybrid_mtp_module():
+    """The 10 Lightning recipes (perf_recipes/nemotronh) name
+    models/nemotron3.5-lightning-30B-A3B.json: the Nano file plus 2 passes of
+    one shared '*E' MTP module (nemotron_3_5_lightning_pretrain_config).  8
+    are predicted and fit at the Nano rows' plausible MFU; the 2 Megatron
+    FSDP ones are skipped.  Each predicted row holds more than the same
+    layout of the Nano (the module's weights once, its layers' activations
+    and each depth's kept logits twice) and runs slower."""
+    import dataclasses
+    from autopar.studies import recipes as RD
+    dense = RD.read()
+    rows = dense[dense.model == LIGHTNING]
+    assert len(rows) == 10
+    fits, skipped = 0, []
+    for _, row in rows.iterrows():
+        c = RD.recipe_case(row)
+        if not isinstance(c, P.PublishedCase):
+            skipped.append(c.reason)
+            continue
+        m = c.model
+        assert (m.mtp, m.mtp_pattern, m.mtp_repeated) == (2, "*E", True), row.recipe
+        s = evaluate_one(m, c.system, c.execution)
+        fits += bool(s["feasible"])
+        assert 0.10 <= float(s["total_efficiency"]) <= 0.70, row.recipe
+        nano = evaluate_one(dataclasses.replace(m, mtp=0, mtp_pattern="", mtp_repeated=False),
+                            c.system, c.execution)
+        assert s["proc_mem_tier1_cap_req"] > nano["proc_mem_tier1_cap_req"], row.recipe
+        assert s["total_time"] > nano["total_time"], row.recipe
+    assert fits >= LIGHTNING_FITS
+    assert skipped == ["FSDP with expert parallelism is not modelled"] * 2
+
+
+def test_lightning_file_is_the_nano_file_plus_its_mtp_module():
+    import json
+    nano = json.loads((P.MODELS / f"{NANO}.json").read_text())
+    light = json.loads((P.MODELS / f"{LIGHTNING}.json").read_text())
+    extra = {k: v for k, v in light.items() if k not in nano}
+    assert extra == {"mtp": 2, "mtp_hybrid_override_pattern": "*E",
+                     "mtp_use_repeated_layer": True}
+    assert {k: v for k, v in light.items() if k in nano and k != "description"} == \
+        {k: v for k, v in nano.items() if k != "description"}
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="no Megatron-Bridge mirror (CI): the CSV is committed")
+def test_lightning_model_file_is_the_recipes_provider():
+    """models/nemotron3.5-lightning-30B-A3B.json's MTP keys against what
+    recipes/nemotronh/h100/nemotron_3_nano.py nemotron_3_5_lightning_pretrain_config
+    sets on the Nano provider (its other fields: the Nano test above)."""
+    import ast
+    import json
+    W = _writer()
+    src = W.Source(MIRROR, W.COMMIT)
+    path = "src/megatron/bridge/recipes/nemotronh/h100/nemotron_3_nano.py"
+    fn = next(n for n in src.tree(path).body if isinstance(n, ast.FunctionDef)
+              and n.name == "nemotron_3_5_lightning_pretrain_config")
+    flat = W.flatten(W.Interpreter(src).call_function(path, fn, [], {}))
+    g = {k[len("model."):]: v for k, v in flat.items() if k.startswith("model.")}
+    f = json.loads((P.MODELS / f"{LIGHTNING}.json").read_text())
+    assert (g["mtp_num_layers"], g["mtp_hybrid_override_pattern"],
+            g["mtp_use_repeated_layer"]) == \
+        (f["mtp"], f["mtp_hybrid_override_pattern"], f["mtp_use_repeated_layer"])
+    assert g["hybrid_layer_pattern"] == f["hybrid_override_pattern"]
+    assert W.model_name(flat) == LIGHTNING

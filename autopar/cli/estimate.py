@@ -276,8 +276,11 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
             + (f", {mo.shared_experts} shared ({mo.shared_feedforward})" if mo.shared_experts
                else "")
             + (f", first {mo.first_dense} blocks dense" if mo.first_dense else "")
+            + (f", on a latent of {mo.latent_size}" if mo.latent_size else "")
             + (", MLA" if model.mla is not None else "")
-            + (f", {model.mtp} MTP" if model.mtp else ""))
+            + (f", {model.mtp} MTP" if model.mtp else "")
+            + (f" '{model.mtp_pattern}'" if model.mtp and model.mtp_pattern else "")
+            + (" (one module repeated)" if model.mtp and model.mtp_repeated else ""))
     add(f"system  {system.name or system.source}: {system.processing_mode}, "
         f"{len(system.networks)} network tiers, mem1 {system.mem1.GiB:g} GiB, "
         f"mem2 {system.mem2.GiB:g} GiB")

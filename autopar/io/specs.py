@@ -48,7 +48,12 @@ class MoESpec:
     or sigmoid; ``capacity_factor`` pads every expert to that multiple of
     the balanced load (None: dropless, no padding); ``imbalance`` is the
     load of the busiest expert relative to the balanced load (1.0: balanced
-    routing, the default assumption).
+    routing, the default assumption).  ``latent_size`` (0: off) is
+    LatentMoE (Nemotron 3 Super / Ultra; Megatron-Core's ``moe_latent_size``):
+    the routed experts run on a projection of the hidden state down to this
+    width, dispatched and combined at it, and projected back up after the
+    combine; the router and the shared experts keep the hidden size
+    (``autopar.model.moe.routed_experts``).
     """
     experts: int
     top_k: int
@@ -59,6 +64,7 @@ class MoESpec:
     router: str = "softmax"
     capacity_factor: float | None = None
     imbalance: float = 1.0
+    latent_size: int = 0
 
     @property
     def load(self) -> float:
@@ -152,6 +158,13 @@ class ModelSpec:
     # Qwen3-Next's gated attention (Megatron-Core attention_output_gate): the
     # query projection also gives a per-element gate on the attention output
     attention_output_gate: bool = False
+    # A hybrid model's MTP module: its layers (HYBRID_SYMBOLS), as Megatron's
+    # mtp_hybrid_override_pattern; "" with ``mtp`` on a non-hybrid model
+    # (DeepSeek-V3's: one block of the model's MoE kind)
+    mtp_pattern: str = ""
+    # Megatron's mtp_use_repeated_layer: one MTP module (its weights) run
+    # ``mtp`` times; False: ``mtp`` modules of their own
+    mtp_repeated: bool = False
     name: str = ""
     source: str = "dict"
     description: str = ""
@@ -496,6 +509,7 @@ MODEL_KEYS = ("hidden", "feedforward", "seq_size", "attn_heads", "attn_size",
               "num_blocks")
 MODEL_EXTENSION_KEYS = ("block", "kv_heads", "vocab_size", "moe", "mla", "mtp",
                         "hybrid_override_pattern", "mamba", "gdn", "attention_output_gate",
+                        "mtp_hybrid_override_pattern", "mtp_use_repeated_layer",
                         "name", "description")
 GDN_KEYS = ("key_heads", "value_heads", "key_head_dim", "value_head_dim")
 GDN_OPTIONAL_KEYS = ("conv_kernel", "chunk")
@@ -503,7 +517,7 @@ MAMBA_KEYS = ("heads", "head_dim", "state")
 MAMBA_OPTIONAL_KEYS = ("groups", "conv_kernel", "chunk")
 MOE_KEYS = ("experts", "top_k", "expert_feedforward")
 MOE_OPTIONAL_KEYS = ("shared_experts", "shared_feedforward", "first_dense", "router",
-                     "capacity_factor", "imbalance")
+                     "capacity_factor", "imbalance", "latent_size")
 ROUTERS = ("softmax", "sigmoid")
 MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MLA_OPTIONAL_KEYS = ("q_lora_rank",)
@@ -781,6 +795,7 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
     gate = c.bool(data.get("attention_output_gate", False), "attention_output_gate")
     if gate and not pattern:
         c.fail("attention_output_gate", "is modelled for hybrid models (a pattern with '*')")
+    mtp_pattern, mtp_repeated = _hybrid_mtp(c, data, pattern, mtp)
     if "name" in data:
         name = c.str(data["name"], "name")
     else:
@@ -788,8 +803,38 @@ def load_model(path_or_dict, source: str | None = None) -> ModelSpec:
     desc = c.str(data.get("description", ""), "description")
     return ModelSpec(**vals, block=block, kv_heads=kv_heads, vocab_size=vocab, moe=moe,
                      mla=mla, mtp=mtp, hybrid_pattern=pattern, mamba=mamba, gdn=gdn,
-                     attention_output_gate=gate, name=name,
+                     attention_output_gate=gate, mtp_pattern=mtp_pattern,
+                     mtp_repeated=mtp_repeated, name=name,
                      source=src, description=desc)
+
+
+def _hybrid_mtp(c: Checker, data: dict, pattern: str, mtp: int) -> tuple[str, bool]:
+    """A model file's ``mtp_hybrid_override_pattern`` (the layers of a hybrid
+    model's MTP module, Megatron's name and symbols; each of its kinds must
+    be one the model's own pattern has) and ``mtp_use_repeated_layer`` (one
+    module run ``mtp`` times), checked."""
+    repeated = c.bool(data.get("mtp_use_repeated_layer", False), "mtp_use_repeated_layer")
+    if repeated and not mtp:
+        c.fail("mtp_use_repeated_layer", "needs mtp >= 1 (the passes of the shared module)")
+    raw = data.get("mtp_hybrid_override_pattern")
+    if raw is None:
+        if mtp and pattern and ("*" not in pattern or not set(pattern) & {"E", "-"}):
+            # without its own pattern a hybrid model's mtp module is one
+            # transformer layer, an attention and an MoE / MLP layer
+            # (autopar.model.moe.mtp_layers; Megatron-Core's GPT MTP layer,
+            # as Qwen3-Next runs it)
+            c.fail("mtp", "beside hybrid_override_pattern needs attention (*) and MoE (E) or "
+                          "MLP (-) layers in the pattern, or mtp_hybrid_override_pattern")
+        return "", repeated
+    mp = c.str(raw, "mtp_hybrid_override_pattern")
+    if not pattern or not mtp:
+        c.fail("mtp_hybrid_override_pattern", "needs hybrid_override_pattern and mtp >= 1")
+    bad = sorted(set(mp) - set(pattern))
+    if not mp or bad:
+        c.fail("mtp_hybrid_override_pattern",
+               f"must be layers of the kinds hybrid_override_pattern has "
+               f"({''.join(sorted(set(pattern)))!r}), got {mp!r}")
+    return mp, repeated
 
 
 def _hybrid(c: Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "MambaSpec | None"]:
@@ -834,11 +879,6 @@ def _hybrid(c: Checker, data: dict, vals: dict, moe, mla, mtp) -> tuple[str, "Ma
         c.fail("moe.first_dense", "a hybrid pattern says which layers are dense: leave it out")
     if mla is not None:
         c.fail("hybrid_override_pattern", "not supported with mla")
-    if mtp and ("*" not in pattern or not set(pattern) & {"E", "-"}):
-        # (an mtp module of a hybrid model is an attention and an MoE / MLP
-        # layer: autopar.model.moe.mtp_kinds)
-        c.fail("mtp", "beside hybrid_override_pattern needs attention (*) and MoE (E) or "
-                      "MLP (-) layers in the pattern")
     return pattern, mamba
 
 
@@ -895,10 +935,11 @@ def _moe(c: Checker, v, vals: dict) -> MoESpec:
     if imbalance * top_k > experts:
         c.fail("moe.imbalance", f"the busiest expert cannot take more than every token: "
                                 f"imbalance * top_k must be <= experts ({experts})")
+    latent = c.int(v.get("latent_size", 0), "moe.latent_size", minimum=0)
     return MoESpec(experts=experts, top_k=top_k, expert_feedforward=ffe,
                    shared_experts=shared, shared_feedforward=shared_ff,
                    first_dense=first_dense, router=router, capacity_factor=cap,
-                   imbalance=imbalance)
+                   imbalance=imbalance, latent_size=latent)
 
 
 def _mla(c: Checker, v) -> MLASpec:
@@ -936,6 +977,8 @@ def model_to_json(model: ModelSpec) -> dict:
             moe["capacity_factor"] = _num(m.capacity_factor)
         if m.imbalance != 1.0:
             moe["imbalance"] = _num(m.imbalance)
+        if m.latent_size:
+            moe["latent_size"] = m.latent_size
         out["moe"] = moe
     if model.mla is not None:
         a = model.mla
@@ -947,6 +990,10 @@ def model_to_json(model: ModelSpec) -> dict:
         out["mtp"] = model.mtp
     if model.hybrid_pattern:
         out["hybrid_override_pattern"] = model.hybrid_pattern
+    if model.mtp_pattern:
+        out["mtp_hybrid_override_pattern"] = model.mtp_pattern
+    if model.mtp_repeated:
+        out["mtp_use_repeated_layer"] = True
     if model.mamba is not None:
         mb = model.mamba
         out["mamba"] = {"heads": mb.heads, "head_dim": mb.head_dim, "state": mb.state,

@@ -545,7 +545,10 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     copies = over.logits_fp32_copies * copy
     last = matrix * (1.0 + (stages == 1))        # both matrices on a single stage
     if mtp:
-        last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * mtp * per_param
+        # each module's projection of [hidden; embedding] (2 x hidden) to
+        # hidden; one module's with ``mtp_repeated`` (moe.mtp_layers)
+        held = 1 if ctx.model.mtp_repeated else mtp
+        last = last + 2.0 * ctx.model.hidden * ctx.model.hidden * held * per_param
     if over.dummy_wgrad:
         # The output layer's cached dummy weight gradient: Megatron's
         # column-parallel output layer takes its placeholder from TE's
@@ -560,6 +563,14 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         # unless a pipeline stage caches them as its output (the fp32 copies
         # then stand for the whole peak).
         logits = masked(logits, ~ctx.training | (stages > 1))
+    if mtp:
+        # Each MTP depth's loss keeps its logits-sized tensor (working
+        # precision) until backward: NVIDIA/Megatron-LM@2a75ac1
+        # multi_token_prediction.py ``process_mtp_loss`` computes every
+        # depth's logits and loss in the forward and ties the loss to the
+        # hidden states (``MTPLossAutoScaler``), and the fused cross entropy
+        # keeps the logits' gradient in their place for the backward.
+        logits = logits + ctx.if_training(mtp * whole * b)
     out = {"first": matrix, "last": last,
            "logits": {"total": logits + copies, "fp32_copies": copies, "fp32_copy": copy}}
     if over.backward_transient == "op":

@@ -401,8 +401,11 @@ def _stage_sums(model: ModelSpec, cols: dict, sums: dict, stages: bool = True):
     # (an uneven split: each stage's sums over its own blocks, and the second
     # stage's too)
     whos = ("pace", "first", "last") + (("second",) if "second_blocks" in counts else ())
+    kinds0 = next(iter(sums))
     pace, first, last, *second = (
-        mix(sums, {k: counts[f"{w}_{k}"] for k in sums}, counts.get(f"{w}_blocks", per_stage))
+        mix(sums, {k: counts[f"{w}_{k}"] for k in sums}, counts.get(f"{w}_blocks", per_stage),
+            {k: counts[f"{w}_{k}@held"] for k in sums} if f"{w}_{kinds0}@held" in counts
+            else None)
         if w == "pace" or stages else None for w in whos)
     return pace, ((first, last) + tuple(second) if stages else None)
 

@@ -228,7 +228,11 @@ def pace_weights(model: ModelSpec) -> dict:
     out["mlp"] = 2 * h * f * (gated + 1)
     if model.moe is not None:
         moe = model.moe
-        routed = moe.top_k * moe.load * 2 * h * moe.expert_feedforward * (gated + 1)
+        # (LatentMoE: the experts at the latent width, and its two projections)
+        w = float(moe.latent_size or h)
+        routed = moe.top_k * moe.load * 2 * w * moe.expert_feedforward * (gated + 1)
+        if moe.latent_size:
+            routed += 2 * 2 * h * w
         out["moe"] = (2 * h * moe.experts + routed
                       + 2 * h * moe.shared_feedforward * (gated + 1))
     return out

@@ -49,6 +49,7 @@ import numpy as np
 from autopar.model.block_inputs import BlockInputs
 from autopar.model.block_sums import KIND_SUMS, MAX_SUMS, BlockSums
 from autopar.model.communication import tp_collective
+from autopar.io.specs import HYBRID_SYMBOLS
 from autopar.model.context import LayoutContext
 from autopar.model.mamba import hybrid_kinds, layer_kinds
 from autopar.model.overhead import moe_sync_ops
@@ -194,7 +195,11 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     g = partial(fp8_gemm, ctx)
     llama, full = x.llama, x.full
     moe = ctx.model.moe
-    h = float(ctx.model.hidden)
+    hidden = float(ctx.model.hidden)
+    # LatentMoE (``moe.latent_size``): the experts, the dispatch and the
+    # combine are at the latent width, between two projections of every
+    # token (``_latent_projections``); the router scores the hidden state.
+    h = float(moe.latent_size) if moe.latent_size else hidden
     E = float(moe.experts)
     k = float(moe.top_k)
     ffe = moe.expert_feedforward / ctx.etp
@@ -210,7 +215,8 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     # Counted so under ``memory_overhead.autograd_inputs`` (measured with
     # PyTorch: benchmarks/memory_torch.py).
     keep = ctx.autograd_inputs and not moe.shared_feedforward
-    router = linear(ctx, T, h, E, **full, stored=keep, reused=True)
+    down, up = _latent_projections(ctx, T, hidden, h, x) if moe.latent_size else (None, None)
+    router = linear(ctx, T, hidden, E, **full, stored=keep and down is None, reused=True)
     router["dummy_wgrad"] = False       # Megatron's own parameter, not a TE module
     score = float(_ROUTER_FLOPS[moe.router])
     scores = layer(ctx, fw=score * T * E, agrad=score * T * E, inputs=T * E, outputs=T * E,
@@ -245,9 +251,43 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     back = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=True)
     seq = [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
            (act_fn, True), (fc2, True), (back, True), (combine, True)]
+    if down is not None:
+        # (Megatron-Core's MoELayer.preprocess projects down before the
+        # dispatcher's permutation; postprocess projects up after the combine)
+        seq.insert(2, (down, True))
+        seq.append((up, True))
     if ctx.moe_host_s > 0 or ctx.moe_host_op_s > 0:
         seq.insert(2, (host_sync(ctx, x.recompute_full), True))
     return seq
+
+
+def _latent_projections(ctx: LayoutContext, T, hidden: float, latent: float,
+                        x: BlockInputs):
+    """LatentMoE's two projections of one MoE layer, as (down, up) layers.
+
+    NVIDIA/Megatron-LM@2a75ac1 megatron/core/transformer/moe/moe_layer.py
+    ``MoELayer.__init__``: ``fc1_latent_proj`` (hidden -> ``moe_latent_size``)
+    and ``fc2_latent_proj`` (back) are Transformer Engine linear layers in
+    ``parallel_mode="duplicated"``: every tensor-parallel rank holds the
+    whole weight (not split over tensor_par, not an expert's: synchronised
+    over the data-parallel group like a dense weight) and projects its own
+    ``T`` sequence-parallel tokens.  ``MoELayer.preprocess`` runs the down
+    projection after the router (which scores the hidden state) and before
+    the dispatcher, so the dispatcher moves latent-width tokens
+    (token_dispatcher.py: the flex dispatcher's buffers sized
+    ``moe_latent_size or hidden_size``) and the experts take it
+    (experts.py: their input size is ``moe_latent_size``);
+    ``MoELayer.postprocess`` projects the combined output back up, before the
+    shared experts' output (which ran on the hidden state) is added.  Each
+    keeps its input for its weight gradient: the down projection the
+    layer's normalised input (the router's; with shared experts their first
+    GEMM keeps the same tensor, so it is counted there), the up projection
+    the combined latent tokens."""
+    g = partial(fp8_gemm, ctx)
+    keep = not ctx.model.moe.shared_feedforward
+    down = g(linear(ctx, T, hidden, latent, **x.full, stored=keep, reused=not keep))
+    up = g(linear(ctx, T, latent, hidden, **x.full))
+    return down, up
 
 
 def mla_attention(ctx: LayoutContext, x: BlockInputs):
@@ -333,25 +373,13 @@ def bf16_blocks(cols: dict | None):
     return first, last
 
 
-def mtp_kinds(model) -> tuple[str, ...]:
-    """The block kinds of one multi-token-prediction module: DeepSeek-V3's
-    is one MoE block (a dense one without MoE); a hybrid model's is one
-    transformer layer, an attention block and an MoE (or MLP) block
-    (Megatron-Core ``multi_token_prediction.py``, ``MultiTokenPredictionLayer``:
-    its ``mtp_model_layer`` is a ``TransformerLayer`` built from the decoder's
-    layer spec; Megatron-Bridge@067f987 qwen3_next_bridge.py maps
-    ``mtp.layers.*.self_attn`` and ``mtp.layers.*.mlp.experts``)."""
-    ffn = "moe" if model.moe is not None else ("mlp" if model.hybrid_pattern else "dense")
-    return ("attention", ffn) if model.hybrid_pattern else (ffn,)
-
-
 def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
                  pace_weights: dict | None = None) -> dict:
     """Blocks of each kind (``{who}_{kind}``) of the first stage, the last
     stage and the stage that paces the pipeline, per row.  Stage i holds
     blocks [i * bps, (i + 1) * bps) with ``bps = ceil(num_blocks / stages)``.
     A model with ``moe`` has kinds "dense" (the first ``first_dense``) and
-    "moe"; the last stage also runs the ``mtp`` modules (``mtp_kinds``: an
+    "moe"; the last stage also runs the ``mtp`` modules (``mtp_layers``: an
     MoE block each, as DeepSeek-V3's; attention and MoE in a hybrid model); the pace is the most MoE blocks, then the most blocks.
     A hybrid model (``hybrid_pattern``) has one kind per block
     (``autopar.model.mamba.layer_kinds``); its pace is the stage with the
@@ -385,12 +413,18 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
         if bf is None:
             return base_key(c)
         return base_key([c[i] + c[i + nk] for i in range(nk)]) + (sum(c[nk:]),)
-    mtp = model.mtp
-    # the kinds of the blocks of one mtp module (mtp_kinds)
-    extra = [kinds.index(k) for k in mtp_kinds(model)] if mtp else []
+    # The last stage's multi-token-prediction layers by kind (``mtp_layers``)
+    # and, with one module run ``mtp`` times (``mtp_repeated``), the layers
+    # whose weights it holds (``{who}_{kind}@held``: ``mix``'s weight counts).
+    add, held_add = mtp_layers(model, kinds)
+    add = list(add) + [0] * (len(all_kinds) - nk)
+    held_add = list(held_add) + [0] * (len(all_kinds) - nk)
+    repeated = add != held_add
     split = uneven_rows(cols) if cols is not None else None
     whos = ("first", "last", "pace") + (("second",) if split is not None else ())
     out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in all_kinds}
+    if repeated:
+        out.update({f"{w}_{t}@held": np.zeros(len(stages)) for w in whos for t in all_kinds})
     groups = []
     for pp in np.unique(stages):
         rows = stages == pp
@@ -420,22 +454,26 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
             f, l = int(bf[0][i]), int(bf[1][i])
             held_kinds = tuple(t + BF16 if b < f or b >= N - l else t
                                for b, t in enumerate(per_block))
-        counts, lo = [], 0
+        counts, helds, lo = [], [], 0
         for i, n in enumerate(per):
             hi = min(lo + n, N)
             held = held_kinds[lo:hi]
             c = [held.count(t) for t in all_kinds]
+            w_c = list(c)
             if i == len(per) - 1:
-                for e in extra:
-                    c[e] += mtp
+                c = [a + b for a, b in zip(c, add)]
+                w_c = [a + b for a, b in zip(w_c, held_add)]
             counts.append(tuple(c))
+            helds.append(tuple(w_c))
             lo = hi
-        pace = max(counts, key=pace_key)
-        picked = {"first": counts[0], "last": counts[-1], "pace": pace,
-                  "second": counts[min(1, len(counts) - 1)]}
+        pace_at = max(range(len(counts)), key=lambda j: pace_key(counts[j]))
+        at = {"first": 0, "last": len(counts) - 1, "pace": pace_at,
+              "second": min(1, len(counts) - 1)}
         for w in whos:
-            for t, n in zip(all_kinds, picked[w]):
+            for t, n, nh in zip(all_kinds, counts[at[w]], helds[at[w]]):
                 out[f"{w}_{t}"][rows] = n
+                if repeated:
+                    out[f"{w}_{t}@held"][rows] = nh
             if split is not None and split[rows].any():
                 n = {"first": per[0], "last": per[-1], "second": per[min(1, len(per) - 1)],
                      "pace": max(per)}[w]
@@ -443,15 +481,68 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
     return out
 
 
-def mix(sums: dict, counts: dict, per_stage) -> BlockSums:
+def mtp_layers(model, kinds: tuple) -> tuple[tuple, tuple]:
+    """The multi-token-prediction layers the last stage runs, per block kind
+    of ``kinds``, and those whose weights it holds.
+
+    Without ``mtp_pattern`` each of the ``mtp`` modules is one block of the
+    model's MoE (else dense) kind (DeepSeek-V3's), or in a hybrid model one
+    attention and one MoE (else MLP) layer.  A hybrid model's module
+    is the layers of its ``mtp_pattern`` (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/transformer/multi_token_prediction.py
+    ``MultiTokenPredictionLayer.__init__``: a ``HybridStack`` built from
+    ``mtp_layer_pattern``), run once per depth
+    (``MultiTokenPredictionBlock.forward`` loops over ``mtp_num_layers``).
+    With ``mtp_repeated`` (``mtp_use_repeated_layer``:
+    ``MultiTokenPredictionBlock._build_layers`` builds one layer and the
+    forward runs ``layers[0]`` at every depth) the weights are held once."""
+    mtp = model.mtp
+    per = [0] * len(kinds)
+    if mtp and model.mtp_pattern:
+        for sym in model.mtp_pattern:
+            per[kinds.index(HYBRID_SYMBOLS[sym])] += 1
+    elif mtp and model.hybrid_pattern:
+        # a hybrid model without an MTP pattern (Qwen3-Next, which Megatron
+        # runs as a GPT model): one transformer layer, an attention and an
+        # MoE (or MLP) layer (multi_token_prediction.py
+        # ``MultiTokenPredictionLayer``: its ``mtp_model_layer`` is a
+        # ``TransformerLayer`` of the decoder's layer spec; Megatron-Bridge@067f987
+        # qwen3_next_bridge.py maps ``mtp.layers.*.self_attn`` and
+        # ``mtp.layers.*.mlp.experts``)
+        per[kinds.index("attention")] += 1
+        per[kinds.index("moe" if model.moe is not None else "mlp")] += 1
+    elif mtp:
+        per[kinds.index("moe" if model.moe is not None else "dense")] += 1
+    held = 1 if model.mtp_repeated else mtp
+    return tuple(n * mtp for n in per), tuple(n * held for n in per)
+
+
+# The sums that scale with the weights a stage holds, not the layers it
+# runs (one MTP module run several times: ``mtp_layers``).
+HELD_SUMS = ("weight_space", "wgrad_space", "wgrad_space_full", "optimizer_space",
+             "weight_space_full", "weight_unkept", "weight_unkept_full", "weight_copies",
+             "weight_unsent", "x_weight_copies", "x_weight_unsent", "x_weight_space",
+             "x_wgrad_space", "x_optimizer_space", "optim_flops", "optim_flops_time",
+             "optim_mem", "optim_mem_time", "optim_time")
+
+
+def mix(sums: dict, counts: dict, per_stage, held: dict | None = None) -> BlockSums:
     """Per-block sums of a stage holding ``counts[kind]`` blocks of each
     kind whose per-block sums are ``sums[kind]``, as the average block of its
     ``per_stage`` block slots (so that the batch composition's
-    ``blocks_per_stage`` multiples give the stage's totals)."""
+    ``blocks_per_stage`` multiples give the stage's totals).  ``held``: the
+    blocks whose weights the stage holds where they differ (``HELD_SUMS``;
+    a repeated MTP module)."""
     kinds = list(sums)
     out = {}
     for key in sums[kinds[0]].given():
         vals = [getattr(sums[k], key) for k in kinds]
+        if held is not None and key in HELD_SUMS:
+            v = held[kinds[0]] * vals[0]
+            for k, e in zip(kinds[1:], vals[1:]):
+                v = v + held[k] * e
+            out[key] = v / per_stage
+            continue
         if key in KIND_SUMS:
             # once per block kind the stage holds (a stage total, as the
             # memory footprints read it); a kind's BF16 blocks have its shapes

@@ -141,7 +141,12 @@ def block_matrices(model, kind: str = "dense") -> tuple[list, list]:
     experts = []
     if kind == "moe":
         fe = float(model.moe.expert_feedforward)
-        experts = [(h, 2 * fe if llama else fe), (fe, h)] * int(model.moe.experts)
+        w = float(model.moe.latent_size or h)
+        experts = [(w, 2 * fe if llama else fe), (fe, w)] * int(model.moe.experts)
+        if model.moe.latent_size:
+            # LatentMoE's down and up projections (whole on every
+            # tensor-parallel rank: autopar.model.moe._latent_projections)
+            mats += [(h, w), (w, h)]
     return mats, experts
 
 

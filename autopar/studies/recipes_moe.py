@@ -63,23 +63,19 @@ RECIPE_SYSTEMS, RECIPE_FP8, RECOMPUTE_CHOICE = SYSTEMS, FP8, SELECTIVE
 # Megatron-Bridge@067f987's model bridges, which build the Megatron-Core model
 # from each released Hugging Face config (docs/validation.md, "Megatron-Bridge
 # performance recipes: model files (Nemotron 3, ...)").
-_HYBRID_MTP = ("autopar's mtp modules of a hybrid model are each one attention and one MoE "
-               "layer of their own, not one layer run again (mtp_use_repeated_layer)")
 NOT_EXPRESSED = {
-    # recipes/nemotronh/h100/nemotron_3_nano.py nemotron_3_5_lightning_pretrain_config
-    "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16":
-        "Nemotron 3.5 Lightning is Nemotron 3 Nano's 52 layers plus MTP: 2 passes of one "
-        "shared '*E' (attention + MoE) layer (mtp_num_layers 2, mtp_use_repeated_layer, "
-        "mtp_hybrid_override_pattern '*E'); " + _HYBRID_MTP,
-    # models/nemotronh/nemotron_h_bridge.py: moe_latent_size, num_nextn_predict_layers
+    # models/nemotronh/nemotron_h_bridge.py: moe_latent_size, num_nextn_predict_layers.
+    # autopar states LatentMoE (moe.latent_size) and hybrid MTP
+    # (mtp_hybrid_override_pattern, mtp_use_repeated_layer); no file is written
+    # because the released config.json (the 88-layer pattern) was not read here
+    # (docs/validation.md, "LatentMoE and hybrid MTP ..., counted").
     "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16":
-        "Nemotron 3 Super is LatentMoE (moe_latent_size 1024: the 512 experts run on a "
-        "down-projection of the 4096 hidden and are projected back up) with MTP (2 passes of "
-        "one shared '*E' layer); autopar's experts take the hidden size, and " + _HYBRID_MTP,
+        "Nemotron 3 Super (LatentMoE 512 experts of 2688 on a 1024 latent, MTP '*E'): no "
+        "model file, its released config.json (the 88-layer hybrid_override_pattern) was not "
+        "read",
     "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16":
-        "Nemotron 3 Ultra is LatentMoE (moe_latent_size: the experts run on a down-projection "
-        "of the hidden) with MTP (2 passes of one shared '*E' layer); autopar's experts take "
-        "the hidden size, and " + _HYBRID_MTP,
+        "Nemotron 3 Ultra (LatentMoE, MTP '*E'): no model file, its released config.json was "
+        "not read",
     # models/glm_moe_dsa/glm5_bridge.py: experimental_attention_variant "dsa"
     "glm5":
         "GLM-5 attends through DeepSeek Sparse Attention: MLA whose keys are chosen per query "

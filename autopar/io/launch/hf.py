@@ -32,7 +32,17 @@ The keys are those of the ``transformers`` configuration classes of each
   ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
   ``qk_rope_head_dim``, ``v_head_dim`` (``mla``; ``attn_size`` is the value
   size, as the shipped files have it) and ``num_nextn_predict_layers``
-  (``mtp``).
+  (``mtp``);
+* Nemotron-H / Nemotron 3 (``nemotron_h``, as Megatron-Bridge's
+  ``NemotronHBridge`` converts it): ``hybrid_override_pattern`` (or
+  ``layers_block_type``), ``mamba_num_heads``, ``mamba_head_dim``,
+  ``ssm_state_size``, ``n_groups``, ``conv_kernel``, ``chunk_size``, the
+  experts (``n_routed_experts``, ``num_experts_per_tok``,
+  ``moe_intermediate_size``, ``n_shared_experts``,
+  ``moe_shared_expert_intermediate_size``, a sigmoid router),
+  ``moe_latent_size`` (``moe.latent_size``) and ``num_nextn_predict_layers``
+  MTP depths of ``mtp_hybrid_override_pattern`` (one repeated module, Bridge's
+  default); squared-ReLU (``mlp_hidden_act`` relu2) as the ``gpt`` block.
 
 What autopar cannot state is one line naming the key (another activation
 than SiLU, MoE on every n-th block only, dense blocks other than a leading
@@ -49,7 +59,8 @@ from autopar.io.launch.expressible import Keys, json_object
 DENSE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss",
        "qwen3_next")
-MODEL_TYPES = DENSE + MOE
+HYBRID = ("nemotron_h",)
+MODEL_TYPES = DENSE + MOE + HYBRID
 ACTIVATIONS = ("silu", "swiglu")
 
 
@@ -72,6 +83,9 @@ def read(text: str, source: str) -> Imported:
                    "seq_size": k.int("max_position_embeddings", minimum=1),
                    "attn_heads": heads, "attn_size": attn_size, "num_blocks": layers,
                    "block": "llama", "vocab_size": k.int("vocab_size", minimum=1)}
+    if mt in HYBRID:
+        _nemotron_h(k, model, layers, heads)
+        return Imported(execution={}, model=model, framework=None, notes=tuple(notes))
     act = k.raw("hidden_act", "silu")
     if act not in ACTIVATIONS:
         k.fail("hidden_act", f"{act!r}: autopar's LLaMA-style block is a gated SiLU MLP")
@@ -205,6 +219,85 @@ def _deepseek(k: Keys, model: dict, layers: int) -> None:
     mtp = k.int("num_nextn_predict_layers", 0, minimum=0)
     if mtp:
         model["mtp"] = mtp
+
+
+# Nemotron-H's ``layers_block_type`` names -> hybrid_override_pattern symbols
+_BLOCK_TYPES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _layer_pattern(k: Keys, key: str, list_key: str) -> str | None:
+    """A Nemotron-H layer pattern: the string ``key`` or the list of block
+    names ``list_key`` (newer configs), None where neither is given."""
+    if k.raw(key) is not None:
+        pattern = k.raw(key)
+        if not isinstance(pattern, str):
+            k.fail(key, f"expected a string of M, *, - and E, got {pattern!r}")
+        return pattern
+    names = k.raw(list_key)
+    if names is None:
+        return None
+    if not isinstance(names, list) or any(n not in _BLOCK_TYPES for n in names):
+        k.fail(list_key, f"expected a list of {', '.join(_BLOCK_TYPES)}, got {names!r}")
+    return "".join(_BLOCK_TYPES[n] for n in names)
+
+
+def _nemotron_h(k: Keys, model: dict, layers: int, heads: int) -> None:
+    """Nemotron-H / Nemotron 3 (``model_type`` nemotron_h) as Megatron-Bridge
+    converts it (NVIDIA-NeMo/Megatron-Bridge@067f987
+    src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py
+    ``NemotronHBridge.provider_bridge``): squared-ReLU MLP and experts (the
+    ``gpt`` block, as the shipped Nemotron files), the layer pattern, the
+    Mamba-2 mixer, a sigmoid router, ``moe_latent_size``, and
+    ``num_nextn_predict_layers`` MTP depths of ``mtp_hybrid_override_pattern``
+    run by one repeated module unless the config says
+    ``mtp_use_repeated_layer`` false."""
+    act = k.raw("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        k.fail("mlp_hidden_act", f"{act!r}: autopar models Nemotron-H's squared-ReLU MLP only")
+    model["block"] = "gpt"
+    kv = k.int("num_key_value_heads", heads, minimum=1)
+    if heads % kv:
+        k.fail("num_key_value_heads", f"{kv} does not divide num_attention_heads {heads}")
+    model["kv_heads"] = kv
+    pattern = _layer_pattern(k, "hybrid_override_pattern", "layers_block_type")
+    if pattern is None:
+        k.fail("hybrid_override_pattern", "missing key (the layers of a Nemotron-H model)")
+    if len(pattern) != layers:
+        k.fail("hybrid_override_pattern", f"has {len(pattern)} layers, num_hidden_layers is "
+               f"{layers}")
+    model["hybrid_override_pattern"] = pattern
+    if "M" in pattern:
+        model["mamba"] = {"heads": k.int("mamba_num_heads", minimum=1),
+                          "head_dim": k.int("mamba_head_dim", minimum=1),
+                          "state": k.int("ssm_state_size", minimum=1),
+                          "groups": k.int("n_groups", 1, minimum=1),
+                          "conv_kernel": k.int("conv_kernel", 4, minimum=1),
+                          "chunk": k.int("chunk_size", 128, minimum=1)}
+    if "E" in pattern:
+        moe = {"experts": k.int("n_routed_experts", minimum=1),
+               "top_k": k.int("num_experts_per_tok", minimum=1),
+               "expert_feedforward": k.int("moe_intermediate_size", minimum=1),
+               "router": "sigmoid"}
+        shared = k.int("n_shared_experts", 0, minimum=0) if k.raw("n_shared_experts") \
+            is not None else 0
+        if shared:
+            moe["shared_experts"] = shared
+            moe["shared_feedforward"] = k.int("moe_shared_expert_intermediate_size",
+                                              minimum=1)
+        if k.raw("moe_latent_size") is not None:
+            moe["latent_size"] = k.int("moe_latent_size", minimum=1)
+        model["moe"] = moe
+    mtp = k.int("num_nextn_predict_layers", 0, minimum=0) \
+        if k.raw("num_nextn_predict_layers") is not None else 0
+    if mtp:
+        mp = _layer_pattern(k, "mtp_hybrid_override_pattern", "mtp_layers_block_type")
+        if not mp:
+            k.fail("mtp_hybrid_override_pattern", "num_nextn_predict_layers > 0 needs the MTP "
+                   "module's layers (Megatron-Bridge refuses it without)")
+        model["mtp"] = mtp
+        model["mtp_hybrid_override_pattern"] = mp
+        if k.raw("mtp_use_repeated_layer", True) is not False:
+            model["mtp_use_repeated_layer"] = True
 
 
 def _refuse(*_args) -> str:

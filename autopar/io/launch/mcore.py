@@ -360,6 +360,18 @@ def hybrid_pattern(model, ex: Mapping) -> str:
     return "|".join(out)
 
 
+def mtp_pattern_suffix(model) -> str:
+    """A hybrid model's MTP modules in Megatron-Core's unified pattern: ``/``
+    and the module's layers once per depth
+    (megatron/core/models/hybrid/hybrid_layer_allocation.py
+    ``parse_hybrid_pattern``: the depths are the parts after the main
+    pattern, all alike; Megatron-Bridge's HybridModelProvider.finalize writes
+    ``mtp_hybrid_override_pattern`` so, ``mtp_num_layers`` copies)."""
+    if not (getattr(model, "mtp_pattern", "") and model.mtp):
+        return ""
+    return "/" + "/".join([model.mtp_pattern] * model.mtp)
+
+
 def settings(model, ex: Mapping) -> dict:
     """The Megatron-Core settings (``section.attribute`` -> value) of a layout
     that ``refuse_layout`` accepts, with the model's shape."""
@@ -377,7 +389,7 @@ def settings(model, ex: Mapping) -> dict:
         # HybridModel: the pattern's pipes are the split (arguments.py refuses
         # the layout string, first/last stage sizes and the embedding/loss
         # accounting next to pipes)
-        s["model.hybrid_layer_pattern"] = hybrid_pattern(model, ex)
+        s["model.hybrid_layer_pattern"] = hybrid_pattern(model, ex) + mtp_pattern_suffix(model)
         s["model.virtual_pipeline_model_parallel_size"] = v if v > 1 else None
     elif _get(ex, "pipeline_layout") == "balanced":
         s["model.pipeline_model_parallel_layout"] = _balanced_layout(model, ex)
@@ -535,6 +547,8 @@ def model_settings(model, ex: Mapping) -> dict:
         s["model.moe_router_score_function"] = m.router
         if m.capacity_factor is not None:
             s["model.moe_expert_capacity_factor"] = m.capacity_factor
+        if m.latent_size:
+            s["model.moe_latent_size"] = m.latent_size
     if model.mla is not None:
         a = model.mla
         s["model.multi_latent_attention"] = True
@@ -545,6 +559,8 @@ def model_settings(model, ex: Mapping) -> dict:
         s["model.v_head_dim"] = a.v_head_dim
     if model.mtp:
         s["model.mtp_num_layers"] = model.mtp
+        if getattr(model, "mtp_repeated", False):
+            s["model.mtp_use_repeated_layer"] = True
     mb = getattr(model, "mamba", None)
     if getattr(model, "hybrid_pattern", "") and mb is not None:
         # TransformerConfig.mamba_num_heads / mamba_head_dim / mamba_state_dim /
@@ -919,6 +935,12 @@ def _read_model(r: Reader) -> dict:
         pattern = "".join(segments)
         m["hybrid_override_pattern"] = pattern
         m["num_blocks"] = len(pattern)
+        depths = _mtp_parts(r)
+        if depths:
+            m["mtp_hybrid_override_pattern"] = depths[0]
+            m.setdefault("mtp", len(depths))
+        if r.bool("model.mtp_use_repeated_layer", False):
+            m["mtp_use_repeated_layer"] = True
         if "M" in pattern:
             head_dim = r.int("model.mamba_head_dim", 64)
             heads = r.int("model.mamba_num_heads", None)
@@ -959,6 +981,9 @@ def _read_model(r: Reader) -> dict:
         cap = r.float("model.moe_expert_capacity_factor", None)
         if cap is not None:
             moe["capacity_factor"] = cap
+        latent = r.int("model.moe_latent_size", None)
+        if latent:
+            moe["latent_size"] = latent
         m["moe"] = moe
     if r.bool("model.multi_latent_attention", False):
         m["mla"] = {"kv_lora_rank": r.int("model.kv_lora_rank", 512),
@@ -977,15 +1002,28 @@ def _pattern_key(r: Reader) -> str | None:
                  if r.v.get(k) not in (None, "None", "null")), None)
 
 
+def _mtp_parts(r: Reader) -> list[str]:
+    """A hybrid pattern's MTP depths (the parts after ``/``, each the MTP
+    module's layers; hybrid_layer_allocation.py ``parse_hybrid_pattern``
+    requires them alike), [] where there are none."""
+    key = _pattern_key(r)
+    if key is None:
+        return []
+    parts = [x for x in str(r.v[key]).replace(" ", "").split("/")[1:] if x]
+    if len(set(parts)) > 1:
+        r.fail(key, f"MTP patterns after '/' must all be alike (Megatron-Core's "
+                    f"parse_hybrid_pattern), got {parts}")
+    return parts
+
+
 def _pattern_segments(r: Reader) -> list[str] | None:
     """A hybrid model's layer pattern split at its pipes, or None."""
     key = _pattern_key(r)
     if key is None:
         return None
     from autopar.io.specs import HYBRID_SYMBOLS
-    text = str(r.v[key]).replace(" ", "")
-    if "/" in text:
-        r.fail(key, "multi-token prediction patterns (/) are not modelled with hybrid models")
+    # (after '/': the MTP module's layers, read below)
+    text = str(r.v[key]).replace(" ", "").split("/")[0]
     # (Gated DeltaNet 'G' layers are modelled, but their linear_* settings
     # are not read from a launch file: refused with the rest)
     read_symbols = [c for c in HYBRID_SYMBOLS if c != "G"]
