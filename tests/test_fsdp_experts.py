@@ -1,0 +1,120 @@
+"""Megatron-FSDP (``weight_sharding``) beside expert parallelism: the routed
+experts' weights, gradients and optimizer state sharded over the
+expert-data-parallel group, the other weights over data_par; each block's
+dense and expert parameters gathered before its forward and its backward
+over their own groups (docs/validation.md, "Megatron-FSDP with expert
+parallelism, counted").  Hand counts on a small MoE block."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autopar import model as M
+from autopar.io.specs import load_execution, load_model
+from autopar.model.hardware import NetworkTier
+
+H, E, F = 64, 4, 32                     # hidden, experts, expert feed-forward
+# One block's dense parameters: Q, K, V, O (4 heads of 16), two RMS norms,
+# the router (H x E).
+DENSE = 4 * H * H + 2 * H + H * E
+
+
+def tiny_moe():
+    return load_model({"hidden": H, "feedforward": 128, "seq_size": 32, "attn_heads": 4,
+                       "attn_size": 16, "num_blocks": 2, "block": "llama", "name": "tiny",
+                       "moe": {"experts": E, "top_k": 2, "expert_feedforward": F}})
+
+
+def run(system, **kw):
+    ex = {"num_procs": 8, "tensor_par": 1, "pipeline_par": 1, "data_par": 8,
+          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+          "batch_size": 16, "microbatch_size": 1, "datatype": "bfloat16",
+          "fused_activation": True, "attention_type": "multihead",
+          "activation_recompute": "none", "pipeline_interleaving": 1,
+          "optimizer_sharding": True, "tensor_par_comm_type": "ar",
+          "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": False,
+          "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
+          "training": True, "expert_par": 2, "weight_sharding": True}
+    ex.update(kw)
+    return M.evaluate_one(tiny_moe(), system, load_execution(ex))
+
+
+def _net(system):
+    return NetworkTier(system.networks, np.array([0]))
+
+
+def test_sharded_memory_hand_count(roomy):
+    """EP 2 over data_par 8: a processor holds 2 of the 4 experts (3 x H x F
+    each), sharded over the expert-data-parallel group of 8 / 2 = 4; the
+    dense weights over 8.  bf16 weights (2 bytes), gradients (2, sharded
+    likewise) and Adam's fp32 master and moments (12 bytes a parameter)."""
+    s = run(roomy)
+    assert s["feasible"]
+    experts = 2 * 3 * H * F
+    assert s["block_weight_space"] == pytest.approx(2 * (experts / 4 + DENSE / 8))
+    assert s["block_weight_grad_space"] == pytest.approx(2 * (experts / 4 + DENSE / 8))
+    assert s["block_optimizer_space"] == pytest.approx(12 * (experts / 4 + DENSE / 8))
+    # Without weight_sharding the weights are whole (the distributed optimizer's
+    # gradients and state sharded as before).
+    z = run(roomy, weight_sharding=False)
+    assert z["block_weight_space"] == 2 * (experts + DENSE)
+    assert z["block_optimizer_space"] == pytest.approx(s["block_optimizer_space"])
+    # EP 8: a group of one rank, the experts' weights are not sharded at all.
+    s8 = run(roomy, expert_par=4)      # (4 experts: EP 4, EDP 2, one expert each)
+    one = 3 * H * F
+    assert s8["block_weight_space"] == pytest.approx(2 * (one / 2 + DENSE / 8))
+    s1 = run(roomy, expert_par=4, num_procs=4, data_par=4, batch_size=8)
+    assert s1["block_weight_space"] == pytest.approx(2 * (one / 1 + DENSE / 4))
+
+
+def test_gather_bytes_hand_count(roomy):
+    """Before each block's forward and again before its backward, every
+    micro-batch: the dense parameters all-gathered over data_par 8 and the
+    experts' over the expert-data-parallel group of 4 (bf16 bytes of the
+    whole block: the gather rebuilds what the processor computes with).
+    The gradients are reduce-scattered over the same groups once a step,
+    with no parameter all-gather after the step."""
+    s = run(roomy)
+    net = _net(roomy)
+    experts = 2 * 3 * H * F
+    dense_b, expert_b = 2.0 * DENSE, 2.0 * experts
+    g = float(net.time("all_gather", np.array([dense_b]), np.array([8]))[0]
+              + net.time("all_gather", np.array([expert_b]), np.array([4]))[0])
+    micro, blocks = 16 // 8, 2
+    assert s["weight_gather_link_time"] == pytest.approx(micro * blocks * 2 * g)
+    rs = float(net.time("reduce_scatter", np.array([dense_b]), np.array([8]))[0]
+               + net.time("reduce_scatter", np.array([expert_b]), np.array([4]))[0])
+    assert s["dp_comm_link_time"] == pytest.approx(blocks * rs)
+    # A stage holds its blocks' shards (the two whole blocks gathered at a
+    # time are static memory beside them, memory.py).
+    assert s["weight_space"] == pytest.approx(blocks * s["block_weight_space"])
+    z = run(roomy, weight_sharding=False)
+    assert z["weight_gather_link_time"] == 0.0
+
+
+def test_edp_of_one_gathers_no_experts(roomy):
+    """EP 4 over data_par 4 (one expert each, an expert-data-parallel group
+    of one rank): only the dense parameters are gathered."""
+    s = run(roomy, expert_par=4, num_procs=4, data_par=4, batch_size=8)
+    net = _net(roomy)
+    g = float(net.time("all_gather", np.array([2.0 * DENSE]), np.array([4]))[0])
+    assert s["weight_gather_link_time"] == pytest.approx(2 * 2 * 2 * g)
+
+
+def test_dense_model_unchanged_by_the_expert_count(roomy):
+    """A model without experts: weight_sharding divides every weight over
+    data_par, as before (the expert terms only apply to expert weights)."""
+    m = load_model({"hidden": H, "feedforward": 128, "seq_size": 32, "attn_heads": 4,
+                    "attn_size": 16, "num_blocks": 2, "block": "llama", "name": "tiny"})
+    ex = {"num_procs": 8, "tensor_par": 1, "pipeline_par": 1, "data_par": 8,
+          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+          "batch_size": 16, "microbatch_size": 1, "datatype": "bfloat16",
+          "fused_activation": True, "attention_type": "multihead",
+          "activation_recompute": "none", "pipeline_interleaving": 1,
+          "optimizer_sharding": True, "tensor_par_comm_type": "ar",
+          "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": False,
+          "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
+          "training": True, "weight_sharding": True}
+    s = M.evaluate_one(m, roomy, load_execution(ex))
+    mlp = 3 * H * 128
+    assert s["block_weight_space"] == pytest.approx(2 * (4 * H * H + 2 * H + mlp) / 8)
