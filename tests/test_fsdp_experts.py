@@ -118,3 +118,60 @@ def test_dense_model_unchanged_by_the_expert_count(roomy):
     s = M.evaluate_one(m, roomy, load_execution(ex))
     mlp = 3 * H * 128
     assert s["block_weight_space"] == pytest.approx(2 * (4 * H * H + 2 * H + mlp) / 8)
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "bridge"])
+def test_launch_export_of_fsdp_with_experts_round_trips(fmt):
+    """Megatron-LM's and Bridge's exports write Megatron-FSDP with
+    optim_grads_params beside the expert sizes, and read back the same
+    sharding and expert layout."""
+    from pathlib import Path
+
+    from autopar.io.launch import get
+    root = Path(__file__).resolve().parent.parent
+    model = load_model(root / "models" / "qwen3-30B-A3B.json")
+    ex = {"num_procs": 16, "tensor_par": 1, "pipeline_par": 1, "data_par": 16,
+          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 1, "batch_size": 64,
+          "microbatch_size": 1, "datatype": "bfloat16", "fused_activation": True,
+          "attention_type": "multihead", "activation_recompute": "none",
+          "pipeline_interleaving": 1, "optimizer_sharding": True,
+          "tensor_par_comm_type": "ar", "tensor_par_overlap": "none",
+          "seq_par_ag_redo": False, "data_par_overlap": True, "weight_offload": False,
+          "activations_offload": False, "optimizer_offload": False, "training": True,
+          "attention_impl": "flash_v2", "fused_norm": True, "unsharded_grads": False,
+          "weight_sharding": True, "fp32_grads": True, "expert_par": 8}
+    lf = get(fmt)
+    assert lf.refuse_layout(model, ex) is None
+    text = lf.write(model, ex)
+    if fmt == "megatron":
+        assert "--use-megatron-fsdp" in text
+        assert "--data-parallel-sharding-strategy optim_grads_params" in text
+        assert "--expert-model-parallel-size 8" in text
+    else:
+        assert "use_megatron_fsdp=true" in text.lower()
+        assert "optim_grads_params" in text
+    back = lf.read(text, f"test.{fmt}").execution
+    assert back["weight_sharding"] is True and back["optimizer_sharding"] is True
+    assert back["expert_par"] == 8
+
+
+def test_bridge_summary_row_with_fsdp_is_weight_sharded():
+    """A row of the Bridge Qwen3 summary run with FSDP (none is at 067f987:
+    every FSDP cell is 0 or empty) maps to weight_sharding, not to a skip."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from autopar.studies import published_base as P
+    from autopar.studies.published_moe import bridge_qwen3
+    csv = Path(__file__).resolve().parent.parent / "autopar" / "data" / "published" / \
+        "megatron_bridge_qwen3_30b_a3b.csv"
+    table = pd.read_csv(csv)
+    row = table.iloc[0].copy()
+    plain = bridge_qwen3(row)
+    row["fsdp"] = 1.0
+    case = bridge_qwen3(row)
+    assert isinstance(case, P.PublishedCase)
+    assert not plain.execution["weight_sharding"]
+    assert case.execution["weight_sharding"] and not case.execution["unsharded_grads"]
+    assert case.execution["expert_par"] == plain.execution["expert_par"] > 1
