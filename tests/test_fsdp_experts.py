@@ -175,3 +175,18 @@ def test_bridge_summary_row_with_fsdp_is_weight_sharded():
     assert not plain.execution["weight_sharding"]
     assert case.execution["weight_sharding"] and not case.execution["unsharded_grads"]
     assert case.execution["expert_par"] == plain.execution["expert_par"] > 1
+
+
+def test_expert_weight_shards_by_hand():
+    """The experts' divisor: EDP = TP x DP x CP / (EP x ETP) with
+    weight_sharding; within one of Megatron-FSDP's hybrid instances
+    (sharding_group) EDP / instances, at least 1; 1 without weight_sharding."""
+    from autopar.model.context import expert_weight_shards
+    cols = {"data_par": np.array([128, 128, 128, 64, 8]),
+            "tensor_par": np.array([1, 1, 1, 1, 2]),
+            "context_par": np.array([1, 1, 1, 1, 1]),
+            "expert_par": np.array([32, 32, 32, 64, 4]),
+            "expert_tensor_par": np.array([1, 1, 1, 1, 1])}
+    # dense weights' divisors: whole DP, one of 4 instances (32), none, DP, DP
+    ws = np.array([128.0, 32.0, 1.0, 64.0, 8.0])
+    assert expert_weight_shards(cols, ws).tolist() == [4.0, 1.0, 1.0, 1.0, 4.0]
