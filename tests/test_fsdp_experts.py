@@ -190,3 +190,32 @@ def test_expert_weight_shards_by_hand():
     # dense weights' divisors: whole DP, one of 4 instances (32), none, DP, DP
     ws = np.array([128.0, 32.0, 1.0, 64.0, 8.0])
     assert expert_weight_shards(cols, ws).tolist() == [4.0, 1.0, 1.0, 1.0, 4.0]
+
+
+def test_many_rows_count_as_one_row_does(roomy):
+    """More than a handful of layouts go through the block cache's shared
+    tables (speedups.BlockCache): the same memory and gather times as each
+    layout alone."""
+    from autopar.io.layouts import to_columns
+    base = {"num_procs": 8, "tensor_par": 1, "pipeline_par": 1, "data_par": 8,
+            "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
+            "batch_size": 16, "microbatch_size": 1, "datatype": "bfloat16",
+            "fused_activation": True, "attention_type": "multihead",
+            "activation_recompute": "none", "pipeline_interleaving": 1,
+            "optimizer_sharding": True, "tensor_par_comm_type": "ar",
+            "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": False,
+            "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
+            "training": True}
+    rows = []
+    for i in range(80):
+        ep = (1, 2, 4)[i % 3]
+        ex = dict(base, expert_par=ep, weight_sharding=bool(i % 2),
+                  microbatch_size=(1, 2)[(i // 6) % 2], batch_size=16 * (1 + i // 12))
+        rows.append(load_execution(ex))
+    model = tiny_moe()
+    out = M.evaluate_columns(model, roomy, to_columns(rows))
+    for i in (0, 1, 2, 3, 4, 5, 41, 79):
+        one = M.evaluate_one(model, roomy, rows[i])
+        for k in ("proc_mem_tier1_cap_req", "block_weight_space", "weight_gather_link_time",
+                  "dp_comm_link_time", "total_time"):
+            assert float(out[k][i]) == pytest.approx(one[k], rel=1e-12), (i, k)
