@@ -426,6 +426,8 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> BlockSums
         add(acc.weight_space, L["weight_b"])
         if "unkept_b" in L:
             add(acc.weight_unkept, L["unkept_b"])
+            if L["expert"]:
+                add(acc.x_weight_unkept, L["unkept_b"])
         if "copy_b" in L:
             add(acc.weight_copies, L["copy_b"])
             if "unsent_b" in L:

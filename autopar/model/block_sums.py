@@ -111,6 +111,8 @@ class BlockSums:
     # the routed experts' share of the footprints (sharded over expert-data-
     # parallel) and the dispatch/combine transfers (link and exposed time)
     x_weight_space: np.ndarray = _sum()
+    # ... of weight_unkept (Megatron-FSDP shards it over expert-data-parallel)
+    x_weight_unkept: np.ndarray = _sum()
     x_wgrad_space: np.ndarray = _sum()
     x_optimizer_space: np.ndarray = _sum()
     ep_link: np.ndarray = _sum()

@@ -298,8 +298,24 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, netwo
         return {"link": 0.0, "exposed": 0.0}
     dp = cols["data_par"]
     net = NetworkTier(networks, np.where(dp > 1, cols["data_par_net"], cols["context_par_net"]))
-    g = net.time("all_gather", gathered_bytes(sums, sums.weight_space_full),
-                 np.maximum(np.where(on, ws, ctx.optim_shards), 2))
+    peers = np.maximum(np.where(on, ws, ctx.optim_shards), 2)
+    xw = sums.x_weight_space
+    if xw is not None and np.any(on & (np.asarray(xw) > 0)):
+        # Megatron-FSDP with experts: a unit's dense and expert parameters
+        # are gathered as separate bucket groups (param_and_grad_buffer.py
+        # ``_get_parameter_groups``: buckets grouped by (fsdp_unit_id,
+        # is_expert_param)), the dense ones over data_par, the experts' over
+        # their expert-data-parallel group (``expert_weight_shards``; none
+        # where it is one rank), one after the other on the gather stream.
+        xws = ctx.expert_weight_shards
+        x_bytes = gathered_bytes(sums, xw, expert=True)
+        dense = net.time("all_gather", gathered_bytes(sums, sums.weight_space_full) - x_bytes,
+                         peers)
+        experts = np.where(xws > 1, net.time("all_gather", x_bytes, np.maximum(xws, 2)), 0.0)
+        g = np.where(on, dense + experts, net.time(
+            "all_gather", gathered_bytes(sums, sums.weight_space_full), peers))
+    else:
+        g = net.time("all_gather", gathered_bytes(sums, sums.weight_space_full), peers)
     fw_hidden = np.maximum(g - sums.fw_time, 0.0)
     bw_hidden = np.maximum(g - (sums.agrad_time + sums.wgrad_time + sums.re_time), 0.0)
     micro = sched.microbatches
@@ -434,9 +450,13 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, c
         x_peers = np.maximum(ctx.edp, 2)
         scale = grad_scale(cols)
         x_grads = expert_bytes if scale is None else expert_bytes * scale
+        x_gather = net.time("all_gather", expert_gathered, x_peers)
+        if "weight_sharding" in cols and np.any(cols["weight_sharding"]):
+            # ZeRO-3 / Megatron-FSDP gathers the experts before each use
+            # (``weight_gathers``), not after the step.
+            x_gather = np.where(cols["weight_sharding"], 0.0, x_gather)
         block_time = block_time + np.where(x_active, np.where(
-            sharded, net.time("reduce_scatter", x_grads, x_peers)
-            + net.time("all_gather", expert_gathered, x_peers),
+            sharded, net.time("reduce_scatter", x_grads, x_peers) + x_gather,
             net.time("all_reduce", x_grads, x_peers)), 0.0)
         block_bytes = block_bytes + np.where(x_active, expert_bytes, 0.0)
         active = active | x_active

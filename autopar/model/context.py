@@ -56,6 +56,35 @@ def shard_counts(cols: dict):
     return optim, grad, weight
 
 
+def expert_weight_shards(cols: dict, weight_shards):
+    """How many ways ``weight_sharding`` divides the routed experts' weights,
+    per row (1 where it does not shard them): Megatron-FSDP shards each FSDP
+    unit's expert parameters apart from its dense ones, over the
+    expert-data-parallel group, tensor_par x data_par x context_par /
+    (expert_par x expert_tensor_par) ranks (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py
+    ``_get_parameter_groups``: a parameter group is expert or not by
+    ``".experts." in name``; ``ParamAndGradBuffer._init_each_parameter_group_buffers``:
+    its weight and gradient buffers on ``dist_index.get_fsdp_group(
+    is_expert_parallel=group.is_expert_param)``, which
+    mcore_fsdp_adapter.py ``_init_dist_index`` sets to
+    ``parallel_state.get_expert_data_parallel_group()``).  With hybrid
+    sharding (``sharding_group`` > 0: ``num_distributed_optimizer_instances``
+    instances) the expert group is the one within an instance
+    (``partial_expert_data_parallel=True``): the expert-data-parallel ranks
+    over the instances.  ``weight_shards``: the dense weights' divisor
+    (``shard_counts``)."""
+    dp = np.asarray(cols["data_par"], dtype=float)
+    cp = np.asarray(_col(cols, "context_par"), dtype=float)
+    tp = np.asarray(cols["tensor_par"], dtype=float)
+    ep = np.asarray(_col(cols, "expert_par"), dtype=float)
+    etp = np.asarray(_col(cols, "expert_tensor_par"), dtype=float)
+    edp = np.maximum(dp * tp * cp / (ep * etp), 1.0)
+    # (instances = dp x cp / weight_shards where the weights are sharded)
+    inner = np.maximum(np.floor(edp * weight_shards / (dp * cp)), 1.0)
+    return np.where(weight_shards > 1, inner, 1.0)
+
+
 def grad_scale(cols):
     """Weight-gradient bytes relative to the working datatype: 4 / its bytes
     where ``fp32_grads`` (Megatron's fp32 main_grad), else 1; None where no
@@ -234,7 +263,8 @@ class LayoutContext:
     # processors; their gradients are synchronised, and their optimizer state
     # sharded, over the expert-data-parallel group (tensor_par * data_par *
     # context_par / (EP * ETP), as Megatron lays EP over TP x DP x CP).
-    # Experts are not weight-sharded (ZeRO-3).
+    # Under weight_sharding their weights are sharded over that group too
+    # (Megatron-FSDP: ``expert_weight_shards``).
     def _ext(self, field, default):
         return np.broadcast_to(self._cols.get(field, default), (self.n,))
 
@@ -249,6 +279,13 @@ class LayoutContext:
     @cached_property
     def edp(self):
         return np.maximum(self._cols["data_par"] * self.tp * self.cp / (self.ep * self.etp), 1.0)
+
+    @cached_property
+    def expert_weight_shards(self):
+        """``expert_weight_shards`` of the rows (1 where nothing is weight-sharded)."""
+        if not np.any(self.weight_shards > 1):
+            return np.ones(self.n)
+        return np.broadcast_to(expert_weight_shards(self._cols, self.weight_shards), (self.n,))
 
     @cached_property
     def expert_optim_shards(self):

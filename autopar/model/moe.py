@@ -522,7 +522,7 @@ def mtp_layers(model, kinds: tuple) -> tuple[tuple, tuple]:
 HELD_SUMS = ("weight_space", "wgrad_space", "wgrad_space_full", "optimizer_space",
              "weight_space_full", "weight_unkept", "weight_unkept_full", "weight_copies",
              "weight_unsent", "x_weight_copies", "x_weight_unsent", "x_weight_space",
-             "x_wgrad_space", "x_optimizer_space", "optim_flops", "optim_flops_time",
+             "x_weight_unkept", "x_wgrad_space", "x_optimizer_space", "optim_flops", "optim_flops_time",
              "optim_mem", "optim_mem_time", "optim_time")
 
 

@@ -35,7 +35,8 @@ from autopar.io.specs import ModelSpec
 from autopar.model.block import block, head_microbatch_time
 from autopar.model.block_inputs import activation_sizes
 from autopar.model.block_sums import CALCULON, BlockSums
-from autopar.model.context import LayoutContext, grad_scale, masked, shard_counts
+from autopar.model.context import (LayoutContext, expert_weight_shards, grad_scale, masked,
+                                   shard_counts)
 from autopar.model.lookup import distinct, pack
 
 # Rows of the batch level computed at once.
@@ -57,7 +58,8 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
 # Per-block sums the memory footprints need (``memory.footprints``, with
 # the shard divisions of ``BlockCache.rows``): evaluate_columns gathers
 # them for every row, the others only for the rows that fit in memory.
-FOOTPRINT_SUMS = ("weight_space", "weight_unkept", "act_working", "act_storage",
+FOOTPRINT_SUMS = ("weight_space", "weight_unkept", "x_weight_space", "x_weight_unkept",
+                  "act_working", "act_storage",
                   "act_storage_all",
                   "wgrad_space", "wgrad_space_full", "act_grad_space", "optimizer_space",
                   "x_wgrad_space", "x_optimizer_space", "dummy_attn", "dummy_rest", "op_grads")
@@ -122,6 +124,9 @@ class BlockCache:
             self.weight_shard = _ones_to_none(shard_counts(cols)[2])
             self.grad_scale = grad_scale(cols)
             self.x_shard = self.x_grad_shard = self.shard
+            self.x_weight_shard = None
+            if kind == "moe" and self.weight_shard is not None:
+                self.x_weight_shard = expert_weight_shards(cols, shard_counts(cols)[2])
             self.shard_counts = None
             return
         t = cols["tensor_par"]
@@ -199,6 +204,9 @@ class BlockCache:
         self.grad_scale = grad_scale(cols)
         self.x_shard = x_shard
         self.x_grad_shard = x_grad_shard
+        self.x_weight_shard = None
+        if kind == "moe" and self.weight_shard is not None:
+            self.x_weight_shard = expert_weight_shards(cols, weight_shard)
 
     def shards(self, sl: slice):
         """``shard_counts`` of the rows ``sl`` (None: compute them)."""
@@ -272,7 +280,17 @@ class BlockCache:
         # gathered when it runs (``weight_space_full``).
         sums.weight_space_full = sums.weight_space
         sums.weight_unkept_full = sums.weight_unkept
-        if self.weight_shard is not None:
+        if self.weight_shard is not None and self.x_weight_shard is not None:
+            # Megatron-FSDP with experts: the routed experts' weights over
+            # the expert-data-parallel group (context.expert_weight_shards),
+            # the others over data_par.
+            ws, xws = self.weight_shard[at], self.x_weight_shard[at]
+            xw = sums.x_weight_space
+            sums.weight_space = (sums.weight_space - xw) / ws + xw / xws
+            if sums.weight_unkept is not None:
+                xu = 0.0 if sums.x_weight_unkept is None else sums.x_weight_unkept
+                sums.weight_unkept = (sums.weight_unkept - xu) / ws + xu / xws
+        elif self.weight_shard is not None:
             sums.weight_space = sums.weight_space / self.weight_shard[at]
             if sums.weight_unkept is not None:
                 sums.weight_unkept = sums.weight_unkept / self.weight_shard[at]

@@ -215,12 +215,16 @@ def bridge_qwen3(row) -> "P.PublishedCase | P.Skip":
     if vp > 1 and pp == 1:
         vp = 1
     gbs, mbs = int(row.gbs), int(row.mbs)
-    if P.number_or_none(row.fsdp):
-        return P.Skip("FSDP with expert parallelism is not modelled", label)
+    # A row run with Megatron-FSDP (the summary's FSDP column): Bridge's
+    # ``optim_grads_params``, weight_sharding with the experts sharded over
+    # the expert-data-parallel group (autopar.studies.recipes_moe.megatron_fsdp;
+    # no row of the table sets it at 067f987).
+    fsdp = bool(P.number_or_none(row.fsdp))
     # Bridge's Qwen3 performance recipes: no recompute, gradients reduced in
     # the working precision (grad_reduce_in_fp32 off), load balancing forced.
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
-                              dist_opt=True, dp_overlap=True, fp8=recipe, fp32_grads=False)
+                              dist_opt=True, dp_overlap=True, fp8=recipe, fp32_grads=False,
+                              fsdp=fsdp)
     P.te_gathers_again(ex)
     # The recipes' "flex" dispatcher with the HybridEP backend (DeepEP-style).
     ex.update(expert_fields(sy, tp=tp, ep=ep, dispatcher="deepep"))

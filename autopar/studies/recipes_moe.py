@@ -32,11 +32,16 @@ What a recipe sets and autopar counts:
   activations counted on the GPU), paged stashing / expert capacity padding
   for CUDA graphs, fp8 primary weights / fp8 parameter gather.
 
+Megatron-FSDP (``ddp.use_megatron_fsdp`` with ``optim_grads_params``) is
+``weight_sharding``: the dense weights sharded over the data-parallel
+ranks, the experts' over the expert-data-parallel ones (``megatron_fsdp``;
+docs/validation.md, "Megatron-FSDP with expert parallelism, counted").
+
 Skipped: models whose blocks autopar cannot express (``NOT_EXPRESSED``: the
 reason names what it lacks), models without a file in ``models/``, Megatron
-FSDP (with expert parallelism autopar does not model it: the same skip as
-the Bridge Qwen3 table), and layouts whose pipeline split autopar cannot
-build.
+FSDP strategies other than ``optim_grads_params`` and hybrid sharding whose
+outer strategy shards the optimizer across instances (``megatron_fsdp``),
+and layouts whose pipeline split autopar cannot build.
 """
 from __future__ import annotations
 
@@ -176,6 +181,29 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
     return f"pipeline layout {layout!r} (blocks per stage {want}) is no split autopar builds"
 
 
+def megatron_fsdp(x: dict) -> "bool | str":
+    """Whether a recipe runs Megatron-FSDP's ``optim_grads_params`` (weights,
+    gradients and optimizer state sharded: ``weight_sharding``; with
+    expert parallelism the experts' over the expert-data-parallel group,
+    ``autopar.model.context.expert_weight_shards``), or the reason autopar
+    does not express what it runs: another sharding strategy, or hybrid
+    sharding (``num_distributed_optimizer_instances`` > 1) whose
+    ``outer_dp_sharding_strategy`` shards the optimizer state across the
+    instances too (autopar's ``sharding_group`` keeps it within one)."""
+    if not _flag(x.get("ddp.use_megatron_fsdp")):
+        return False
+    strategy = x.get("ddp.data_parallel_sharding_strategy", "optim_grads_params")
+    if strategy != "optim_grads_params":
+        return f"Megatron FSDP sharding {strategy} beside expert parallelism is not modelled"
+    inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
+    outer = x.get("ddp.outer_dp_sharding_strategy", "no_shard")
+    if inst > 1 and outer != "no_shard":
+        return (f"Megatron FSDP hybrid sharding over {inst} instances with "
+                f"outer_dp_sharding_strategy {outer} (optimizer state sharded across the "
+                f"instances too): autopar's sharding_group shards within an instance only")
+    return True
+
+
 def recipe_case(row) -> "P.PublishedCase | P.Skip":
     label = str(row["recipe"])
     name = str(row["model"])
@@ -188,8 +216,9 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if sys_name is None:
         return P.Skip(f"no system file for {gpu}", label)
     x = extra(row)
-    if _flag(x.get("ddp.use_megatron_fsdp")):
-        return P.Skip("FSDP with expert parallelism is not modelled", label)
+    fsdp = megatron_fsdp(x)
+    if isinstance(fsdp, str):
+        return P.Skip(fsdp, label)
     precision = str(row["precision"])
     fp8 = RECIPE_FP8.get(precision)
     if fp8 is None:
@@ -261,7 +290,8 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                               cp_comm=cp_comm if cp > 1 else "p2p",
                               recompute=recompute, sp=sp, dist_opt=dist_opt,
-                              dp_overlap=dp_overlap, fp8=fp8, fp32_grads=fp32_grads)
+                              dp_overlap=dp_overlap, fp8=fp8, fp32_grads=fp32_grads,
+                              fsdp=fsdp)
     P.te_gathers_again(ex)
     ex.update(discard)
     disp = str(row["dispatcher"] or "alltoall")
@@ -281,6 +311,11 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # says: the state sharded over the data-parallel ranks, the
         # gradients whole.
         ex.update(optimizer_sharding=True, unsharded_grads=True)
+    inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
+    if fsdp and inst > 1:
+        # Megatron-FSDP's hybrid sharding: each of the instances shards
+        # over its own data_par x context_par / instances ranks
+        ex["sharding_group"] = dp // inst
     if fp8 != "none" and _flag(x.get("mp.first_last_layers_bf16")):
         ex["bf16_first_blocks"] = int_cell(x.get("mp.num_layers_at_start_in_bf16"), 0)
         ex["bf16_last_blocks"] = int_cell(x.get("mp.num_layers_at_end_in_bf16"), 0)
