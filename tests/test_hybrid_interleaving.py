@@ -78,3 +78,17 @@ def test_interleaving_moves_a_hybrid_models_stages(h100):
     assert a["proc_mem_tier1_cap_req"] != b["proc_mem_tier1_cap_req"]
     # the bubble with interleaving: (p - 1) chunk times, a chunk half a stage
     assert b["bubble_time"] < a["bubble_time"]
+
+
+def test_megatron_pattern_segments_match_the_counted_chunks():
+    """The Megatron export writes the virtual stages as '|' segments
+    (select_pipeline_segment: segment ``vp_stage * pp + rank``); they are the
+    chunks the model counts, stage ``k % pp`` holding segment ``k``."""
+    from autopar.io.launch.mcore import hybrid_pattern
+    m = tiny(PATTERN)
+    ex = {"pipeline_par": 2, "pipeline_interleaving": 2}
+    assert hybrid_pattern(m, ex) == "MM|*-|M-|*-"
+    segs = hybrid_pattern(tiny(PATTERN[:7]), {**ex, "loss_in_split": True}).split("|")
+    spans = chunk_spans(chunk_split(7, 2, 2, 0, 0, False, True, False))
+    assert segs == [PATTERN[lo:hi] for j in range(2) for s in range(2)
+                    for lo, hi in [spans[s][j]]]
