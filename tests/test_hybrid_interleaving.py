@@ -41,8 +41,8 @@ def test_stage_kinds_pp2_vp2_by_hand():
     c = stage_counts(m, np.array([2]), _cols(1))
     assert (c["first_mamba"][0], c["first_attention"][0], c["first_mlp"][0]) == (2, 1, 1)
     assert (c["last_mamba"][0], c["last_attention"][0], c["last_mlp"][0]) == (1, 1, 2)
-    # the embedding counted, interleaved: chunk 0 of stage 0 holds one block
-    # ("M"), the virtual stages of 9 layers / 4 ... -> 7 blocks + E = 8 = 4 x 2
+    # the embedding counted on 7 blocks: 7 + 1 = 8 layers, 2 a virtual
+    # stage, the first virtual stage one block fewer
     m7 = tiny(PATTERN[:7])
     c = stage_counts(m7, np.array([2]), _cols(2, embedding_in_split=True))
     # blocks: vs0 [0,1) "M", vs1 [1,3) "M*", vs2 [3,5) "-M", vs3 [5,7) "-*"
