@@ -245,13 +245,17 @@ def test_memory_per_stage_by_the_layers_it_holds(h100):
 
 def test_hybrid_rules(h100):
     m = tiny("M*-M")
+    # virtual stages: one '|' segment each (select_pipeline_segment)
     s = run(m, h100, num_procs=2, pipeline_par=2, pipeline_interleaving=2, batch_size=2)
-    assert reason(s).startswith("invalid: a hybrid model's layers")
+    assert s["feasible"], reason(s)
+    s = run(tiny("M*-M*-M"), h100, num_procs=2, pipeline_par=2, pipeline_interleaving=2,
+            batch_size=2)
+    assert reason(s).startswith("infeasible: a hybrid model's blocks must divide")
     s = run(m, h100, num_procs=2, data_par=1, context_par=2)
-    assert reason(s).startswith("invalid: a hybrid model's layers")
-    # Megatron splits a pattern by first/last stage layers only
+    assert reason(s).startswith("invalid: a hybrid model's Mamba")
+    # the loss counted in the split: the last segment one block fewer
     s = run(tiny("M*-"), h100, num_procs=2, pipeline_par=2, batch_size=2, loss_in_split=True)
-    assert reason(s).startswith("invalid: a hybrid model's pipeline split")
+    assert s["feasible"], reason(s)
     s = run(m, h100, num_procs=2, pipeline_par=2, batch_size=2, first_stage_blocks=1)
     assert s["feasible"], reason(s)
 
@@ -320,14 +324,21 @@ def test_space_keeps_hybrid_layouts_valid(h100):
     case = Case(m, h100, 32, 128, "bfloat16")
     parts = list(sp.enumerate(case))
     cols = {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
-    assert set(cols["pipeline_interleaving"].tolist()) == {1}
-    assert not cols["loss_in_split"].any() and not cols["embedding_in_split"].any()
+    # virtual stages (one '|' segment each), of equal blocks where no split
+    # field is set; the embedding / loss counted in the split too
+    v, pp = cols["pipeline_interleaving"], cols["pipeline_par"]
+    even = ~(cols["loss_in_split"] | cols["embedding_in_split"]
+             | (cols["pipeline_layout"] != 0))
+    assert (v > 1).any() and cols["loss_in_split"].any()
+    unequal = even & (v > 1) & (m.num_blocks % (pp * v) != 0)
     assert set(cols["tensor_par"].tolist()) <= {1, 2, 4, 8}
     out = M.evaluate_columns(m, h100, cols, stats=("total_time",))
     bad = {M.REASONS[c] for c in np.unique(out["reason_code"])
            if M.REASONS[c].startswith("invalid:")}
     assert not bad, bad
     assert out["feasible"].any()
+    assert not out["feasible"][unequal].any()
+    assert out["feasible"][(v > 1) & even].any()
 
 
 def test_estimate_exhaustive_tune_round_trip(tmp_path):

@@ -53,7 +53,7 @@ from autopar.io.specs import HYBRID_SYMBOLS
 from autopar.model.context import LayoutContext
 from autopar.model.mamba import hybrid_kinds, layer_kinds
 from autopar.model.overhead import moe_sync_ops
-from autopar.model.pipeline import distinct_splits, uneven_rows
+from autopar.model.pipeline import chunk_spans, chunk_split, distinct_splits, uneven_rows
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
                                   fp8_gemm, gelu, grouped_linear, layer, linear, no_tp_comm,
                                   rms_norm, rotary, softmax, swiglu)
@@ -426,16 +426,25 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
     if repeated:
         out.update({f"{w}_{t}@held": np.zeros(len(stages)) for w in whos for t in all_kinds})
     groups = []
+    vp = cols.get("pipeline_interleaving") if cols is not None and model.hybrid_pattern \
+        else None
     for pp in np.unique(stages):
         rows = stages == pp
         if split is not None:
             rows = rows & ~split
+        if vp is not None and (vp[rows] > 1).any():
+            # A hybrid model's interleaved stages hold their chunks' blocks
+            # (``chunk_spans``), each kind counted over them.
+            for v in np.unique(vp[rows]):
+                spans = chunk_spans(chunk_split(N, int(pp), int(v), 0, 0, False, False, False))
+                groups.append((rows & (vp == v), spans or [-(-N // int(pp))] * int(pp)))
+            continue
         groups.append((rows, [-(-N // int(pp))] * int(pp)))
     if split is not None:
         out.update({f"{w}_blocks": (-(-N // np.maximum(stages, 1))).astype(float)
                     for w in whos})
         at = np.flatnonzero(split)
-        splits, inv = distinct_splits(cols, N, at)
+        splits, inv = distinct_splits(cols, N, at, chunks=vp is not None)
         for j, per in enumerate(splits):
             rows = np.zeros(len(stages), dtype=bool)
             rows[at[inv == j]] = True
@@ -454,10 +463,16 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
             f, l = int(bf[0][i]), int(bf[1][i])
             held_kinds = tuple(t + BF16 if b < f or b >= N - l else t
                                for b, t in enumerate(per_block))
-        counts, helds, lo = [], [], 0
-        for i, n in enumerate(per):
-            hi = min(lo + n, N)
-            held = held_kinds[lo:hi]
+        if per and isinstance(per[0], list):
+            spans, per = per, [sum(hi - lo for lo, hi in sp) for sp in per]
+        else:
+            spans, lo = [], 0
+            for n in per:
+                spans.append([(lo, min(lo + n, N))])
+                lo = min(lo + n, N)
+        counts, helds = [], []
+        for i, sp in enumerate(spans):
+            held = tuple(t for lo, hi in sp for t in held_kinds[lo:hi])
             c = [held.count(t) for t in all_kinds]
             w_c = list(c)
             if i == len(per) - 1:
@@ -465,7 +480,6 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
                 w_c = [a + b for a, b in zip(w_c, held_add)]
             counts.append(tuple(c))
             helds.append(tuple(w_c))
-            lo = hi
         pace_at = max(range(len(counts)), key=lambda j: pace_key(counts[j]))
         at = {"first": 0, "last": len(counts) - 1, "pace": pace_at,
               "second": min(1, len(counts) - 1)}

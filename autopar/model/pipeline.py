@@ -235,11 +235,13 @@ def chunk_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
     return chunks
 
 
-def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool = False):
+def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool = False,
+                    chunks: bool = False):
     """The distinct splits of the ``rows`` (positions): each one's stage
     blocks (``stage_split``; for a split the rules flag, whose rows are not
     computed, all 0, or with ``reasons`` the reason) and each row's split
-    among them."""
+    among them.  With ``chunks``, a split of more than one chunk a stage is
+    given as each stage's block spans instead (``chunk_spans``)."""
     keys = [np.asarray(cols[f])[rows].astype(np.int64)
             for f in ("pipeline_par", "pipeline_interleaving") + SPLIT_FIELDS]
     idx, inv = distinct(*pack(keys))
@@ -247,8 +249,30 @@ def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool
     for i in idx.tolist():
         p, v, first, last, e, l_, bal = (int(c[i]) for c in keys)
         per = stage_split(num_blocks, p, max(v, 1), first, last, bool(e), bool(l_), bool(bal))
+        if chunks and v > 1 and not isinstance(per, str):
+            per = chunk_spans(chunk_split(num_blocks, p, v, first, last, bool(e), bool(l_),
+                                          bool(bal)))
         splits.append(per if reasons or not isinstance(per, str) else [0] * max(p, 1))
     return splits, inv
+
+
+def chunk_spans(chunks) -> list | None:
+    """Each stage's blocks as (start, end) spans, one a model chunk, from
+    ``chunk_split``'s chunks (None for a reason): virtual stage ``k = j * p +
+    s`` (chunk ``j`` of stage ``s``) holds the ``k``-th run of blocks in
+    order (NVIDIA/Megatron-LM@2a75ac1 transformer_block.py
+    ``get_transformer_layer_offset``; for a hybrid pattern,
+    hybrid_layer_allocation.py ``select_pipeline_segment``: segment
+    ``vp_stage * pp + rank``)."""
+    if isinstance(chunks, str):
+        return None
+    p, v = len(chunks), len(chunks[0])
+    spans, lo = [[] for _ in range(p)], 0
+    for j in range(v):
+        for s in range(p):
+            spans[s].append((lo, lo + chunks[s][j]))
+            lo += chunks[s][j]
+    return spans
 
 
 def interleaved_peak(p: int, v: int, m: int, rank: int, chunk_blocks) -> float:

@@ -91,10 +91,10 @@ REASONS = REASONS + (
     "divisible by pipeline_interleaving",
     "infeasible: pipeline_layout balanced needs a block for every virtual stage",
     "invalid: mamba heads and groups must be divisible by tensor_par",
-    "invalid: a hybrid model's layers split over the pipeline without interleaving "
-    "or context_par (Megatron's split of a pattern without '|')",
-    "invalid: a hybrid model's pipeline split is first_stage_blocks and "
-    "last_stage_blocks only",
+    "invalid: a hybrid model's Mamba / Gated DeltaNet layers are not modelled "
+    "with context_par",
+    "infeasible: a hybrid model's blocks must divide by pipeline_par x "
+    "pipeline_interleaving to interleave (one '|' segment a virtual stage)",
 )
 # Counts beyond what the model has (issue 27): Megatron-Core's TransformerConfig
 # (megatron/core/transformer/transformer_config.py, __post_init__) takes
@@ -354,10 +354,10 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
 
 def _check_hybrid(model: ModelSpec, cols: dict, flag, tp1, cp, ranges: Ranges) -> None:
     """A hybrid model (``autopar.model.mamba``): Megatron's ``MambaMixer``
-    splits heads and groups over tensor_par (it asserts both divide); a
-    pattern without '|' separators is split over the pipeline stage by stage,
-    with no virtual stages, by first/last stage layers only (no embedding or
-    loss in the split, no layout string: ``select_pipeline_segment``); the
+    splits heads and groups over tensor_par (it asserts both divide); the
+    pattern is split over the pipeline stages and virtual stages as autopar's
+    split fields say, written as '|' segments (``select_pipeline_segment``;
+    an even split with virtual stages: blocks divisible by pp x vp); the
     Mamba layers' context parallelism is not modelled."""
     mb = model.mamba
     if mb is not None:
@@ -370,12 +370,21 @@ def _check_hybrid(model: ModelSpec, cols: dict, flag, tp1, cp, ranges: Ranges) -
         flag(by_value(lambda x: (g.key_heads % x != 0) | (g.value_heads % x != 0), tp1,
                       ranges=ranges),
              "invalid: gdn key and value heads must be divisible by tensor_par")
-    flag((cols["pipeline_interleaving"] > 1) | (cp > 1),
-         "invalid: a hybrid model's layers split over the pipeline without interleaving "
-         "or context_par (Megatron's split of a pattern without '|')")
-    flag(cols["embedding_in_split"] | cols["loss_in_split"] | (cols["pipeline_layout"] != 0),
-         "invalid: a hybrid model's pipeline split is first_stage_blocks and "
-         "last_stage_blocks only")
+    flag(cp > 1, "invalid: a hybrid model's Mamba / Gated DeltaNet layers are not modelled "
+         "with context_par")
+    # Virtual stages and the embedding / loss / balanced splits: Megatron-Core
+    # builds them from a pattern with '|' between the virtual stages
+    # (hybrid_layer_allocation.py ``select_pipeline_segment``: virtual stage
+    # ``vp_stage * pp + rank`` holds the segment of that index, any number of
+    # layers; a pattern without '|' refuses virtual stages), which the
+    # Megatron export writes (autopar.io.launch.mcore.hybrid_pattern) from
+    # autopar's split (autopar.model.pipeline.chunk_split); an even split
+    # with virtual stages needs segments of equal blocks.
+    v, pp = cols["pipeline_interleaving"], cols["pipeline_par"]
+    even = ~((cols["first_stage_blocks"] != 0) | (cols["last_stage_blocks"] != 0))
+    flag((v > 1) & even & (model.num_blocks % np.maximum(pp * v, 1) != 0),
+         "infeasible: a hybrid model's blocks must divide by pipeline_par x "
+         "pipeline_interleaving to interleave (one '|' segment a virtual stage)")
 
 
 def _member(col: np.ndarray, values: list[int]) -> np.ndarray:

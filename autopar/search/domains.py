@@ -188,8 +188,12 @@ def _r_ppint(c, s):
     pp = s["pipeline_par"]
     if pp == 1:
         return (1,), "must be 1 when pipeline_par is 1"
-    if c.hybrid:
-        return (1,), "1 for a hybrid model (Megatron splits its pattern stage by stage)"
+    if c.hybrid and not c.uneven:
+        # (a hybrid pattern's virtual stages: one '|' segment each, of equal
+        # blocks: autopar.model.rules._check_hybrid)
+        if c.blocks % pp:
+            return (1,), "1 for a hybrid model whose blocks do not divide by pipeline_par"
+        return divisors(c.blocks // pp), None
     if c.uneven:
         return tuple(range(1, c.blocks // pp + 1)), None
     return divisors(c.blocks // pp), None
@@ -228,16 +232,11 @@ def _new_split(c, s, **kw) -> bool:
     return per is not None and per != _split(c, s, 0, 0, False, False, False)
 
 
-# Megatron's hybrid model splits its pattern by first/last stage layers only
-# (megatron/core/models/hybrid/hybrid_layer_allocation.py, select_pipeline_segment).
-_HYBRID_SPLIT = "a hybrid model's split is first/last_stage_blocks only"
 
 
 def _r_layout(c, s):
     if s["pipeline_par"] == 1:
         return ("even",), "needs pipeline_par > 1"
-    if c.hybrid:
-        return ("even",), _HYBRID_SPLIT
     return tuple(x for x in CHOICES["pipeline_layout"]
                  if x == "even" or c.blocks >= s["pipeline_par"] * s["pipeline_interleaving"]), None
 
@@ -245,8 +244,6 @@ def _r_layout(c, s):
 def _r_embedding(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
-    if c.hybrid:
-        return (False,), _HYBRID_SPLIT
     return tuple(e for e in _TF if not e or _split(c, s, embedding=True, loss=False)
                  or _split(c, s, embedding=True, loss=True)), None
 
@@ -254,8 +251,6 @@ def _r_embedding(c, s):
 def _r_loss(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
-    if c.hybrid:
-        return (False,), _HYBRID_SPLIT
     e = s["embedding_in_split"]
     return tuple(x for x in _TF if (not (x or e) and s["pipeline_layout"] == "even")
                  or _new_split(c, s, loss=x)), None

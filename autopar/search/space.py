@@ -70,7 +70,7 @@ class _Ctx:
     expert_ff: int = 0    # an expert's feed-forward size
     mla: bool = False     # latent attention (TP communication not overlapped)
     uneven: bool = False  # the space searches or fixes a pipeline split field
-    hybrid: bool = False  # a hybrid layer pattern (no interleaving, no context_par)
+    hybrid: bool = False  # a hybrid layer pattern (no context_par; even virtual stages)
     # gcd of the Mamba heads and groups and the Gated DeltaNet key and value
     # heads, which tensor_par must divide (0: no such layers)
     mamba_tp: int = 0

@@ -243,14 +243,14 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # virtual_pipeline_model_parallel_size from the layout; a different
         # one set beside it fails its assertion)
         vp = len(parse_layout(layout)) // pp
-    if m.hybrid_pattern and vp > 1:
-        # A model file with a hybrid pattern splits its layers without
-        # virtual stages (autopar.model.rules._check_hybrid: Megatron's
-        # HybridModel split of a pattern without '|').  Qwen3-Next runs as
-        # Megatron's GPTModel with experimental_attention_variant (Bridge's
-        # qwen3_next_bridge.py), whose layout may interleave; not modelled.
-        return P.Skip(f"pipeline {pp} x virtual {vp} of a hybrid-pattern model: autopar splits "
-                      f"a hybrid pattern's layers without virtual stages", label)
+    if m.hybrid_pattern and vp > 1 and layout:
+        # A hybrid model interleaves in autopar's splits (even, first/last:
+        # autopar.model.pipeline.chunk_split); a layout's own layers a virtual
+        # stage are not counted.
+        per = [st.count("t") for st in parse_layout(layout)]
+        return P.Skip(f"pipeline layout of a hybrid-pattern model ({len(per)} virtual stages of "
+                      f"{per} layers): autopar splits a hybrid model's virtual stages "
+                      f"evenly or by first/last stage blocks", label)
     ep, etp = int_cell(row["ep"], 1), int_cell(row["etp"], 1)
     mbs, gbs = int_cell(row["mbs"], 1), int_cell(row["gbs"])
     if n is None or gbs is None or n % (tp * pp * cp):
