@@ -43,6 +43,14 @@ def one_proc_execution(**kw) -> dict:
     return e
 
 
+def bf16_one_proc_execution(**kw) -> dict:
+    """``one_proc_execution`` of one bfloat16 sample (batch 1, micro-batch 1,
+    the activation fused): the small blocks of the MoE, hybrid, Gated DeltaNet
+    and MTP tests, with ``kw`` replacing fields."""
+    return one_proc_execution(**{"batch_size": 1, "microbatch_size": 1, "datatype": "bfloat16",
+                                 "fused_activation": True, **kw})
+
+
 class DeepSpeedMPU:
     """A stand-in for the model-parallel unit DeepSpeed's own
     ``DeepSpeedConfig(..., mpu=...)`` asks for its data-parallel size when no

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import bf16_one_proc_execution as execution
+
 from autopar import model as M
 from autopar.io.errors import SpecError
 from autopar.io.specs import load_execution, load_model, model_to_json
@@ -16,20 +18,6 @@ BASE = {"hidden": 64, "feedforward": 128, "seq_size": 32, "attn_heads": 4, "attn
         "mamba": {"heads": 2, "head_dim": 64, "state": 16},
         "moe": {"experts": 4, "top_k": 2, "expert_feedforward": 32, "shared_experts": 1}}
 MTP = {"mtp": 2, "mtp_hybrid_override_pattern": "*E"}
-
-
-def execution(**kw):
-    ex = {"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1,
-          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
-          "batch_size": 1, "microbatch_size": 1, "datatype": "bfloat16",
-          "fused_activation": True, "attention_type": "multihead",
-          "activation_recompute": "none", "pipeline_interleaving": 1,
-          "optimizer_sharding": False, "tensor_par_comm_type": "ar",
-          "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": False,
-          "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
-          "training": True}
-    ex.update(kw)
-    return ex
 
 
 def run(model, system, **kw):

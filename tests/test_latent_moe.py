@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import bf16_one_proc_execution as execution
+
 from autopar import model as M
 from autopar.io.errors import SpecError
 from autopar.io.specs import load_execution, load_model, model_to_json
@@ -18,20 +20,6 @@ def tiny(moe, **kw):
              "attn_size": 16, "num_blocks": 2, "block": "llama", "name": "tiny", "moe": moe}
     shape.update(kw)
     return load_model(shape)
-
-
-def execution(**kw):
-    ex = {"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1,
-          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
-          "batch_size": 1, "microbatch_size": 1, "datatype": "bfloat16",
-          "fused_activation": True, "attention_type": "multihead",
-          "activation_recompute": "none", "pipeline_interleaving": 1,
-          "optimizer_sharding": False, "tensor_par_comm_type": "ar",
-          "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": False,
-          "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
-          "training": True}
-    ex.update(kw)
-    return ex
 
 
 def run(model, system, **kw):
