@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import bf16_one_proc_execution
+
 from autopar import model as M
 from autopar.io.specs import load_execution, load_model
 from autopar.model.hardware import NetworkTier
@@ -25,18 +27,17 @@ def tiny_moe():
                        "moe": {"experts": E, "top_k": 2, "expert_feedforward": F}})
 
 
+def fsdp_execution(**kw):
+    """Eight data-parallel ranks of one bf16 sample each, Megatron-FSDP
+    (``weight_sharding``), with ``kw`` replacing fields."""
+    return bf16_one_proc_execution(**{"num_procs": 8, "data_par": 8, "batch_size": 16,
+                                      "optimizer_sharding": True, "weight_sharding": True,
+                                      **kw})
+
+
 def run(system, **kw):
-    ex = {"num_procs": 8, "tensor_par": 1, "pipeline_par": 1, "data_par": 8,
-          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
-          "batch_size": 16, "microbatch_size": 1, "datatype": "bfloat16",
-          "fused_activation": True, "attention_type": "multihead",
-          "activation_recompute": "none", "pipeline_interleaving": 1,
-          "optimizer_sharding": True, "tensor_par_comm_type": "ar",
-          "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": False,
-          "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
-          "training": True, "expert_par": 2, "weight_sharding": True}
-    ex.update(kw)
-    return M.evaluate_one(tiny_moe(), system, load_execution(ex))
+    return M.evaluate_one(tiny_moe(), system,
+                          load_execution(fsdp_execution(**{"expert_par": 2, **kw})))
 
 
 def _net(system):
@@ -106,15 +107,7 @@ def test_dense_model_unchanged_by_the_expert_count(roomy):
     data_par, as before (the expert terms only apply to expert weights)."""
     m = load_model({"hidden": H, "feedforward": 128, "seq_size": 32, "attn_heads": 4,
                     "attn_size": 16, "num_blocks": 2, "block": "llama", "name": "tiny"})
-    ex = {"num_procs": 8, "tensor_par": 1, "pipeline_par": 1, "data_par": 8,
-          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
-          "batch_size": 16, "microbatch_size": 1, "datatype": "bfloat16",
-          "fused_activation": True, "attention_type": "multihead",
-          "activation_recompute": "none", "pipeline_interleaving": 1,
-          "optimizer_sharding": True, "tensor_par_comm_type": "ar",
-          "tensor_par_overlap": "none", "seq_par_ag_redo": False, "data_par_overlap": False,
-          "weight_offload": False, "activations_offload": False, "optimizer_offload": False,
-          "training": True, "weight_sharding": True}
+    ex = fsdp_execution()
     s = M.evaluate_one(m, roomy, load_execution(ex))
     mlp = 3 * H * 128
     assert s["block_weight_space"] == pytest.approx(2 * (4 * H * H + 2 * H + mlp) / 8)
@@ -130,16 +123,9 @@ def test_launch_export_of_fsdp_with_experts_round_trips(fmt):
     from autopar.io.launch import get
     root = Path(__file__).resolve().parent.parent
     model = load_model(root / "models" / "qwen3-30B-A3B.json")
-    ex = {"num_procs": 16, "tensor_par": 1, "pipeline_par": 1, "data_par": 16,
-          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 1, "batch_size": 64,
-          "microbatch_size": 1, "datatype": "bfloat16", "fused_activation": True,
-          "attention_type": "multihead", "activation_recompute": "none",
-          "pipeline_interleaving": 1, "optimizer_sharding": True,
-          "tensor_par_comm_type": "ar", "tensor_par_overlap": "none",
-          "seq_par_ag_redo": False, "data_par_overlap": True, "weight_offload": False,
-          "activations_offload": False, "optimizer_offload": False, "training": True,
-          "attention_impl": "flash_v2", "fused_norm": True, "unsharded_grads": False,
-          "weight_sharding": True, "fp32_grads": True, "expert_par": 8}
+    ex = fsdp_execution(num_procs=16, data_par=16, data_par_net=1, batch_size=64,
+                        data_par_overlap=True, attention_impl="flash_v2", fused_norm=True,
+                        unsharded_grads=False, fp32_grads=True, expert_par=8)
     lf = get(fmt)
     assert lf.refuse_layout(model, ex) is None
     text = lf.write(model, ex)
