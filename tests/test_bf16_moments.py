@@ -157,3 +157,19 @@ def test_torchtitan_and_deepspeed_refuse_bf16_moments(fmt, extra):
     assert F.refuse_layout(LLAMA, ex) is None, F.refuse_layout(LLAMA, ex)
     why = F.refuse_layout(LLAMA, {**ex, "optimizer_moment_bytes": 2})
     assert why and "optimizer_moment_bytes" in why and "moments" in why, why
+
+
+def test_dense_table_recipe_with_bf16_moments_mapped():
+    """The dense table's spelling (optimizer.use_precision_aware_optimizer=True,
+    optimizer.exp_avg_dtype=torch.bfloat16) maps too, through the MoE path
+    of a hybrid MoE row; fp32 rows keep 4."""
+    from autopar.studies import published_base as P
+    from autopar.studies import recipes as R
+    from autopar.studies.recipe_table import read
+    rows = {str(r["recipe"]): r for _, r in read(R.CSV).iterrows()}
+    c = R.recipe_case(rows["nemotron_3_5_lightning_pretrain_16gpu_h100_bf16_config"])
+    assert not isinstance(c, P.Skip), c
+    assert c.execution["optimizer_moment_bytes"] == 2
+    others = [R.recipe_case(r) for n, r in rows.items() if n.startswith("llama3_8b")]
+    assert others and all(not isinstance(o, P.Skip) and
+                          o.execution.get("optimizer_moment_bytes", 4) == 4 for o in others)

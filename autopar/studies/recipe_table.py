@@ -63,13 +63,14 @@ def extra(row) -> dict:
     return out
 
 
-def moment_bytes(x: dict, section: str) -> int | str:
+def moment_bytes(x: dict) -> int | str:
     """The recipe's ``optimizer_moment_bytes`` from its precision-aware
-    optimizer settings under ``section`` (``optimizer`` in the dense table,
-    ``opt`` in the MoE one): 2 where ``use_precision_aware_optimizer`` keeps
+    optimizer settings (``opt.*`` in the MoE table, ``optimizer.*`` in the
+    dense one, whose MoE rows recipes_moe reads too): 2 where ``use_precision_aware_optimizer`` keeps
     both Adam moments in bf16/fp16 (``exp_avg_dtype``, ``exp_avg_sq_dtype``),
     4 otherwise; a reason (str) where autopar cannot count them."""
     from autopar.io.launch.mcore import MOMENT_BYTES_OF
+    section = "opt" if "opt.use_precision_aware_optimizer" in x else "optimizer"
     if str(x.get(f"{section}.use_precision_aware_optimizer", "false")).lower() != "true":
         return 4
     widths = {MOMENT_BYTES_OF.get(x.get(f"{section}.{k}", "float32"))

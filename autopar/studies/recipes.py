@@ -222,7 +222,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if x.get("ddp.overlap_param_gather") == "False":
         ex["param_gather_overlap"] = False
     # the precision-aware optimizer's bf16 moments
-    moments = moment_bytes(x, "optimizer")
+    moments = moment_bytes(x)
     if isinstance(moments, str):
         return P.Skip(moments, lab)
     if moments != 4:

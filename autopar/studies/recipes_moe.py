@@ -302,7 +302,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if opt.endswith("muon"):
         ex["optimizer"] = "muon"
     # the precision-aware optimizer's bf16 moments (the DeepSeek-V3 recipes)
-    moments = moment_bytes(x, "opt")
+    moments = moment_bytes(x)
     if isinstance(moments, str):
         return P.Skip(moments, label)
     if moments != 4:
