@@ -66,9 +66,9 @@ def extra(row) -> dict:
 def moment_bytes(x: dict) -> int | str:
     """The recipe's ``optimizer_moment_bytes`` from its precision-aware
     optimizer settings (``opt.*`` in the MoE table, ``optimizer.*`` in the
-    dense one, whose MoE rows recipes_moe reads too): 2 where ``use_precision_aware_optimizer`` keeps
-    both Adam moments in bf16/fp16 (``exp_avg_dtype``, ``exp_avg_sq_dtype``),
-    4 otherwise; a reason (str) where autopar cannot count them."""
+    dense one, whose MoE rows recipes_moe reads too): 2 where
+    ``use_precision_aware_optimizer`` keeps both Adam moments in bf16/fp16
+    (``exp_avg_dtype``, ``exp_avg_sq_dtype``), 4 otherwise; a reason (str) where autopar cannot count them."""
     from autopar.io.launch.mcore import MOMENT_BYTES_OF
     section = "opt" if "opt.use_precision_aware_optimizer" in x else "optimizer"
     if str(x.get(f"{section}.use_precision_aware_optimizer", "false")).lower() != "true":
