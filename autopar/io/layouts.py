@@ -208,6 +208,17 @@ EXT_INT_FIELDS = EXT_INT_FIELDS | {"adapter_rank", "sequence_fill"}
 #   document fills the sequence, Calculon's meaning.
 EXT_DEFAULTS.update({"attention_span": 0})
 EXT_INT_FIELDS = EXT_INT_FIELDS | {"attention_span"}
+# * ``optimizer_moment_bytes``: bytes of each element of the optimizer's
+#   moments (Adam's ``exp_avg`` and ``exp_avg_sq``, SGD's and Muon's
+#   momentum, Adafactor's factored second moment): 4 (fp32, the default and
+#   Calculon's count) or 2 (bf16, Megatron-Core's precision-aware optimizer
+#   with ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, whose moments
+#   Transformer Engine's FusedAdam stores in that dtype:
+#   megatron/core/optimizer/optimizer_config.py ``exp_avg_dtype`` /
+#   ``exp_avg_sq_dtype``).  The master copy is ``master_weight_bytes``'s.
+EXT_DEFAULTS.update({"optimizer_moment_bytes": 4})
+EXT_INT_FIELDS = EXT_INT_FIELDS | {"optimizer_moment_bytes"}
+MOMENT_BYTES = (4, 2)
 # The fp8 / fp4 recipe's blocks kept in BF16 (issue 28, NVFP4 follow-up):
 # ``bf16_first_blocks`` / ``bf16_last_blocks`` blocks at the start / end of
 # the model run without the ``fp8_recipe`` (their GEMMs at the working

@@ -24,7 +24,7 @@ PARAMS: tuple[str, ...] = (
     # the recipe of a training or fine-tuning job (issue 28), usually fixed;
     # first, as adapter_rank and adapter_targets depend on adapter (see below)
     "optimizer", "adapter", "adapter_rank", "adapter_targets", "sequence_fill",
-    "attention_span",
+    "attention_span", "optimizer_moment_bytes",
     "tensor_par", "pipeline_par", "context_par",
     # expert parallelism early: later nodes depend on it, and the nodes up to
     # the last one depended on are walked in Python (the prefix)

@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 from autopar.io.errors import SpecError, brief  # noqa: F401  (re-exported)
 from autopar.io.layouts import (ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS,
+                               MOMENT_BYTES,
                                 GEMM_ONLY_DATATYPES, INT_FIELDS)
 
 
@@ -1595,6 +1596,9 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
     if out.get("sequence_fill", 100) > 100:
         c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
                                 f"sequence's tokens that are real)")
+    if out.get("optimizer_moment_bytes", 4) not in MOMENT_BYTES:
+        c.fail("optimizer_moment_bytes", f"{out['optimizer_moment_bytes']} is not a moment "
+                                         f"width autopar counts: 4 (fp32) or 2 (bf16)")
     if model is not None and out.get("attention_span", 0) > model.seq_size:
         c.fail("attention_span", f"{out['attention_span']} exceeds the model's seq_size "
                                  f"{model.seq_size} (the keys a query of a packed document "

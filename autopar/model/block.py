@@ -534,7 +534,7 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
         # Whole gradients between a pipelined step's micro-batches.
         grads = np.where(whole_grads, grad_b, grads)
     # moments (autopar.model.optimizers: Adam's two) + master copy
-    moments = head_state_bytes(ctx)
+    moments = head_state_bytes(ctx) * (ctx.moment_bytes / 4.0)
     optim_b = np.where(b < 4, moments + ctx.master_bytes, moments)
     trained = grads + optim_b / ctx.optim_shards
     if ctx.frozen is not None:

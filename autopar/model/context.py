@@ -165,6 +165,11 @@ class LayoutContext:
         self.adapter_bytes = t.adapter_bytes
         # Bytes of the optimizer's master copy per weight (narrow datatypes).
         self.master_bytes = mo.master_weight_bytes
+        # Bytes of an optimizer-state element (the moments): 4 (fp32,
+        # Calculon's) or 2 (bf16, the precision-aware optimizer).
+        moments = np.asarray(_col(cols, "optimizer_moment_bytes"))
+        self.moment_bytes = 4.0 if not (moments != 4).any() else \
+            np.broadcast_to(moments, (self.n,)).astype(float)
         # GEMM and router inputs counted as autograd keeps them (block, moe).
         self.autograd_inputs = bool(mo.autograd_inputs)
         self.moe_probs_in_activation = bool(mo.moe_probs_in_activation)

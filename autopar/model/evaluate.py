@@ -437,6 +437,7 @@ def typed_columns(c: dict) -> dict:
               "expert_par", "expert_tensor_par", "expert_par_net", "expert_tensor_par_net",
               "first_stage_blocks", "last_stage_blocks", "adapter_rank", "sequence_fill",
               "bf16_first_blocks", "bf16_last_blocks", "attention_span",
+              "optimizer_moment_bytes",
               "activation_offload_blocks"):
         typed[f] = c[f].astype(np.int64, copy=False)
     for f in ("fused_activation", "optimizer_sharding", "seq_par_ag_redo",

@@ -85,7 +85,9 @@ def layer(ctx: LayoutContext, *, fw=0.0, agrad=0.0, wgrad=0.0, inputs=0.0, outpu
     if keep is not None:
         master = master * keep
         L["mem_wgrad"] = L["mem_wgrad"] * keep
-    L["optimizer"] = (master + state * 4) / optim_shards
+    # (the moments' elements at ctx.moment_bytes: 4, fp32, unless the
+    # execution's optimizer_moment_bytes says bf16)
+    L["optimizer"] = (master + state * ctx.moment_bytes) / optim_shards
     L["mem_optim"] = L["optimizer"]
     L["weight_b"] = L["weight"] * b
     L["act_b"] = L["act"] * b

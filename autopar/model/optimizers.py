@@ -98,7 +98,8 @@ def layer_state(ctx, optim, is_matrix: bool, factored):
 
 
 def head_state_bytes(ctx):
-    """fp32 optimizer-state bytes per parameter of the embedding and output
+    """fp32 optimizer-state bytes per parameter (scaled by the caller to
+    ``ctx.moment_bytes``) of the embedding and output
     layer (before sharding): Adam's 8 (also under Muon, whose recipes train
     them by AdamW), SGD's momentum 4, Adafactor's factored state (V + h per
     V x h matrix: about none)."""

@@ -54,6 +54,7 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "expert_par", "expert_tensor_par", "expert_par_net",
                  "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
                  "optimizer", "adapter", "adapter_rank", "adapter_targets", "attention_span",
+                 "optimizer_moment_bytes",
                  "recompute_moe_act", "recompute_mla_up_proj")
 # Per-block sums the memory footprints need (``memory.footprints``, with
 # the shard divisions of ``BlockCache.rows``): evaluate_columns gathers
@@ -159,6 +160,8 @@ class BlockCache:
                          _where_on(on, cols["adapter_targets"])]
         if cols["attention_span"].any():      # packed documents' attention
             tune_key.append(cols["attention_span"])
+        if (cols["optimizer_moment_bytes"] != 4).any():     # bf16 moments
+            tune_key.append(cols["optimizer_moment_bytes"])
         key1 += tune_key
         idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-from autopar.io.layouts import CHOICES, EXT_DEFAULTS
+from autopar.io.layouts import CHOICES, EXT_DEFAULTS, MOMENT_BYTES
 from autopar.io.spaces import DERIVED, PARAMS
 from autopar.model.pipeline import stage_split
 
@@ -170,6 +170,11 @@ def _r_span(c, s):
     # The packed documents' attention span (the data's): 0 (one document a
     # sequence) or 1 up to the sequence.
     return tuple(range(c.seq + 1)), None
+
+
+def _r_moments(c, s):
+    # fp32 or bf16 moments (autopar.io.layouts MOMENT_BYTES)
+    return MOMENT_BYTES, None
 
 
 def batch_for(policy: str, data_par: int, max_batch: int) -> int | None:
@@ -421,6 +426,7 @@ RULES: tuple[Rule, ...] = (
     Rule("adapter_targets", ("adapter",), _r_targets, ""),
     Rule("sequence_fill", (), _r_fill, "1..100"),
     Rule("attention_span", (), _r_span, "0 up to seq_size"),
+    Rule("optimizer_moment_bytes", (), _r_moments, "4 (fp32) or 2 (bf16)"),
     Rule("tensor_par", (), _r_tp, "must divide num_procs, hidden, attn_heads and the "
          "mamba heads and groups"),
     Rule("pipeline_par", ("tensor_par",), _r_pp,

@@ -63,6 +63,25 @@ def extra(row) -> dict:
     return out
 
 
+def moment_bytes(x: dict) -> int | str:
+    """The recipe's ``optimizer_moment_bytes`` from its precision-aware
+    optimizer settings (``opt.*`` in the MoE table, ``optimizer.*`` in the
+    dense one, whose MoE rows recipes_moe reads too): 2 where
+    ``use_precision_aware_optimizer`` keeps both Adam moments in bf16/fp16
+    (``exp_avg_dtype``, ``exp_avg_sq_dtype``), 4 otherwise; a reason (str) where autopar cannot count them."""
+    from autopar.io.launch.mcore import MOMENT_BYTES_OF
+    section = "opt" if "opt.use_precision_aware_optimizer" in x else "optimizer"
+    if str(x.get(f"{section}.use_precision_aware_optimizer", "false")).lower() != "true":
+        return 4
+    widths = {MOMENT_BYTES_OF.get(x.get(f"{section}.{k}", "float32"))
+              for k in ("exp_avg_dtype", "exp_avg_sq_dtype")}
+    if len(widths) != 1 or None in widths:
+        return (f"Adam moments {x.get(f'{section}.exp_avg_dtype')} / "
+                f"{x.get(f'{section}.exp_avg_sq_dtype')}: autopar counts one width of "
+                f"fp32, bf16 or fp16 for both")
+    return widths.pop()
+
+
 def int_cell(v, default=None):
     """A cell as an int (``default`` where it is empty, None or nan)."""
     v = str(v).strip()

@@ -66,7 +66,7 @@ from autopar.io.specs import FP8_MATRIX, load_execution
 from autopar.studies import published_base as P
 from autopar.studies import recipes_moe
 from autopar.studies.recipe_table import (CSV, CSVS, FP8, FRAMEWORK, SELECTIVE,  # noqa: F401
-                                          SYSTEMS, extra, int_cell, read)
+                                          SYSTEMS, extra, int_cell, moment_bytes, read)
 
 # The dense and hybrid models of autopar's models/ the recipes name.
 DENSE_MODELS = ("llama3-8B", "llama3-70B", "llama3-405B", "nemotron-h-8B", "nemotron-h-47B",
@@ -221,6 +221,12 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         fp8=FP8[precision], fsdp=fsdp, fp32_grads=grads32)
     if x.get("ddp.overlap_param_gather") == "False":
         ex["param_gather_overlap"] = False
+    # the precision-aware optimizer's bf16 moments
+    moments = moment_bytes(x)
+    if isinstance(moments, str):
+        return P.Skip(moments, lab)
+    if moments != 4:
+        ex["optimizer_moment_bytes"] = moments
     P.te_gathers_again(ex)
     ex["recompute_layers"] = (stage_recompute_layers(layers, m.num_blocks, pp, vp)
                               if recompute == "full" else 0)

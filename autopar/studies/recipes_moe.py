@@ -54,7 +54,7 @@ from autopar.model.pipeline import stage_split
 from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
 from autopar.studies.recipe_table import (COLUMNS, FP8, RECIPES, SELECTIVE,  # noqa: F401
-                                          SYSTEMS, extra, int_cell, read)
+                                          SYSTEMS, extra, int_cell, moment_bytes, read)
 
 CSV = RECIPES / "bridge_moe.csv"
 FRAMEWORK = "megatron-bridge"
@@ -301,6 +301,12 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     opt = x.get("opt.optimizer", "adam")
     if opt.endswith("muon"):
         ex["optimizer"] = "muon"
+    # the precision-aware optimizer's bf16 moments (the DeepSeek-V3 recipes)
+    moments = moment_bytes(x)
+    if isinstance(moments, str):
+        return P.Skip(moments, label)
+    if moments != 4:
+        ex["optimizer_moment_bytes"] = moments
     if opt.startswith("dist_") and dp * cp > 1:
         # "dist_muon" is Muon under Megatron-Core's layer-wise distributed
         # optimizer (NVIDIA/Megatron-LM@2a75ac1, Bridge's pin,

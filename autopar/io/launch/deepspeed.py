@@ -86,6 +86,10 @@ EXPRESSIBLE = {
 # the framework's reasons for issue 28's recipe fields (DeepSpeed@edaa722)
 WHY = {"optimizer": "SGD would be torch.optim.SGD under ZeRO's untested-optimizer "
                     "switch, which autopar does not write",
+       "optimizer_moment_bytes": "ds_config has no setting for the dtype of Adam's "
+                                 "moments: ZeRO steps the fp32 master partition, whose "
+                                 "optimizer creates its moments like those fp32 "
+                                 "parameters",
        "adapter": "DeepSpeed's LoRA (deepspeed/linear/config.py LoRAConfig, "
                   "OptimizedLinear) is set up in the training script, not in ds_config",
        "activation_offload_blocks": "ds_config offloads activations only as "

@@ -31,10 +31,14 @@ from autopar.io.layouts import BOOL_FIELDS, CHOICES, EXT_DEFAULTS
 RECIPE_DEFAULTS = {f: EXT_DEFAULTS[f] for f in ("optimizer", "adapter", "adapter_rank",
                                                 "adapter_targets", "bf16_first_blocks",
                                                 "bf16_last_blocks", "recompute_moe_act",
-                                                "recompute_mla_up_proj")}
+                                                "recompute_mla_up_proj",
+                                                "optimizer_moment_bytes")}
 RECIPE_EXPRESSIBLE = {"optimizer": ("adam",), "adapter": ("none",),
                       "bf16_first_blocks": (0,), "bf16_last_blocks": (0,),
-                      "recompute_moe_act": (False,), "recompute_mla_up_proj": (False,)}
+                      "recompute_moe_act": (False,), "recompute_mla_up_proj": (False,),
+                      # fp32 moments only (bf16 ones: Megatron-Core's
+                      # precision-aware optimizer, mcore.py)
+                      "optimizer_moment_bytes": (4,)}
 
 
 def space_values(space, field: str):

@@ -177,6 +177,10 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
         if v in bad and (not isinstance(v, bool) or type(v) is type(next(iter(bad)))):
             return refusal(f, _show(v), fmt, bad[v])
     why = _refuse_muon(ex, fmt) or _refuse_hybrid(model, ex, fmt)
+    if _get(ex, "optimizer_moment_bytes") != 4 and _get(ex, "optimizer") != "adam":
+        why = why or refusal("optimizer_moment_bytes", _get(ex, "optimizer_moment_bytes"), fmt,
+                             "Megatron-Core's precision-aware optimizer (bf16 moments) runs "
+                             "with Adam only (optimizer_config.py __post_init__)")
     if why:
         return why
     dt = ex.get("datatype")
@@ -250,6 +254,41 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
         return refusal("recompute_layers", _get(ex, "recompute_layers"), fmt,
                        "recompute_num_layers with recompute_method block is full recompute only")
     return None
+
+
+# Bytes of an Adam moment by its dtype as Megatron-LM's --exp-avg-dtype /
+# --exp-avg-sq-dtype spell it (arguments.py: fp32, fp16, bf16, fp8) and as
+# Megatron-Bridge's OptimizerConfig overrides do (torch dtype names); the
+# first of each width is what autopar writes.
+MOMENT_DTYPE = {4: "fp32", 2: "bf16"}
+MOMENT_BYTES_OF = {"fp32": 4, "float32": 4, "torch.float32": 4,
+                   "bf16": 2, "bfloat16": 2, "torch.bfloat16": 2,
+                   "fp16": 2, "float16": 2, "torch.float16": 2}
+
+
+def _read_moments(r, ex: dict, put) -> None:
+    """optimizer_moment_bytes from the precision-aware optimizer's moment
+    dtypes (fp32 unless use_precision_aware_optimizer sets them)."""
+    keys = ("optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype")
+    aware = r.bool("optimizer.use_precision_aware_optimizer", False)
+    widths = []
+    for k in keys:
+        name = r.v.get(k)
+        if name is None:
+            widths.append(4)
+            continue
+        name = str(name)
+        if name not in MOMENT_BYTES_OF:
+            r.fail(k, f"autopar counts fp32, bf16 or fp16 moments; got {name!r}")
+        widths.append(MOMENT_BYTES_OF[name])
+    if widths[0] != widths[1]:
+        r.fail(keys[1], f"exp_avg and exp_avg_sq of different widths ({widths[0]} and "
+               f"{widths[1]} bytes): autopar counts one width for both moments")
+    if widths[0] != 4 and not aware:
+        r.fail("optimizer.use_precision_aware_optimizer", "moments narrower than fp32 need "
+               "the precision-aware optimizer (optimizer_config.py asserts it)")
+    if aware or any(k in r.v for k in keys):
+        put("optimizer_moment_bytes", widths[0])
 
 
 def _refuse_muon(ex: Mapping, fmt: str) -> str | None:
@@ -476,6 +515,13 @@ def settings(model, ex: Mapping) -> dict:
                                  "rowwise": "blockwise", "mxfp8": "mxfp8"}[fp8]
     if _get(ex, "optimizer") != "adam":
         s["optimizer.optimizer"] = _get(ex, "optimizer")      # OptimizerConfig.optimizer
+    moments = _get(ex, "optimizer_moment_bytes")
+    if moments != 4:
+        # bf16 moments: OptimizerConfig.use_precision_aware_optimizer with
+        # exp_avg_dtype / exp_avg_sq_dtype (Transformer Engine's FusedAdam
+        # stores them so); Megatron-LM's --exp-avg-dtype spelling
+        s["optimizer.use_precision_aware_optimizer"] = True
+        s["optimizer.exp_avg_dtype"] = s["optimizer.exp_avg_sq_dtype"] = MOMENT_DTYPE[moments]
     if muon:
         # Newton-Schulz of a tensor-parallel matrix spread over its TP ranks
         # (OptimizerConfig.muon_tp_mode "distributed", emerging_optimizers.py
@@ -773,6 +819,7 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
         opt = "muon"
         ex.update(optimizer_sharding=True, unsharded_grads=True, weight_sharding=False)
     put("optimizer", opt)
+    _read_moments(r, ex, put)
     if opt == "muon":
         r.choice("optimizer.muon_tp_mode", ("blockwise", "duplicated", "distributed"), None)
         if r.int("optimizer.muon_num_ns_steps", 5) != 5:

@@ -188,13 +188,15 @@ def _arg_keys() -> dict:
         "model.seq_length", "checkpoint.ckpt_format", "model.hybrid_layer_pattern",
         "model.mamba_num_heads", "model.mamba_head_dim", "model.mamba_state_dim",
         "model.mamba_num_groups", "optimizer.muon_tp_mode", "optimizer.muon_num_ns_steps",
-        "model.cpu_offloading_num_layers", "model.moe_latent_size"]
+        "model.cpu_offloading_num_layers", "model.moe_latent_size",
+        "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype"]
     for k in names:
         keys[arg_name(k)] = (k, "value")
     for k in ("model.sequence_parallel", "model.tp_comm_overlap", "model.first_last_layers_bf16",
               "ddp.use_distributed_optimizer", "ddp.use_megatron_fsdp",
               "ddp.overlap_grad_reduce", "ddp.overlap_param_gather",
-              "optimizer.optimizer_cpu_offload", "model.gated_linear_unit",
+              "optimizer.optimizer_cpu_offload", "optimizer.use_precision_aware_optimizer",
+              "model.gated_linear_unit",
               "model.overlap_moe_expert_parallel_comm", "model.multi_latent_attention",
               "model.account_for_embedding_in_pipeline_split",
               "model.account_for_loss_in_pipeline_split", "model.mtp_use_repeated_layer"):

@@ -92,6 +92,10 @@ EXPRESSIBLE = {
 WHY = {"optimizer": "torchtitan 0.2.2's build_optimizers has Adam and AdamW "
                     "(torchtitan/components/optimizer.py); later releases add DistMuon, "
                     "configured in Python, not TOML",
+       "optimizer_moment_bytes": "torchtitan's TOML has no setting for the dtype of the "
+                                 "optimizer's moments: torch.optim's Adam/AdamW create "
+                                 "them like the (fp32) sharded parameters they update "
+                                 "(torch/optim/adam.py _init_group)",
        "adapter": "torchtitan 0.2.2 has no LoRA; later releases' LoRA converter "
                   "(torchtitan/components/lora.py) is configured in Python, not TOML",
        "activation_offload_blocks": "torchtitan offloads no activations: its CPU offload "
