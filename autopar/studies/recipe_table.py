@@ -88,3 +88,32 @@ def int_cell(v, default=None):
     if v in ("", "None", "nan"):
         return default
     return int(float(v))
+
+
+def flag(v) -> bool:
+    """A cell or ``extra`` value as a bool: ``True`` / ``true`` (the dense
+    table writes Python's spelling, the MoE table JSON's)."""
+    return str(v).strip().lower() == "true"
+
+
+def megatron_fsdp(x: dict) -> "bool | str":
+    """Whether a recipe runs Megatron-FSDP's ``optim_grads_params`` (weights,
+    gradients and optimizer state sharded: ``weight_sharding``; with
+    expert parallelism the experts' over the expert-data-parallel group,
+    ``autopar.model.context.expert_weight_shards``), or the reason autopar
+    does not express what it runs: another sharding strategy, or hybrid
+    sharding (``num_distributed_optimizer_instances`` > 1) whose
+    ``outer_dp_sharding_strategy`` shards the optimizer state across the
+    instances too (autopar's ``sharding_group`` keeps it within one)."""
+    if not flag(x.get("ddp.use_megatron_fsdp")):
+        return False
+    strategy = x.get("ddp.data_parallel_sharding_strategy", "optim_grads_params")
+    if strategy != "optim_grads_params":
+        return f"Megatron FSDP sharding {strategy} is not modelled"
+    inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
+    outer = x.get("ddp.outer_dp_sharding_strategy", "no_shard")
+    if inst > 1 and outer != "no_shard":
+        return (f"Megatron FSDP hybrid sharding over {inst} instances with "
+                f"outer_dp_sharding_strategy {outer} (optimizer state sharded across the "
+                f"instances too): autopar's sharding_group shards within an instance only")
+    return True

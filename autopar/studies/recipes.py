@@ -66,7 +66,8 @@ from autopar.io.specs import FP8_MATRIX, load_execution
 from autopar.studies import published_base as P
 from autopar.studies import recipes_moe
 from autopar.studies.recipe_table import (CSV, CSVS, FP8, FRAMEWORK, SELECTIVE,  # noqa: F401
-                                          SYSTEMS, extra, int_cell, moment_bytes, read)
+                                          SYSTEMS, extra, flag, int_cell, megatron_fsdp,
+                                          moment_bytes, read)
 
 # The dense and hybrid models of autopar's models/ the recipes name.
 DENSE_MODELS = ("llama3-8B", "llama3-70B", "llama3-405B", "nemotron-h-8B", "nemotron-h-47B",
@@ -80,10 +81,6 @@ LORA_DIM = 32
 # linear_proj, linear_fc1, linear_fc2).
 LORA_TARGETS = {"": "all", "linear_qkv": "qkv",
                 "linear_qkv;linear_proj;linear_fc1;linear_fc2": "all"}
-
-
-def _true(v) -> bool:
-    return str(v).strip() == "True"
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -205,17 +202,15 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if primary_weights_off(row, FP8[precision]):
         sy = dataclasses.replace(sy, memory_overhead=dataclasses.replace(
             sy.memory_overhead, fp8_primary_weights=False))
-    fsdp = _true(x.get("ddp.use_megatron_fsdp")) and \
-        x.get("ddp.data_parallel_sharding_strategy", "") == "optim_grads_params"
-    if _true(x.get("ddp.use_megatron_fsdp")) and not fsdp:
-        return P.Skip(f"Megatron FSDP sharding {x.get('ddp.data_parallel_sharding_strategy')}",
-                      lab)
+    fsdp = megatron_fsdp(x)
+    if isinstance(fsdp, str):
+        return P.Skip(fsdp, lab)
     grads32 = not (x.get("ddp.grad_reduce_in_fp32") == "False"
                    or x.get("mixed_precision.grad_reduce_in_fp32") == "False")
-    sp = _true(row["sp"])
+    sp = flag(row["sp"])
     ex = P.megatron_execution(
         sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp, recompute=recompute,
-        sp=sp, tp_overlap=_true(x.get("comm_overlap.tp_comm_overlap")) and sp,
+        sp=sp, tp_overlap=flag(x.get("comm_overlap.tp_comm_overlap")) and sp,
         dist_opt=x.get("ddp.use_distributed_optimizer", "True") == "True" or fsdp,
         dp_overlap=x.get("ddp.overlap_grad_reduce", "True") == "True",
         fp8=FP8[precision], fsdp=fsdp, fp32_grads=grads32)
@@ -235,9 +230,9 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
     if inst > 1:
         ex["sharding_group"] = dp * cp // inst
-    ex["embedding_in_split"] = _true(x.get("model.account_for_embedding_in_pipeline_split")) \
+    ex["embedding_in_split"] = flag(x.get("model.account_for_embedding_in_pipeline_split")) \
         and pp > 1
-    ex["loss_in_split"] = _true(x.get("model.account_for_loss_in_pipeline_split")) and pp > 1
+    ex["loss_in_split"] = flag(x.get("model.account_for_loss_in_pipeline_split")) and pp > 1
     if x.get("peft") in ("LoRA", "lora"):
         targets = x.get("peft.target_modules", "")
         if targets not in LORA_TARGETS:

@@ -54,7 +54,8 @@ from autopar.model.pipeline import stage_split
 from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
 from autopar.studies.recipe_table import (COLUMNS, FP8, RECIPES, SELECTIVE,  # noqa: F401
-                                          SYSTEMS, extra, int_cell, moment_bytes, read)
+                                          SYSTEMS, extra, flag, int_cell, megatron_fsdp,
+                                          moment_bytes, read)
 
 CSV = RECIPES / "bridge_moe.csv"
 FRAMEWORK = "megatron-bridge"
@@ -113,10 +114,6 @@ def cases(path: Path | str = CSV) -> list[tuple[str, "P.PublishedCase | P.Skip"]
             c = P.PublishedCase(c.model, c.system, ex, c.measured, c.label)
         out.append((row["recipe"], c))
     return out
-
-
-def _flag(v: str | None) -> bool:
-    return str(v).lower() == "true"
 
 
 def parse_layout(text: str) -> list[str]:
@@ -181,29 +178,6 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
     return f"pipeline layout {layout!r} (blocks per stage {want}) is no split autopar builds"
 
 
-def megatron_fsdp(x: dict) -> "bool | str":
-    """Whether a recipe runs Megatron-FSDP's ``optim_grads_params`` (weights,
-    gradients and optimizer state sharded: ``weight_sharding``; with
-    expert parallelism the experts' over the expert-data-parallel group,
-    ``autopar.model.context.expert_weight_shards``), or the reason autopar
-    does not express what it runs: another sharding strategy, or hybrid
-    sharding (``num_distributed_optimizer_instances`` > 1) whose
-    ``outer_dp_sharding_strategy`` shards the optimizer state across the
-    instances too (autopar's ``sharding_group`` keeps it within one)."""
-    if not _flag(x.get("ddp.use_megatron_fsdp")):
-        return False
-    strategy = x.get("ddp.data_parallel_sharding_strategy", "optim_grads_params")
-    if strategy != "optim_grads_params":
-        return f"Megatron FSDP sharding {strategy} beside expert parallelism is not modelled"
-    inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
-    outer = x.get("ddp.outer_dp_sharding_strategy", "no_shard")
-    if inst > 1 and outer != "no_shard":
-        return (f"Megatron FSDP hybrid sharding over {inst} instances with "
-                f"outer_dp_sharding_strategy {outer} (optimizer state sharded across the "
-                f"instances too): autopar's sharding_group shards within an instance only")
-    return True
-
-
 def recipe_case(row) -> "P.PublishedCase | P.Skip":
     label = str(row["recipe"])
     name = str(row["model"])
@@ -263,7 +237,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         return P.Skip(f"expert parallel {ep} x expert tensor {etp} x pipeline {pp} does not "
                       f"divide the {n} GPUs of the recipe's name: Megatron-Core cannot build "
                       f"it on them (parallel_state.initialize_model_parallel)", label)
-    sp = _flag(row["sp"]) if row["sp"] else tp > 1
+    sp = flag(row["sp"]) if row["sp"] else tp > 1
     # recompute
     gran = str(row["recompute_granularity"] or "")
     mods = str(row["recompute_modules"] or "")
@@ -281,7 +255,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
                 return P.Skip(f"selective recompute of {' and '.join(kept)} together", label)
         discard = {f"recompute_{mm}": True for mm in ("moe_act", "mla_up_proj") if mm in mod_list}
     ddp_fp32 = x.get("ddp.grad_reduce_in_fp32")
-    fp32_grads = _flag(ddp_fp32) if ddp_fp32 is not None else None
+    fp32_grads = flag(ddp_fp32) if ddp_fp32 is not None else None
     dist_opt = not (x.get("ddp.use_distributed_optimizer") == "false")
     dp_overlap = x.get("ddp.overlap_grad_reduce") != "false"
     cp_comm = x.get("cp_comm_type", "p2p")      # Megatron-Core's default: p2p
@@ -297,7 +271,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     disp = str(row["dispatcher"] or "alltoall")
     dispatcher = "deepep" if disp.startswith("flex") else disp
     ex.update(expert_fields(sy, tp=tp, ep=ep, etp=etp, dispatcher=dispatcher))
-    ex["moe_overlap"] = _flag(x.get("overlap.overlap_moe_expert_parallel_comm")) and ep * etp > 1
+    ex["moe_overlap"] = flag(x.get("overlap.overlap_moe_expert_parallel_comm")) and ep * etp > 1
     opt = x.get("opt.optimizer", "adam")
     if opt.endswith("muon"):
         ex["optimizer"] = "muon"
@@ -322,15 +296,15 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # Megatron-FSDP's hybrid sharding: each of the instances shards
         # over its own data_par x context_par / instances ranks
         ex["sharding_group"] = dp // inst
-    if fp8 != "none" and _flag(x.get("mp.first_last_layers_bf16")):
+    if fp8 != "none" and flag(x.get("mp.first_last_layers_bf16")):
         ex["bf16_first_blocks"] = int_cell(x.get("mp.num_layers_at_start_in_bf16"), 0)
         ex["bf16_last_blocks"] = int_cell(x.get("mp.num_layers_at_end_in_bf16"), 0)
     split = pipeline_layout_fields(
         layout, m.num_blocks, pp, vp,
         int_cell(x.get("num_layers_in_first_pipeline_stage")),
         int_cell(x.get("num_layers_in_last_pipeline_stage")),
-        _flag(x.get("account_for_embedding_in_pipeline_split")),
-        _flag(x.get("account_for_loss_in_pipeline_split")))
+        flag(x.get("account_for_embedding_in_pipeline_split")),
+        flag(x.get("account_for_loss_in_pipeline_split")))
     if isinstance(split, str):
         return P.Skip(split, label)
     ex.update(split)
