@@ -56,6 +56,19 @@ def shard_counts(cols: dict):
     return optim, grad, weight
 
 
+def expert_data_parallel(cols: dict):
+    """The expert-data-parallel group's size per row: Megatron lays expert_par
+    x expert_tensor_par over tensor_par x data_par x context_par, so the
+    experts' gradients (and optimizer state, and Megatron-FSDP's shards of
+    their weights) spread over the rest, at least one rank."""
+    dp = np.asarray(cols["data_par"], dtype=float)
+    cp = np.asarray(_col(cols, "context_par"), dtype=float)
+    tp = np.asarray(cols["tensor_par"], dtype=float)
+    ep = np.asarray(_col(cols, "expert_par"), dtype=float)
+    etp = np.asarray(_col(cols, "expert_tensor_par"), dtype=float)
+    return np.maximum(dp * tp * cp / (ep * etp), 1.0)
+
+
 def expert_weight_shards(cols: dict, weight_shards):
     """How many ways ``weight_sharding`` divides the routed experts' weights,
     per row (1 where it does not shard them): Megatron-FSDP shards each FSDP
@@ -74,12 +87,9 @@ def expert_weight_shards(cols: dict, weight_shards):
     (``partial_expert_data_parallel=True``): the expert-data-parallel ranks
     over the instances.  ``weight_shards``: the dense weights' divisor
     (``shard_counts``)."""
+    edp = expert_data_parallel(cols)
     dp = np.asarray(cols["data_par"], dtype=float)
     cp = np.asarray(_col(cols, "context_par"), dtype=float)
-    tp = np.asarray(cols["tensor_par"], dtype=float)
-    ep = np.asarray(_col(cols, "expert_par"), dtype=float)
-    etp = np.asarray(_col(cols, "expert_tensor_par"), dtype=float)
-    edp = np.maximum(dp * tp * cp / (ep * etp), 1.0)
     # (instances = dp x cp / weight_shards where the weights are sharded)
     inner = np.maximum(np.floor(edp * weight_shards / (dp * cp)), 1.0)
     return np.where(weight_shards > 1, inner, 1.0)
@@ -283,7 +293,7 @@ class LayoutContext:
 
     @cached_property
     def edp(self):
-        return np.maximum(self._cols["data_par"] * self.tp * self.cp / (self.ep * self.etp), 1.0)
+        return np.broadcast_to(expert_data_parallel(self._cols), (self.n,))
 
     @cached_property
     def expert_weight_shards(self):
