@@ -51,6 +51,17 @@ def bf16_one_proc_execution(**kw) -> dict:
                                  "fused_activation": True, **kw})
 
 
+def launch_round_trip(fmt: str, model, ex: dict):
+    """Write ``ex`` for ``model`` in launch format ``fmt`` (which must refuse
+    neither) and read the text back: (text, the format's parsed launch)."""
+    from autopar.io.launch import get
+    F = get(fmt)
+    assert F.refuse_model(model) is None, F.refuse_model(model)
+    assert F.refuse_layout(model, ex) is None, F.refuse_layout(model, ex)
+    text = F.write(model, ex)
+    return text, F.read(text, f"run.{fmt}")
+
+
 class DeepSpeedMPU:
     """A stand-in for the model-parallel unit DeepSpeed's own
     ``DeepSpeedConfig(..., mpu=...)`` asks for its data-parallel size when no

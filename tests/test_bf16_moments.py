@@ -14,7 +14,7 @@ from autopar.io.launch import get
 from autopar.io.launch.expressible import full
 from autopar.io.specs import load_execution, load_model
 from autopar.model import evaluate_one
-from tests.conftest import one_proc_execution
+from tests.conftest import launch_round_trip, one_proc_execution
 
 h, f, BLOCKS = 1024, 4096, 8
 GPT = {"hidden": h, "feedforward": f, "seq_size": 2048, "attn_heads": 16,
@@ -96,10 +96,8 @@ BASE = {"num_procs": 8, "tensor_par": 2, "pipeline_par": 1, "data_par": 4,
 
 
 def _round(fmt, ex):
-    F = get(fmt)
-    assert F.refuse_layout(LLAMA, ex) is None, F.refuse_layout(LLAMA, ex)
-    text = F.write(LLAMA, ex)
-    return text, F.read(text, f"run.{fmt}").execution
+    text, back = launch_round_trip(fmt, LLAMA, ex)
+    return text, back.execution
 
 
 def test_megatron_writes_and_reads_bf16_moments():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import bf16_one_proc_execution as execution
+from conftest import launch_round_trip
 
 from autopar import model as M
 from autopar.io.errors import SpecError
@@ -126,18 +127,15 @@ def test_latent_and_hybrid_mtp_round_trip_megatron_and_bridge(fmt, repeated):
     """Megatron-Core's names: ``moe_latent_size``, ``mtp_num_layers``,
     ``mtp_use_repeated_layer`` and the MTP depths after '/' in the hybrid
     layer pattern (hybrid_layer_allocation.py parse_hybrid_pattern)."""
-    from autopar.io.launch import get
     shape = {**BASE, "hidden": 256, "num_blocks": 4, "hybrid_override_pattern": "M*EE",
              "moe": {**BASE["moe"], "latent_size": 64}, **MTP}
     if repeated:
         shape["mtp_use_repeated_layer"] = True
     m = load_model(shape)
-    F = get(fmt)
     ex = {**LAUNCH_BASE, **({"fp32_grads": True} if fmt == "bridge" else {})}
-    assert F.refuse_model(m) is None and F.refuse_layout(m, ex) is None
-    text = F.write(m, ex)
+    text, back = launch_round_trip(fmt, m, ex)
     assert "M*EE/*E/*E" in text
-    back = F.read(text, f"run.{fmt}").model
+    back = back.model
     assert back["moe"]["latent_size"] == 64
     assert back["mtp"] == 2 and back["mtp_hybrid_override_pattern"] == "*E"
     assert back.get("mtp_use_repeated_layer", False) is repeated

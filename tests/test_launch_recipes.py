@@ -13,7 +13,7 @@ from autopar.io.errors import SpecError
 from autopar.io.launch import get
 from autopar.io.launch.expressible import full
 from autopar.io.specs import load_model
-from conftest import DeepSpeedMPU
+from conftest import DeepSpeedMPU, launch_round_trip
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = load_model(ROOT / "models" / "llama2-7B.json")
@@ -147,23 +147,15 @@ NEW_NAMES = {"--optimizer", "--muon-tp-mode", "--hybrid-layer-pattern", "--mamba
              "--mamba-head-dim", "--mamba-state-dim", "--mamba-num-groups"}
 
 
-def _round(fmt, model, ex):
-    F = get(fmt)
-    assert F.refuse_model(model) is None, F.refuse_model(model)
-    assert F.refuse_layout(model, ex) is None, F.refuse_layout(model, ex)
-    text = F.write(model, ex)
-    return text, F.read(text, f"run.{fmt}")
-
-
 def test_megatron_writes_and_reads_muon():
-    text, back = _round("megatron", LLAMA, {**BASE, "optimizer": "muon"})
+    text, back = launch_round_trip("megatron", LLAMA, {**BASE, "optimizer": "muon"})
     assert "--optimizer muon" in text and "--muon-tp-mode distributed" in text
     # the layer-wise distributed optimizer is --use-distributed-optimizer with muon
     assert "--use-distributed-optimizer" in text
     ex = back.execution
     assert ex["optimizer"] == "muon" and ex["optimizer_sharding"] and ex["unsharded_grads"]
     # unsharded Muon: no --use-distributed-optimizer
-    text, back = _round("megatron", LLAMA, {**BASE, "optimizer": "muon",
+    text, back = launch_round_trip("megatron", LLAMA, {**BASE, "optimizer": "muon",
                                             "optimizer_sharding": False})
     assert "--use-distributed-optimizer" not in text
     assert back.execution["optimizer_sharding"] is False
@@ -197,7 +189,7 @@ def test_megatron_reads_other_emerging_optimizers_as_an_error():
 
 
 def test_bridge_writes_and_reads_muon():
-    text, back = _round("bridge", LLAMA, {**BASE, "fp32_grads": True, "optimizer": "muon"})
+    text, back = launch_round_trip("bridge", LLAMA, {**BASE, "fp32_grads": True, "optimizer": "muon"})
     lines = set(text.splitlines())
     assert {"optimizer.optimizer=muon", "optimizer.muon_tp_mode=distributed",
             "optimizer.use_layer_wise_distributed_optimizer=true",
@@ -229,7 +221,7 @@ HYBRID_SPLITS = [
 @pytest.mark.parametrize("split", HYBRID_SPLITS)
 def test_hybrid_model_round_trips(fmt, split):
     ex = {**BASE, **AS_RUN.get(fmt, {}), **split}
-    text, back = _round(fmt, NEMOTRON_H, ex)
+    text, back = launch_round_trip(fmt, NEMOTRON_H, ex)
     m, got = back.model, back.execution
     assert m["hybrid_override_pattern"] == NEMOTRON_H.hybrid_pattern
     assert m["num_blocks"] == NEMOTRON_H.num_blocks == 52
@@ -259,7 +251,7 @@ def test_hybrid_model_round_trips(fmt, split):
 
 def test_hybrid_moe_model_round_trips():
     ex = {**BASE, "expert_par": 4, "expert_tensor_par": 1, "moe_dispatcher": "alltoall"}
-    text, back = _round("megatron", NANO, ex)
+    text, back = launch_round_trip("megatron", NANO, ex)
     assert back.model["hybrid_override_pattern"] == NANO.hybrid_pattern
     assert back.model["moe"]["experts"] == 128 and back.model["moe"]["top_k"] == 6
     assert "first_dense" not in back.model["moe"]
@@ -289,7 +281,7 @@ def test_hybrid_refusals_and_read_errors():
     # the SSD chunk: fixed in Megatron-LM (MambaMixer), a provider field in Bridge
     big = dataclasses.replace(NEMOTRON_H, mamba=dataclasses.replace(NEMOTRON_H.mamba, chunk=256))
     assert "mamba.chunk=256" in get("megatron").refuse_model(big)
-    text, back = _round("bridge", big, {**BASE, "fp32_grads": True})
+    text, back = launch_round_trip("bridge", big, {**BASE, "fp32_grads": True})
     assert "model.mamba_chunk_size=256" in text.splitlines()
     assert back.model["mamba"]["chunk"] == 256
     text = get("megatron").write(NEMOTRON_H, dict(BASE))
@@ -336,7 +328,7 @@ def test_hybrid_refusals_and_read_errors():
 def test_bridge_writes_and_reads_lora(targets, modules):
     ex = {**BASE, "fp32_grads": True, "adapter": "lora", "adapter_rank": 8,
           "adapter_targets": targets}
-    text, back = _round("bridge", LLAMA, ex)
+    text, back = launch_round_trip("bridge", LLAMA, ex)
     lines = text.splitlines()
     assert "peft.dim=8" in lines and f"peft.target_modules={modules}" in lines
     assert "--" not in text          # launcher flags would make the file read as Megatron's
@@ -367,7 +359,7 @@ def test_deepspeed_writes_and_reads_muon_and_adafactor():
     import json
     F = get("deepspeed")
     ex = {**BASE, **AS_RUN["deepspeed"], "optimizer": "muon"}
-    text, back = _round("deepspeed", LLAMA, ex)
+    text, back = launch_round_trip("deepspeed", LLAMA, ex)
     cfg = json.loads(text)
     assert cfg["optimizer"] == {"type": "Muon", "params": {"ns_method": "standard"}}
     assert back.execution["optimizer"] == "muon"
@@ -383,7 +375,7 @@ def test_deepspeed_writes_and_reads_muon_and_adafactor():
     # Adafactor: plain data parallelism only
     ada = {**ex, "optimizer": "adafactor", "optimizer_sharding": False, "unsharded_grads": False,
            "data_par_overlap": False}
-    text, back = _round("deepspeed", LLAMA, ada)
+    text, back = launch_round_trip("deepspeed", LLAMA, ada)
     assert json.loads(text)["optimizer"] == {"type": "Adafactor"}
     assert back.execution["optimizer"] == "adafactor"
     cfg["optimizer"] = {"type": "Lion"}
