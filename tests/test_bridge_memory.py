@@ -124,14 +124,17 @@ def test_bridge_tables_throughput_held(reference):
     qwen = predict(TABLES["bridge_qwen3_moe"], rank=False, partial=True)
     assert len(nemo) == 17 and nemo.feasible.all() and nemo.feasible_any.all()
     assert len(qwen) == 36 and qwen.feasible.all() and qwen.feasible_any.all()
-    assert nemo.tok_error.abs().median() == pytest.approx(0.099, abs=0.002)
-    assert nemo.tok_error.abs().max() == pytest.approx(0.356, abs=0.002)
+    # (since the page's TFLOP/s are read with NeMo's whole-square count,
+    # docs/validation.md "Long-context attention under context parallelism,
+    # counted": 28.2% / 64.1%)
+    assert nemo.tok_error.abs().median() == pytest.approx(0.282, abs=0.002)
+    assert nemo.tok_error.abs().max() == pytest.approx(0.641, abs=0.002)
     # (the Qwen3 rows' figures since the MoE host time is counted per op
     # after the sync, docs/validation.md "MoE host time, counted": 4.8% /
     # 93.9% / best 24.9% with the flat per-block constant before)
     assert qwen.tok_error.abs().median() == pytest.approx(0.098, abs=0.002)
     assert qwen.tok_error.abs().max() == pytest.approx(0.918, abs=0.002)
-    assert nemo.best_tok_error.abs().median() == pytest.approx(0.118, abs=0.002)
+    assert nemo.best_tok_error.abs().median() == pytest.approx(0.287, abs=0.002)  # 0.118 before
     assert qwen.best_tok_error.abs().median() == pytest.approx(0.242, abs=0.002)
     # the Qwen3 rows' predicted peaks fell by the counted terms; the 25.11
     # H100 row (PP 2, VP 24, micro-batch 2) no longer sits at the 80 GiB edge

@@ -373,8 +373,17 @@ def _nemo_cp(row) -> PublishedCase | Skip:
         # layernorm_linear.py backward, at bee4649 (2.2.0.dev0, NeMo v2.3.0's
         # pin) and at 3b2a7b0 (1.14, v2.3.0rc2's) alike).
         te_gathers_again(ex)
-    # Reported TFLOP/s per GPU -> tokens/s/GPU with NeMo's (causal) FLOP count.
-    tok = float(row.tflops_per_gpu_with_cp) * 1e12 / flops_per_token(m, causal=True)
+    # Reported TFLOP/s per GPU -> tokens/s/GPU with the FLOP count NeMo
+    # reported them with: the whole s x s attention square, no causal half
+    # (NVIDIA/NeMo nemo/utils/flops_formulas.py llama3 at v2.3.0, the 25.04
+    # container's, read by nemo/lightning/pytorch/callbacks/flops_callback.py;
+    # the causal half came with 6251117f4c, 2025-08-09, after the page's last
+    # figures, 19fadb67b0, 2025-05-08; the 24.03 rows' NeMo 1.x tooling,
+    # NVIDIA/NeMo-Framework-Launcher auto_configurator/autoconfig/scripts/
+    # compare_throughput.py calculate_tflops, counts 4 B s^2 h per layer
+    # forward, the whole square too).  docs/validation.md, "Long-context
+    # attention under context parallelism, counted".
+    tok = float(row.tflops_per_gpu_with_cp) * 1e12 / flops_per_token(m)
     return PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok}, label)
 
 

@@ -205,18 +205,22 @@ def te_gathers_again(ex: dict) -> dict:
     return ex
 
 
-def flops_per_token(m: ModelSpec, causal: bool = False) -> float:
+def flops_per_token(m: ModelSpec) -> float:
     """Model FLOPs of one token, forward and backward, no recompute (the
-    formula Megatron-Core and NeMo report TFLOP/s with): 12 L h^2 (1 +
-    kv/heads) for the attention projections, 12 L s h for the attention
-    core (half when ``causal``), 12 L h f (x 1.5 gated) for the MLP and
-    6 h V for the output layer."""
+    formula Megatron-Core r0.8 and NeMo reported TFLOP/s with; NeMo's until
+    August 2025):
+    12 L h^2 (1 + kv/heads) for the attention projections, 12 L s h for the
+    attention core (the whole s x s square, causal or not: NVIDIA/NeMo
+    nemo/utils/flops_formulas.py ``llama2`` / ``llama3`` at v2.3.0, the
+    ``12 * enc_seq_len / hs`` term; the causal half arrived with 6251117f4c,
+    2025-08-09), 12 L h f (x 1.5 gated) for the MLP and 6 h V for the
+    output layer."""
     h, L, s, f = m.hidden, m.num_blocks, m.seq_size, m.feedforward
     q = m.attn_heads * m.attn_size
     kv = (m.kv_heads or m.attn_heads) * m.attn_size
     gated = 1.5 if m.block == "llama" else 1.0
     attn = 6 * L * (2 * h * q + 2 * h * kv)
-    core = 12 * L * s * q * (0.5 if causal else 1.0)
+    core = 12 * L * s * q
     mlp = 12 * L * h * f * gated
     return attn + core + mlp + 6 * h * m.vocab_size
 
