@@ -70,18 +70,6 @@ RECIPE_SYSTEMS, RECIPE_FP8, RECOMPUTE_CHOICE = SYSTEMS, FP8, SELECTIVE
 # from each released Hugging Face config (docs/validation.md, "Megatron-Bridge
 # performance recipes: model files (Nemotron 3, ...)").
 NOT_EXPRESSED = {
-    # models/nemotronh/nemotron_h_bridge.py: moe_latent_size, num_nextn_predict_layers.
-    # autopar states LatentMoE (moe.latent_size) and hybrid MTP
-    # (mtp_hybrid_override_pattern, mtp_use_repeated_layer); no file is written
-    # because the released config.json (the 88-layer pattern) was not read here
-    # (docs/validation.md, "LatentMoE and hybrid MTP ..., counted").
-    "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16":
-        "Nemotron 3 Super (LatentMoE 512 experts of 2688 on a 1024 latent, MTP '*E'): no "
-        "model file, its released config.json (the 88-layer hybrid_override_pattern) was not "
-        "read",
-    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16":
-        "Nemotron 3 Ultra (LatentMoE, MTP '*E'): no model file, its released config.json was "
-        "not read",
     # models/glm_moe_dsa/glm5_bridge.py: experimental_attention_variant "dsa"
     "glm5":
         "GLM-5 attends through DeepSeek Sparse Attention: MLA whose keys are chosen per query "
