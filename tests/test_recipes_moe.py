@@ -429,7 +429,7 @@ def test_nemotron_3_super_h100_row_by_hand():
     EP 32, sequence 4096, GBS 1280, MBS 1, selective recompute of layernorm,
     moe_act, moe and core_attn (core_attn -> attn_only, moe_act counted,
     layernorm and moe not autopar choices), the precision-aware optimizer's
-    bf16 moments, the flex dispatcher."""
+    bf16 moments, the flex dispatcher, experts padded to a capacity of 1.10."""
     from autopar.studies import recipes as RD
     row = RD.read().set_index("recipe").loc["nemotron_3_super_pretrain_64gpu_h100_bf16_config"]
     assert (row.model, row.tp, row.pp, row.ep, row.mbs, row.gbs, row.seq) == \
@@ -440,6 +440,17 @@ def test_nemotron_3_super_h100_row_by_hand():
     assert ex["activation_recompute"] == "attn_only" and ex["recompute_moe_act"]
     assert ex["optimizer_moment_bytes"] == 2 and ex["moe_dispatcher"] == "deepep"
     assert c.model.seq_size == 4096 and c.model.moe.latent_size == 1024
+    # moe_expert_capacity_factor 1.10 with moe_pad_expert_input_to_capacity:
+    # every expert padded to 1.1 x the balanced load (Megatron-Core drop_and_pad)
+    assert c.model.moe.capacity_factor == pytest.approx(1.1)
+    unpadded = row.rename(None).to_dict() | {"recipe": row.name}
+    unpadded["extra"] = unpadded["extra"].replace(
+        "model.moe_pad_expert_input_to_capacity=True", "model.moe_pad_expert_input_to_capacity=False")
+    u = R.recipe_case(unpadded)
+    assert u.model.moe.capacity_factor is None
+    s, su = (evaluate_one(x.model, x.system, x.execution) for x in (c, u))
+    assert s["proc_mem_tier1_cap_req"] > su["proc_mem_tier1_cap_req"]
+    assert s["total_time"] > su["total_time"] and bool(s["feasible"])
 
 
 def test_lightning_file_is_the_nano_file_plus_its_mtp_module():

@@ -45,6 +45,7 @@ and layouts whose pipeline split autopar cannot build.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -191,6 +192,20 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     base = P.model(name)
     if "mtp_num_layers" in x and base.mtp is not None:
         changes["mtp"] = int_cell(x["mtp_num_layers"], 0)
+    cap = x.get("model.moe_expert_capacity_factor", x.get("moe_expert_capacity_factor"))
+    pad = x.get("model.moe_pad_expert_input_to_capacity",
+                x.get("moe_pad_expert_input_to_capacity"))
+    if cap not in (None, "", "None") and flag(pad) and base.moe is not None:
+        # Megatron-Core@2a75ac1 token_dispatcher.py: moe_pad_expert_input_to_capacity
+        # (drop_and_pad) pads every expert's tokens to moe_utils.get_capacity,
+        # tokens x top-k / experts x moe_expert_capacity_factor: autopar's
+        # moe.capacity_factor (the Super H100 recipe: 1.10).  Without the padding
+        # the factor only drops tokens above it, which balanced routing does not reach.
+        try:
+            factor = float(cap)
+        except ValueError:
+            return P.Skip(f"moe_expert_capacity_factor {cap!r} is no number", label)
+        changes["moe"] = dataclasses.replace(base.moe, capacity_factor=factor)
     if "vocab_size" in x:
         # the recipe's own vocabulary (gpt-oss 20B's perf recipes: 128256)
         changes["vocab_size"] = int_cell(x["vocab_size"])
