@@ -196,7 +196,8 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     pad = x.get("model.moe_pad_expert_input_to_capacity",
                 x.get("moe_pad_expert_input_to_capacity"))
     if cap not in (None, "", "None") and flag(pad) and base.moe is not None:
-        # Megatron-Core@2a75ac1 token_dispatcher.py: moe_pad_expert_input_to_capacity
+        # Megatron-Core@2a75ac1 token_dispatcher.py (MoEAlltoAllTokenDispatcher and the
+        # flex dispatcher's _HybridEPManager): moe_pad_expert_input_to_capacity
         # (drop_and_pad) pads every expert's tokens to moe_utils.get_capacity,
         # tokens x top-k / experts x moe_expert_capacity_factor: autopar's
         # moe.capacity_factor (the Super H100 recipe: 1.10).  Without the padding
