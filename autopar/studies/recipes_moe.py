@@ -20,7 +20,9 @@ What a recipe sets and autopar counts:
   sharded over the data-parallel ranks), ``moe_a2a_overlap``
   (``comm_overlap.overlap_moe_expert_parallel_comm``) as ``moe_overlap``, the
   flex dispatcher (DeepEP / HybridEP) as ``deepep``, the model's MTP layers
-  (``mtp_num_layers``), the pipeline layout (``pipeline_layout_fields``).
+  (``mtp_num_layers``), the pipeline layout (``pipeline_layout_fields``),
+  experts padded to capacity (``moe_expert_capacity_factor`` with
+  ``moe_pad_expert_input_to_capacity``) as ``moe.capacity_factor``.
 * recompute: ``full`` (uniform: every block), selective ``core_attn`` ->
   ``attn_only``, ``mlp`` -> ``mlp_only``, ``moe_act`` and ``mla_up_proj``
   -> ``recompute_moe_act`` / ``recompute_mla_up_proj``; Megatron-Core's other
