@@ -67,7 +67,12 @@ MODELS = {"meta-llama/Meta-Llama-3-8B": "llama3-8B", "meta-llama/Meta-Llama-3-70
           "NemotronHModelProvider8B": "nemotron-h-8B",
           # the Nano provider with its MTP module (nemotron_3_5_lightning_pretrain_config;
           # models/nemotron3.5-lightning-30B-A3B.json)
-          "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16": "nemotron3.5-lightning-30B-A3B"}
+          "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16": "nemotron3.5-lightning-30B-A3B",
+          # the checkpoints the Super / Ultra recipes read with AutoBridge (their shapes:
+          # Megatron-LM's examples/post_training/modelopt/conf/nvidia/*.sh;
+          # models/nemotron3-super-120B-A12B.json, models/nemotron3-ultra-550B-A55B.json)
+          "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": "nemotron3-super-120B-A12B",
+          "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": "nemotron3-ultra-550B-A55B"}
 PRECISIONS = {"bf16_mixed": "bf16", "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
               "bf16_with_fp8_delayed_scaling_mixed": "fp8_ds", "bf16_with_mxfp8_mixed": "fp8_mx",
               "bf16_with_nvfp4_mixed": "nvfp4",
@@ -77,7 +82,8 @@ EXTRA = ("model.pipeline_model_parallel_layout", "model.account_for_embedding_in
          "model.account_for_loss_in_pipeline_split", "model.should_pad_vocab",
          "tokenizer.vocab_size", "model.cross_entropy_fusion_impl",
          "model.disable_parameter_transpose_cache", "model.gradient_accumulation_fusion",
-         "model.moe_router_force_load_balancing",
+         "model.moe_router_force_load_balancing", "model.moe_expert_capacity_factor",
+         "model.moe_pad_expert_input_to_capacity",
          "mixed_precision.fp8_param_gather", "mixed_precision.fp4_param_gather",
          "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag",
          "mixed_precision.first_last_layers_bf16", "mixed_precision.grad_reduce_in_fp32",

@@ -202,10 +202,14 @@ LIGHTNING = "nemotron3.5-lightning-30B-A3B"
 LIGHTNING_FITS = 10
 # Recipes of the dense table that name the Nano file (held: may rise, must not fall).
 NANO_FITS = 14
+# Nemotron 3 Super / Ultra recipes of the dense table predicted and fitting
+# (held: may rise, must not fall): models/nemotron3-super-120B-A12B.json and
+# models/nemotron3-ultra-550B-A55B.json (docs/validation.md, "Nemotron 3 Super
+# and Ultra model files (Megatron-LM examples), counted").
+SUPER, ULTRA = "nemotron3-super-120B-A12B", "nemotron3-ultra-550B-A55B"
+SUPER_FITS, ULTRA_FITS = 13, 2
 # Skipped for blocks autopar cannot express: model -> recipes.
-NOT_EXPRESSED_COUNTS = {"nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": 13,
-                        "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": 2,
-                        "glm5": 4, "deepseek-v4": 3}
+NOT_EXPRESSED_COUNTS = {"glm5": 4, "deepseek-v4": 3}
 
 
 def _writer():
@@ -327,7 +331,8 @@ def test_models_autopar_cannot_express_are_skipped_with_what_it_lacks():
     assert counts == NOT_EXPRESSED_COUNTS
     assert set(R.NOT_EXPRESSED) == set(NOT_EXPRESSED_COUNTS)
     assert "has no indexer" in R.NOT_EXPRESSED["glm5"]
-    assert "LatentMoE" in R.NOT_EXPRESSED["nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"]
+    # Nemotron 3 Super / Ultra have model files now: no row names the checkpoints
+    assert not rows.model.str.startswith("nvidia/NVIDIA-Nemotron-3-").any()
     # no row is skipped for want of a model file any more
     assert not rows.reason.fillna("").str.startswith("no model file").any()
 
@@ -382,6 +387,70 @@ def test_nemotron_3_5_lightning_recipes_fit_with_the_hybrid_mtp_module():
         assert s["total_time"] > nano["total_time"], row.recipe
     assert fits >= LIGHTNING_FITS
     assert skipped == []
+
+
+def test_nemotron_3_super_and_ultra_recipes_fit_with_latent_moe_and_mtp():
+    """The 13 Super and 2 Ultra recipes (perf_recipes/nemotronh) name their
+    model files, are predicted with LatentMoE and the two-depth '*E' MTP
+    module the recipes set, and fit, at a BF16-peak efficiency in the MoE
+    table's 10-70% band.  Each runs slower than the same layout of the model
+    without its MTP module, and holds more memory where the one stage holds
+    the module (the H100 recipe's pipeline of 2 peaks on its first stage)."""
+    import dataclasses
+    from autopar.studies import recipes as RD
+    dense = RD.read()
+    for name, want, n_rows in ((SUPER, SUPER_FITS, 13), (ULTRA, ULTRA_FITS, 2)):
+        rows = dense[dense.model == name]
+        assert len(rows) == n_rows
+        fits = 0
+        for _, row in rows.iterrows():
+            c = RD.recipe_case(row)
+            assert isinstance(c, P.PublishedCase), (row.recipe, c)
+            m = c.model
+            assert (m.mtp, m.mtp_pattern, m.mtp_repeated) == (2, "*E", True), row.recipe
+            assert m.moe.latent_size in (1024, 2048) and m.moe.experts == 512
+            s = evaluate_one(m, c.system, c.execution)
+            fits += bool(s["feasible"])
+            assert 0.10 <= float(s["total_efficiency"]) <= 0.70, row.recipe
+            bare = evaluate_one(dataclasses.replace(m, mtp=0, mtp_pattern="", mtp_repeated=False),
+                                c.system, c.execution)
+            if c.execution["pipeline_par"] == 1:
+                assert s["proc_mem_tier1_cap_req"] > bare["proc_mem_tier1_cap_req"], row.recipe
+            else:
+                # the module is on the last stage; 1F1B's first stage holds the peak
+                assert s["proc_mem_tier1_cap_req"] >= bare["proc_mem_tier1_cap_req"], row.recipe
+            assert s["total_time"] > bare["total_time"], row.recipe
+        assert fits >= want, name
+
+
+def test_nemotron_3_super_h100_row_by_hand():
+    """perf_recipes/nemotronh/h100/nemotronh.py nemotron_3_super_pretrain_64gpu_h100_bf16_config
+    on recipes/nemotronh/nemotron_3_super.py's 64-GPU H100 base: TP 1, PP 2,
+    EP 32, sequence 4096, GBS 1280, MBS 1, selective recompute of layernorm,
+    moe_act, moe and core_attn (core_attn -> attn_only, moe_act counted,
+    layernorm and moe not autopar choices), the precision-aware optimizer's
+    bf16 moments, the flex dispatcher, experts padded to a capacity of 1.10."""
+    from autopar.studies import recipes as RD
+    row = RD.read().set_index("recipe").loc["nemotron_3_super_pretrain_64gpu_h100_bf16_config"]
+    assert (row.model, row.tp, row.pp, row.ep, row.mbs, row.gbs, row.seq) == \
+        (SUPER, "1", "2", "32", "1", "1280", "4096")
+    c = R.recipe_case(row.rename(None).to_dict() | {"recipe": row.name})
+    ex = c.execution
+    assert (ex["tensor_par"], ex["pipeline_par"], ex["data_par"], ex["expert_par"]) == (1, 2, 32, 32)
+    assert ex["activation_recompute"] == "attn_only" and ex["recompute_moe_act"]
+    assert ex["optimizer_moment_bytes"] == 2 and ex["moe_dispatcher"] == "deepep"
+    assert c.model.seq_size == 4096 and c.model.moe.latent_size == 1024
+    # moe_expert_capacity_factor 1.10 with moe_pad_expert_input_to_capacity:
+    # every expert padded to 1.1 x the balanced load (Megatron-Core drop_and_pad)
+    assert c.model.moe.capacity_factor == pytest.approx(1.1)
+    unpadded = row.rename(None).to_dict() | {"recipe": row.name}
+    unpadded["extra"] = unpadded["extra"].replace(
+        "model.moe_pad_expert_input_to_capacity=True", "model.moe_pad_expert_input_to_capacity=False")
+    u = R.recipe_case(unpadded)
+    assert u.model.moe.capacity_factor is None
+    s, su = (evaluate_one(x.model, x.system, x.execution) for x in (c, u))
+    assert s["proc_mem_tier1_cap_req"] > su["proc_mem_tier1_cap_req"]
+    assert s["total_time"] > su["total_time"] and bool(s["feasible"])
 
 
 def test_lightning_file_is_the_nano_file_plus_its_mtp_module():

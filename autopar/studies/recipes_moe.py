@@ -20,7 +20,9 @@ What a recipe sets and autopar counts:
   sharded over the data-parallel ranks), ``moe_a2a_overlap``
   (``comm_overlap.overlap_moe_expert_parallel_comm``) as ``moe_overlap``, the
   flex dispatcher (DeepEP / HybridEP) as ``deepep``, the model's MTP layers
-  (``mtp_num_layers``), the pipeline layout (``pipeline_layout_fields``).
+  (``mtp_num_layers``), the pipeline layout (``pipeline_layout_fields``),
+  experts padded to capacity (``moe_expert_capacity_factor`` with
+  ``moe_pad_expert_input_to_capacity``) as ``moe.capacity_factor``.
 * recompute: ``full`` (uniform: every block), selective ``core_attn`` ->
   ``attn_only``, ``mlp`` -> ``mlp_only``, ``moe_act`` and ``mla_up_proj``
   -> ``recompute_moe_act`` / ``recompute_mla_up_proj``; Megatron-Core's other
@@ -45,6 +47,7 @@ and layouts whose pipeline split autopar cannot build.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -70,18 +73,6 @@ RECIPE_SYSTEMS, RECIPE_FP8, RECOMPUTE_CHOICE = SYSTEMS, FP8, SELECTIVE
 # from each released Hugging Face config (docs/validation.md, "Megatron-Bridge
 # performance recipes: model files (Nemotron 3, ...)").
 NOT_EXPRESSED = {
-    # models/nemotronh/nemotron_h_bridge.py: moe_latent_size, num_nextn_predict_layers.
-    # autopar states LatentMoE (moe.latent_size) and hybrid MTP
-    # (mtp_hybrid_override_pattern, mtp_use_repeated_layer); no file is written
-    # because the released config.json (the 88-layer pattern) was not read here
-    # (docs/validation.md, "LatentMoE and hybrid MTP ..., counted").
-    "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16":
-        "Nemotron 3 Super (LatentMoE 512 experts of 2688 on a 1024 latent, MTP '*E'): no "
-        "model file, its released config.json (the 88-layer hybrid_override_pattern) was not "
-        "read",
-    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16":
-        "Nemotron 3 Ultra (LatentMoE, MTP '*E'): no model file, its released config.json was "
-        "not read",
     # models/glm_moe_dsa/glm5_bridge.py: experimental_attention_variant "dsa"
     "glm5":
         "GLM-5 attends through DeepSeek Sparse Attention: MLA whose keys are chosen per query "
@@ -203,6 +194,21 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     base = P.model(name)
     if "mtp_num_layers" in x and base.mtp is not None:
         changes["mtp"] = int_cell(x["mtp_num_layers"], 0)
+    cap = x.get("model.moe_expert_capacity_factor", x.get("moe_expert_capacity_factor"))
+    pad = x.get("model.moe_pad_expert_input_to_capacity",
+                x.get("moe_pad_expert_input_to_capacity"))
+    if cap not in (None, "", "None") and flag(pad) and base.moe is not None:
+        # Megatron-Core@2a75ac1 token_dispatcher.py (MoEAlltoAllTokenDispatcher and the
+        # flex dispatcher's _HybridEPManager): moe_pad_expert_input_to_capacity
+        # (drop_and_pad) pads every expert's tokens to moe_utils.get_capacity,
+        # tokens x top-k / experts x moe_expert_capacity_factor: autopar's
+        # moe.capacity_factor (the Super H100 recipe: 1.10).  Without the padding
+        # the factor only drops tokens above it, which balanced routing does not reach.
+        try:
+            factor = float(cap)
+        except ValueError:
+            return P.Skip(f"moe_expert_capacity_factor {cap!r} is no number", label)
+        changes["moe"] = dataclasses.replace(base.moe, capacity_factor=factor)
     if "vocab_size" in x:
         # the recipe's own vocabulary (gpt-oss 20B's perf recipes: 128256)
         changes["vocab_size"] = int_cell(x["vocab_size"])
