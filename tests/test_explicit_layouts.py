@@ -277,3 +277,34 @@ def test_grammar_and_checks_agree_with_megatron_core(text, pp, layers, mtp):
         # the same decoder layers on each rank's chunks
         ours = chunk_split(layers, pp, len(stages) // pp, 0, 0, False, False, layout_code(text))
         assert ours == megatron_t
+
+
+NEMOTRON_H = load_model(ROOT / "models" / "nemotron-h-8B.json")
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "bridge"])
+def test_a_hybrid_models_layout_is_written_as_pattern_segments(fmt):
+    # Nemotron-H 8B (52 blocks): Megatron-Core's hybrid model takes the split
+    # as '|' segments of the pattern (arguments.py refuses the layout string
+    # beside --hybrid-layer-pattern): 20, 10, 12, 10 blocks, read back as the
+    # same layout
+    F = get(fmt)
+    layout = "Et*20|t*10|t*12|t*10L"
+    run = {**EX, "num_procs": 8, "tensor_par": 1, "pipeline_par": 2, "data_par": 4,
+           "pipeline_interleaving": 2, "activation_recompute": "none"}
+    ex = load_execution({**run, "pipeline_layout": layout}, model=NEMOTRON_H)
+    assert F.refuse_layout(NEMOTRON_H, ex) is None, F.refuse_layout(NEMOTRON_H, ex)
+    text = F.write(NEMOTRON_H, ex)
+    pat = NEMOTRON_H.hybrid_pattern
+    segs = "|".join((pat[:20], pat[20:30], pat[30:42], pat[42:]))
+    assert segs in text and "layout" not in text.replace("hybrid_layer_pattern", "")
+    back = F.read(text, f"run.{fmt}").execution
+    assert (back["pipeline_layout"], back["pipeline_interleaving"]) == \
+        ("Et*20|t*10|t*12|t*10L", 2)
+    assert chunk_split(52, 2, 2, 0, 0, False, False, layout_code(layout)) == \
+        [[20, 12], [10, 10]]
+    # its pattern is not mixer + MLP pairs ("M*-" puts attention at an odd
+    # position): a t is one block, 26 of them are refused
+    with pytest.raises(SpecError) as err:
+        load_execution({**run, "pipeline_layout": "Et*10|t*5|t*6|t*5L"}, model=NEMOTRON_H)
+    assert "holds 26 decoder layers t, the model has 52" in str(err.value)

@@ -776,7 +776,7 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
         # pipes: the split (a pattern without pipes on several stages is
         # Megatron-Core's even or first/last split, read below:
         # hybrid_layer_allocation.py select_pipeline_segment)
-        ex.update(_read_segments(r, segments, pp or 1))
+        ex.update(_read_segments(r, segments, pp or 1, model.get("mtp") or 0))
     elif r.has("model.pipeline_model_parallel_layout") and \
             r.v["model.pipeline_model_parallel_layout"] not in (None, "None", "null"):
         ex.update(_read_layout(r, "model.pipeline_model_parallel_layout", pp or 1,
@@ -1097,10 +1097,14 @@ def _pattern_segments(r: Reader) -> list[str] | None:
     return text.split("|")
 
 
-def _read_segments(r: Reader, segments: list[str], pp: int) -> dict:
+def _read_segments(r: Reader, segments: list[str], pp: int, mtp: int = 0) -> dict:
     """A hybrid pattern's pipeline segments -> autopar's split fields: the
     first of even, even with the embedding / loss counted, first / last
-    stage sizes, balanced, whose virtual stages hold these blocks."""
+    stage sizes, balanced, whose virtual stages hold these blocks; else an
+    explicit layout of as many ``t`` a virtual stage as its segment has
+    layers (the embedding first, the model's ``mtp`` MTP layers and the loss
+    last: ``hybrid_layer_allocation.py`` builds the embedding on the first
+    and the MTP and output layer on the last virtual stage)."""
     key = _pattern_key(r)
     counts = [len(x) for x in segments]
     if len(counts) % pp:
@@ -1122,8 +1126,10 @@ def _read_segments(r: Reader, segments: list[str], pp: int) -> dict:
                    "embedding_in_split": t.get("embedding", False),
                    "loss_in_split": t.get("loss", False)}
             return out
-    r.fail(key, f"is not a pipeline split autopar can represent: layers per virtual stage "
-           f"{counts}")
+    text = "|".join((f"t*{c}" if c > 1 else "t" * c) for c in counts)
+    return {"pipeline_interleaving": v, "pipeline_layout": "E" + text + "m" * mtp + "L",
+            "first_stage_blocks": 0, "last_stage_blocks": 0,
+            "embedding_in_split": False, "loss_in_split": False}
 
 
 def _first_dense(r: Reader, key: str) -> int:
