@@ -308,3 +308,46 @@ def test_a_hybrid_models_layout_is_written_as_pattern_segments(fmt):
     with pytest.raises(SpecError) as err:
         load_execution({**run, "pipeline_layout": "Et*10|t*5|t*6|t*5L"}, model=NEMOTRON_H)
     assert "holds 26 decoder layers t, the model has 52" in str(err.value)
+
+
+def test_a_space_searches_an_explicit_layout_on_its_pipeline_sizes():
+    """A space may list layout strings among pipeline_layout's values: they
+    are proposed only on the pipeline sizes they were written for (four
+    virtual stages, 40 blocks), with the embedding / loss / stage fields
+    pinned, and come back by name."""
+    import json
+
+    import yaml
+    from autopar.search.exhaustive import exhaustive
+    shape = json.loads((ROOT / "models" / "llama2-13B.json").read_text())
+    assert shape["num_blocks"] == 40
+    layout = "Et*9|t*10|t*11|t*10L"
+    space = yaml.safe_load((ROOT / "search_spaces" / "small.yaml").read_text())
+    space["name"] = "small-explicit"
+    space["params"]["pipeline_layout"] = ["even", layout]
+    table, found = exhaustive(shape, ROOT / "systems" / "a100_80g.json", 8, 32, "bfloat16",
+                              space=space, keep_all=True, progress=False)
+    explicit = table[table.pipeline_layout == layout]
+    assert len(explicit) > 0
+    # its four virtual stages: pp 4, or pp 2 x vp 2 (Megatron takes both)
+    assert set(zip(explicit.pipeline_par, explicit.pipeline_interleaving)) == {(4, 1), (2, 2)}
+    assert not explicit.embedding_in_split.any() and not explicit.loss_in_split.any()
+    assert set(table.pipeline_layout) == {"even", layout}
+
+
+def test_a_fresh_process_restores_the_layout_codes():
+    """A search's worker (spawned, or a Ray task) registers the caller's
+    layouts in the caller's order (autopar.search.runner._task), so codes
+    agree; a process that registered others first refuses."""
+    code = (
+        "from autopar.io.layouts import CHOICES, layout_code, restore_layouts\n"
+        f"restore_layouts([{LLAMA_LAYOUT!r}, {QWEN_LAYOUT!r}])\n"
+        f"assert layout_code({QWEN_LAYOUT!r}) == 3 and layout_code({LLAMA_LAYOUT!r}) == 2\n"
+        "try:\n"
+        f"    restore_layouts([{QWEN_LAYOUT!r}])\n"
+        "except RuntimeError:\n"
+        "    print('refused')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "refused"

@@ -409,6 +409,26 @@ def layout_code(value: str) -> int:
     return len(choices)
 
 
+def registered_layouts() -> tuple[str, ...]:
+    """The explicit layouts registered in this process, in code order (code
+    2 first): what a worker process needs to read this process's codes."""
+    return CHOICES["pipeline_layout"][2:]
+
+
+def restore_layouts(layouts) -> None:
+    """Register another process's ``registered_layouts`` here, in order, so
+    that a code means the same layout in both (a search's worker processes,
+    spawned or on Ray, start with none).  RuntimeError where this process
+    has registered others first (its codes would disagree)."""
+    layouts, have = tuple(layouts), registered_layouts()
+    n = min(len(layouts), len(have))
+    if layouts[:n] != have[:n]:
+        raise RuntimeError("explicit pipeline layouts were registered in another order in this "
+                           "process: their codes disagree")
+    for text in layouts[n:]:
+        layout_code(text)
+
+
 def explicit_layout(code: int) -> tuple[str, ...] | None:
     """The virtual stages of ``pipeline_layout`` code ``code`` (each the
     string of its layers), or None for "even" and "balanced"."""
