@@ -256,3 +256,20 @@ def test_the_committed_table_is_what_the_script_writes(tmp_path):
                           "--output", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert out.read_text() == R.CSV.read_text()
+
+
+def test_the_layout_recipe_runs_its_own_layout(table):
+    """llama3_70b_pretrain_64gpu_h100_fp8cs_config sets
+    model.pipeline_model_parallel_layout (40 virtual stages on pp 8): no
+    autopar split gives its blocks per stage [10, 10, 10, 11, 10, 10, 10, 9],
+    so it is predicted with the layout itself (the virtual size 5 from it)."""
+    from autopar.io.layouts import layout_code
+    from autopar.model.pipeline import stage_split
+    row = table[table.recipe == "llama3_70b_pretrain_64gpu_h100_fp8cs_config"].iloc[0]
+    ex = R.recipe_case(row).execution
+    layout = "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
+    assert ex["pipeline_layout"] == layout
+    assert (ex["pipeline_par"], ex["pipeline_interleaving"]) == (8, 5)
+    assert not ex["embedding_in_split"] and not ex["loss_in_split"]
+    assert stage_split(80, 8, 5, 0, 0, False, False, layout_code(layout)) == \
+        [10, 10, 10, 11, 10, 10, 10, 9]
