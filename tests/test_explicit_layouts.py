@@ -189,8 +189,10 @@ def test_launch_formats_write_and_read_the_layout(fmt):
     key = "--pipeline-model-parallel-layout" if fmt == "megatron" else \
         "model.pipeline_model_parallel_layout="
     assert key in text and LLAMA_LAYOUT in text
-    assert "virtual-pipeline" not in text and "virtual_pipeline_model_parallel_size=5" \
-        not in text
+    # (Megatron-LM's arguments.py takes at most one of the layout and the
+    # virtual-stage arguments; the virtual size is the layout's)
+    assert "--num-virtual-stages-per-pipeline-rank" not in text
+    assert "virtual_pipeline_model_parallel_size=5" not in text
     back = F.read(text, f"run.{fmt}").execution
     assert back["pipeline_layout"] == LLAMA_LAYOUT
     assert (back["pipeline_par"], back["pipeline_interleaving"]) == (8, 5)
