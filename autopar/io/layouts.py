@@ -377,6 +377,18 @@ def placement_problem(stages, num_layers: int | None = None,
     return None
 
 
+def layout_stage_blocks(stages, num_blocks: int) -> list[int] | None:
+    """The blocks of each virtual stage of an explicit layout's ``stages``:
+    its decoder layers ``t`` (Megatron's ``get_num_layers_to_build``), each
+    ``num_blocks / t`` blocks, which must be 1 or 2 (2: a hybrid pattern of
+    mixer + MLP pairs, ``decoder_layer_counts``); None where they are not."""
+    t = [st.count("t") for st in stages]
+    layers = sum(t)
+    if not layers or num_blocks % layers or num_blocks // layers > 2:
+        return None
+    return [n * (num_blocks // layers) for n in t]
+
+
 def decoder_layer_counts(model) -> tuple[int, ...]:
     """The numbers of decoder layers ``t`` an explicit layout of ``model``
     may hold: its blocks, one a ``t``; and for a hybrid pattern of mixer +

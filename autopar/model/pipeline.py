@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from autopar.io.layouts import SPLIT_FIELDS, explicit_layout
+from autopar.io.layouts import SPLIT_FIELDS, explicit_layout, layout_stage_blocks
 from autopar.model.block_sums import BlockSums
 from autopar.model.lookup import Ranges, by_value, distinct, pack
 
@@ -255,21 +255,18 @@ def layout_chunks(stages, num_blocks: int, p: int, v: int):
     (NVIDIA/Megatron-LM@2a75ac1 pipeline_parallel_layer_layout.py
     ``__init__``: ``layout[vpp_rank * pp + pp_rank]``;
     ``get_num_layers_to_build``: the count of decoder layers in
-    ``layout[pp_rank][vp_stage]``), in order (``get_layer_offset``).  A
-    ``t`` is one block, or ``num_blocks / t`` blocks where those are 2: a
-    hybrid pattern of mixer + MLP pairs, whose Megatron decoder layer (a GPT
-    ``TransformerLayer``) is a pair of the pattern's blocks (the rules check
-    the pattern, ``autopar.model.rules``)."""
+    ``layout[pp_rank][vp_stage]``), in order (``get_layer_offset``); a
+    ``t`` is one block, or two of a hybrid pattern's mixer + MLP pairs
+    (``autopar.io.layouts.layout_stage_blocks``; the rules check the
+    pattern, ``autopar.model.rules``)."""
     if len(stages) != p * v:
         return ("invalid: an explicit pipeline_layout's virtual stages must number "
                 "pipeline_par x pipeline_interleaving")
-    t = [st.count("t") for st in stages]
-    layers = sum(t)
-    if not layers or num_blocks % layers or num_blocks // layers > 2:
+    per = layout_stage_blocks(stages, num_blocks)
+    if per is None:
         return ("invalid: an explicit pipeline_layout's decoder layers t must number the "
                 "model's blocks (or half of a hybrid pattern's mixer + MLP pairs)")
-    per = num_blocks // layers
-    return [[t[j * p + s] * per for j in range(v)] for s in range(p)]
+    return [[per[j * p + s] for j in range(v)] for s in range(p)]
 
 
 def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool = False,

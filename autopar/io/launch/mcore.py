@@ -34,7 +34,7 @@ from typing import Mapping
 from autopar.io.errors import SpecError
 from autopar.io.launch.base import SYSTEM_DERIVED
 from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, is_explicit_layout, layout_problem,
-                                parse_layout)
+                                layout_stage_blocks, parse_layout)
 
 # Execution fields that are not a framework setting (see the module docstring).
 NOT_SETTINGS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
@@ -364,23 +364,11 @@ def virtual_stage_blocks(num_blocks: int, p: int, v: int, first: int = 0, last: 
     return counts if min(counts) >= 0 and sum(counts) == num_blocks else None
 
 
-def explicit_stage_blocks(num_blocks: int, layout: str) -> list[int] | None:
-    """The blocks of each virtual stage of an explicit
-    ``pipeline_model_parallel_layout`` (its ``t`` count, times the blocks a
-    decoder layer holds: ``num_blocks / t``, 2 for a hybrid pattern of
-    mixer + MLP pairs, as ``autopar.model.pipeline.layout_chunks``), or None
-    where its layers do not divide the blocks."""
-    t = [st.count("t") for st in parse_layout(layout)]
-    if not sum(t) or num_blocks % sum(t):
-        return None
-    return [n * (num_blocks // sum(t)) for n in t]
-
-
 def layout_blocks(model, ex: Mapping) -> list[int] | None:
     """``virtual_stage_blocks`` of a layout's split fields (an explicit
-    layout's: ``explicit_stage_blocks``)."""
+    layout's: ``autopar.io.layouts.layout_stage_blocks``)."""
     if is_explicit_layout(_get(ex, "pipeline_layout")):
-        return explicit_stage_blocks(model.num_blocks, _get(ex, "pipeline_layout"))
+        return layout_stage_blocks(parse_layout(_get(ex, "pipeline_layout")), model.num_blocks)
     return virtual_stage_blocks(
         model.num_blocks, ex.get("pipeline_par", 1), ex.get("pipeline_interleaving", 1),
         _get(ex, "first_stage_blocks"), _get(ex, "last_stage_blocks"),
