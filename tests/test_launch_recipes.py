@@ -296,11 +296,12 @@ def test_hybrid_refusals_and_read_errors():
         get("megatron").read(two.replace(pat, pat[:20] + "|" + pat[20:30] + "|" + pat[30:]),
                              "x.sh")
     assert err.value.field == "--hybrid-layer-pattern" and "multiple" in str(err.value)
-    # virtual stages of 20, 10, 12, 10 layers: no split autopar states
+    # virtual stages of 20, 10, 12, 10 layers: no split autopar states but
+    # an explicit layout of those layers
     four = "|".join((pat[:20], pat[20:30], pat[30:42], pat[42:]))
-    with pytest.raises(SpecError) as err:
-        get("megatron").read(two.replace(pat, four), "x.sh")
-    assert err.value.field == "--hybrid-layer-pattern" and "[20, 10, 12, 10]" in str(err.value)
+    ex = get("megatron").read(two.replace(pat, four), "x.sh").execution
+    assert (ex["pipeline_layout"], ex["pipeline_interleaving"]) == \
+        ("Et*20|t*10|t*12|t*10L", 2)
     # no pipes on two stages: Megatron-Core's even split (select_pipeline_segment),
     # or its first/last stage sizes
     ex = get("megatron").read(two, "x.sh").execution
@@ -313,8 +314,8 @@ def test_hybrid_refusals_and_read_errors():
     assert ex["first_stage_blocks"] == 20
     # the deprecated spelling's errors name it
     with pytest.raises(SpecError) as err:
-        get("megatron").read(two.replace(pat, four).replace("--hybrid-layer-pattern",
-                                                            "--hybrid-override-pattern"),
+        get("megatron").read(two.replace(pat, pat[:20] + "|" + pat[20:30] + "|" + pat[30:])
+                             .replace("--hybrid-layer-pattern", "--hybrid-override-pattern"),
                              "x.sh")
     assert err.value.field == "--hybrid-override-pattern"
     # 51 and 1: the first and last stage sizes

@@ -21,7 +21,7 @@ MIRROR = Path("/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
 
 # What autopar reaches on the dense recipes (llama3, llama31, nemotronh_56b):
 # held, never lowered.
-DENSE_FITS = 110
+DENSE_FITS = 111
 # The dense recipes predicted NOT to fit, and why (docs/validation.md,
 # "Interleaved pipelines: what each rank holds"): the code's layout of the
 # Llama 3.1 405B bf16 recipes on 128 B200 / GB200 is TP 4, PP 16, CP 1, VP 8
@@ -43,8 +43,7 @@ NOT_FITTING = {
 # which offloads 5 blocks, 8.2% -> 22.8%; docs/validation.md).
 LOW_MFU: set = set()
 # The dense recipes autopar cannot express, by reason (start of the Skip text).
-SKIPPED = {"pipeline_model_parallel_layout": 1,
-           "global batch 192 not divisible": 2}
+SKIPPED = {"global batch 192 not divisible": 2}
 
 
 @pytest.fixture(scope="module")
@@ -238,10 +237,10 @@ def test_cli_prints_the_summary_and_refuses_an_unknown_family(tmp_path):
                           "--family", "llama3", "--output", str(tmp_path / "r.csv")],
                          capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    # every Llama 3 (8B, 70B) recipe autopar can express fits but the one
-    # CPU-offloading recipe in NOT_FITTING
+    # every Llama 3 (8B, 70B) recipe fits but the one CPU-offloading recipe
+    # in NOT_FITTING (the 70B H100 fp8 one with its own pipeline layout too)
     assert out.stdout.strip().splitlines()[-1] == \
-        "75 of 77 recipes predicted to fit (76 predicted, 1 skipped)"
+        "76 of 77 recipes predicted to fit (77 predicted, 0 skipped)"
     assert (tmp_path / "r.csv").stat().st_size > 0
     bad = subprocess.run([sys.executable, "-m", "autopar.cli", "validate", "recipes",
                           "--family", "gpt9"], capture_output=True, text=True, env=env)
@@ -257,3 +256,20 @@ def test_the_committed_table_is_what_the_script_writes(tmp_path):
                           "--output", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert out.read_text() == R.CSV.read_text()
+
+
+def test_the_layout_recipe_runs_its_own_layout(table):
+    """llama3_70b_pretrain_64gpu_h100_fp8cs_config sets
+    model.pipeline_model_parallel_layout (40 virtual stages on pp 8): no
+    autopar split gives its blocks per stage [10, 10, 10, 11, 10, 10, 10, 9],
+    so it is predicted with the layout itself (the virtual size 5 from it)."""
+    from autopar.io.layouts import layout_code
+    from autopar.model.pipeline import stage_split
+    row = table[table.recipe == "llama3_70b_pretrain_64gpu_h100_fp8cs_config"].iloc[0]
+    ex = R.recipe_case(row).execution
+    layout = "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
+    assert ex["pipeline_layout"] == layout
+    assert (ex["pipeline_par"], ex["pipeline_interleaving"]) == (8, 5)
+    assert not ex["embedding_in_split"] and not ex["loss_in_split"]
+    assert stage_split(80, 8, 5, 0, 0, False, False, layout_code(layout)) == \
+        [10, 10, 10, 11, 10, 10, 10, 9]

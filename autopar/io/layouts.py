@@ -271,6 +271,192 @@ BOOL_FIELDS = BOOL_FIELDS | {"recompute_moe_act", "recompute_mla_up_proj"}
 # ``activations_offload``, Calculon's meaning.
 EXT_DEFAULTS.update({"activation_offload_blocks": 0})
 EXT_INT_FIELDS = EXT_INT_FIELDS | {"activation_offload_blocks"}
+# Explicit pipeline layouts (issue 24 item 4): ``pipeline_layout`` may also be
+# Megatron-Core's ``pipeline_model_parallel_layout`` string
+# (NVIDIA/Megatron-LM@2a75ac1 megatron/core/transformer/
+# pipeline_parallel_layer_layout.py ``PipelineParallelLayerLayout``): ``E``
+# the embedding, ``t`` a decoder layer, ``m`` an MTP layer, ``L`` the loss,
+# ``|`` between virtual stages (virtual stage ``k`` on pipeline rank
+# ``k % pipeline_par``), ``(...)*n`` and ``x*n`` repetition, commas purely
+# cosmetic.  Each distinct string is parsed once here (``parse_layout``) and
+# becomes a code of ``CHOICES["pipeline_layout"]`` after "even" and
+# "balanced" (``layout_code``), so a table column stays small integer codes
+# and the model groups rows by it as by any categorical field; the model
+# reads a code's virtual stages back with ``explicit_layout``.
+LAYOUT_SYMBOLS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
+_EXPLICIT: dict[str, tuple[str, ...]] = {}
+# (int8 codes: at most this many choices of pipeline_layout in one process)
+_MAX_LAYOUT_CODES = 127
+
+
+def parse_layout(text: str) -> tuple[str, ...]:
+    """A ``pipeline_model_parallel_layout`` string -> its virtual stages, each
+    the string of its layers (``E``, ``t``, ``m``, ``L``), as Megatron-Core's
+    ``PipelineParallelLayerLayout.parse_str_to_list`` reads it: commas
+    removed, every ``(...)*n`` and then every ``x*n`` written out, split at
+    ``|``; any other character is Megatron's "Invalid layer character".
+    Raises ValueError with Megatron's reason."""
+    import re
+
+    s = str(text).replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        s = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), s)
+    stages = tuple(s.split("|"))
+    for st in stages:
+        for ch in st:
+            if ch not in LAYOUT_SYMBOLS:
+                raise ValueError(f"invalid layer character {ch!r} in virtual stage {st!r} "
+                                 f"(Megatron-Core knows {', '.join(LAYOUT_SYMBOLS)}; "
+                                 f"'|' between stages, (...)*n and x*n repeat)")
+    return stages
+
+
+def layout_problem(stages, pp: int, vp: int, num_layers: int | None = None,
+                   mtp: int | None = None) -> str | None:
+    """Why Megatron-Core (or autopar's placement of the head) refuses the
+    parsed layout ``stages`` on ``pp`` pipeline ranks of ``vp`` virtual
+    stages for a model of ``num_layers`` decoder layers and ``mtp`` MTP
+    layers (None: not checked), or None.  Megatron's checks
+    (pipeline_parallel_layer_layout.py ``__init__`` and
+    ``validate_layer_layout``, transformer_config.py ``__post_init__``): the
+    stages a multiple of pp, the virtual size they imply the one set, the
+    embedding first and the loss last, once each, as many ``t`` as layers
+    and ``m`` as MTP layers, the MTP layers after every decoder layer, all
+    in one virtual stage, the last one of its rank.  autopar's own: the
+    embedding in the first virtual stage and the loss and any MTP layers in
+    the last (autopar counts the head and the MTP modules on the first /
+    last pipeline stage; a standalone MTP stage is not modelled)."""
+    k = len(stages)
+    if pp < 1 or k % pp:
+        return (f"has {k} virtual stages, not divisible by pipeline_par {pp} (Megatron: "
+                f"pipeline_model_parallel_layout must be divisible by "
+                f"pipeline_model_parallel_size)")
+    if k // pp != vp:
+        return (f"has {k} virtual stages: {k // pp} a pipeline rank, but pipeline_interleaving "
+                f"is {vp} (Megatron: virtual_pipeline_model_parallel_size conflicts with "
+                f"pipeline_model_parallel_layout)")
+    return placement_problem(stages, num_layers, mtp)
+
+
+def placement_problem(stages, num_layers: int | None = None,
+                      mtp: int | None = None) -> str | None:
+    """``layout_problem``'s checks that do not need the pipeline sizes."""
+    k = len(stages)
+    flat = "".join(stages)
+    if not flat or flat[0] != "E":
+        return "must start with the embedding E (Megatron: the first layer must be embedding)"
+    if flat[-1] != "L":
+        return "must end with the loss L (Megatron: the last layer must be loss)"
+    if flat.count("E") != 1 or flat.count("L") != 1:
+        return "must hold the embedding E and the loss L exactly once each"
+    if num_layers is not None and flat.count("t") != num_layers:
+        return (f"holds {flat.count('t')} decoder layers t, the model has {num_layers} "
+                f"(Megatron: number of decoder layers must match num_layers)")
+    if mtp is not None and flat.count("m") != mtp:
+        return (f"holds {flat.count('m')} MTP layers m, the model has {mtp} "
+                f"(Megatron: number of mtp layers in layout must match mtp_num_layers)")
+    if "m" in flat:
+        if "t" in flat[flat.index("m"):]:
+            return "puts a decoder layer t after an MTP layer m (Megatron: decoder layers " \
+                   "must be placed before MTP layers)"
+        holding = [i for i, st in enumerate(stages) if "m" in st]
+        if len(holding) > 1:
+            return "spreads the MTP layers m over virtual stages (Megatron: all of the MTP " \
+                   "layers must be in the same one virtual pipeline stage)"
+        if holding[0] != k - 1:
+            return "puts the MTP layers m in a virtual stage before the last (Megatron takes " \
+                   "them only in a rank's last virtual stage; on a rank before the last, a " \
+                   "standalone MTP stage, which autopar does not model: it counts the MTP " \
+                   "modules on the last stage)"
+    if "E" not in stages[0]:
+        return "puts the embedding E after an empty first virtual stage: autopar counts " \
+               "the embedding on the first pipeline stage"
+    if "L" not in stages[-1]:
+        return "puts the loss L before an empty last virtual stage: autopar counts the " \
+               "output layer and loss on the last pipeline stage"
+    return None
+
+
+def layout_stage_blocks(stages, num_blocks: int) -> list[int] | None:
+    """The blocks of each virtual stage of an explicit layout's ``stages``:
+    its decoder layers ``t`` (Megatron's ``get_num_layers_to_build``), each
+    ``num_blocks / t`` blocks, which must be 1 or 2 (2: a hybrid pattern of
+    mixer + MLP pairs, ``decoder_layer_counts``); None where they are not."""
+    t = [st.count("t") for st in stages]
+    layers = sum(t)
+    if not layers or num_blocks % layers or num_blocks // layers > 2:
+        return None
+    return [n * (num_blocks // layers) for n in t]
+
+
+def decoder_layer_counts(model) -> tuple[int, ...]:
+    """The numbers of decoder layers ``t`` an explicit layout of ``model``
+    may hold: its blocks, one a ``t``; and for a hybrid pattern of mixer +
+    MLP pairs (each even position a Mamba / Gated DeltaNet / attention
+    mixer, each odd one an MLP or MoE), half of them: Megatron builds such a
+    model as a GPT model whose ``TransformerLayer`` is a mixer and its MLP
+    (Megatron-Bridge's Qwen3-Next, whose layout counts 48 layers for the
+    pattern's 96 blocks)."""
+    n, pat = model.num_blocks, getattr(model, "hybrid_pattern", "")
+    if pat and len(pat) % 2 == 0 and set(pat[0::2]) <= set("MG*") \
+            and set(pat[1::2]) <= set("-E"):
+        return (n, n // 2)
+    return (n,)
+
+
+def layout_code(value: str) -> int:
+    """The code of a ``pipeline_layout`` value: "even" 0, "balanced" 1, an
+    explicit layout string the next free code (parsed and registered the
+    first time it is seen; ValueError with Megatron's reason where it does
+    not parse)."""
+    choices = CHOICES["pipeline_layout"]
+    if value in choices:
+        return choices.index(value)
+    stages = parse_layout(value)
+    if len(choices) >= _MAX_LAYOUT_CODES:
+        raise ValueError(f"more than {_MAX_LAYOUT_CODES - 2} distinct explicit pipeline "
+                         f"layouts in one run")
+    _EXPLICIT[value] = stages
+    CHOICES["pipeline_layout"] = choices + (value,)
+    return len(choices)
+
+
+def registered_layouts() -> tuple[str, ...]:
+    """The explicit layouts registered in this process, in code order (code
+    2 first): what a worker process needs to read this process's codes."""
+    return CHOICES["pipeline_layout"][2:]
+
+
+def restore_layouts(layouts) -> None:
+    """Register another process's ``registered_layouts`` here, in order, so
+    that a code means the same layout in both (a search's worker processes,
+    spawned or on Ray, start with none).  RuntimeError where this process
+    has registered others first (its codes would disagree)."""
+    layouts, have = tuple(layouts), registered_layouts()
+    n = min(len(layouts), len(have))
+    if layouts[:n] != have[:n]:
+        raise RuntimeError("explicit pipeline layouts were registered in another order in this "
+                           "process: their codes disagree")
+    for text in layouts[n:]:
+        layout_code(text)
+
+
+def explicit_layout(code: int) -> tuple[str, ...] | None:
+    """The virtual stages of ``pipeline_layout`` code ``code`` (each the
+    string of its layers), or None for "even" and "balanced"."""
+    if code < 2:
+        return None
+    return _EXPLICIT[CHOICES["pipeline_layout"][code]]
+
+
+def is_explicit_layout(value) -> bool:
+    """Whether a ``pipeline_layout`` value (name or code) is an explicit
+    layout string rather than "even" / "balanced"."""
+    if isinstance(value, str):
+        return value not in ("even", "balanced")
+    return int(value) >= 2
+
+
 # The fields of the pipeline split (all at their defaults: Calculon's).
 SPLIT_FIELDS = ("first_stage_blocks", "last_stage_blocks", "embedding_in_split",
                 "loss_in_split", "pipeline_layout")
@@ -278,7 +464,10 @@ ALL_FIELDS: tuple[str, ...] = FIELDS + tuple(EXT_DEFAULTS)
 
 
 def code(field: str, value: str) -> int:
-    """The integer code of a string ``value`` of ``field``."""
+    """The integer code of a string ``value`` of ``field`` (an explicit
+    pipeline layout registered on first sight: ``layout_code``)."""
+    if field == "pipeline_layout":
+        return layout_code(value)
     return CHOICES[field].index(value)
 
 
@@ -423,6 +612,8 @@ def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
                     raise SpecError(source, f, f"code out of range 0..{len(CHOICES[f]) - 1}")
                 cols[f] = v.astype(np.int8)
             else:
+                if f == "pipeline_layout":
+                    _register_layouts(s, source)
                 codes = _string_codes(s, CHOICES[f])
                 if (codes < 0).any():
                     bad = s.iloc[int(np.flatnonzero(codes < 0)[0])]
@@ -438,3 +629,15 @@ def from_frame(frame, source: str = "executions") -> dict[str, np.ndarray]:
                 raise SpecError(source, f, f"expected integers, got {s.dtype}")
             cols[f] = s.to_numpy().astype(np.int64)
     return cols
+
+
+def _register_layouts(series, source: str) -> None:
+    """Register the explicit layout strings of a ``pipeline_layout`` column
+    (``layout_code``), each distinct value once; SpecError naming the column
+    for one that does not parse."""
+    for v in set(series.dropna().unique().tolist()) if hasattr(series, "dropna") else set(series):
+        if isinstance(v, str) and v not in CHOICES["pipeline_layout"]:
+            try:
+                layout_code(v)
+            except ValueError as e:
+                raise SpecError(source, "pipeline_layout", f"{v!r}: {e}") from None

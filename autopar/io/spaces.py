@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from autopar.io.errors import SpecError, brief
-from autopar.io.layouts import BOOL_FIELDS, CHOICES, EXT_DEFAULTS
+from autopar.io.layouts import BOOL_FIELDS, CHOICES, EXT_DEFAULTS, layout_code
 from autopar.io.specs import read_yaml
 
 # The parameters a space decides on, in define-by-run order (Calculon's loop
@@ -76,6 +76,15 @@ def _value(src: str, where: str, name: str, v):
     """One allowed/fixed value, checked for its parameter's type."""
     kind = value_kind(name)
     if kind == "str":
+        if name == "pipeline_layout" and isinstance(v, str) and v not in CHOICES[name]:
+            # Megatron-Core's pipeline_model_parallel_layout (parsed once:
+            # autopar.io.layouts.layout_code); the rules refuse it where the
+            # pipeline sizes or the model's layers differ from its own
+            try:
+                layout_code(v)
+            except ValueError as e:
+                raise SpecError(src, where, f"{v!r}: {e}") from None
+            return v
         if not isinstance(v, str) or v not in CHOICES[name]:
             raise SpecError(src, where, f"expected one of {', '.join(CHOICES[name])}, got {brief(v)}")
         return v

@@ -34,7 +34,8 @@ from typing import Any, Mapping
 from autopar.io.errors import SpecError, brief  # noqa: F401  (re-exported)
 from autopar.io.layouts import (ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS,
                                MOMENT_BYTES,
-                                GEMM_ONLY_DATATYPES, INT_FIELDS)
+                                GEMM_ONLY_DATATYPES, INT_FIELDS, decoder_layer_counts,
+                               layout_code, layout_problem, parse_layout)
 
 
 @dataclass(frozen=True)
@@ -1423,6 +1424,23 @@ def _check_split(c: "Checker", out: dict, model: ModelSpec | None) -> None:
     if named and out.get("pipeline_layout", "even") != "even":
         c.fail("pipeline_layout", f"{out['pipeline_layout']!r} cannot be set with {named[0]} "
                                   f"(a layout fixes every stage)")
+    layout = out.get("pipeline_layout", "even")
+    if layout not in ("even", "balanced"):
+        if counted:
+            c.fail("pipeline_layout", f"{layout!r} cannot be set with {counted[0]} (Megatron: "
+                                      f"pipeline_model_parallel_layout cannot be set with "
+                                      f"other pipeline layout arguments)")
+        stages = parse_layout(layout)
+        if out.get("pipeline_par", 1) > 1 and "pipeline_interleaving" in out:
+            # (a decoder layer t is a block, or two of a hybrid pattern's
+            # mixer + MLP pairs: decoder_layer_counts)
+            t = sum(st.count("t") for st in stages)
+            layers = None if model is None or t in decoder_layer_counts(model) \
+                else model.num_blocks
+            why = layout_problem(stages, out["pipeline_par"], out["pipeline_interleaving"],
+                                 layers, model.mtp if model is not None else None)
+            if why:
+                c.fail("pipeline_layout", f"{layout!r} {why}")
     split = named + counted + (["pipeline_layout"] if out.get("pipeline_layout", "even")
                                != "even" else [])
     if split and out["pipeline_par"] == 1:
@@ -1488,6 +1506,15 @@ def execution_value(c: "Checker", f: str, v, path: str | None = None):
     """One value of execution field ``f`` checked as a file's would be: a
     choice, a flag, or an integer (>= 1 for counts, >= 0 for tiers)."""
     path = path or f
+    if f == "pipeline_layout" and isinstance(v, str) and v not in CHOICES[f]:
+        # Megatron-Core's pipeline_model_parallel_layout string, parsed once
+        # here (autopar.io.layouts.layout_code; checked against the model and
+        # the pipeline sizes in _check_split)
+        try:
+            layout_code(v)
+        except ValueError as e:
+            c.fail(path, f"{v!r}: {e}")
+        return v
     if f in CHOICES:
         return c.choice(v, path, CHOICES[f])
     if f in BOOL_FIELDS:

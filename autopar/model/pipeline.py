@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from autopar.io.layouts import SPLIT_FIELDS
+from autopar.io.layouts import SPLIT_FIELDS, explicit_layout, layout_stage_blocks
 from autopar.model.block_sums import BlockSums
 from autopar.model.lookup import Ranges, by_value, distinct, pack
 
@@ -142,7 +142,7 @@ def uneven_rows(cols: dict):
 
 
 def stage_split(num_blocks: int, p: int, v: int, first: int, last: int, embedding: bool,
-                loss: bool, balanced: bool):
+                loss: bool, layout: int):
     """The blocks of each of the ``p`` stages, as Megatron-Core builds them,
     or the reason (a ``REASONS`` text of ``autopar.model.rules``) the split
     cannot be built.
@@ -168,13 +168,18 @@ def stage_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
       more; the embedding in the first virtual stage and the loss in the
       last, as the layout requires.  Layouts conflict with first/last
       (transformer_config.py); every virtual stage holds a layer.
+    * ``layout`` >= 2: an explicit ``pipeline_model_parallel_layout`` (the
+      code of ``autopar.io.layouts.layout_code``; ``layout_chunks``).
+
+    ``layout`` is the ``pipeline_layout`` code: 0 even, 1 balanced (a bool
+    reads as those two).
     """
-    split = chunk_split(num_blocks, p, v, first, last, embedding, loss, balanced)
+    split = chunk_split(num_blocks, p, v, first, last, embedding, loss, layout)
     return split if isinstance(split, str) else [sum(chunks) for chunks in split]
 
 
 def chunk_split(num_blocks: int, p: int, v: int, first: int, last: int, embedding: bool,
-                loss: bool, balanced: bool):
+                loss: bool, layout: int):
     """The blocks of each of the ``v`` model chunks of each of the ``p``
     stages (chunk ``j`` of stage ``s`` is virtual stage ``j * p + s``), or the
     reason the split cannot be built (``stage_split``, which sums them).
@@ -192,6 +197,12 @@ def chunk_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
     if (first or last) and (e or l_):
         return ("invalid: first_stage_blocks and last_stage_blocks cannot be set with "
                 "embedding_in_split or loss_in_split")
+    if int(layout) >= 2:
+        if first or last or e or l_:
+            return ("invalid: an explicit pipeline_layout cannot be set with first_stage_blocks, "
+                    "last_stage_blocks, embedding_in_split or loss_in_split")
+        return layout_chunks(explicit_layout(int(layout)), num_blocks, p, v)
+    balanced = bool(layout)
     if balanced:
         if first or last:
             return ("invalid: pipeline_layout balanced cannot be set with first_stage_blocks "
@@ -235,6 +246,29 @@ def chunk_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
     return chunks
 
 
+def layout_chunks(stages, num_blocks: int, p: int, v: int):
+    """The blocks of each of the ``v`` model chunks of each of the ``p``
+    stages under an explicit layout's virtual ``stages`` (each the string of
+    its layers, ``autopar.io.layouts.parse_layout``), or the reason it cannot
+    be built here.  Virtual stage ``k`` is chunk ``k // p`` of rank ``k % p``
+    and builds as many decoder layers as it holds ``t``
+    (NVIDIA/Megatron-LM@2a75ac1 pipeline_parallel_layer_layout.py
+    ``__init__``: ``layout[vpp_rank * pp + pp_rank]``;
+    ``get_num_layers_to_build``: the count of decoder layers in
+    ``layout[pp_rank][vp_stage]``), in order (``get_layer_offset``); a
+    ``t`` is one block, or two of a hybrid pattern's mixer + MLP pairs
+    (``autopar.io.layouts.layout_stage_blocks``; the rules check the
+    pattern, ``autopar.model.rules``)."""
+    if len(stages) != p * v:
+        return ("invalid: an explicit pipeline_layout's virtual stages must number "
+                "pipeline_par x pipeline_interleaving")
+    per = layout_stage_blocks(stages, num_blocks)
+    if per is None:
+        return ("invalid: an explicit pipeline_layout's decoder layers t must number the "
+                "model's blocks (or half of a hybrid pattern's mixer + MLP pairs)")
+    return [[per[j * p + s] for j in range(v)] for s in range(p)]
+
+
 def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool = False,
                     chunks: bool = False):
     """The distinct splits of the ``rows`` (positions): each one's stage
@@ -248,10 +282,10 @@ def distinct_splits(cols: dict, num_blocks: int, rows: np.ndarray, reasons: bool
     splits = []
     for i in idx.tolist():
         p, v, first, last, e, l_, bal = (int(c[i]) for c in keys)
-        per = stage_split(num_blocks, p, max(v, 1), first, last, bool(e), bool(l_), bool(bal))
+        per = stage_split(num_blocks, p, max(v, 1), first, last, bool(e), bool(l_), bal)
         if chunks and v > 1 and not isinstance(per, str):
             per = chunk_spans(chunk_split(num_blocks, p, v, first, last, bool(e), bool(l_),
-                                          bool(bal)))
+                                          bal))
         splits.append(per if reasons or not isinstance(per, str) else [0] * max(p, 1))
     return splits, inv
 
@@ -329,7 +363,7 @@ def split_in_flight(cols: dict, num_blocks: int, rows: np.ndarray, microbatches:
     for i in idx.tolist():
         p, v, first, last, e, l_, bal, m = (int(c[i]) for c in keys)
         chunks = chunk_split(num_blocks, p, max(v, 1), first, last, bool(e), bool(l_),
-                             bool(bal)) if v > 1 else "one chunk"
+                             bal) if v > 1 else "one chunk"
         if isinstance(chunks, str):
             table.append((np.nan,) * 3)
             continue

@@ -13,7 +13,8 @@ from typing import Mapping
 
 import numpy as np
 
-from autopar.io.layouts import CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS, SPLIT_FIELDS
+from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS, SPLIT_FIELDS,
+                                decoder_layer_counts, explicit_layout, placement_problem)
 from autopar.io.specs import FP8_MATRIX, ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
 from autopar.model.context import choose
@@ -128,6 +129,18 @@ REASONS = REASONS + (
 # Gated DeltaNet layers (autopar.model.gated_delta).
 REASONS = REASONS + (
     "invalid: gdn key and value heads must be divisible by tensor_par",
+)
+# Explicit pipeline layouts (issue 24 item 4, ``autopar.model.pipeline.layout_chunks``):
+# Megatron-Core's pipeline_parallel_layer_layout.py / transformer_config.py checks.
+REASONS = REASONS + (
+    "invalid: an explicit pipeline_layout cannot be set with first_stage_blocks, "
+    "last_stage_blocks, embedding_in_split or loss_in_split",
+    "invalid: an explicit pipeline_layout's virtual stages must number "
+    "pipeline_par x pipeline_interleaving",
+    "invalid: an explicit pipeline_layout's decoder layers t must number the "
+    "model's blocks (or half of a hybrid pattern's mixer + MLP pairs)",
+    "invalid: an explicit pipeline_layout must hold the embedding first and the loss and "
+    "the model's MTP layers last",
 )
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
@@ -347,9 +360,32 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
         flag((fill < 1) | (fill > 100),
              "invalid: adapter_rank must be >= 1 and sequence_fill 1..100")
     _check_moe(model, system, cols, flag, tp1, dp1 * cp1, ranges)
+    _check_explicit_layouts(model, cols, flag)
     if model.hybrid_pattern:
         _check_hybrid(model, cols, flag, tp1, cp, ranges)
     return code, dts
+
+
+def _check_explicit_layouts(model: ModelSpec, cols: dict, flag) -> None:
+    """The model's side of an explicit ``pipeline_layout`` (its split is
+    ``autopar.model.pipeline.layout_chunks``'s): the embedding first, the
+    loss and the model's ``mtp`` MTP layers last (Megatron's
+    ``validate_layer_layout``; ``autopar.io.layouts.placement_problem``), and
+    two blocks a decoder layer ``t`` only for a hybrid pattern of mixer +
+    MLP pairs (``decoder_layer_blocks``)."""
+    codes = cols["pipeline_layout"]
+    if not len(codes) or int(codes.max()) < 2:
+        return
+    for c in np.unique(codes[codes >= 2]).tolist():
+        stages = explicit_layout(int(c))
+        rows = codes == c
+        layers = sum(st.count("t") for st in stages)
+        flag(rows & (placement_problem(stages, None, model.mtp) is not None),
+             "invalid: an explicit pipeline_layout must hold the embedding first and the loss "
+             "and the model's MTP layers last")
+        flag(rows & (layers not in decoder_layer_counts(model)),
+             "invalid: an explicit pipeline_layout's decoder layers t must number the "
+             "model's blocks (or half of a hybrid pattern's mixer + MLP pairs)")
 
 
 def _check_hybrid(model: ModelSpec, cols: dict, flag, tp1, cp, ranges: Ranges) -> None:
@@ -381,7 +417,8 @@ def _check_hybrid(model: ModelSpec, cols: dict, flag, tp1, cp, ranges: Ranges) -
     # autopar's split (autopar.model.pipeline.chunk_split); an even split
     # with virtual stages needs segments of equal blocks.
     v, pp = cols["pipeline_interleaving"], cols["pipeline_par"]
-    even = ~((cols["first_stage_blocks"] != 0) | (cols["last_stage_blocks"] != 0))
+    even = ~((cols["first_stage_blocks"] != 0) | (cols["last_stage_blocks"] != 0)
+             | (cols["pipeline_layout"] >= 2))
     flag((v > 1) & even & (model.num_blocks % np.maximum(pp * v, 1) != 0),
          "infeasible: a hybrid model's blocks must divide by pipeline_par x "
          "pipeline_interleaving to interleave (one '|' segment a virtual stage)")

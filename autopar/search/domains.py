@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-from autopar.io.layouts import CHOICES, EXT_DEFAULTS, MOMENT_BYTES
+from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, MOMENT_BYTES, is_explicit_layout,
+                                parse_layout)
 from autopar.io.spaces import DERIVED, PARAMS
 from autopar.model.pipeline import stage_split
 
@@ -242,13 +243,19 @@ def _new_split(c, s, **kw) -> bool:
 def _r_layout(c, s):
     if s["pipeline_par"] == 1:
         return ("even",), "needs pipeline_par > 1"
+    p, v = s["pipeline_par"], s["pipeline_interleaving"]
+    # (an explicit layout, where a space names one: only on the pipeline
+    # sizes it was written for)
     return tuple(x for x in CHOICES["pipeline_layout"]
-                 if x == "even" or c.blocks >= s["pipeline_par"] * s["pipeline_interleaving"]), None
+                 if x == "even" or (x == "balanced" and c.blocks >= p * v)
+                 or (is_explicit_layout(x) and len(parse_layout(x)) == p * v)), None
 
 
 def _r_embedding(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
+    if is_explicit_layout(s["pipeline_layout"]):
+        return (False,), "an explicit pipeline_layout places the embedding itself"
     return tuple(e for e in _TF if not e or _split(c, s, embedding=True, loss=False)
                  or _split(c, s, embedding=True, loss=True)), None
 
@@ -256,6 +263,8 @@ def _r_embedding(c, s):
 def _r_loss(c, s):
     if s["pipeline_par"] == 1:
         return (False,), "needs pipeline_par > 1"
+    if is_explicit_layout(s["pipeline_layout"]):
+        return (False,), "an explicit pipeline_layout places the loss itself"
     e = s["embedding_in_split"]
     return tuple(x for x in _TF if (not (x or e) and s["pipeline_layout"] == "even")
                  or _new_split(c, s, loss=x)), None
@@ -268,14 +277,14 @@ def _stage_block_values(c, s):
 
 
 def _r_first(c, s):
-    if s["pipeline_par"] == 1 or s["pipeline_layout"] == "balanced" \
+    if s["pipeline_par"] == 1 or s["pipeline_layout"] != "even" \
             or s["embedding_in_split"] or s["loss_in_split"]:
         return (0,), "needs pipeline_layout even without the embedding or loss in the split"
     return (0,) + _stage_block_values(c, s), None
 
 
 def _r_last(c, s):
-    if s["pipeline_par"] == 1 or s["pipeline_layout"] == "balanced" \
+    if s["pipeline_par"] == 1 or s["pipeline_layout"] != "even" \
             or s["embedding_in_split"] or s["loss_in_split"]:
         return (0,), "needs pipeline_layout even without the embedding or loss in the split"
     first = s["first_stage_blocks"]

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from autopar.io.layouts import registered_layouts, restore_layouts
 from autopar.io.specs import SpecError
 
 BACKENDS = ("serial", "processes", "ray")
@@ -84,10 +85,14 @@ def _pool_init(shared, data: str) -> None:
 
 
 def _task(fn: Callable, setup: Callable | None, shared: Any, key: str, items: Sequence,
-          reduce: Callable | None):
+          reduce: Callable | None, layouts: tuple = ()):
     """One task: its items' results (a list), or their fold with ``reduce``;
-    with where it ran and how long it worked."""
+    with where it ran and how long it worked.  ``layouts``: the caller's
+    explicit pipeline layouts (``autopar.io.layouts.registered_layouts``),
+    registered here first so that layout codes mean the same layouts."""
     t0 = time.perf_counter()
+    if layouts:
+        restore_layouts(layouts)
     ctx = _context(setup, shared, key)
     t1, c1 = time.perf_counter(), time.process_time()
     if reduce is None:
@@ -319,8 +324,10 @@ class Runner:
         from concurrent.futures import FIRST_COMPLETED, wait
         pool = self._processes(shared, key)
 
+        layouts = registered_layouts()
+
         def submit(g):        # the pool's processes have the payload: it stays behind
-            return pool.submit(_task, fn, setup, None, key, g, reduce)
+            return pool.submit(_task, fn, setup, None, key, g, reduce, layouts)
 
         def first_done(pending):
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -333,9 +340,10 @@ class Runner:
         if self._remote is None:
             self._remote = ray.remote(num_cpus=1, max_retries=self.retries)(_task)
         box = self._ray_shared(shared, key)
+        layouts = registered_layouts()
 
         def submit(g):
-            return self._remote.remote(fn, setup, box, key, g, reduce)
+            return self._remote.remote(fn, setup, box, key, g, reduce, layouts)
 
         def first_done(pending):
             ready, _ = ray.wait(list(pending), num_returns=1)

@@ -34,8 +34,10 @@ defaults, Bridge's recipe defaults):
   ``ddp.overlap_*`` -> the overlaps; ``comm_overlap.tp_comm_overlap`` ->
   ``tensor_par_overlap: ring`` (with sequence parallelism);
   ``account_for_embedding/loss_in_pipeline_split`` -> ``embedding_in_split``
-  / ``loss_in_split``; a ``pipeline_model_parallel_layout``: Skip unless it
-  is the split autopar's ``balanced`` layout gives; ``peft=lora`` with
+  / ``loss_in_split``; a ``pipeline_model_parallel_layout``: the split
+  autopar builds with the same blocks per stage, else the layout itself as
+  an explicit ``pipeline_layout`` (``recipes_moe.pipeline_layout_fields``,
+  shared with the MoE table); ``peft=lora`` with
   ``peft.target_modules=linear_qkv`` -> ``adapter: lora``, ``qkv`` (not set:
   Bridge's default, every linear layer: ``all``), rank ``peft.dim``
   (the 70B recipes: 16; Bridge ``peft/lora.py`` ``LoRA.dim`` default 32).
@@ -177,14 +179,15 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if isinstance(offload_blocks, str):
         return P.Skip(offload_blocks, lab)
     layout = x.get("model.pipeline_model_parallel_layout", "")
-    if layout and layout != "None":
-        return P.Skip(f"pipeline_model_parallel_layout {layout}: not a split autopar "
-                      "expresses (even, balanced, first/last stage counts)", lab)
+    layout = None if layout in ("", "None") else layout
     n, tp, pp, cp = (int_cell(row["n_gpus"]), int_cell(row["tp"], 1), int_cell(row["pp"], 1),
                      int_cell(row["cp"], 1))
     vp = int_cell(row["vp"], 1)
     if vp > 1 and pp == 1:
         vp = 1
+    if layout and pp > 1 and not row["vp"]:
+        # the layout sets the virtual stages (as in recipes_moe.recipe_case)
+        vp = max(len(recipes_moe.parse_layout(layout)) // pp, 1)
     if n % (tp * pp * cp):
         return P.Skip(f"{n} GPUs not divisible by tp*pp*cp = {tp * pp * cp}", lab)
     dp = n // (tp * pp * cp)
@@ -233,6 +236,13 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     ex["embedding_in_split"] = flag(x.get("model.account_for_embedding_in_pipeline_split")) \
         and pp > 1
     ex["loss_in_split"] = flag(x.get("model.account_for_loss_in_pipeline_split")) and pp > 1
+    if layout:
+        # Megatron-Core's pipeline_model_parallel_layout: the split autopar
+        # builds for it, or the layout itself (one mapper for both tables)
+        split = recipes_moe.pipeline_layout_fields(layout, m.num_blocks, pp, vp)
+        if isinstance(split, str):
+            return P.Skip(split, lab)
+        ex.update({"embedding_in_split": False, "loss_in_split": False, **split})
     if x.get("peft") in ("LoRA", "lora"):
         targets = x.get("peft.target_modules", "")
         if targets not in LORA_TARGETS:

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autopar.io.launch.mcore import unroll_layout
+from autopar.io.layouts import parse_layout
 from autopar.model.pipeline import stage_split
 from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
@@ -107,14 +107,6 @@ def cases(path: Path | str = CSV) -> list[tuple[str, "P.PublishedCase | P.Skip"]
     return out
 
 
-def parse_layout(text: str) -> list[str]:
-    """A Megatron ``pipeline_model_parallel_layout`` string as its virtual
-    stages (``E`` embedding, ``t`` decoder block, ``m`` MTP, ``L`` loss,
-    ``|`` between stages; the repeats written out by
-    ``autopar.io.launch.mcore.unroll_layout``)."""
-    return unroll_layout(text).split("|")
-
-
 def recipe_stage_blocks(stages: list[str], pp: int) -> list[int]:
     """Decoder blocks of each of the ``pp`` stages (virtual stage k on stage
     k % pp, Megatron's interleaved order)."""
@@ -130,7 +122,11 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
     """autopar's split fields (``autopar.io.layouts.SPLIT_FIELDS``) that build
     the recipe's blocks per stage, or the reason none does.  A layout string
     is matched by its blocks per stage (autopar.model.pipeline.stage_split):
-    even, balanced, with or without the embedding / loss counted."""
+    even, balanced, with or without the embedding / loss counted; a layout
+    none of those builds is kept as it is, an explicit ``pipeline_layout``
+    (``autopar.model.pipeline.layout_chunks``), as is one that counts half
+    the blocks (a hybrid pattern's mixer + MLP pairs, two blocks a decoder
+    layer ``t``: ``autopar.io.layouts.decoder_layer_counts``)."""
     if pp <= 1:
         return {}
     if layout is None:
@@ -146,6 +142,9 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
         return (f"pipeline layout of {len(stages)} virtual stages beside pipeline {pp} x "
                 f"virtual {vp}: Megatron-Core refuses the two together")
     want = recipe_stage_blocks(stages, pp)
+    if 2 * sum(want) == num_blocks:
+        # two blocks a decoder layer: only the explicit layout says which
+        return {"pipeline_layout": layout}
     if sum(want) != num_blocks:
         return f"pipeline layout of {sum(want)} blocks for a model of {num_blocks}"
     ceil = -(-num_blocks // pp)
@@ -166,7 +165,8 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
         for b in range(1, num_blocks - a + 1):
             if stage_split(num_blocks, pp, vp, a, b, False, False, False) == want:
                 return {"first_stage_blocks": a, "last_stage_blocks": b}
-    return f"pipeline layout {layout!r} (blocks per stage {want}) is no split autopar builds"
+    # Megatron-Core's own layout (the typed layer checks it: load_execution)
+    return {"pipeline_layout": layout}
 
 
 def recipe_case(row) -> "P.PublishedCase | P.Skip":
@@ -223,14 +223,6 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # virtual_pipeline_model_parallel_size from the layout; a different
         # one set beside it fails its assertion)
         vp = len(parse_layout(layout)) // pp
-    if m.hybrid_pattern and vp > 1 and layout:
-        # A hybrid model interleaves in autopar's splits (even, first/last:
-        # autopar.model.pipeline.chunk_split); a layout's own layers a virtual
-        # stage are not counted.
-        per = [st.count("t") for st in parse_layout(layout)]
-        return P.Skip(f"pipeline layout of a hybrid-pattern model ({len(per)} virtual stages of "
-                      f"{per} layers): autopar splits a hybrid model's virtual stages "
-                      f"evenly or by first/last stage blocks", label)
     ep, etp = int_cell(row["ep"], 1), int_cell(row["etp"], 1)
     mbs, gbs = int_cell(row["mbs"], 1), int_cell(row["gbs"])
     if n is None or gbs is None or n % (tp * pp * cp):

@@ -33,7 +33,8 @@ from typing import Mapping
 
 from autopar.io.errors import SpecError
 from autopar.io.launch.base import SYSTEM_DERIVED
-from autopar.io.layouts import CHOICES, EXT_DEFAULTS
+from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, is_explicit_layout, layout_problem,
+                                layout_stage_blocks, parse_layout)
 
 # Execution fields that are not a framework setting (see the module docstring).
 NOT_SETTINGS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
@@ -364,7 +365,10 @@ def virtual_stage_blocks(num_blocks: int, p: int, v: int, first: int = 0, last: 
 
 
 def layout_blocks(model, ex: Mapping) -> list[int] | None:
-    """``virtual_stage_blocks`` of a layout's split fields."""
+    """``virtual_stage_blocks`` of a layout's split fields (an explicit
+    layout's: ``autopar.io.layouts.layout_stage_blocks``)."""
+    if is_explicit_layout(_get(ex, "pipeline_layout")):
+        return layout_stage_blocks(parse_layout(_get(ex, "pipeline_layout")), model.num_blocks)
     return virtual_stage_blocks(
         model.num_blocks, ex.get("pipeline_par", 1), ex.get("pipeline_interleaving", 1),
         _get(ex, "first_stage_blocks"), _get(ex, "last_stage_blocks"),
@@ -430,6 +434,10 @@ def settings(model, ex: Mapping) -> dict:
         # accounting next to pipes)
         s["model.hybrid_layer_pattern"] = hybrid_pattern(model, ex) + mtp_pattern_suffix(model)
         s["model.virtual_pipeline_model_parallel_size"] = v if v > 1 else None
+    elif is_explicit_layout(_get(ex, "pipeline_layout")):
+        # Megatron-Core's own layout string, as the user wrote it (the
+        # virtual size is the layout's: transformer_config.py __post_init__)
+        s["model.pipeline_model_parallel_layout"] = _get(ex, "pipeline_layout")
     elif _get(ex, "pipeline_layout") == "balanced":
         s["model.pipeline_model_parallel_layout"] = _balanced_layout(model, ex)
     else:
@@ -690,29 +698,24 @@ class Reader:
         return [x for x in re.split(r"[\s,\[\]'\"]+", str(raw)) if x]
 
 
-def unroll_layout(layout: str) -> str:
-    """Megatron's layout shorthand ``(ab|)*n`` and ``x*n`` written out."""
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        layout = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), layout)
-    return layout.replace(",", "").replace(" ", "")
-
-
 def _read_layout(r: Reader, key: str, pp: int, num_blocks: int | None) -> dict:
-    """A ``pipeline_model_parallel_layout`` -> autopar's balanced split fields,
-    or a one-line error where it is not one autopar can represent."""
-    text = unroll_layout(str(r.v[key]))
-    stages = text.split("|")
-    if not pp or len(stages) % pp:
-        r.fail(key, f"has {len(stages)} stages, not a multiple of the pipeline size {pp}")
-    if set(text) - set("Etm|L"):
-        r.fail(key, f"autopar reads layouts of E, t, m and L only, got {text!r}")
-    if not stages[0].startswith("E") or not stages[-1].endswith("L") \
-            or text.count("E") != 1 or text.count("L") != 1:
-        r.fail(key, "needs the embedding E first and the loss L last, once each")
-    blocks = [s.count("t") for s in stages]
-    if num_blocks is not None and sum(blocks) != num_blocks:
-        r.fail(key, f"holds {sum(blocks)} transformer layers, the model has {num_blocks}")
+    """A ``pipeline_model_parallel_layout`` -> autopar's balanced split fields
+    where it is one, else the layout itself (an explicit ``pipeline_layout``);
+    a one-line error naming the key where Megatron-Core refuses it
+    (``autopar.io.layouts.parse_layout`` / ``layout_problem``)."""
+    raw = str(r.v[key])
+    try:
+        stages = list(parse_layout(raw))
+    except ValueError as e:
+        r.fail(key, str(e))
     k = len(stages)
+    counted = sum(st.count("t") for st in stages)
+    why = layout_problem(stages, pp, k // pp if pp else 0,
+                         num_blocks if num_blocks is not None and counted != num_blocks / 2
+                         else None)
+    if why:
+        r.fail(key, why)
+    blocks = [s.count("t") for s in stages]
     for e in (False, True):
         for l_ in (False, True):
             q, rem = divmod(sum(blocks) + e + l_, k)
@@ -722,7 +725,8 @@ def _read_layout(r: Reader, key: str, pp: int, num_blocks: int | None) -> dict:
             if q >= 1 and want == blocks:
                 return {"pipeline_layout": "balanced", "pipeline_interleaving": k // pp,
                         "embedding_in_split": e, "loss_in_split": l_}
-    r.fail(key, f"is not a balanced split autopar can represent: layers per stage {blocks}")
+    return {"pipeline_layout": raw, "pipeline_interleaving": k // pp,
+            "embedding_in_split": False, "loss_in_split": False}
 
 
 def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
@@ -760,7 +764,7 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
         # pipes: the split (a pattern without pipes on several stages is
         # Megatron-Core's even or first/last split, read below:
         # hybrid_layer_allocation.py select_pipeline_segment)
-        ex.update(_read_segments(r, segments, pp or 1))
+        ex.update(_read_segments(r, segments, pp or 1, model.get("mtp") or 0))
     elif r.has("model.pipeline_model_parallel_layout") and \
             r.v["model.pipeline_model_parallel_layout"] not in (None, "None", "null"):
         ex.update(_read_layout(r, "model.pipeline_model_parallel_layout", pp or 1,
@@ -1081,10 +1085,14 @@ def _pattern_segments(r: Reader) -> list[str] | None:
     return text.split("|")
 
 
-def _read_segments(r: Reader, segments: list[str], pp: int) -> dict:
+def _read_segments(r: Reader, segments: list[str], pp: int, mtp: int = 0) -> dict:
     """A hybrid pattern's pipeline segments -> autopar's split fields: the
     first of even, even with the embedding / loss counted, first / last
-    stage sizes, balanced, whose virtual stages hold these blocks."""
+    stage sizes, balanced, whose virtual stages hold these blocks; else an
+    explicit layout of as many ``t`` a virtual stage as its segment has
+    layers (the embedding first, the model's ``mtp`` MTP layers and the loss
+    last: ``hybrid_layer_allocation.py`` builds the embedding on the first
+    and the MTP and output layer on the last virtual stage)."""
     key = _pattern_key(r)
     counts = [len(x) for x in segments]
     if len(counts) % pp:
@@ -1106,8 +1114,10 @@ def _read_segments(r: Reader, segments: list[str], pp: int) -> dict:
                    "embedding_in_split": t.get("embedding", False),
                    "loss_in_split": t.get("loss", False)}
             return out
-    r.fail(key, f"is not a pipeline split autopar can represent: layers per virtual stage "
-           f"{counts}")
+    text = "|".join((f"t*{c}" if c > 1 else "t" * c) for c in counts)
+    return {"pipeline_interleaving": v, "pipeline_layout": "E" + text + "m" * mtp + "L",
+            "first_stage_blocks": 0, "last_stage_blocks": 0,
+            "embedding_in_split": False, "loss_in_split": False}
 
 
 def _first_dense(r: Reader, key: str) -> int:
