@@ -321,23 +321,26 @@ def test_published_bars(reference):
     whole since its async-TP chunks, float8 TP gathers and torchao's
     rowwise speed were counted: 9.6% median, docs/validation.md,
     "torchtitan async TP and float8 rowwise, counted"; its 20 older rows
-    at 8.4%; nemo_long_cp is held at the 28.2% it shows since the page's
-    TFLOP/s are read back with the FLOP count NeMo reported them with,
-    far above the bar)."""
+    at 8.4%; nemo_long_cp, its page's TFLOP/s read back with the FLOP count
+    NeMo reported them with, is within the bar since its H100 rows run
+    FlashAttention-2 as NeMo 1.x's launcher made them: 6.6% median,
+    docs/validation.md, "Long-context rows, round 2")."""
     import numpy as np
 
     from autopar.studies.published import TABLES, cases, report
     summary, rows = report([n for n in TABLES if n != "bridge_qwen3_moe"], rank=False)
     assert (summary.feasible == summary.predicted).all(), summary
-    within = summary.drop(index=["nemo_launcher_a100", "nemo_long_cp"])
+    within = summary.drop(index=["nemo_launcher_a100"])
     assert (within.median_abs_tok_error <= 0.10).all(), within.median_abs_tok_error
-    # nemo_long_cp: its measured tokens/s were read from the page's TFLOP/s
-    # with a causal-half FLOP count NeMo did not use (10.07% then); with
-    # NeMo's own count (the whole s x s square: docs/validation.md,
-    # "Long-context attention under context parallelism, counted") the
-    # model is too fast on every row, most on the long H100 rows: held at
-    # 28.2%, not within the bar.
-    assert summary.loc["nemo_long_cp", "median_abs_tok_error"] <= 0.283
+    # nemo_long_cp: 10.07% with a causal-half FLOP count NeMo did not use;
+    # 28.2% with NeMo's own (the whole s x s square: docs/validation.md,
+    # "Long-context attention under context parallelism, counted"), the H100
+    # rows too fast in proportion to attention's share; 6.6% since those
+    # rows run FlashAttention-2 at its published rate, the launcher having
+    # turned cuDNN's attention off ("Long-context rows, round 2").  Its B200
+    # rows stay +22-29% fast (not counted there): the median is the H100
+    # half's.
+    assert summary.loc["nemo_long_cp", "median_abs_tok_error"] <= 0.067
     titan = rows["torchtitan"]
     titan = titan[(titan.status == "predicted") & ~titan.label.str.startswith("asyncTP")]
     assert len(titan) == 20

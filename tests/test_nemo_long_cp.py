@@ -48,3 +48,44 @@ def test_long_cp_tokens_from_tflops_with_the_whole_square():
             assert 1.9 < causal / tok < 2.0, c.label
         seen += 1
     assert seen == 17
+
+
+def test_nemo1_launcher_rows_run_flash_attention_2():
+    """NeMo 1.x's launcher exports NVTE_FUSED_ATTN=0 (docs/validation.md,
+    "Long-context rows, round 2"): its H100 rows, with context parallelism or
+    without, run FlashAttention-2 at its published 35% of the dense peak
+    (the llm-foundry H100 rows' figure, one system builder for both); the
+    NeMo 2 (25.04) B200 rows keep the model's default (cuDNN attention,
+    which NeMo's performance scripts turn on)."""
+    from autopar.studies.published_base import system_attention_at
+    from autopar.studies.published_foundry import FA2_H100_PEAK_FRACTION, foundry_system
+    assert foundry_system("h100_80g_nvl8") is system_attention_at(
+        "h100_80g_nvl8", "llm-foundry", FA2_H100_PEAK_FRACTION)
+    seen = {"h100": 0, "b200": 0}
+    for name in ("nemo_long_cp", "nemo_h100"):
+        for _, c in cases(TABLES[name]):
+            t = c.system.time_overhead
+            if "B200" in c.label:
+                assert not t.attention_speed, c.label
+                seen["b200"] += 1
+                continue
+            plateau = max(e for _, e in c.system.matrix["bfloat16"].gflops_efficiency)
+            assert t.attention_speed * plateau == pytest.approx(FA2_H100_PEAK_FRACTION, abs=1e-4)
+            assert not t.attention_backward_speed and not t.attention_tile
+            seen["h100"] += 1
+    assert seen == {"h100": 9 + 18, "b200": 8}
+
+
+def test_long_cp_h100_rows_within_the_bar_and_b200_rows_still_fast():
+    """With FlashAttention-2 the H100 rows' error no longer grows with the
+    attention's share (+8% at 4k to +64% at 1M before): every row within
+    7%.  The B200 rows are left as they were, +21% to +29% fast on every
+    row (not long-context attention: the 8k row has no CP)."""
+    from autopar.studies.published import predict
+    rows = predict(TABLES["nemo_long_cp"], rank=False)
+    assert len(rows) == 17 and rows.feasible.all()
+    h100 = rows[rows.label.str.contains("H100")]
+    b200 = rows[rows.label.str.contains("B200")]
+    assert len(h100) == 9 and len(b200) == 8
+    assert h100.tok_error.abs().max() < 0.07
+    assert (b200.tok_error > 0.20).all() and (b200.tok_error < 0.30).all()

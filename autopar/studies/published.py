@@ -41,7 +41,7 @@ from autopar.studies.published_base import (  # noqa: F401  (the registry, read 
     SIMUMAX_FRAMEWORK, SYSTEMS, Skip, TABLES, Table, cases, flops_per_token, gpt_model, te_gathers_again,
     int_or_none, megatron_execution, model, number_or_none, published_dir, read_table,
     shared_reference,
-    register, system, tiers)
+    register, system, system_attention_at, tiers)
 from autopar.studies import published_foundry  # noqa: F401  (registers its tables)
 from autopar.studies import published_finetune  # noqa: F401  (registers its table)
 from autopar.studies.published_moe import bridge_qwen3, simumax_moe
@@ -267,6 +267,33 @@ NEMO_MODELS = {
 }
 NEMO_SYSTEMS = {"DGX-H100": "h100_80g_nvl8", "DGX-B200": "b200_nvl8",
                 "DGX-GB200": "gb200_nvl72", "DGX-H200": "h200"}
+# NeMo 1.x launched by its launcher runs FlashAttention-2, not cuDNN's
+# attention: the launcher's main config exports NVTE_FUSED_ATTN=0 ("Disable
+# cudnn FA until we've tested it more"; NVIDIA/NeMo-Megatron-Launcher
+# launcher_scripts/conf/config.yaml env_vars at 24.03.01 (5c7e280a), 24.03
+# and 24.01 alike, and NVIDIA/NeMo-Framework-Launcher's at 24.05 and 24.07
+# (8325688d)), and Transformer Engine's DotProductAttention reads it once
+# (NVIDIA/TransformerEngine transformer_engine/pytorch/attention.py
+# ``self.use_fused_attention = int(os.getenv("NVTE_FUSED_ATTN", "1")) and
+# ...`` at da30634 (NeMo v1.23.0's Dockerfile pin) and v1.4): only
+# flash-attn is left, with context parallelism or without
+# (``AttnFuncWithCP`` runs ``_flash_attn_forward`` per step where
+# ``use_fused_attention`` is off).  On H100 that kernel runs at
+# FlashAttention-2's published 35% of the dense peak (``FA2_H100_PEAK_FRACTION``,
+# autopar/studies/published_foundry.py).  NeMo 2 (25.04) is not launched so:
+# its performance scripts export NVTE_FUSED_ATTN=1 (NVIDIA/NeMo v2.3.0
+# scripts/performance/utils.py).
+NEMO1_LAUNCHER_ATTENTION = {"h100_80g_nvl8": published_foundry.FA2_H100_PEAK_FRACTION}
+
+
+def nemo1_system(name: str) -> SystemSpec:
+    """The system file of a NeMo 1.x launcher run under ``NEMO1``, its
+    attention kernel FlashAttention-2 at its published rate where one is
+    published for the GPU (``NEMO1_LAUNCHER_ATTENTION``)."""
+    rate = NEMO1_LAUNCHER_ATTENTION.get(name)
+    return system(name, NEMO1) if rate is None else system_attention_at(name, NEMO1, rate)
+
+
 # NeMo / Megatron-Core recipes: FP8 is Transformer Engine's per-tensor
 # (delayed) scaling; MXFP8 its 1x32 block scaling.
 PRECISIONS = {"FP8": ("bfloat16", "tensorwise"), "BF16": ("bfloat16", "none"),
@@ -308,7 +335,7 @@ def _nemo_perf(row) -> PublishedCase | Skip:
     name, changes = NEMO_MODELS[row.model]
     seq = int(row.seq_len)
     m = model(name, seq_size=seq, **changes)
-    sy = system(NEMO_SYSTEMS[row.system], NEMO1)
+    sy = nemo1_system(NEMO_SYSTEMS[row.system])
     n, tp, pp = int(row.n_gpus), int(row.tp), int(row.pp)
     cp = int_or_none(row.cp) or 1
     vp = int_or_none(row.vp) or NEMO_FINETUNE_VP.get((row.workload, row.model), 1)
@@ -355,7 +382,8 @@ def _nemo_cp(row) -> PublishedCase | Skip:
     # NeMo 1.x (24.03): Apex's distributed Adam with param remainders;
     # NeMo 2.3 (25.04): Megatron-Core's distributed optimizer, fp32 masters.
     nemo1 = str(row.container).startswith("NeMo24.")
-    sy = system(NEMO_SYSTEMS[row.system], NEMO1 if nemo1 else NEMO2_2504)
+    sy = nemo1_system(NEMO_SYSTEMS[row.system]) if nemo1 else system(
+        NEMO_SYSTEMS[row.system], NEMO2_2504)
     tp, pp, cp, dp = int(row.tp), int(row.pp), int(row.cp), int(row.dp)
     # On the B200 rows the printed layout's TP*PP*DP*CP is not the GPU count
     # (a page inconsistency); the layout is trusted (it divides the global

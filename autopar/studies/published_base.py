@@ -10,6 +10,7 @@ reports them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ import pandas as pd
 from autopar.io.errors import SpecError
 from autopar.io.frameworks import load_framework, with_framework
 from autopar.io.shipped import shipped_dir
-from autopar.io.specs import ModelSpec, SystemSpec, load_execution, load_model, load_system
+from autopar.io.specs import (ModelSpec, SystemSpec, TimeOverhead, load_execution, load_model,
+                              load_system)
 
 GIB = 1024 ** 3
 _ROOT = Path(__file__).resolve().parent.parent.parent
@@ -121,6 +123,35 @@ def system(name: str, framework: str | None = None) -> SystemSpec:
         fw = None if framework is None else load_framework(FRAMEWORKS / f"{framework}.json")
         _system_cache[key] = with_framework(load_system(SYSTEMS / f"{name}.json"), fw)
     return _system_cache[key]
+
+
+# A published backward rate of a fused attention kernel counts the kernel's
+# backward as this many forwards (2 for the input gradients + 0.5 for the
+# recomputed scores: flash-attention's benchmarks/benchmark_flash_attention.py
+# ``flops()``); the model counts 3 (``layers.flash_attention``: input
+# gradients 2 x forward + the recomputed forward), so a published backward
+# rate r runs the model's backward at r x 3 / 2.5.
+KERNEL_BACKWARD_WORK = 2.5
+MODEL_BACKWARD_WORK = 3.0
+
+
+@functools.cache
+def system_attention_at(name: str, framework: str | None, rate: float,
+                        backward: float | None = None, tile: int = 0) -> SystemSpec:
+    """``system(name, framework)`` with its fused attention kernel at a
+    published rate: ``time_overhead.attention_speed`` = ``rate`` (a fraction
+    of the GPU's dense bf16 peak) over the file's bf16 matrix plateau; where
+    the forward and backward rates are published apart,
+    ``attention_backward_speed`` = the ``backward`` rate on the model's count
+    of the backward's work; ``attention_tile``: the kernel's causal tile."""
+    sy = system(name, framework)
+    plateau = max(e for _, e in sy.matrix["bfloat16"].gflops_efficiency)
+    t = sy.time_overhead or TimeOverhead()
+    bw = 0.0 if backward is None else round(
+        backward * MODEL_BACKWARD_WORK / KERNEL_BACKWARD_WORK / plateau, 4)
+    return dataclasses.replace(sy, time_overhead=dataclasses.replace(
+        t, attention_speed=round(rate / plateau, 4), attention_backward_speed=bw,
+        attention_tile=tile))
 
 
 # NeMo 1.x (containers up to 24.07) trains bf16 models with Apex's distributed

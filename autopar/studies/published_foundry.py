@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from autopar.io.specs import TimeOverhead
 from autopar.studies import published_base as P
 
 # MPT configurations (d_model, n_heads, n_layers) of llm-foundry's
@@ -99,13 +98,9 @@ TRITON_PEAK_FRACTION = {
     "a100_40g": TRITON_A100_PEAK_FRACTION, "a100_80g": TRITON_A100_PEAK_FRACTION,
     "h100_80g_nvl8": tuple(round(r * HOPPER_WITHOUT_HOPPER_CODE, 4)
                            for r in TRITON_A100_PEAK_FRACTION)}
-# A published backward rate counts the kernel's backward as this many
-# forwards (2 for the input gradients + 0.5 for the recomputed scores, the
-# sources above); the model counts 3 (``layers.flash_attention``: input
-# gradients 2 x forward + the recomputed forward), so a published backward
-# rate r runs the model's backward at r x 3 / 2.5.
-KERNEL_BACKWARD_WORK = 2.5
-MODEL_BACKWARD_WORK = 3.0
+# A published backward rate counts the kernel's backward as
+# ``P.KERNEL_BACKWARD_WORK`` forwards (the sources above); the model counts
+# ``P.MODEL_BACKWARD_WORK`` (``P.system_attention_at``).
 # The Triton kernel's causal loop (flash_attn_triton.py at the tables'
 # commits): forward tiles of BLOCK = 128 queries x 128 keys, the loop over
 # keys ending at the tile holding the diagonal (``end_n``); backward tiles of
@@ -133,22 +128,12 @@ def foundry_system(name: str, kernel: str = "flash"):
     backward) and on H100 (those carried to H100 as FlashAttention-2's
     rate is, ``HOPPER_WITHOUT_HOPPER_CODE``), with its causal tile
     (``attention_tile``).  FlashAttention-2 on A100: the model's default."""
-    sy = P.system(name, "llm-foundry")
-    backward, tile = None, 0
     if kernel == "triton":
         rate, backward = TRITON_PEAK_FRACTION[name]
-        tile = TRITON_TILE
-    elif name == "h100_80g_nvl8":
-        rate = FA2_H100_PEAK_FRACTION
-    else:
-        return sy
-    plateau = max(e for _, e in sy.matrix["bfloat16"].gflops_efficiency)
-    t = sy.time_overhead or TimeOverhead()
-    bw = 0.0 if backward is None else round(
-        backward * MODEL_BACKWARD_WORK / KERNEL_BACKWARD_WORK / plateau, 4)
-    return dataclasses.replace(sy, time_overhead=dataclasses.replace(
-        t, attention_speed=round(rate / plateau, 4), attention_backward_speed=bw,
-        attention_tile=tile))
+        return P.system_attention_at(name, "llm-foundry", rate, backward, TRITON_TILE)
+    if name == "h100_80g_nvl8":
+        return P.system_attention_at(name, "llm-foundry", FA2_H100_PEAK_FRACTION)
+    return P.system(name, "llm-foundry")
 
 
 def mpt_params(name: str, seq: int) -> int:
