@@ -129,7 +129,16 @@ def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
       the op's output where the op after it saved that as its input: that
       op has run its backward and released it (the SwiGLU's output, saved by
       the second MLP GEMM, is gone when the SwiGLU's backward holds its two
-      gradients).
+      gradients).  Under ``memory_overhead.cuda_graphs`` "scoped" the
+      largest op of the attention part and that of the rest are added, not
+      the larger taken: one part runs in CUDA graphs captured into one
+      shared memory pool, the other eagerly from PyTorch's caching
+      allocator, and neither reuses the other's free blocks (NVIDIA/
+      TransformerEngine transformer_engine/pytorch/graph.py
+      ``_make_graphed_callables``: every capture ``pool=mempool``, one pool
+      for all the callables; PyTorch's private graph pools serve only
+      captures into them), so the pool keeps, beside the saved activations,
+      its own largest backward op while the eager part's runs.
     """
     b = ctx.elem_bytes
     tr = ctx.training
@@ -147,14 +156,18 @@ def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
     if ctx.dummy_wgrad:
         out["dummy_attn"], out["dummy_rest"] = dummy(attn_layers), dummy(rest_layers)
     if ctx.backward_by_op:
-        op = ctx.zeros.copy()
+        # the largest op of the attention part and of the rest
+        op = {True: ctx.zeros.copy(), False: ctx.zeros.copy()}
         kept_next = ctx.zeros.copy()    # what the next present layer saved of its input
-        for L, present in reversed(list(attn_layers) + list(rest_layers)):
+        layers = [(L, present, True) for L, present in attn_layers] \
+            + [(L, present, False) for L, present in rest_layers]
+        for L, present, attn in reversed(layers):
             freed = np.minimum(L["outputs"] * b, kept_next)
-            op = np.maximum(op, np.where(present & tr,
-                                         (L["inputs"] + L["act_grads"]) * b - freed, 0.0))
+            op[attn] = np.maximum(op[attn], np.where(
+                present & tr, (L["inputs"] + L["act_grads"]) * b - freed, 0.0))
             kept_next = np.where(present, np.where(L["stored"], L["act_b"], 0.0), kept_next)
-        out["op_grads"] = op
+        out["op_grads"] = op[True] + op[False] if ctx.cuda_graphs == "scoped" \
+            else np.maximum(op[True], op[False])
     return out
 
 
