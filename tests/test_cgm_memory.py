@@ -115,3 +115,21 @@ def test_a_bad_cuda_graphs_value_names_the_field():
     with pytest.raises(SpecError) as e:
         load_framework({"name": "x", "memory_overhead": {"te_userbuffers": "yes"}})
     assert "memory_overhead.te_userbuffers" in str(e.value)
+
+
+def test_the_recipe_tables_name_every_scope():
+    """benchmarks/write_recipe_table.py evaluates Bridge's
+    set_cuda_graph_modules / clear_cuda_graph_modules (a list built from the
+    module names), so no cell is left as the comprehension's text: the
+    Llama 3 70B nvfp4 recipe on 64 GB200 captures whole layers with TE (its
+    comment: 'An empty module list captures the whole Transformer layer'),
+    Nemotron 3 Nano its attention, Mamba, router and preprocessing."""
+    from autopar.studies.recipe_table import CSVS, read
+    rows = read(CSVS[0]).set_index("recipe")
+    assert not rows.cuda_graph.str.contains(r"\[").any()
+    assert rows.loc["llama3_70b_pretrain_64gpu_gb200_nvfp4_config", "cuda_graph"] == \
+        "transformer_engine:"
+    assert cuda_graph_mode(rows.loc["llama3_70b_pretrain_64gpu_gb200_nvfp4_config",
+                                    "cuda_graph"]) == "te_layers"
+    assert rows.loc["nemotron_3_nano_pretrain_8gpu_b200_bf16_config", "cuda_graph"] == \
+        "transformer_engine:attn;mamba;moe_router;moe_preprocess"
