@@ -133,3 +133,29 @@ def test_the_recipe_tables_name_every_scope():
                                     "cuda_graph"]) == "te_layers"
     assert rows.loc["nemotron_3_nano_pretrain_8gpu_b200_bf16_config", "cuda_graph"] == \
         "transformer_engine:attn;mamba;moe_router;moe_preprocess"
+
+
+def test_scoped_graphs_add_the_eager_part_s_op_to_the_pool_s(setup, repo_root):
+    """``scoped``: the stage holds the largest op of the mixer part and of
+    the rest, added; so the need rises by the smaller of the two (sum less
+    maximum), which the block sums report.  On a hybrid model the mixer
+    layers (Mamba, attention) and the MLP layers are apart blocks: the
+    largest of each kind's part over the stage."""
+    from autopar.io.layouts import to_columns
+    from autopar.model.block import block
+    from autopar.model.context import LayoutContext
+    from autopar.model.speedups import distinct_codes
+    model, system = setup
+    scoped = with_overhead(system, cuda_graphs="scoped")
+    ex = one_proc_execution(datatype="bfloat16", num_procs=2, tensor_par=2, batch_size=2,
+                            microbatch_size=1, tensor_par_comm_type="rs_ag")
+    full = load_execution(ex, system=scoped, model=model)
+    cols = to_columns([full])
+    sums = block(LayoutContext(model, scoped, cols, distinct_codes(cols["datatype"])), cols)
+    mixer, rest = float(sums.op_grads_mixer[0]), float(sums.op_grads_rest[0])
+    assert mixer > 0 and rest > 0
+    assert float(sums.op_grads[0]) == max(mixer, rest)
+    assert need(model, scoped) - need(model, system) == min(mixer, rest)
+    hybrid = load_model(repo_root / "models/nemotron-h-8B.json")
+    hybrid = dataclasses.replace(hybrid, seq_size=2048)
+    assert need(hybrid, scoped) > need(hybrid, system)

@@ -416,6 +416,11 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
         act_first = act_first - host_acts
         act_last = act_last - host_acts
     act_grad = ctx.if_training(sums.op_grads if by_op else sums.act_grad_space)
+    if by_op and sums.op_grads_mixer is not None:
+        # CUDA graphs of one part of each layer (memory_overhead.cuda_graphs
+        # "scoped"): the graphs' pool keeps its largest op beside the eager
+        # part's (block.framework_terms)
+        act_grad = ctx.if_training(sums.op_grads_mixer + sums.op_grads_rest)
     # (the last stage's output layer runs its own op in backward)
     act_grad_last = np.maximum(act_grad, head["op_grads"]) if by_op else act_grad
     if by_op and graphs in ("layers", "te_layers"):
