@@ -89,6 +89,7 @@ EXTRA = ("model.pipeline_model_parallel_layout", "model.account_for_embedding_in
          "optimizer.main_grads_dtype", "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype",
          "optimizer.overlap_param_gather_with_optimizer_step",
          "comm_overlap", "comm_overlap.tp_comm_overlap", "comm_overlap.tp_comm_overlap_cfg",
+         "comm_overlap.tp_comm_overlap_cfg.proj_fprop", "comm_overlap.tp_comm_overlap_cfg.fc2_fprop",
          "comm_overlap.defer_embedding_wgrad_compute", "comm_overlap.wgrad_deferral_limit",
          "comm_overlap.overlap_param_gather_with_optimizer_step", "peft", "peft.target_modules",
          "peft.dim",

@@ -58,6 +58,22 @@ def test_userbuffers_hand_count(setup):
     assert ub(fp8_recipe="tensorwise", bf16_first_blocks=1) == (16 + 24) * tokens_x_hidden
     # an fp4 recipe leaves Megatron's config.fp8 unset: bf16 buffers
     assert ub(fp8_recipe="nvfp4") == 24 * tokens_x_hidden
+    # a Bridge overlap config's output-projection reduce-scatters: ring
+    # exchange, (2 tp - 1) / tp of the shape each (tp 2: 3/2), bf16 ...
+    ring = with_overhead(system, te_userbuffers_rs="ring_exchange")
+    assert need(model, ring, tensor_par_overlap="ring") \
+        - need(model, plain, tensor_par_overlap="ring") == (10 * 2 + 2 * 2 * 1.5) * tokens_x_hidden
+    assert need(model, ring, tensor_par_overlap="ring", fp8_recipe="tensorwise") \
+        - need(model, plain, tensor_par_overlap="ring", fp8_recipe="tensorwise") \
+        == (8 * 1 + 2 * 2 + 2 * 2 * 1.5) * tokens_x_hidden
+    # ... or Bridge's PipelineOverlapCfg: fp8 buffers in fp8 mode (its
+    # fp8_buf default (False,) reads true), bf16 otherwise
+    pipe8 = with_overhead(system, te_userbuffers_rs="pipeline_fp8")
+    assert need(model, pipe8, tensor_par_overlap="ring", fp8_recipe="tensorwise") \
+        - need(model, plain, tensor_par_overlap="ring", fp8_recipe="tensorwise") \
+        == (8 * 1 + 2 * 2 + 2 * 1) * tokens_x_hidden
+    assert need(model, pipe8, tensor_par_overlap="ring") \
+        - need(model, plain, tensor_par_overlap="ring") == 24 * tokens_x_hidden
     # no overlap, or one tensor-parallel rank: none
     assert need(model, system) == need(model, plain)
     assert need(model, system, num_procs=1, tensor_par=1, tensor_par_comm_type="ar",
@@ -91,6 +107,17 @@ def test_cuda_graph_output_layer_op_with_a_vocabulary(setup, repo_root):
     # the output layer's op in backward (tokens x hidden, bf16) is smaller than
     # the blocks' largest, so the maximum took the blocks' and the sum adds it
     assert layers - base == 2048 * 768 * 2
+
+
+def test_recipe_overlap_configs_map_to_the_reduce_scatter_buffers():
+    from autopar.studies.recipe_table import userbuffers_rs
+    key = "comm_overlap.tp_comm_overlap_cfg."
+    assert userbuffers_rs({}) == "pipeline"
+    assert userbuffers_rs({key + "proj_fprop": "PipelineOverlapCfg",
+                           key + "fc2_fprop": "PipelineOverlapCfg"}) == "pipeline_fp8"
+    assert userbuffers_rs({key + "proj_fprop": "RingExchangeOverlapCfg",
+                           key + "fc2_fprop": "RingExchangeOverlapCfg"}) == "ring_exchange"
+    assert userbuffers_rs({key + "fc2_fprop": "RingExchangeOverlapCfg"}) == "ring_exchange"
 
 
 def test_recipe_cells_map_to_the_graph_modes():

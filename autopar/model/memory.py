@@ -273,6 +273,9 @@ UB_GEMMS = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad", "
 UB_FP8_GEMMS = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "proj_wgrad", "fc1_fprop",
                 "fc1_dgrad", "fc2_dgrad", "fc2_wgrad")
 UB_BF16_BYTES = 2.0
+# The reduce-scatters of the output projections (``memory_overhead.
+# te_userbuffers_rs``), among UB_GEMMS and not among UB_FP8_GEMMS.
+UB_OUTPUT_RS = ("proj_fprop", "fc2_fprop")
 
 
 def userbuffer_bytes(ctx: LayoutContext, cols: dict, tokens_x_hidden, overhead):
@@ -297,16 +300,31 @@ def userbuffer_bytes(ctx: LayoutContext, cols: dict, tokens_x_hidden, overhead):
     ``CommOverlapBase::initialize`` / ``CommOverlapP2PBase::initialize``:
     ``get_buffer_size_bytes`` of the shape; a ring-exchange reduce-scatter,
     which no default uses, 2 tp - 1 chunks of tp), kept for the run.
-    Per element: 12 x 2 bytes unquantized; 8 x 1 + 4 x 2 in fp8 mode."""
+    Per element: 12 x 2 bytes unquantized; 8 x 1 + 4 x 2 in fp8 mode.
+    ``memory_overhead.te_userbuffers_rs`` changes the two output
+    projections' reduce-scatter buffers (``UB_OUTPUT_RS``), as a
+    Megatron-Bridge overlap config (``ub_cfgs``) does: "pipeline_fp8", 1
+    byte each in fp8 mode (TE ``initialize_ub``: ``fp8_buf`` is the config's
+    for a GEMM of the pipeline method, and Bridge's PipelineOverlapCfg
+    leaves it the truthy tuple (False,)); "ring_exchange", (2 tp - 1) / tp
+    of the shape each in bf16 (``CommOverlapP2PBase::initialize``)."""
     if overhead is None or not getattr(overhead, "te_userbuffers", False):
         return None
     rows = (cols["tensor_par"] > 1) & (cols["tensor_par_overlap"]
                                        != CHOICES["tensor_par_overlap"].index("none"))
     if not np.any(rows):
         return None
-    bf16_set = len(UB_GEMMS) * UB_BF16_BYTES
-    fp8_set = len(UB_FP8_GEMMS) * 1.0 + (len(UB_GEMMS) - len(UB_FP8_GEMMS)) * UB_BF16_BYTES
-    per_element = np.full(ctx.n, bf16_set)
+    rs = getattr(overhead, "te_userbuffers_rs", "pipeline")
+    n_rs = len(UB_OUTPUT_RS)
+    rs_bf16 = n_rs * UB_BF16_BYTES             # the output projections' buffers, bf16
+    rs_fp8 = n_rs * (1.0 if rs == "pipeline_fp8" else UB_BF16_BYTES)
+    if rs == "ring_exchange":
+        chunks = (2.0 * ctx.tp - 1.0) / ctx.tp
+        rs_bf16 = rs_fp8 = rs_bf16 * chunks
+    others = len(UB_GEMMS) - len(UB_FP8_GEMMS) - n_rs   # the wgrad reduce-scatters
+    bf16_set = (len(UB_GEMMS) - n_rs) * UB_BF16_BYTES + rs_bf16
+    fp8_set = len(UB_FP8_GEMMS) * 1.0 + others * UB_BF16_BYTES + rs_fp8
+    per_element = np.broadcast_to(bf16_set, (ctx.n,)).astype(float)
     if ctx.fp8 is not None:
         recipe = np.broadcast_to(ctx.fp8_recipe, (ctx.n,))
         fp8_mode = np.isin(recipe, [CHOICES["fp8_recipe"].index(r)

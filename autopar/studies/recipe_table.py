@@ -166,3 +166,36 @@ def with_cuda_graphs(system_, cell):
         return system_
     return dataclasses.replace(system_, memory_overhead=dataclasses.replace(
         system_.memory_overhead, cuda_graphs=mode))
+
+
+# Megatron-Bridge's per-GEMM overlap configs (src/megatron/bridge/training/
+# comm_overlap.py) for the output projections' reduce-scatter ->
+# memory_overhead.te_userbuffers_rs.
+USERBUFFERS_RS = {"PipelineOverlapCfg": "pipeline_fp8", "RingExchangeOverlapCfg": "ring_exchange"}
+
+
+def userbuffers_rs(x: dict) -> str:
+    """How the recipe's TP-overlap config (``comm_overlap.tp_comm_overlap_cfg``,
+    its ``proj_fprop`` / ``fc2_fprop`` entries as the table writes them) runs
+    the output projections' reduce-scatter: "pipeline" (not set: TE's
+    default), "pipeline_fp8" (Bridge's PipelineOverlapCfg: its fp8_buf default
+    ``(False,)`` is a tuple, which TE's initialize_ub reads as true) or
+    "ring_exchange" (RingExchangeOverlapCfg); where the two entries differ,
+    the one that holds more ("ring_exchange" over the others)."""
+    got = {USERBUFFERS_RS.get(x.get(f"comm_overlap.tp_comm_overlap_cfg.{k}", ""), "pipeline")
+           for k in ("proj_fprop", "fc2_fprop")}
+    for mode in ("ring_exchange", "pipeline", "pipeline_fp8"):
+        if mode in got:
+            return mode
+    return "pipeline"
+
+
+def with_userbuffers_rs(system_, x: dict):
+    """``system_`` with ``memory_overhead.te_userbuffers_rs`` from the row's
+    overlap config (``userbuffers_rs``); unchanged where it is TE's default."""
+    import dataclasses
+    mode = userbuffers_rs(x)
+    if system_.memory_overhead is None or mode == "pipeline":
+        return system_
+    return dataclasses.replace(system_, memory_overhead=dataclasses.replace(
+        system_.memory_overhead, te_userbuffers_rs=mode))

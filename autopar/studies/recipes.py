@@ -55,7 +55,8 @@ defaults, Bridge's recipe defaults):
   ``memory_overhead.cuda_graphs`` for the row); its time is not modelled
   (docs/validation.md, "CUDA graphs and TE userbuffers: memory, counted").
   ``comm_overlap.tp_comm_overlap`` also holds TE's userbuffers
-  (``memory_overhead.te_userbuffers``).
+  (``memory_overhead.te_userbuffers``; the overlap config's output
+  projections, ``recipe_table.userbuffers_rs``).
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ from autopar.studies import published_base as P
 from autopar.studies import recipes_moe
 from autopar.studies.recipe_table import (CSV, CSVS, FP8, FRAMEWORK, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
-                                          moment_bytes, read, with_cuda_graphs)
+                                          moment_bytes, read, with_cuda_graphs,
+                                          with_userbuffers_rs)
 
 # The dense and hybrid models of autopar's models/ the recipes name.
 DENSE_MODELS = ("llama3-8B", "llama3-70B", "llama3-405B", "nemotron-h-8B", "nemotron-h-47B",
@@ -207,7 +209,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if primary_weights_off(row, FP8[precision]):
         sy = dataclasses.replace(sy, memory_overhead=dataclasses.replace(
             sy.memory_overhead, fp8_primary_weights=False))
-    sy = with_cuda_graphs(sy, row["cuda_graph"])
+    sy = with_userbuffers_rs(with_cuda_graphs(sy, row["cuda_graph"]), x)
     fsdp = megatron_fsdp(x)
     if isinstance(fsdp, str):
         return P.Skip(fsdp, lab)
