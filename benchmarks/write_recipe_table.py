@@ -95,6 +95,7 @@ EXTRA = ("model.pipeline_model_parallel_layout", "model.account_for_embedding_in
          "optimizer.main_grads_dtype", "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype",
          "optimizer.overlap_param_gather_with_optimizer_step",
          "comm_overlap", "comm_overlap.tp_comm_overlap", "comm_overlap.tp_comm_overlap_cfg",
+         "comm_overlap.tp_comm_overlap_cfg.proj_fprop", "comm_overlap.tp_comm_overlap_cfg.fc2_fprop",
          "comm_overlap.defer_embedding_wgrad_compute", "comm_overlap.wgrad_deferral_limit",
          "comm_overlap.overlap_param_gather_with_optimizer_step", "peft", "peft.target_modules",
          "peft.dim",
@@ -253,6 +254,9 @@ class Interpreter:
             if any(isinstance(v, Opaque) for v in vals):
                 return Opaque(ast.unparse(e))
             return all(vals) if isinstance(e.op, ast.And) else any(vals)
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub) \
+                and isinstance(e.operand, ast.Constant) and isinstance(e.operand.value, int):
+            return -e.operand.value
         if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
             v = self.expr(e.operand, env, path)
             return v if isinstance(v, Opaque) else (not v)
@@ -295,7 +299,32 @@ class Interpreter:
             return Opaque(ast.unparse(e))
         if isinstance(e, ast.Call):
             return self.call(e, env, path)
+        if isinstance(e, ast.ListComp) and len(e.generators) == 1:
+            return self.list_comp(e, env, path)
+        if isinstance(e, ast.Subscript):
+            obj, key = self.expr(e.value, env, path), self.expr(e.slice, env, path)
+            if isinstance(obj, Opaque) and isinstance(key, str) and not isinstance(key, Opaque):
+                # an enum member by name (Megatron-Core's CudaGraphScope[name] /
+                # CudaGraphModule[name]): the member's name
+                return key
+            if isinstance(obj, list) and isinstance(key, int) and -len(obj) <= key < len(obj):
+                return obj[key]
         return Opaque(ast.unparse(e))
+
+    def list_comp(self, e: ast.ListComp, env, path):
+        """``[elt for name in iterable]`` (no conditions) over a list the
+        interpreter knows: the elements, each with ``name`` bound."""
+        gen = e.generators[0]
+        items = self.expr(gen.iter, env, path)
+        if gen.ifs or not isinstance(gen.target, ast.Name) or not isinstance(items, list):
+            return Opaque(ast.unparse(e))
+        out = []
+        for item in items:
+            v = self.expr(e.elt, {**env, gen.target.id: item}, path)
+            if isinstance(v, Opaque):
+                return Opaque(ast.unparse(e))
+            out.append(v)
+        return out
 
     def call(self, e: ast.Call, env, path):
         args = [self.expr(a, env, path) for a in e.args]
@@ -307,7 +336,8 @@ class Interpreter:
                 if isinstance(obj, NS):
                     return obj.attrs.get(args[1], args[2] if len(args) > 2 else None)
                 return Opaque(ast.unparse(e))
-            if f.id == "isinstance" and len(args) == 2 and args[1] in ("str", "int", "bool"):
+            if f.id == "isinstance" and len(args) == 2 and args[1] in ("str", "int", "bool",
+                                                                      "list"):
                 return type(args[0]).__name__ == args[1] and not isinstance(args[0], Opaque)
             if f.id == "isinstance" and len(args) == 2 and not isinstance(args[0], (NS, Opaque)):
                 return False        # a plain value is no instance of a repository class
@@ -323,6 +353,11 @@ class Interpreter:
             v = self.expr(f.value, env, path)
             if isinstance(v, str) and not isinstance(v, Opaque):
                 return v.lower() if f.attr == "lower" else v.upper()
+        if isinstance(f, ast.Attribute) and f.attr in ("split", "rsplit") and not kwargs \
+                and all(isinstance(a, (str, int)) and not isinstance(a, Opaque) for a in args):
+            v = self.expr(f.value, env, path)
+            if isinstance(v, str) and not isinstance(v, Opaque):
+                return getattr(v, f.attr)(*args)
         text = ast.unparse(f)
         m = re.search(r"from_hf_pretrained", text)
         if m and isinstance(f, ast.Attribute):

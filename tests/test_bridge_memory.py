@@ -32,6 +32,9 @@ def test_bridge_states_the_te_terms_it_runs_with_their_sources():
     # off)
     assert over.fp8_primary_weights
     assert "fp8_param_gather" in BRIDGE.citations["memory_overhead.fp8_primary_weights"]
+    # TE's userbuffers where a run overlaps its TP communication (Bridge's
+    # recipes' tp_comm_overlap; Megatron-LM's --tp-comm-overlap)
+    assert over.te_userbuffers
     assert dataclasses.replace(over, fp8_primary_weights=False) == \
         load_framework("megatron-core-te-ce").memory_overhead
     cite = {k: BRIDGE.citations[f"memory_overhead.{k}"] for k in TERMS}

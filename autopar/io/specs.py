@@ -358,6 +358,41 @@ class MemoryOverhead:
     # ``_prepare_backward_infra``; autopar.model.memory.pipeline_recv_buffers).
     # False: not counted (Calculon's meaning).
     pipeline_recv_buffers: bool = False
+    # Transformer Engine's userbuffers for tensor-parallel communication
+    # overlap (True): where a row overlaps its tensor-parallel communication
+    # (tensor_par > 1, tensor_par_overlap not "none"), Megatron-LM / Bridge
+    # ``_initialize_tp_communicators`` calls TE's ``initialize_ub`` with the
+    # shape [seq x micro-batch / context_par, hidden], which registers one
+    # buffer of that shape for each of TE's 12 overlapped GEMMs and keeps
+    # them for the run (autopar.model.memory.userbuffer_bytes).  False: not
+    # counted (Calculon's meaning).
+    te_userbuffers: bool = False
+    # How those userbuffers run the reduce-scatter of the attention's and
+    # the MLP's output projections (proj_fprop, fc2_fprop), as a
+    # tensor-parallel overlap config sets it: "pipeline" (TE's default:
+    # one bf16 buffer of the shape each), "pipeline_fp8" (Megatron-Bridge's
+    # PipelineOverlapCfg, whose fp8_buf default is the tuple (False,), which
+    # TE reads as true: fp8 buffers in fp8 mode), "ring_exchange" (Bridge's
+    # RingExchangeOverlapCfg: TE's CommOverlapP2P reduce-scatter, 2 tp - 1
+    # chunks of a tensor_par-th of the shape each, bf16).
+    te_userbuffers_rs: str = "pipeline"
+    # CUDA graphs (Megatron-Core ``cuda_graph_impl`` / ``cuda_graph_scope``)
+    # and what a captured graph keeps beyond eager execution
+    # (autopar.model.block.framework_terms, autopar.model.memory):
+    # "none" (Calculon's meaning) and "full_iteration" (one graph of the
+    # whole forward-backward step: nothing beyond eager counted); "scoped"
+    # (TE's make_graphed_callables over parts of each layer: attention,
+    # router, MLP or Mamba mixer, the rest eager): the graphs' shared memory
+    # pool and the caching allocator keep their free blocks apart, so in
+    # backward the largest op of the captured part and of the eager part
+    # are both held; "layers" (whole layers captured, Megatron's "local"
+    # impl or TE's without a scope): the blocks' largest op beside the
+    # eager output layer's on the last stage; "te_layers" (TE's whole-layer
+    # graphs, chained graph to graph): that, and each graph's static output
+    # held from its forward to its micro-batch's backward beside the next
+    # graph's static input it is copied into: one block input per block per
+    # micro-batch in flight.
+    cuda_graphs: str = "none"
 
 
 @dataclass(frozen=True)
@@ -533,6 +568,8 @@ BACKWARD_TRANSIENT = ("block", "op")
 PIPELINE_GRADS = ("sharded", "whole")
 LOGITS_KEPT = ("always", "pipelined")
 PIPELINE_IN_FLIGHT = ("calculon", "capped")
+CUDA_GRAPHS = ("none", "full_iteration", "scoped", "layers", "te_layers")
+USERBUFFERS_RS = ("pipeline", "pipeline_fp8", "ring_exchange")
 SELECTIVE_SAVES = ("layers", "op_eager", "op_compiled")
 NETWORK_KEYS = ("bandwidth", "efficiency", "size", "latency", "ops",
                 "must_be_filled", "processor_usage")
@@ -1178,7 +1215,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "logits_kept", "selective_saves", "fp8_weight_copy",
                          "fp8_primary_weights", "optimizer_step_bytes",
                          "adapter_saved_bytes", "pipeline_in_flight",
-                         "pipeline_recv_buffers"))
+                         "pipeline_recv_buffers", "te_userbuffers", "te_userbuffers_rs",
+                         "cuda_graphs"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.within(o.get("fraction", 0.0), f"{path}.fraction", 0, 1, high_open=True)
     if reserved < 0:
@@ -1212,6 +1250,10 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     in_flight = c.choice(o.get("pipeline_in_flight", "calculon"), f"{path}.pipeline_in_flight",
                          PIPELINE_IN_FLIGHT)
     recv = c.bool(o.get("pipeline_recv_buffers", False), f"{path}.pipeline_recv_buffers")
+    ub = c.bool(o.get("te_userbuffers", False), f"{path}.te_userbuffers")
+    graphs = c.choice(o.get("cuda_graphs", "none"), f"{path}.cuda_graphs", CUDA_GRAPHS)
+    ub_rs = c.choice(o.get("te_userbuffers_rs", "pipeline"), f"{path}.te_userbuffers_rs",
+                     USERBUFFERS_RS)
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
                           reshard, dummy_wgrad=dummy, backward_transient=transient,
                           moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
@@ -1219,7 +1261,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                           fp8_weight_copy=fp8_copy, fp8_primary_weights=fp8_primary,
                           optimizer_step_bytes=step, adapter_saved_bytes=saved,
                           pipeline_in_flight=in_flight, pipeline_recv_buffers=recv,
-                          wgrad_accumulation_fusion=fusion)
+                          wgrad_accumulation_fusion=fusion, te_userbuffers=ub,
+                          te_userbuffers_rs=ub_rs, cuda_graphs=graphs)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -1372,6 +1415,12 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["pipeline_in_flight"] = o.pipeline_in_flight
     if o.pipeline_recv_buffers:
         out["pipeline_recv_buffers"] = True
+    if o.te_userbuffers:
+        out["te_userbuffers"] = True
+    if o.te_userbuffers_rs != "pipeline":
+        out["te_userbuffers_rs"] = o.te_userbuffers_rs
+    if o.cuda_graphs != "none":
+        out["cuda_graphs"] = o.cuda_graphs
     return out
 
 

@@ -63,13 +63,15 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
         seq, core_layers = _hybrid_layer(ctx, cols, x, kind)
         q_width, kv_width = float(m.attn_heads) * float(m.attn_size) / ctx.tp, x.kv_width
         n_attn = len(seq) if kind == "attention" else 0
+        # (a hybrid layer is all mixer or all rest for the CUDA graphs' split)
+        n_mixer = len(seq) if kind in ("attention", "mamba", "gdn") else 0
     else:
         if m.mla is not None:
             seq, core_layers, q_width, kv_width = mla_attention(ctx, x)
         else:
             seq, core_layers = _attention(ctx, x)
             q_width, kv_width = float(m.attn_heads) * float(m.attn_size) / ctx.tp, x.kv_width
-        n_attn = len(seq)
+        n_attn = n_mixer = len(seq)
         moe = kind == "moe"
         f = float(m.moe.shared_feedforward) if moe else float(m.feedforward)
         seq += _mlp(ctx, x, f)
@@ -98,10 +100,10 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
                           x.recompute_attn)
     return replace(acc, cp_fw_link=cx.fw_link, cp_fw_exp=cx.fw_exp, cp_bw_link=cx.bw_link,
                    cp_bw_exp=cx.bw_exp, cp_re_exp=cx.re_exp, cp_fw_size=cx.fw_size,
-                   **framework_terms(ctx, seq[:n_attn], seq[n_attn:]))
+                   **framework_terms(ctx, seq[:n_attn], seq[n_attn:], n_mixer))
 
 
-def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
+def framework_terms(ctx: LayoutContext, attn_layers, rest_layers, n_mixer=None) -> dict:
     """The block's sums of two framework memory terms (``BlockSums``), used
     only where the framework's ``memory_overhead`` asks for them:
 
@@ -130,6 +132,19 @@ def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
       op has run its backward and released it (the SwiGLU's output, saved by
       the second MLP GEMM, is gone when the SwiGLU's backward holds its two
       gradients).
+    * ``op_grads_mixer`` / ``op_grads_rest`` (only under
+      ``memory_overhead.cuda_graphs`` "scoped"): that op over the block's
+      first ``n_mixer`` layers (the attention, or a hybrid model's mixer
+      layer: attention, Mamba, Gated DeltaNet) and over the rest (the MLP,
+      the experts).  The stage holds the largest of each, added
+      (memory._stage): one part runs in CUDA graphs captured into one shared
+      memory pool, the other eagerly from PyTorch's caching allocator, and
+      neither reuses the other's free blocks (NVIDIA/TransformerEngine
+      transformer_engine/pytorch/graph.py ``_make_graphed_callables``: every
+      capture ``pool=mempool``, one pool for all the callables; a private
+      graph pool serves only captures into it), so the pool keeps, beside
+      the saved activations, its own largest backward op while the eager
+      part's runs.
     """
     b = ctx.elem_bytes
     tr = ctx.training
@@ -147,14 +162,21 @@ def framework_terms(ctx: LayoutContext, attn_layers, rest_layers) -> dict:
     if ctx.dummy_wgrad:
         out["dummy_attn"], out["dummy_rest"] = dummy(attn_layers), dummy(rest_layers)
     if ctx.backward_by_op:
-        op = ctx.zeros.copy()
+        # the largest op of the mixer part and of the rest
+        layers = list(attn_layers) + list(rest_layers)
+        n_mixer = len(attn_layers) if n_mixer is None else n_mixer
+        op = {True: ctx.zeros.copy(), False: ctx.zeros.copy()}
         kept_next = ctx.zeros.copy()    # what the next present layer saved of its input
-        for L, present in reversed(list(attn_layers) + list(rest_layers)):
+        for i in reversed(range(len(layers))):
+            L, present = layers[i]
             freed = np.minimum(L["outputs"] * b, kept_next)
-            op = np.maximum(op, np.where(present & tr,
-                                         (L["inputs"] + L["act_grads"]) * b - freed, 0.0))
+            mixer = i < n_mixer
+            op[mixer] = np.maximum(op[mixer], np.where(
+                present & tr, (L["inputs"] + L["act_grads"]) * b - freed, 0.0))
             kept_next = np.where(present, np.where(L["stored"], L["act_b"], 0.0), kept_next)
-        out["op_grads"] = op
+        out["op_grads"] = np.maximum(op[True], op[False])
+        if ctx.cuda_graphs == "scoped":
+            out["op_grads_mixer"], out["op_grads_rest"] = op[True], op[False]
     return out
 
 
@@ -339,7 +361,8 @@ _ACCUMULATED = tuple(name for name in BlockSums.__dataclass_fields__
                      if name not in ("act_storage_all", "weight_space_full",
                                      "weight_unkept_full", "cp_fw_link",
                                      "cp_fw_exp", "cp_bw_link", "cp_bw_exp", "cp_re_exp",
-                                     "cp_fw_size", "dummy_attn", "dummy_rest", "op_grads"))
+                                     "cp_fw_size", "dummy_attn", "dummy_rest", "op_grads",
+                                     "op_grads_mixer", "op_grads_rest"))
 
 
 def _rows_of(mask):

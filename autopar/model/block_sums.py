@@ -135,6 +135,12 @@ class BlockSums:
     dummy_attn: np.ndarray = _sum()
     dummy_rest: np.ndarray = _sum()
     op_grads: np.ndarray = _sum()
+    # ... and, under ``memory_overhead.cuda_graphs`` "scoped", that op's
+    # bytes in the block's mixer part (attention, Mamba, Gated DeltaNet) and
+    # in the rest (MLP, experts): one part runs in the CUDA graphs' pool,
+    # the other eagerly (``block.framework_terms``).
+    op_grads_mixer: np.ndarray = _sum()
+    op_grads_rest: np.ndarray = _sum()
 
     def given(self) -> dict:
         """The fields that are set (not None), by name."""
@@ -142,7 +148,7 @@ class BlockSums:
 
 
 # The sums that combine by the larger value, not by adding.
-MAX_SUMS = ("tp_bw_req", "dummy_attn", "op_grads")
+MAX_SUMS = ("tp_bw_req", "dummy_attn", "op_grads", "op_grads_mixer", "op_grads_rest")
 # The sums a stage holds once per block kind it has, however many blocks.
 KIND_SUMS = ("dummy_rest",)
 # Calculon's statistic -> the field that reports it.

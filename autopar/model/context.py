@@ -187,6 +187,8 @@ class LayoutContext:
         # (block.framework_terms).
         self.dummy_wgrad = bool(mo.dummy_wgrad)
         self.backward_by_op = mo.backward_transient == "op"
+        # CUDA graphs and what their memory pool keeps apart (block.framework_terms).
+        self.cuda_graphs = mo.cuda_graphs
         self.cp_a2a_output_copy = bool(mo.cp_a2a_output_copy)
         # What a block keeps under selective recompute (block.op_policy_saves).
         self.selective_saves = mo.selective_saves

@@ -35,7 +35,7 @@ from autopar.model.block_sums import CALCULON, BlockSums
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
-                                  partial_offload_exposed, recompute_share)
+                                  partial_offload_exposed, recompute_share, userbuffer_bytes)
 from autopar.model.gated_delta import pace_weights
 from autopar.model.mamba import hybrid_kinds
 from autopar.model.moe import BF16, bf16_blocks, mix, stage_counts
@@ -126,14 +126,17 @@ def batch_memory(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activati
     checkpoint = masked(kept * ctx.elem_bytes, ctx.training & recompute_full)
     first, last, *second = stage_sums if stage_sums is not None else (sums, None)
     boundary = None
-    if system.memory_overhead is not None and system.memory_overhead.pipeline_recv_buffers:
+    over = system.memory_overhead
+    if over is not None and (over.pipeline_recv_buffers or over.cuda_graphs == "te_layers"):
         # What a stage sends the next: a block's input, its sequence-parallel
-        # shard where the blocks run sequence parallelism.
+        # shard where the blocks run sequence parallelism (also a CUDA
+        # graph's static output).
         boundary = np.where(ctx.tp_rs_ag, acts.A_split, acts.A) * ctx.elem_bytes
     S = footprints(ctx, cols, first, sched, checkpoint, recompute_full,
                    head_memory(ctx, cols, acts, sched.stages, system),
-                   system.memory_overhead, sums_last=last,
-                   sums_second=second[0] if second else None, boundary=boundary)
+                   over, sums_last=last,
+                   sums_second=second[0] if second else None, boundary=boundary,
+                   userbuffers=userbuffer_bytes(ctx, cols, acts.A, over))
     return S, checkpoint
 
 

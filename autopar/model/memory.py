@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autopar.io.layouts import CHOICES
 from autopar.model.block_sums import BlockSums
 from autopar.model.context import LayoutContext, choose, masked, pick
 from autopar.model.pipeline import Schedule
@@ -173,7 +174,8 @@ def second_stage_in_flight(sched: Schedule):
 
 def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, checkpoint,
                recompute_full, head: dict, overhead, sums_last: BlockSums | None = None,
-               sums_second: BlockSums | None = None, boundary=None) -> dict:
+               sums_second: BlockSums | None = None, boundary=None,
+               userbuffers=None) -> dict:
     """Every memory statistic (Calculon's names) and the need on each tier.
 
     ``sums`` are the first stage's per-block sums; ``sums_last`` the last
@@ -183,7 +185,10 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
     blocks, and the second stage (``sums_second``) is weighed too:
     ``mem_*_first`` are the fuller of the first two stages.  ``boundary``:
     bytes of the tensor a stage sends the next per micro-batch (only read
-    under ``memory_overhead.pipeline_recv_buffers``).
+    under ``memory_overhead.pipeline_recv_buffers`` and
+    ``memory_overhead.cuda_graphs`` "te_layers"); ``userbuffers``: bytes of
+    Transformer Engine's userbuffers on every stage (``userbuffer_bytes``;
+    None: none).
     """
     even = not sched.uneven
     head_first = head["first"]
@@ -218,6 +223,8 @@ def footprints(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule,
         trained_first, trained_last = trained_parameters(ctx, sums, sums_last, sched, head)
     else:           # (only the optimizer step's temporaries read them)
         trained_first = trained_last = ctx.zeros
+    if userbuffers is not None:
+        static, static_last = static + userbuffers, static_last + userbuffers
     parts = {"mem_static_first": static + head_first, "mem_transient_first": transient_first,
              "mem_static_last": static_last + head["last"],
              "mem_transient_last": transient_last - logits["fp32_copies"],
@@ -253,6 +260,79 @@ def first_stage_in_flight(sched: Schedule, overhead=None):
     if getattr(overhead, "pipeline_in_flight", "calculon") == "capped":
         first = np.minimum(first, np.maximum(sched.microbatches, 1).astype(float))
     return _counted(sched, 0, first)
+
+
+# Transformer Engine's userbuffers (NVIDIA/TransformerEngine transformer_engine/
+# pytorch/module/base.py ``initialize_ub``): the GEMMs whose tensor-parallel
+# communication it overlaps, one registered buffer each, and of them those
+# whose buffer holds fp8 data (one byte an element, ``fp8_buf``: the
+# all-gather side, ``layers_all_gather_overlap``) when the run quantizes
+# (``UserBufferQuantizationMode.FP8``); the others bf16 (``dtype`` default).
+UB_GEMMS = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad", "proj_wgrad",
+            "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad", "fc2_wgrad")
+UB_FP8_GEMMS = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "proj_wgrad", "fc1_fprop",
+                "fc1_dgrad", "fc2_dgrad", "fc2_wgrad")
+UB_BF16_BYTES = 2.0
+# The reduce-scatters of the output projections (``memory_overhead.
+# te_userbuffers_rs``), among UB_GEMMS and not among UB_FP8_GEMMS.
+UB_OUTPUT_RS = ("proj_fprop", "fc2_fprop")
+
+
+def userbuffer_bytes(ctx: LayoutContext, cols: dict, tokens_x_hidden, overhead):
+    """Bytes of Transformer Engine's userbuffers on each processor of the rows
+    that overlap their tensor-parallel communication (tensor_par > 1,
+    ``tensor_par_overlap`` not "none") under ``memory_overhead.te_userbuffers``
+    (None where no row holds them).
+
+    Megatron-LM (``megatron/training/initialize.py``
+    ``_initialize_tp_communicators``) and Megatron-Bridge
+    (``src/megatron/bridge/training/initialize.py``, the same) call TE's
+    ``initialize_ub`` with the shape [seq_length x micro_batch /
+    context_par, hidden] (``tokens_x_hidden`` elements: the micro-batch's
+    tokens on the rank, whole over tensor_par), with
+    ``UserBufferQuantizationMode.FP8`` where the run has an fp8 recipe
+    (``config.fp8`` set: tensorwise, rowwise, mxfp8; an fp4 recipe leaves it
+    None) and a second, unquantized set beside it where fp8 runs keep their
+    first / last blocks in bf16.  ``initialize_ub`` adds one communicator
+    per GEMM of ``UB_GEMMS`` (methods ring_exchange, pipeline, bulk and
+    external by default), each registering one buffer of that shape
+    (transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp
+    ``CommOverlapBase::initialize`` / ``CommOverlapP2PBase::initialize``:
+    ``get_buffer_size_bytes`` of the shape; a ring-exchange reduce-scatter,
+    which no default uses, 2 tp - 1 chunks of tp), kept for the run.
+    Per element: 12 x 2 bytes unquantized; 8 x 1 + 4 x 2 in fp8 mode.
+    ``memory_overhead.te_userbuffers_rs`` changes the two output
+    projections' reduce-scatter buffers (``UB_OUTPUT_RS``), as a
+    Megatron-Bridge overlap config (``ub_cfgs``) does: "pipeline_fp8", 1
+    byte each in fp8 mode (TE ``initialize_ub``: ``fp8_buf`` is the config's
+    for a GEMM of the pipeline method, and Bridge's PipelineOverlapCfg
+    leaves it the truthy tuple (False,)); "ring_exchange", (2 tp - 1) / tp
+    of the shape each in bf16 (``CommOverlapP2PBase::initialize``)."""
+    if overhead is None or not getattr(overhead, "te_userbuffers", False):
+        return None
+    rows = (cols["tensor_par"] > 1) & (cols["tensor_par_overlap"]
+                                       != CHOICES["tensor_par_overlap"].index("none"))
+    if not np.any(rows):
+        return None
+    rs = getattr(overhead, "te_userbuffers_rs", "pipeline")
+    n_rs = len(UB_OUTPUT_RS)
+    rs_bf16 = n_rs * UB_BF16_BYTES             # the output projections' buffers, bf16
+    rs_fp8 = n_rs * (1.0 if rs == "pipeline_fp8" else UB_BF16_BYTES)
+    if rs == "ring_exchange":
+        chunks = (2.0 * ctx.tp - 1.0) / ctx.tp
+        rs_bf16 = rs_fp8 = rs_bf16 * chunks
+    others = len(UB_GEMMS) - len(UB_FP8_GEMMS) - n_rs   # the wgrad reduce-scatters
+    bf16_set = (len(UB_GEMMS) - n_rs) * UB_BF16_BYTES + rs_bf16
+    fp8_set = len(UB_FP8_GEMMS) * 1.0 + others * UB_BF16_BYTES + rs_fp8
+    per_element = np.broadcast_to(bf16_set, (ctx.n,)).astype(float)
+    if ctx.fp8 is not None:
+        recipe = np.broadcast_to(ctx.fp8_recipe, (ctx.n,))
+        fp8_mode = np.isin(recipe, [CHOICES["fp8_recipe"].index(r)
+                                    for r in ("tensorwise", "rowwise", "mxfp8")])
+        edges = (np.broadcast_to(cols.get("bf16_first_blocks", 0), (ctx.n,))
+                 + np.broadcast_to(cols.get("bf16_last_blocks", 0), (ctx.n,))) > 0
+        per_element = np.where(fp8_mode, fp8_set + np.where(edges, bf16_set, 0.0), bf16_set)
+    return masked(per_element * tokens_x_hidden, rows)
 
 
 def pipeline_recv_buffers(overhead, sched: Schedule, ctx: LayoutContext, boundary, rank: int = 0):
@@ -327,6 +407,22 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
         in_flight_first = second_stage_in_flight(sched)
     act_first, ckpt_first = stage_activations(in_flight_first)
     act_last, ckpt_last = stage_activations(last_stage_in_flight(sched))
+    graphs = getattr(overhead, "cuda_graphs", "none")
+    if graphs == "te_layers" and boundary is not None:
+        # TE's whole-layer CUDA graphs chained graph to graph: each graph's
+        # static output, in the shared pool, is held from its capture until
+        # the capture of its micro-batch's backward (NVIDIA/TransformerEngine
+        # transformer_engine/pytorch/graph.py ``_make_graphed_callables``:
+        # ``per_callable_static_outputs`` weak-referenced only after the
+        # backward graph of the same callable and micro-batch, under
+        # ``_reuse_graph_input_output_buffers``), beside the next layer's
+        # static input it is copied into at replay (``static_input_surface
+        # [i].copy_(inputs[i])``; Megatron-Core's TECudaGraphHelper
+        # ``_get_sample_arguments`` allocates those inputs apart, reused
+        # only once a micro-batch's backward is done): a block input per
+        # block and micro-batch in flight.
+        act_first = act_first + masked(boundary * blocks * in_flight_first, training)
+        act_last = act_last + masked(boundary * blocks * last_stage_in_flight(sched), training)
     off = offloaded_blocks(cols, ctx)
     host_acts = 0.0
     if off is not None:
@@ -338,8 +434,19 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
         act_first = act_first - host_acts
         act_last = act_last - host_acts
     act_grad = ctx.if_training(sums.op_grads if by_op else sums.act_grad_space)
+    if by_op and sums.op_grads_mixer is not None:
+        # CUDA graphs of one part of each layer (memory_overhead.cuda_graphs
+        # "scoped"): the graphs' pool keeps its largest op beside the eager
+        # part's (block.framework_terms)
+        act_grad = ctx.if_training(sums.op_grads_mixer + sums.op_grads_rest)
     # (the last stage's output layer runs its own op in backward)
     act_grad_last = np.maximum(act_grad, head["op_grads"]) if by_op else act_grad
+    if by_op and graphs in ("layers", "te_layers"):
+        # Whole layers in CUDA graphs, the output layer eager: the graphs'
+        # pool and the caching allocator keep their free blocks apart
+        # (block.framework_terms), so the output layer's op in backward is
+        # held beside the largest op the blocks' pool keeps.
+        act_grad_last = act_grad + ctx.if_training(head["op_grads"])
     # Calculon: one block's gradient whole in fp32 beside the (sharded)
     # others.  Under ``memory_overhead.wgrad_accumulation_fusion`` the weight-
     # gradient GEMMs write into the gradient buffer itself: where it stays

@@ -63,7 +63,8 @@ FOOTPRINT_SUMS = ("weight_space", "weight_unkept", "x_weight_space", "x_weight_u
                   "act_working", "act_storage",
                   "act_storage_all",
                   "wgrad_space", "wgrad_space_full", "act_grad_space", "optimizer_space",
-                  "x_wgrad_space", "x_optimizer_space", "dummy_attn", "dummy_rest", "op_grads")
+                  "x_wgrad_space", "x_optimizer_space", "dummy_attn", "dummy_rest", "op_grads",
+                  "op_grads_mixer", "op_grads_rest")
 # Block sums of the optimizer step (they depend on the sharding, cached apart).
 OPTIM_SUMS = ("optim_flops", "optim_flops_time", "optim_mem", "optim_mem_time",
               "optim_time")

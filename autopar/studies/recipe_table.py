@@ -117,3 +117,85 @@ def megatron_fsdp(x: dict) -> "bool | str":
                 f"outer_dp_sharding_strategy {outer} (optimizer state sharded across the "
                 f"instances too): autopar's sharding_group shards within an instance only")
     return True
+
+
+# Megatron-Core CUDA-graph scopes whose capture holds one of a block's two
+# parts (the attention / Mamba mixer or the MLP) while the other runs eagerly
+# (memory_overhead.cuda_graphs "scoped").  The MoE router and its
+# preprocessing alone are not such a part (their largest op, the router's
+# input gradient, is not counted).
+SCOPED_PARTS = ("attn", "mlp", "mamba")
+
+
+def cuda_graph_mode(cell) -> str:
+    """The row's ``cuda_graph`` cell (``impl:scope``; empty: no CUDA graphs)
+    as ``memory_overhead.cuda_graphs``: "full_iteration" where the scope (or
+    the impl, as the MoE table writes it) is the whole step (Megatron-Core's
+    full_cuda_graph.py); "layers" for Megatron-Core's ``local`` impl without a
+    scope (cuda_graphs.py CudaGraphManager: every TransformerLayer a graph in
+    one global mempool, a graph's output buffer reused as the next graph's
+    input, no copy); "te_layers" for ``transformer_engine`` without a scope
+    (TE's make_graphed_callables over whole layers, chained by a copy);
+    "scoped" for ``transformer_engine`` scopes that capture the attention,
+    the MLP or the Mamba mixer of a layer; "none" for no graphs, a router-only
+    scope, or a scope the table could not resolve (a list built at run time,
+    written as its expression)."""
+    cell = str(cell).strip()
+    if not cell or cell == "nan":
+        return "none"
+    impl, _, scope = cell.partition(":")
+    if "full_iteration" in (impl, *scope.split(";")):
+        return "full_iteration"
+    if "[" in scope:                   # unresolved expression
+        return "none"
+    scopes = [s for s in scope.split(";") if s]
+    if not scopes:
+        return "layers" if impl == "local" else "te_layers"
+    if impl == "transformer_engine" and any(s in SCOPED_PARTS for s in scopes):
+        return "scoped"
+    return "none"
+
+
+def with_cuda_graphs(system_, cell):
+    """``system_`` with its memory_overhead's ``cuda_graphs`` set from the row's
+    ``cuda_graph`` cell (``cuda_graph_mode``); unchanged where the framework
+    states no memory_overhead or the row has no graphs."""
+    import dataclasses
+    mode = cuda_graph_mode(cell)
+    if system_.memory_overhead is None or mode == "none":
+        return system_
+    return dataclasses.replace(system_, memory_overhead=dataclasses.replace(
+        system_.memory_overhead, cuda_graphs=mode))
+
+
+# Megatron-Bridge's per-GEMM overlap configs (src/megatron/bridge/training/
+# comm_overlap.py) for the output projections' reduce-scatter ->
+# memory_overhead.te_userbuffers_rs.
+USERBUFFERS_RS = {"PipelineOverlapCfg": "pipeline_fp8", "RingExchangeOverlapCfg": "ring_exchange"}
+
+
+def userbuffers_rs(x: dict) -> str:
+    """How the recipe's TP-overlap config (``comm_overlap.tp_comm_overlap_cfg``,
+    its ``proj_fprop`` / ``fc2_fprop`` entries as the table writes them) runs
+    the output projections' reduce-scatter: "pipeline" (not set: TE's
+    default), "pipeline_fp8" (Bridge's PipelineOverlapCfg: its fp8_buf default
+    ``(False,)`` is a tuple, which TE's initialize_ub reads as true) or
+    "ring_exchange" (RingExchangeOverlapCfg); where the two entries differ,
+    the one that holds more ("ring_exchange" over the others)."""
+    got = {USERBUFFERS_RS.get(x.get(f"comm_overlap.tp_comm_overlap_cfg.{k}", ""), "pipeline")
+           for k in ("proj_fprop", "fc2_fprop")}
+    for mode in ("ring_exchange", "pipeline", "pipeline_fp8"):
+        if mode in got:
+            return mode
+    return "pipeline"
+
+
+def with_userbuffers_rs(system_, x: dict):
+    """``system_`` with ``memory_overhead.te_userbuffers_rs`` from the row's
+    overlap config (``userbuffers_rs``); unchanged where it is TE's default."""
+    import dataclasses
+    mode = userbuffers_rs(x)
+    if system_.memory_overhead is None or mode == "pipeline":
+        return system_
+    return dataclasses.replace(system_, memory_overhead=dataclasses.replace(
+        system_.memory_overhead, te_userbuffers_rs=mode))

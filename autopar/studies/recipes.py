@@ -52,7 +52,13 @@ defaults, Bridge's recipe defaults):
   (frameworks/megatron-bridge.json ``fp8_primary_weights``, as Bridge's fp8
   and fp4 precision recipes set it); a recipe that turns it off gets the
   count with the working-precision copy (``primary_weights_off``).
-* ``cuda_graph``: recorded, not modelled (docs/validation.md).
+* ``cuda_graph``: the memory a captured graph keeps beyond eager execution
+  (``recipe_table.cuda_graph_mode`` -> frameworks/megatron-bridge.json's
+  ``memory_overhead.cuda_graphs`` for the row); its time is not modelled
+  (docs/validation.md, "CUDA graphs and TE userbuffers: memory, counted").
+  ``comm_overlap.tp_comm_overlap`` also holds TE's userbuffers
+  (``memory_overhead.te_userbuffers``; the overlap config's output
+  projections, ``recipe_table.userbuffers_rs``).
 """
 from __future__ import annotations
 
@@ -69,7 +75,8 @@ from autopar.studies import published_base as P
 from autopar.studies import recipes_moe
 from autopar.studies.recipe_table import (CSV, CSVS, FP8, FRAMEWORK, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
-                                          moment_bytes, read)
+                                          moment_bytes, read, with_cuda_graphs,
+                                          with_userbuffers_rs)
 
 # The dense and hybrid models of autopar's models/ the recipes name.
 DENSE_MODELS = ("llama3-8B", "llama3-70B", "llama3-405B", "nemotron-h-8B", "nemotron-h-47B",
@@ -205,6 +212,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if primary_weights_off(row, FP8[precision]):
         sy = dataclasses.replace(sy, memory_overhead=dataclasses.replace(
             sy.memory_overhead, fp8_primary_weights=False))
+    sy = with_userbuffers_rs(with_cuda_graphs(sy, row["cuda_graph"]), x)
     fsdp = megatron_fsdp(x)
     if isinstance(fsdp, str):
         return P.Skip(fsdp, lab)

@@ -29,8 +29,14 @@ What a recipe sets and autopar counts:
   selective modules (``layernorm``, ``moe``, ``shared_experts``) are not
   autopar choices and are dropped: their activations are counted as saved
   (more memory than the run needs).
+* ``overlap.tp_comm_overlap`` -> ``tensor_par_overlap: ring`` (with
+  sequence parallelism), which holds TE's userbuffers
+  (``memory_overhead.te_userbuffers``); ``cuda_graph`` -> the memory a
+  captured graph keeps (``recipe_table.cuda_graph_mode``,
+  ``memory_overhead.cuda_graphs``; docs/validation.md, "CUDA graphs and TE
+  userbuffers: memory, counted").
 * Not counted (the layout is predicted without them; the docs say which
-  rows they touch): CUDA graphs, fine-grained activation offloading (its
+  rows they touch): CUDA graphs' time, fine-grained activation offloading (its
   activations counted on the GPU), paged stashing / expert capacity padding
   for CUDA graphs, fp8 primary weights / fp8 parameter gather.
 
@@ -58,7 +64,7 @@ from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
 from autopar.studies.recipe_table import (COLUMNS, FP8, RECIPES, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
-                                          moment_bytes, read)
+                                          moment_bytes, read, with_cuda_graphs)
 
 CSV = RECIPES / "bridge_moe.csv"
 FRAMEWORK = "megatron-bridge"
@@ -188,7 +194,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     fp8 = RECIPE_FP8.get(precision)
     if fp8 is None:
         return P.Skip(f"precision {precision} is no autopar recipe", label)
-    sy = P.system(sys_name, FRAMEWORK)
+    sy = with_cuda_graphs(P.system(sys_name, FRAMEWORK), row["cuda_graph"])
     seq = int_cell(row["seq"], 4096)
     changes = {"seq_size": seq}
     base = P.model(name)
@@ -262,6 +268,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                               cp_comm=cp_comm if cp > 1 else "p2p",
                               recompute=recompute, sp=sp, dist_opt=dist_opt,
+                              tp_overlap=flag(x.get("overlap.tp_comm_overlap")) and sp,
                               dp_overlap=dp_overlap, fp8=fp8, fp32_grads=fp32_grads,
                               fsdp=fsdp)
     P.te_gathers_again(ex)
