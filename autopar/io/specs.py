@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from autopar.io.errors import SpecError, brief  # noqa: F401  (re-exported)
 from autopar.io.layouts import (ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS,
-                               MOMENT_BYTES,
+                               MOMENT_BYTES, offload_modules_value,
                                 GEMM_ONLY_DATATYPES, INT_FIELDS)
 
 
@@ -1461,6 +1461,36 @@ def _check_offload_blocks(c: "Checker", out: dict, model: ModelSpec | None) -> N
         c.fail("activation_offload_blocks", why)
 
 
+def _check_fine_offload(c: "Checker", out: dict, model: ModelSpec | None) -> None:
+    """``activation_offload_modules`` where autopar counts Megatron-Core's
+    fine-grained activation offloading (``autopar.io.layouts``): in training,
+    not beside ``cpu_offloading`` (``activation_offload_blocks``: Megatron-Core's
+    ``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM@2a75ac1, asserts
+    the two apart), not beside ``activations_offload``, without full recompute
+    (a fully recomputed block saves only its input), and the experts' modules
+    only for a model with routed experts.  Only the fields the file states
+    are checked."""
+    mods = out.get("activation_offload_modules", "none")
+    if mods == "none":
+        return
+    why = None
+    if out.get("training") is False:
+        why = "needs training (offloads the activations saved for backward)"
+    elif out.get("activation_offload_blocks", 0):
+        why = ("cannot be set with activation_offload_blocks (Megatron-Core refuses "
+               "fine_grained_activation_offloading beside cpu_offloading)")
+    elif out.get("activations_offload"):
+        why = "cannot be set with activations_offload (that offloads every block already)"
+    elif out.get("activation_recompute") == "full":
+        why = ("cannot be set with activation_recompute full (a recomputed block saves only "
+               "its input; autopar counts the modules' saved tensors of blocks that keep them)")
+    elif model is not None and model.moe is None and (
+            {"expert_fc1", "moe_act"} & set(mods.split("+"))):
+        why = f"{mods} names expert modules, and the model has no routed experts"
+    if why:
+        c.fail("activation_offload_modules", why)
+
+
 def _check_counts(c: "Checker", out: dict, model: ModelSpec | None) -> None:
     """Counts beyond what the model has: ``recompute_layers`` above the blocks
     of a pipeline stage (Megatron-Core's ``TransformerConfig.__post_init__``,
@@ -1488,6 +1518,11 @@ def execution_value(c: "Checker", f: str, v, path: str | None = None):
     """One value of execution field ``f`` checked as a file's would be: a
     choice, a flag, or an integer (>= 1 for counts, >= 0 for tiers)."""
     path = path or f
+    if f == "activation_offload_modules":
+        # a set of module names (autopar.io.layouts.offload_modules_value)
+        v = offload_modules_value(v)
+        if isinstance(v, tuple):
+            c.fail(path, v[1])
     if f in CHOICES:
         return c.choice(v, path, CHOICES[f])
     if f in BOOL_FIELDS:
@@ -1593,6 +1628,7 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
     _check_split(c, out, model)
     _check_counts(c, out, model)
     _check_offload_blocks(c, out, model)
+    _check_fine_offload(c, out, model)
     if out.get("sequence_fill", 100) > 100:
         c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
                                 f"sequence's tokens that are real)")

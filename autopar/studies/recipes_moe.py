@@ -50,6 +50,7 @@ from pathlib import Path
 import pandas as pd
 
 from autopar.io.launch.mcore import unroll_layout
+from autopar.io.layouts import offload_modules_value
 from autopar.model.pipeline import stage_split
 from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
@@ -178,6 +179,27 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
     return f"pipeline layout {layout!r} (blocks per stage {want}) is no split autopar builds"
 
 
+def fine_offload_modules(cell) -> str:
+    """The recipe's ``offload`` cell as ``activation_offload_modules``:
+    ``fine_grained:<module>;<module>`` (Megatron-Core's
+    ``fine_grained_activation_offloading`` with those ``offload_modules``, as
+    the DeepSeek-V3 GB300 recipes set ``core_attn`` and ``attn_proj``; the
+    dense table writes ``activations:<module>``) -> the
+    field's value; empty -> "none"; anything else, or a module autopar does
+    not count: the reason, starting "offloading"."""
+    cell = str(cell).strip()
+    if not cell or cell == "nan":
+        return "none"
+    kind, _, rest = cell.partition(":")
+    # (the MoE table writes "fine_grained:", the dense one "activations:")
+    if kind not in ("fine_grained", "activations"):
+        return f"offloading {cell}: not fine-grained offloading of modules"
+    value = offload_modules_value([m for m in rest.split(";") if m])
+    if isinstance(value, tuple):
+        return f"offloading {cell}: {value[1]}"
+    return value
+
+
 def recipe_case(row) -> "P.PublishedCase | P.Skip":
     label = str(row["recipe"])
     name = str(row["model"])
@@ -225,6 +247,9 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         return P.Skip(f"pipeline layout of a hybrid-pattern model ({len(per)} virtual stages of "
                       f"{per} layers): autopar splits a hybrid model's virtual stages "
                       f"evenly or by first/last stage blocks", label)
+    modules = fine_offload_modules(row["offload"])
+    if isinstance(modules, str) and modules.startswith("offloading"):
+        return P.Skip(modules, label)
     ep, etp = int_cell(row["ep"], 1), int_cell(row["etp"], 1)
     mbs, gbs = int_cell(row["mbs"], 1), int_cell(row["gbs"])
     if n is None or gbs is None or n % (tp * pp * cp):
@@ -308,4 +333,6 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if isinstance(split, str):
         return P.Skip(split, label)
     ex.update(split)
+    if modules != "none":
+        ex["activation_offload_modules"] = modules
     return P.PublishedCase(m, sy, ex, {}, label)
