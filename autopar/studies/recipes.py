@@ -67,7 +67,7 @@ from autopar.studies import published_base as P
 from autopar.studies import recipes_moe
 from autopar.studies.recipe_table import (CSV, CSVS, FP8, FRAMEWORK, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
-                                          moment_bytes, read)
+                                          moment_bytes, read, without_wgrad_fusion)
 
 # The dense and hybrid models of autopar's models/ the recipes name.
 DENSE_MODELS = ("llama3-8B", "llama3-70B", "llama3-405B", "nemotron-h-8B", "nemotron-h-47B",
@@ -198,7 +198,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # No vocabulary preset by the model: the tokenizer's, padded.
         vocab = int_cell(x.get("tokenizer.vocab_size"), m.vocab_size)
         m = dataclasses.replace(m, vocab_size=padded_vocab(vocab, tp))
-    sy = P.system(sys_name, FRAMEWORK)
+    sy = without_wgrad_fusion(P.system(sys_name, FRAMEWORK), x)
     if primary_weights_off(row, FP8[precision]):
         sy = dataclasses.replace(sy, memory_overhead=dataclasses.replace(
             sy.memory_overhead, fp8_primary_weights=False))

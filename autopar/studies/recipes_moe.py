@@ -56,7 +56,7 @@ from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
 from autopar.studies.recipe_table import (COLUMNS, FP8, RECIPES, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
-                                          moment_bytes, read)
+                                          moment_bytes, read, without_wgrad_fusion)
 
 CSV = RECIPES / "bridge_moe.csv"
 FRAMEWORK = "megatron-bridge"
@@ -219,7 +219,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     fp8 = RECIPE_FP8.get(precision)
     if fp8 is None:
         return P.Skip(f"precision {precision} is no autopar recipe", label)
-    sy = P.system(sys_name, FRAMEWORK)
+    sy = without_wgrad_fusion(P.system(sys_name, FRAMEWORK), x)
     seq = int_cell(row["seq"], 4096)
     changes = {"seq_size": seq}
     base = P.model(name)
