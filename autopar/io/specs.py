@@ -357,6 +357,20 @@ class MemoryOverhead:
     # ``_prepare_backward_infra``; autopar.model.memory.pipeline_recv_buffers).
     # False: not counted (Calculon's meaning).
     pipeline_recv_buffers: bool = False
+    # Megatron-FSDP's ``optim_grads_params`` (``weight_sharding``) shards the
+    # embedding's and the output layer's weights as it shards the blocks'
+    # (every parameter group's model-weight buffer is distributed, NVIDIA/
+    # Megatron-LM@2a75ac1 megatron/core/distributed/fsdp/src/megatron_fsdp/
+    # param_and_grad_buffer.py), and gathers a module outside the FSDP units
+    # (the embedding, the output layer) only around its own forward and
+    # backward (megatron_fsdp.py ``_param_list_for_submodule_unshard``: a
+    # non-unit module unshards its direct parameters;
+    # ``release_module_parameters`` after): the head's matrices held as
+    # 1 / weight shards each, the output layer's whole weight gathered at
+    # the last stage's peak (its forward and backward run around the loss).
+    # False: the head's weights whole where the blocks' are sharded
+    # (today's count).
+    head_weights_sharded: bool = False
 
 
 @dataclass(frozen=True)
@@ -1177,7 +1191,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "logits_kept", "selective_saves", "fp8_weight_copy",
                          "fp8_primary_weights", "optimizer_step_bytes",
                          "adapter_saved_bytes", "pipeline_in_flight",
-                         "pipeline_recv_buffers"))
+                         "pipeline_recv_buffers", "head_weights_sharded"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.within(o.get("fraction", 0.0), f"{path}.fraction", 0, 1, high_open=True)
     if reserved < 0:
@@ -1211,6 +1225,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     in_flight = c.choice(o.get("pipeline_in_flight", "calculon"), f"{path}.pipeline_in_flight",
                          PIPELINE_IN_FLIGHT)
     recv = c.bool(o.get("pipeline_recv_buffers", False), f"{path}.pipeline_recv_buffers")
+    head_sharded = c.bool(o.get("head_weights_sharded", False), f"{path}.head_weights_sharded")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
                           reshard, dummy_wgrad=dummy, backward_transient=transient,
                           moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
@@ -1218,7 +1233,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                           fp8_weight_copy=fp8_copy, fp8_primary_weights=fp8_primary,
                           optimizer_step_bytes=step, adapter_saved_bytes=saved,
                           pipeline_in_flight=in_flight, pipeline_recv_buffers=recv,
-                          wgrad_accumulation_fusion=fusion)
+                          wgrad_accumulation_fusion=fusion, head_weights_sharded=head_sharded)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -1371,6 +1386,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["pipeline_in_flight"] = o.pipeline_in_flight
     if o.pipeline_recv_buffers:
         out["pipeline_recv_buffers"] = True
+    if o.head_weights_sharded:
+        out["head_weights_sharded"] = True
     return out
 
 

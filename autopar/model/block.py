@@ -574,12 +574,20 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     if ctx.frozen is not None:
         # Frozen (adapters): the weights only.
         trained = trained * ctx.trainable
-    per_param = b + ctx.if_training(trained)
+    held_b, gathered = b, 0.0
+    if over.head_weights_sharded and np.any(ctx.weight_shards > 1):
+        # Megatron-FSDP: each matrix held sharded over the weight shards,
+        # the output layer's gathered whole at the last stage's peak
+        # (memory_overhead.head_weights_sharded)
+        sharded = ctx.weight_shards > 1
+        held_b = np.where(sharded, b / ctx.weight_shards, b)
+        gathered = np.where(sharded, params * b, 0.0)
+    per_param = held_b + ctx.if_training(trained)
     matrix = params * per_param
     whole = B * V / (1.0 if over.logits_gathered else tp)
     copy = ctx.if_training(whole * 4.0)
     copies = over.logits_fp32_copies * copy
-    last = matrix * (1.0 + (stages == 1))        # both matrices on a single stage
+    last = matrix * (1.0 + (stages == 1)) + gathered     # both matrices on a single stage
     if mtp:
         # each module's projection of [hidden; embedding] (2 x hidden) to
         # hidden; one module's with ``mtp_repeated`` (moe.mtp_layers)
