@@ -27,7 +27,10 @@ defaults, Bridge's recipe defaults):
 * ``offload``: ``cpu_activations:layers=N`` (Megatron-Core's
   ``cpu_offloading`` of the first N layers' activations) ->
   ``activation_offload_blocks`` N (``cpu_offload_layers``); other
-  offloading (fine-grained activation offloading of modules): Skip.
+  offloading: Skip (the rows that offload modules, fine-grained, are MoE
+  rows: ``recipes_moe.fine_offload_modules``).
+* ``model.gradient_accumulation_fusion`` False: no TE dummy weight
+  gradients (``recipe_table.without_wgrad_fusion``).
 * ``extra``: ``ddp.use_megatron_fsdp`` with ``optim_grads_params`` ->
   ``weight_sharding``; ``ddp.num_distributed_optimizer_instances`` ->
   ``sharding_group``; ``grad_reduce_in_fp32`` -> ``fp32_grads``;

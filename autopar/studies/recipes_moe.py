@@ -27,9 +27,13 @@ What a recipe sets and autopar counts:
   selective modules (``layernorm``, ``moe``, ``shared_experts``) are not
   autopar choices and are dropped: their activations are counted as saved
   (more memory than the run needs).
+* fine-grained activation offloading (``offload`` ``fine_grained:<modules>``
+  / ``activations:<modules>``) -> ``activation_offload_modules``
+  (``fine_offload_modules``; a module autopar does not count: Skip);
+  ``gradient_accumulation_fusion`` false -> no TE dummy weight gradients
+  (``recipe_table.without_wgrad_fusion``).
 * Not counted (the layout is predicted without them; the docs say which
-  rows they touch): CUDA graphs, fine-grained activation offloading (its
-  activations counted on the GPU), paged stashing / expert capacity padding
+  rows they touch): CUDA graphs, paged stashing / expert capacity padding
   for CUDA graphs, fp8 primary weights / fp8 parameter gather.
 
 Megatron-FSDP (``ddp.use_megatron_fsdp`` with ``optim_grads_params``) is
