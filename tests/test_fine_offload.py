@@ -148,14 +148,21 @@ def test_default_is_calculon_and_columns_agree():
     assert evaluate_one(model, system,
                         one_proc_execution(activation_offload_modules="none")) == plain
     # a table that mixes rows with and without the field gives each row its
-    # own figures
-    rows = [load_execution(one_proc_execution(activation_offload_modules=v))
-            for v in ("none", "core_attn", "core_attn+attn_proj")]
+    # own figures: a few rows (evaluated as they are) and more than 64 (the
+    # distinct blocks evaluated once and gathered back: the field is keyed)
+    values = ("none", "core_attn", "core_attn+attn_proj")
+    for n in (3, 120):
+        rows = [load_execution(one_proc_execution(activation_offload_modules=values[i % 3],
+                                                  microbatch_size=1 + i % 2))
+                for i in range(n)]
+        out = evaluate_columns(model, system, to_columns(rows))
+        for i in range(0, n, 1 if n < 10 else 7):
+            one = evaluate_one(model, system, rows[i])
+            assert out["proc_mem_tier1_cap_req"][i] == pytest.approx(
+                one["proc_mem_tier1_cap_req"], rel=1e-12)
+            assert out["total_time"][i] == pytest.approx(one["total_time"], rel=1e-12)
+    rows = [load_execution(one_proc_execution(activation_offload_modules=v)) for v in values]
     out = evaluate_columns(model, system, to_columns(rows))
-    for i, ex in enumerate(rows):
-        one = evaluate_one(model, system, ex)
-        assert out["proc_mem_tier1_cap_req"][i] == pytest.approx(one["proc_mem_tier1_cap_req"])
-        assert out["total_time"][i] == pytest.approx(one["total_time"])
     assert out["proc_mem_tier1_cap_req"][0] == plain["proc_mem_tier1_cap_req"]
     assert out["proc_mem_tier1_cap_req"][2] < out["proc_mem_tier1_cap_req"][1] \
         < out["proc_mem_tier1_cap_req"][0]

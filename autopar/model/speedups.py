@@ -163,6 +163,8 @@ class BlockCache:
             tune_key.append(cols["attention_span"])
         if (cols["optimizer_moment_bytes"] != 4).any():     # bf16 moments
             tune_key.append(cols["optimizer_moment_bytes"])
+        if cols["activation_offload_modules"].any():     # fine-grained offloading
+            tune_key.append(cols["activation_offload_modules"])
         key1 += tune_key
         idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
