@@ -165,6 +165,9 @@ class BlockCache:
             tune_key.append(cols["optimizer_moment_bytes"])
         if cols["activation_offload_modules"].any():     # fine-grained offloading
             tune_key.append(cols["activation_offload_modules"])
+        for f in ("recompute_moe_act", "recompute_mla_up_proj"):
+            if cols[f].any():        # output-discarding recompute
+                tune_key.append(cols[f])
         key1 += tune_key
         idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}
