@@ -315,3 +315,20 @@ def test_deepseek_gb300_recipes_offload_and_fit():
     assert R.fine_offload_modules("activations:expert_fc1") == "expert_fc1"
     assert R.fine_offload_modules("").startswith("none")
     assert R.fine_offload_modules("fine_grained:fused_group_mlp").startswith("offloading")
+
+
+def test_estimate_shows_the_host_share(tmp_path, capsys):
+    data = json.loads(SYSTEM.read_text())
+    data["mem1"]["GiB"] = 1000
+    sys_f, ex_f = tmp_path / "s.json", tmp_path / "ex.json"
+    sys_f.write_text(json.dumps(data))
+    ex_f.write_text(json.dumps(one_proc_execution(
+        activation_offload_modules=["core_attn", "attn_proj"], batch_size=1,
+        microbatch_size=1)))
+    assert main(["estimate", str(MODEL), str(sys_f), str(ex_f)]) == 0
+    out = capsys.readouterr().out
+    assert "activation_offload_modules=core_attn+attn_proj" in out
+    acts = next(l for l in out.splitlines() if l.strip().startswith("activations"))
+    req = next(l for l in out.splitlines() if l.strip().startswith("requirement"))
+    # the offloaded groups are the tier-2 requirement, shown on the row
+    assert float(acts.split()[-1]) == float(req.split()[-1]) > 0
