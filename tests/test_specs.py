@@ -337,7 +337,8 @@ MEMORY_VALUES = {
     "selective_saves": "op_eager", "fp8_weight_copy": False, "fp8_primary_weights": True,
     "optimizer_step_bytes": 8.0, "adapter_saved_bytes": 3.0, "pipeline_in_flight": "capped",
     "pipeline_recv_buffers": True, "wgrad_accumulation_fusion": True,
-    "te_userbuffers": True, "te_userbuffers_rs": "ring_exchange", "cuda_graphs": "scoped"}
+    "te_userbuffers": True, "te_userbuffers_rs": "ring_exchange", "cuda_graphs": "scoped",
+    "head_weights_sharded": True}
 TIME_VALUES = {
     "pipeline_fraction": 0.04, "moe_block_s": 0.003, "moe_host_op_s": 2e-5, "launch_s": 5e-6,
     "attention_speed": 0.5, "attention_backward_speed": 0.4, "attention_tile": 128,

@@ -257,6 +257,12 @@ def memory_rows(model, execution, stats: dict) -> list[tuple[str, float, float]]
         rows.append(("weight grads", g("weight_grad_space"), 0.0))
         rows.append(("optimizer", g("optimizer_space"), 0.0))
     rows.append(("act grads", g("act_grad_space"), 0.0))
+    if not e["activations_offload"] and e.get("activation_offload_modules", "none") != "none":
+        # fine-grained offloading: the offloaded modules' saved tensors in
+        # host memory, what the tier-2 requirement holds beyond the rows above
+        rest = sum(r[2] for r in rows)
+        rows = [(n, t1, t2 + max(g("proc_mem_tier2_cap_req") - rest, 0.0)
+                 if n == "activations" else t2) for n, t1, t2 in rows]
     return rows
 
 
@@ -306,7 +312,8 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
                                       "attention_impl", "pipeline_layout",
                                       "first_stage_blocks", "last_stage_blocks",
                                       "bf16_first_blocks", "bf16_last_blocks",
-                                      "activation_offload_blocks") if f in e]
+                                      "activation_offload_blocks",
+                                      "activation_offload_modules") if f in e]
     flags += [f for f in ("embedding_in_split", "loss_in_split") if e.get(f)]
     add("        " + ", ".join(flags))
     if e.get("expert_par", 1) > 1 or e.get("expert_tensor_par", 1) > 1:

@@ -457,6 +457,72 @@ def is_explicit_layout(value) -> bool:
     return int(value) >= 2
 
 
+# Fine-grained activation offloading (issue 24): ``activation_offload_modules``
+# names the modules of every block whose saved tensors go to the second
+# memory tier (host memory) in forward and come back in backward, as
+# Megatron-Core's ``fine_grained_activation_offloading`` with
+# ``offload_modules`` (NVIDIA/Megatron-LM@2a75ac1
+# megatron/core/pipeline_parallel/fine_grained_activation_offload.py,
+# docs/user-guide/features/fine_grained_activation_offloading.md): a set of
+# ``OFFLOAD_MODULES``, written in a file as a list or joined by "+" in
+# Megatron's forward order ("core_attn+attn_proj"); ``attn_proj`` only with
+# ``core_attn`` (transformer_config.py ``__post_init__``).  The model counts
+# the saved tensors of the module's layers (``autopar.model.block``), less two
+# blocks' worth kept on tier 1 (``autopar.model.memory.fine_offload``).
+# "none" (the default): nothing offloaded, Calculon's meaning.
+OFFLOAD_MODULES = ("core_attn", "attn_proj", "expert_fc1", "moe_act")
+# Megatron-Core's other offload modules, which autopar does not count.
+OFFLOAD_MODULES_NOT_COUNTED = ("attn_norm", "qkv_linear", "mlp_norm", "fused_group_mlp")
+
+
+def _offload_module_sets() -> tuple[str, ...]:
+    """Every value of ``activation_offload_modules``: "none", then each
+    allowed set of ``OFFLOAD_MODULES`` joined by "+" in their order."""
+    out = ["none"]
+    n = len(OFFLOAD_MODULES)
+    for bits in range(1, 2 ** n):
+        names = [OFFLOAD_MODULES[i] for i in range(n) if bits >> i & 1]
+        if "attn_proj" in names and "core_attn" not in names:
+            continue
+        out.append("+".join(names))
+    return tuple(out)
+
+
+def offload_modules_value(v) -> "str | tuple[str, str]":
+    """A file's ``activation_offload_modules`` (a list of module names, one
+    name, or names joined by "+"; empty or "none": none) as its canonical
+    value, or ("error", message)."""
+    if v is None or (isinstance(v, str) and v.strip() in ("", "none")):
+        return "none"
+    if isinstance(v, str):
+        names = [p.strip() for p in v.replace(",", "+").split("+") if p.strip()]
+    elif isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v):
+        names = [p.strip() for p in v]
+    else:
+        return ("error", f"expected a list of module names, got {type(v).__name__}")
+    for name in names:
+        if name in OFFLOAD_MODULES_NOT_COUNTED:
+            return ("error", f"{name!r} is a Megatron-Core offload module autopar does not "
+                             f"count (it counts: {', '.join(OFFLOAD_MODULES)})")
+        if name not in OFFLOAD_MODULES:
+            return ("error", f"unknown module {name!r} (one of: {', '.join(OFFLOAD_MODULES)})")
+    if "attn_proj" in names and "core_attn" not in names:
+        return ("error", "attn_proj needs core_attn (Megatron-Core refuses attn_proj alone: "
+                         "its input is the core attention's output, which core_attn's "
+                         "backward needs)")
+    chosen = [m for m in OFFLOAD_MODULES if m in names]
+    return "+".join(chosen) if chosen else "none"
+
+
+def offload_module_mask(codes, module: str) -> np.ndarray:
+    """Rows of an ``activation_offload_modules`` code column that offload
+    ``module``."""
+    table = np.array([module in v.split("+") for v in CHOICES["activation_offload_modules"]])
+    return table[np.asarray(codes, dtype=np.int64)]
+
+
+CHOICES["activation_offload_modules"] = _offload_module_sets()
+EXT_DEFAULTS.update({"activation_offload_modules": "none"})
 # The fields of the pipeline split (all at their defaults: Calculon's).
 SPLIT_FIELDS = ("first_stage_blocks", "last_stage_blocks", "embedding_in_split",
                 "loss_in_split", "pipeline_layout")

@@ -37,6 +37,7 @@ PARAMS: tuple[str, ...] = (
     "sharding_group", "tensor_par_comm_type",
     "seq_par_ag_redo", "data_par_overlap", "tensor_par_overlap",
     "weight_offload", "activations_offload", "optimizer_offload", "activation_offload_blocks",
+    "activation_offload_modules",
     "fused_activation", "attention_type", "microbatch_size",
     "tensor_par_net", "pipeline_par_net", "data_par_net",
     # autopar's extensions (optional in a file: when absent, fixed at their

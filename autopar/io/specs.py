@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from autopar.io.errors import SpecError, brief  # noqa: F401  (re-exported)
 from autopar.io.layouts import (ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS,
-                               MOMENT_BYTES,
+                               MOMENT_BYTES, offload_modules_value,
                                 GEMM_ONLY_DATATYPES, INT_FIELDS, decoder_layer_counts,
                                layout_code, layout_problem, parse_layout)
 
@@ -393,6 +393,20 @@ class MemoryOverhead:
     # graph's static input it is copied into: one block input per block per
     # micro-batch in flight.
     cuda_graphs: str = "none"
+    # Megatron-FSDP's ``optim_grads_params`` (``weight_sharding``) shards the
+    # embedding's and the output layer's weights as it shards the blocks'
+    # (every parameter group's model-weight buffer is distributed, NVIDIA/
+    # Megatron-LM@2a75ac1 megatron/core/distributed/fsdp/src/megatron_fsdp/
+    # param_and_grad_buffer.py), and gathers a module outside the FSDP units
+    # (the embedding, the output layer) only around its own forward and
+    # backward (megatron_fsdp.py ``_param_list_for_submodule_unshard``: a
+    # non-unit module unshards its direct parameters;
+    # ``release_module_parameters`` after): the head's matrices held as
+    # 1 / weight shards each, the output layer's whole weight gathered at
+    # the last stage's peak (its forward and backward run around the loss).
+    # False: the head's weights whole where the blocks' are sharded
+    # (today's count).
+    head_weights_sharded: bool = False
 
 
 @dataclass(frozen=True)
@@ -1216,7 +1230,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "fp8_primary_weights", "optimizer_step_bytes",
                          "adapter_saved_bytes", "pipeline_in_flight",
                          "pipeline_recv_buffers", "te_userbuffers", "te_userbuffers_rs",
-                         "cuda_graphs"))
+                         "cuda_graphs", "head_weights_sharded"))
     reserved = c.number(o.get("reserved_GiB", 0.0), f"{path}.reserved_GiB")
     fraction = c.within(o.get("fraction", 0.0), f"{path}.fraction", 0, 1, high_open=True)
     if reserved < 0:
@@ -1254,6 +1268,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
     graphs = c.choice(o.get("cuda_graphs", "none"), f"{path}.cuda_graphs", CUDA_GRAPHS)
     ub_rs = c.choice(o.get("te_userbuffers_rs", "pipeline"), f"{path}.te_userbuffers_rs",
                      USERBUFFERS_RS)
+    head_sharded = c.bool(o.get("head_weights_sharded", False), f"{path}.head_weights_sharded")
     return MemoryOverhead(reserved, fraction, copies, gathered, split, master, autograd,
                           reshard, dummy_wgrad=dummy, backward_transient=transient,
                           moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
@@ -1262,7 +1277,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                           optimizer_step_bytes=step, adapter_saved_bytes=saved,
                           pipeline_in_flight=in_flight, pipeline_recv_buffers=recv,
                           wgrad_accumulation_fusion=fusion, te_userbuffers=ub,
-                          te_userbuffers_rs=ub_rs, cuda_graphs=graphs)
+                          te_userbuffers_rs=ub_rs, cuda_graphs=graphs,
+                          head_weights_sharded=head_sharded)
 
 
 def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOverhead:
@@ -1421,6 +1437,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["te_userbuffers_rs"] = o.te_userbuffers_rs
     if o.cuda_graphs != "none":
         out["cuda_graphs"] = o.cuda_graphs
+    if o.head_weights_sharded:
+        out["head_weights_sharded"] = True
     return out
 
 
@@ -1528,6 +1546,36 @@ def _check_offload_blocks(c: "Checker", out: dict, model: ModelSpec | None) -> N
         c.fail("activation_offload_blocks", why)
 
 
+def _check_fine_offload(c: "Checker", out: dict, model: ModelSpec | None) -> None:
+    """``activation_offload_modules`` where autopar counts Megatron-Core's
+    fine-grained activation offloading (``autopar.io.layouts``): in training,
+    not beside ``cpu_offloading`` (``activation_offload_blocks``: Megatron-Core's
+    ``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM@2a75ac1, asserts
+    the two apart), not beside ``activations_offload``, without full recompute
+    (a fully recomputed block saves only its input), and the experts' modules
+    only for a model with routed experts.  Only the fields the file states
+    are checked."""
+    mods = out.get("activation_offload_modules", "none")
+    if mods == "none":
+        return
+    why = None
+    if out.get("training") is False:
+        why = "needs training (offloads the activations saved for backward)"
+    elif out.get("activation_offload_blocks", 0):
+        why = ("cannot be set with activation_offload_blocks (Megatron-Core refuses "
+               "fine_grained_activation_offloading beside cpu_offloading)")
+    elif out.get("activations_offload"):
+        why = "cannot be set with activations_offload (that offloads every block already)"
+    elif out.get("activation_recompute") == "full":
+        why = ("cannot be set with activation_recompute full (a recomputed block saves only "
+               "its input; autopar counts the modules' saved tensors of blocks that keep them)")
+    elif model is not None and model.moe is None and (
+            {"expert_fc1", "moe_act"} & set(mods.split("+"))):
+        why = f"{mods} names expert modules, and the model has no routed experts"
+    if why:
+        c.fail("activation_offload_modules", why)
+
+
 def _check_counts(c: "Checker", out: dict, model: ModelSpec | None) -> None:
     """Counts beyond what the model has: ``recompute_layers`` above the blocks
     of a pipeline stage (Megatron-Core's ``TransformerConfig.__post_init__``,
@@ -1564,6 +1612,11 @@ def execution_value(c: "Checker", f: str, v, path: str | None = None):
         except ValueError as e:
             c.fail(path, f"{v!r}: {e}")
         return v
+    if f == "activation_offload_modules":
+        # a set of module names (autopar.io.layouts.offload_modules_value)
+        v = offload_modules_value(v)
+        if isinstance(v, tuple):
+            c.fail(path, v[1])
     if f in CHOICES:
         return c.choice(v, path, CHOICES[f])
     if f in BOOL_FIELDS:
@@ -1669,6 +1722,7 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
     _check_split(c, out, model)
     _check_counts(c, out, model)
     _check_offload_blocks(c, out, model)
+    _check_fine_offload(c, out, model)
     if out.get("sequence_fill", 100) > 100:
         c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
                                 f"sequence's tokens that are real)")

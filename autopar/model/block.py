@@ -25,6 +25,7 @@ from functools import partial
 
 import numpy as np
 
+from autopar.io.layouts import OFFLOAD_MODULES, offload_module_mask
 from autopar.io.specs import MemoryOverhead, SystemSpec
 from autopar.model.block_inputs import ActivationSizes, BlockInputs, block_inputs
 from autopar.model.block_sums import BlockSums
@@ -37,6 +38,7 @@ from autopar.model.mamba import mamba_mixer
 from autopar.model.memory import whole_pipeline_grads
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
+                                  offload_group,
                                   fp8_gemm, gelu, layer, linear, projections, residual, rotary,
                                   softmax, swiglu)
 
@@ -80,7 +82,7 @@ def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
         if not x.llama:
             seq.append((dropout(ctx, x.A_tp, **x.full), True))
         seq.append((residual(ctx, x.A_tp, x.A_tp, **x.full, **x.shared_input), True))
-    acc = accumulate(ctx, cols, seq, x.recompute_full)
+    acc = accumulate(ctx, cols, seq, x.recompute_full, offload_masks(cols, m))
     if ctx.selective_saves != "layers" and x.llama and not m.hybrid_pattern \
             and m.mla is None and kind != "moe" and np.any(x.mlp_only):
         # (the policy's matmul order is a Llama block's: other blocks keep
@@ -305,11 +307,12 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
         (batched_matmul(ctx, mbs * heads_tp, sq, s, d, **full), core),
         (flash_attention(ctx, mbs, heads_tp, sq, d, kv, x.impl, sk=x.span, **full), x.flash),
     ]
-    seq += core_layers
+    seq += offload_group(core_layers, "core_attn")
     seq += [
-        (g(linear(ctx, B, H * d / tp, h, **full)), separate),
+        (offload_group(g(linear(ctx, B, H * d / tp, h, **full)), "attn_proj"), separate),
         (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), separate),
-        (g(tp_overlapped_linear(ctx, B, H * d, h, True, x.recompute_full, x.recompute_full)),
+        (offload_group(g(tp_overlapped_linear(ctx, B, H * d, h, True, x.recompute_full,
+                                              x.recompute_full)), "attn_proj"),
          overlapped),
     ]
     seq += adapter_layers(ctx, B, (("o", H * d / tp, h),), **full)
@@ -355,11 +358,25 @@ def _mlp(ctx: LayoutContext, x: BlockInputs, f: float, after_attention: bool = T
     return seq
 
 
+def offload_masks(cols: dict, model) -> dict | None:
+    """{module: rows that offload it} for the ``activation_offload_modules``
+    that some row of ``cols`` sets, or None where none does (every row as
+    Calculon: no ``act_offload`` sum)."""
+    codes = cols.get("activation_offload_modules") if hasattr(cols, "get") else None
+    if codes is None or not np.any(codes):
+        return None
+    training = np.asarray(cols["training"], dtype=bool)
+    return {name: offload_module_mask(codes, name) & training for name in OFFLOAD_MODULES}
+
+
 # The sums the layers add up (the others are set after the sum: the K/V
-# exchange, the stored activations of a whole block, the gathered weights).
+# exchange, the stored activations of a whole block, the gathered weights,
+# the offloaded modules' saved tensors).
 _ACCUMULATED = tuple(name for name in BlockSums.__dataclass_fields__
-                     if name not in ("act_storage_all", "weight_space_full",
-                                     "weight_unkept_full", "cp_fw_link",
+                     if name not in ("act_offload", "bw_offload", "fw_offload_window",
+                                     "act_offload_max",
+                                     "act_storage_all",
+                                     "weight_space_full", "weight_unkept_full", "cp_fw_link",
                                      "cp_fw_exp", "cp_bw_link", "cp_bw_exp", "cp_re_exp",
                                      "cp_fw_size", "dummy_attn", "dummy_rest", "op_grads",
                                      "op_grads_mixer", "op_grads_rest"))
@@ -373,10 +390,15 @@ def _rows_of(mask):
     return mask if mask.any() else False
 
 
-def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> BlockSums:
-    """Per-block sums over the layer sequence, for one micro-batch."""
+def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full,
+               offload: dict | None = None) -> BlockSums:
+    """Per-block sums over the layer sequence, for one micro-batch;
+    ``offload`` ({module: rows}, ``offload_masks``): also ``act_offload``,
+    the stored activations of the layers of the offloaded modules."""
     z = ctx.zeros
     acc = BlockSums(**{name: z.copy() for name in _ACCUMULATED})
+    if offload is not None:
+        acc.act_offload, acc.bw_offload = z.copy(), z.copy()
     tr = ctx.training
     for L, present in seq:
         p = np.broadcast_to(present, z.shape)
@@ -460,12 +482,19 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> BlockSums
                 if "unsent_b" in L:
                     add(acc.x_weight_unsent, L["unsent_b"])
         add(acc.act_working, L["act_b"], _rows_of(p & ~L["reused"]))
+        group = offload is not None and L.get("offload_module")
+        if group:
+            before = acc.act_storage.copy()
         add(acc.act_storage, L["act_b"])
         add(acc.act_storage, -L["out_b"], _rows_of(pt & ~L["out_stored"]))
         add(acc.act_storage, -L["act_b"], _rows_of(pt & ~L["stored"]))
         if "keep_b" in L:       # intermediates a kernel keeps beyond Calculon's count
             add(acc.act_storage, L["keep_b"])
             add(acc.act_working, L["keep_b"])
+        if group:
+            rows = _rows_of(pt & offload[group])
+            add(acc.act_offload, acc.act_storage - before, rows)
+            add(acc.bw_offload, L["time_agrad"] + L["time_wgrad"], rows)
         add(acc.wgrad_space, L["wgrad_sh"], on_t)
         add(acc.wgrad_space_full, L["wgrad_full"], on_t)
         add(acc.act_grad_space, L["agrad_b"], on_t)
@@ -480,6 +509,11 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full) -> BlockSums
     # What a block keeps when it does not recompute (for recompute_layers).
     acc.act_storage_all = acc.act_storage
     acc.act_storage = np.where(recompute_full, 0.0, acc.act_storage)
+    if offload is not None:
+        acc.act_offload = np.minimum(np.where(recompute_full, 0.0, acc.act_offload),
+                                     acc.act_storage)
+        acc.fw_offload_window = acc.fw_time.copy()
+        acc.act_offload_max = acc.act_offload
     return acc
 
 
@@ -563,12 +597,20 @@ def head_memory(ctx: LayoutContext, cols: dict, acts: ActivationSizes, stages,
     if ctx.frozen is not None:
         # Frozen (adapters): the weights only.
         trained = trained * ctx.trainable
-    per_param = b + ctx.if_training(trained)
+    held_b, gathered = b, 0.0
+    if over.head_weights_sharded and np.any(ctx.weight_shards > 1):
+        # Megatron-FSDP: each matrix held sharded over the weight shards,
+        # the output layer's gathered whole at the last stage's peak
+        # (memory_overhead.head_weights_sharded)
+        sharded = ctx.weight_shards > 1
+        held_b = np.where(sharded, b / ctx.weight_shards, b)
+        gathered = np.where(sharded, params * b, 0.0)
+    per_param = held_b + ctx.if_training(trained)
     matrix = params * per_param
     whole = B * V / (1.0 if over.logits_gathered else tp)
     copy = ctx.if_training(whole * 4.0)
     copies = over.logits_fp32_copies * copy
-    last = matrix * (1.0 + (stages == 1))        # both matrices on a single stage
+    last = matrix * (1.0 + (stages == 1)) + gathered     # both matrices on a single stage
     if mtp:
         # each module's projection of [hidden; embedding] (2 x hidden) to
         # hidden; one module's with ``mtp_repeated`` (moe.mtp_layers)

@@ -86,6 +86,18 @@ class BlockSums:
     optimizer_space: np.ndarray = _sum()
     # what a block keeps when it does not recompute (recompute_layers)
     act_storage_all: np.ndarray = _sum()
+    # of act_storage, what the layers of the modules a row offloads store
+    # (``activation_offload_modules``; None where no row sets it)
+    act_offload: np.ndarray = _sum()
+    # the backward time (activation and weight gradients) of those layers,
+    # and the block's forward time, which their copies out run behind (a
+    # footprint sum: the copies still running are on tier 1)
+    bw_offload: np.ndarray = _sum()
+    fw_offload_window: np.ndarray = _sum()
+    # the largest act_offload of one block of the stage (a stage of block
+    # kinds: the kept and in-flight groups are whole blocks of the kind
+    # that has the module, not the average block)
+    act_offload_max: np.ndarray = _sum()
     # a whole block's weights where ZeRO-3 / FSDP shards them (set with the
     # shard divisions)
     weight_space_full: np.ndarray = _sum()
@@ -148,7 +160,8 @@ class BlockSums:
 
 
 # The sums that combine by the larger value, not by adding.
-MAX_SUMS = ("tp_bw_req", "dummy_attn", "op_grads", "op_grads_mixer", "op_grads_rest")
+MAX_SUMS = ("tp_bw_req", "dummy_attn", "op_grads", "op_grads_mixer", "op_grads_rest",
+            "act_offload_max")
 # The sums a stage holds once per block kind it has, however many blocks.
 KIND_SUMS = ("dummy_rest",)
 # Calculon's statistic -> the field that reports it.

@@ -35,7 +35,8 @@ from autopar.model.block_sums import CALCULON, BlockSums
 from autopar.model.communication import data_parallel_sync, pipeline_p2p, weight_gathers
 from autopar.model.context import LayoutContext, masked
 from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, offload_traffic,
-                                  partial_offload_exposed, recompute_share, userbuffer_bytes)
+                                  partial_offload_exposed, recompute_share, userbuffer_bytes,
+                                  fine_offload_exposed)
 from autopar.model.gated_delta import pace_weights
 from autopar.model.mamba import hybrid_kinds
 from autopar.model.moe import BF16, bf16_blocks, mix, stage_counts
@@ -196,6 +197,10 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
         # Some blocks' activations offloaded (activation_offload_blocks).
         fw_offload = fw_offload + partial[0]
         bw_offload = bw_offload + ctx.if_training(partial[1])
+    fine = fine_offload_exposed(ctx, sums, sched)
+    if fine is not None:
+        # Modules' activations offloaded (activation_offload_modules).
+        bw_offload = bw_offload + ctx.if_training(fine)
     # Full recompute of only recompute_layers blocks of each stage.
     share = recompute_share(cols, recompute_full, sched.blocks_per_stage)
     recompute_time = passes * sums.re_time * share
@@ -452,7 +457,8 @@ def typed_columns(c: dict) -> dict:
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe",
-              "moe_dispatcher", "pipeline_layout", "optimizer", "adapter", "adapter_targets"):
+              "moe_dispatcher", "pipeline_layout", "optimizer", "adapter", "adapter_targets",
+              "activation_offload_modules"):
         typed[f] = c[f].astype(np.int8, copy=False)
     return typed
 

@@ -545,3 +545,16 @@ def fork(ctx, size, users, **kw):
     L["mem_fw"] = ctx.zeros
     L["mem_agrad"] = L["act"] * ctx.elem_bytes * (users + 1)
     return L
+
+
+def offload_group(layers, module: str):
+    """``layers`` (one layer dict, or (layer, present) pairs) tagged as
+    Megatron-Core's fine-grained offload group ``module``
+    (``autopar.io.layouts.OFFLOAD_MODULES``): what autograd saves inside the
+    group is what its layers store (``accumulate``: ``act_offload``)."""
+    if isinstance(layers, dict):
+        layers["offload_module"] = module
+        return layers
+    for L, _ in layers:
+        L["offload_module"] = module
+    return layers

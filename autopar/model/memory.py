@@ -92,6 +92,70 @@ def partial_offload_exposed(ctx: LayoutContext, cols: dict, sums: BlockSums, sch
             micro * exposed(chunk["bw_base_no_offload"]))
 
 
+# Blocks' worth of the offloaded modules' saved tensors Megatron-Core keeps
+# on the GPU beside those still being copied: the last group of each module
+# of the micro-batch whose backward runs next (NVIDIA/Megatron-LM@2a75ac1
+# megatron/core/pipeline_parallel/fine_grained_activation_offload.py
+# ``ChunkOffloadHandler.should_bulk_offload``, ``post_warmup_callback``'s
+# offload margin).
+FINE_OFFLOAD_KEPT = 1
+
+
+def fine_offload_resident(ctx: LayoutContext, sums: BlockSums, offloaded):
+    """Blocks' worth of the offloaded modules' saved tensors still on tier 1
+    at the end of a forward that offloaded ``offloaded`` blocks back to back
+    (``activation_offload_modules``): the copies not yet done.  Megatron-Core
+    copies each group on one device-to-host stream once the module's forward
+    has run (``on_group_commit_forward``: the stream waits for the compute,
+    ``bulk_offload_group`` copies every saved tensor of at least
+    ``min_offloaded_tensor_size`` elements), and the GPU copy is freed when
+    its copy is done (``record_stream`` on that stream); the compute stream
+    never waits for it in forward (``fine_grained_offloading_max_inflight_offloads``
+    unset).  With ``c`` one block's copy over the second tier and ``f`` a
+    block's forward, copy ``i`` ends at ``max((i + 1) f, end of copy i - 1)
+    + c``: at the end of the ``n``-th block ``n - floor(n f / c)`` copies
+    are outstanding, at least the one of the block before (the last block's
+    own is ``FINE_OFFLOAD_KEPT``)."""
+    c = ctx.mem2.time(sums.act_offload)
+    f = np.maximum(sums.fw_offload_window, 0.0)
+    n = np.maximum(offloaded, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        done = np.where(c > 0, np.floor(n * np.minimum(f / c, 1.0)), n)
+    return np.where(c > 0, np.minimum(n, np.maximum(1.0, n - done)), 0.0)
+
+
+def fine_offload_exposed(ctx: LayoutContext, sums: BlockSums, sched: Schedule):
+    """Exposed backward time of fine-grained activation offloading over the
+    batch (``activation_offload_modules``), or None where no row sets it.
+
+    Megatron-Core (fine_grained_activation_offload.py, NVIDIA/Megatron-LM@2a75ac1)
+    reloads a block's groups on its host-to-device stream when the backward
+    of the same module of the block after it has run
+    (``on_group_start_backward`` -> ``bulk_reload``: one group ahead), after
+    that group's own copy to the host is done (``wait_offload_event``), and
+    the compute stream waits for the reload before the module's backward
+    (``on_group_commit_backward``).  A reload of ``c`` (one block's offloaded
+    tensors over the second tier, as the copy out) thus hides behind the
+    backward of the block's other layers, ``w`` = a block's backward less
+    the offloaded layers' (``bw_offload``); each of a micro-batch's ``L - 1``
+    offloaded blocks exposes ``max(0, c - w)``, and the first waits as well
+    for the copies out still queued when the forward ended, ``(L - 1) (c -
+    f)`` where the copies are slower than the forward (``f``), less the
+    backward before its reload starts.  The forward exposes nothing (its
+    compute never waits for a copy out: memory only,
+    ``fine_offload_resident``)."""
+    if sums.act_offload is None:
+        return None
+    c = ctx.mem2.time(sums.act_offload)
+    b = sums.agrad_time + sums.wgrad_time
+    w = np.maximum(b - sums.bw_offload, 0.0)
+    n = np.maximum(sched.blocks_per_stage.astype(float) - FINE_OFFLOAD_KEPT, 0.0)
+    backlog = np.maximum(n * (c - sums.fw_offload_window) - (b - w), 0.0)
+    per_mb = np.maximum(backlog + c - w, 0.0) + np.maximum(n - 1, 0.0) * np.maximum(c - w, 0.0)
+    per_mb = np.where((sums.act_offload > 0) & ctx.training, per_mb, 0.0)
+    return sched.microbatches.astype(float) * per_mb
+
+
 def offload_bandwidth(ctx: LayoutContext, sums: BlockSums, chunk: dict, offload: dict) -> dict:
     """Tier-2 bandwidth each offload needs to hide behind a block's compute."""
     training = ctx.training
@@ -433,6 +497,22 @@ def _stage(ctx: LayoutContext, cols: dict, sums: BlockSums, sched: Schedule, che
         host_acts = masked(sums.act_storage * off, ~recompute_full)
         act_first = act_first - host_acts
         act_last = act_last - host_acts
+    if sums.act_offload is not None:
+        # Fine-grained activation offloading (``activation_offload_modules``):
+        # of the blocks in flight, the offloaded modules' saved tensors stay
+        # on tier 1 for the kept block and the copies not yet done
+        # (``fine_offload_resident``); the host holds the others.
+        def fine(micro_batches):
+            total = blocks * micro_batches
+            n = np.maximum(total - FINE_OFFLOAD_KEPT, 0.0)
+            resident = np.minimum(FINE_OFFLOAD_KEPT + fine_offload_resident(ctx, sums, n), total)
+            # (the resident groups are whole blocks of the kind that has
+            # the module: ``act_offload_max``)
+            return np.maximum(sums.act_offload * total - sums.act_offload_max * resident, 0.0)
+        first_off, last_off = fine(in_flight_first), fine(last_stage_in_flight(sched))
+        act_first = act_first - first_off
+        act_last = act_last - last_off
+        host_acts = host_acts + np.maximum(first_off, last_off)
     act_grad = ctx.if_training(sums.op_grads if by_op else sums.act_grad_space)
     if by_op and sums.op_grads_mixer is not None:
         # CUDA graphs of one part of each layer (memory_overhead.cuda_graphs

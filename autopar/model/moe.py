@@ -55,6 +55,7 @@ from autopar.model.mamba import hybrid_kinds, layer_kinds
 from autopar.model.overhead import moe_sync_ops
 from autopar.model.pipeline import chunk_spans, chunk_split, distinct_splits, uneven_rows
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
+                                  offload_group,
                                   fp8_gemm, gelu, grouped_linear, layer, linear, no_tp_comm,
                                   rms_norm, rotary, softmax, swiglu)
 
@@ -249,8 +250,9 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     own = T * h * b
     dispatch = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=False)
     back = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=True)
-    seq = [(router, True), (scores, True), (dispatch, True), (permute, True), (fc1, True),
-           (act_fn, True), (fc2, True), (back, True), (combine, True)]
+    seq = [(router, True), (scores, True), (dispatch, True), (permute, True),
+           (offload_group(fc1, "expert_fc1"), True), (offload_group(act_fn, "moe_act"), True),
+           (fc2, True), (back, True), (combine, True)]
     if down is not None:
         # (Megatron-Core's MoELayer.preprocess projects down before the
         # dispatcher's permutation; postprocess projects up after the combine)
@@ -337,9 +339,9 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
         (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, x.impl, sk=x.span, dv=dv,
                          kv_v=heads_tp * dv, **full, stored=kept_qkv), x.flash),
     ]
-    seq += core_layers
+    seq += offload_group(core_layers, "core_attn")
     seq += [
-        (g(linear(ctx, B, heads_tp * dv, h, **full)), True),
+        (offload_group(g(linear(ctx, B, heads_tp * dv, h, **full)), "attn_proj"), True),
         (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), True),
     ]
     return seq, core_layers, heads_tp * dqk, heads_tp * dqk

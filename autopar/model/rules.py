@@ -14,7 +14,8 @@ from typing import Mapping
 import numpy as np
 
 from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS, SPLIT_FIELDS,
-                                decoder_layer_counts, explicit_layout, placement_problem)
+                                decoder_layer_counts, explicit_layout, offload_module_mask,
+                                placement_problem)
 from autopar.io.specs import FP8_MATRIX, ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
 from autopar.model.context import choose
@@ -125,6 +126,18 @@ REASONS = REASONS + (
     "invalid: activation_offload_blocks needs training, pipeline_par 1, no activation "
     "recompute and no activations_offload",
     "invalid: activation_offload_blocks must be 0..num_blocks - 1",
+)
+# Fine-grained activation offloading (issue 24, ``activation_offload_modules``):
+# Megatron-Core's TransformerConfig.__post_init__ (NVIDIA/Megatron-LM@2a75ac1)
+# refuses it beside cpu_offloading; autopar counts it in training only, with
+# no full recompute (a fully recomputed block saves only its input) and not
+# beside the all-activations ``activations_offload``; the expert modules need
+# routed experts.
+REASONS = REASONS + (
+    "invalid: activation_offload_modules needs training, no full activation recompute, "
+    "no activations_offload and no activation_offload_blocks",
+    "invalid: activation_offload_modules names expert_fc1 or moe_act for a model without "
+    "routed experts",
 )
 # Gated DeltaNet layers (autopar.model.gated_delta).
 REASONS = REASONS + (
@@ -333,6 +346,16 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
              "activation recompute and no activations_offload")
         flag((off < 0) | (off >= nb),
              "invalid: activation_offload_blocks must be 0..num_blocks - 1")
+    fine = cols.get("activation_offload_modules")
+    if fine is not None and fine.any():
+        full = CHOICES["activation_recompute"].index("full")
+        flag((fine > 0) & (~tr | (rec == full) | cols["activations_offload"] | (off > 0)),
+             "invalid: activation_offload_modules needs training, no full activation "
+             "recompute, no activations_offload and no activation_offload_blocks")
+        if model.moe is None:
+            flag(offload_module_mask(fine, "expert_fc1") | offload_module_mask(fine, "moe_act"),
+                 "invalid: activation_offload_modules names expert_fc1 or moe_act for a "
+                 "model without routed experts")
     recipe = cols["fp8_recipe"]
     for f in ("bf16_first_blocks", "bf16_last_blocks"):
         b = cols[f]

@@ -55,13 +55,13 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
                  "optimizer", "adapter", "adapter_rank", "adapter_targets", "attention_span",
                  "optimizer_moment_bytes",
-                 "recompute_moe_act", "recompute_mla_up_proj")
+                 "recompute_moe_act", "recompute_mla_up_proj", "activation_offload_modules")
 # Per-block sums the memory footprints need (``memory.footprints``, with
 # the shard divisions of ``BlockCache.rows``): evaluate_columns gathers
 # them for every row, the others only for the rows that fit in memory.
 FOOTPRINT_SUMS = ("weight_space", "weight_unkept", "x_weight_space", "x_weight_unkept",
                   "act_working", "act_storage",
-                  "act_storage_all",
+                  "act_storage_all", "act_offload", "fw_offload_window", "act_offload_max",
                   "wgrad_space", "wgrad_space_full", "act_grad_space", "optimizer_space",
                   "x_wgrad_space", "x_optimizer_space", "dummy_attn", "dummy_rest", "op_grads",
                   "op_grads_mixer", "op_grads_rest")
@@ -80,7 +80,8 @@ BATCH_SUMS = ("fw_time", "fw_mem_time", "re_time", "re_flops_time", "re_mem_time
               "base_recomm_exp", "edge_recomm_exp",
               "cp_fw_link", "cp_bw_link", "cp_fw_exp", "cp_bw_exp", "cp_re_exp",
               "ep_link", "ep_exposed", "useful_fw", "useful_bw", "x_weight_space",
-              "weight_copies", "weight_unsent", "x_weight_copies", "x_weight_unsent")
+              "weight_copies", "weight_unsent", "x_weight_copies", "x_weight_unsent",
+              "bw_offload")
 
 
 _FEW = 64
@@ -163,6 +164,11 @@ class BlockCache:
             tune_key.append(cols["attention_span"])
         if (cols["optimizer_moment_bytes"] != 4).any():     # bf16 moments
             tune_key.append(cols["optimizer_moment_bytes"])
+        if cols["activation_offload_modules"].any():     # fine-grained offloading
+            tune_key.append(cols["activation_offload_modules"])
+        for f in ("recompute_moe_act", "recompute_mla_up_proj"):
+            if cols[f].any():        # output-discarding recompute
+                tune_key.append(cols[f])
         key1 += tune_key
         idx1, inv1 = distinct(*pack(key1))
         sub = {f: cols[f][idx1] for f in _BLOCK_FIELDS}

@@ -362,6 +362,20 @@ def _r_offload_blocks(c, s):
     return tuple(range(c.blocks)), None
 
 
+def _r_offload_modules(c, s):
+    # Fine-grained activation offloading (activation_offload_modules): every
+    # set of the modules autopar counts where there is a second tier and a
+    # backward; the experts' modules only for a model with experts.  No
+    # dependency on activation_recompute (as _r_offload_blocks): the model's
+    # rules refuse it with full recompute.
+    if not c.mem2 or not c.training:
+        return ("none",), "needs a second memory tier (mem2) and training"
+    values = CHOICES["activation_offload_modules"]
+    if not c.experts:
+        values = tuple(v for v in values if "expert_fc1" not in v and "moe_act" not in v)
+    return values, None
+
+
 def _r_fused(c, s):
     return _TF, None
 
@@ -482,6 +496,8 @@ RULES: tuple[Rule, ...] = (
     Rule("activations_offload", ("activation_recompute",), _r_aoff, ""),
     Rule("optimizer_offload", (), _r_ooff, ""),
     Rule("activation_offload_blocks", (), _r_offload_blocks, "0 up to num_blocks - 1"),
+    Rule("activation_offload_modules", (), _r_offload_modules,
+          "sets of the modules autopar counts (expert ones with experts)"),
     Rule("fused_activation", (), _r_fused, ""),
     Rule("attention_type", (), _r_attn, ""),
     Rule("microbatch_size", ("tensor_par", "data_par", "batch_size"), _r_mbs,

@@ -199,3 +199,29 @@ def with_userbuffers_rs(system_, x: dict):
         return system_
     return dataclasses.replace(system_, memory_overhead=dataclasses.replace(
         system_.memory_overhead, te_userbuffers_rs=mode))
+
+
+def without_wgrad_fusion(system_, x: dict):
+    """The system under a recipe that turns Megatron-Core's
+    ``gradient_accumulation_fusion`` off (``model.gradient_accumulation_fusion``
+    in the dense table, ``gradient_accumulation_fusion`` in the MoE one;
+    the Llama 3 70B Megatron-FSDP recipes set it False): Transformer Engine
+    then returns each weight gradient as its own tensor and keeps no cached
+    dummy one (TransformerEngine transformer_engine/pytorch/module/linear.py
+    and layernorm_linear.py call ``get_dummy_wgrad`` only under
+    ``fuse_wgrad_accumulation``, which Megatron-Core sets from
+    ``config.gradient_accumulation_fusion``: NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/extensions/transformer_engine.py; the output layer's,
+    megatron/core/tensor_parallel/layers.py, only under
+    ``ctx.gradient_accumulation_fusion``), and the gradient GEMM does not
+    write into the gradient buffer: ``memory_overhead.dummy_wgrad`` and
+    ``wgrad_accumulation_fusion`` off.  The system unchanged where the
+    recipe leaves it on (Megatron-Core's default) or has no such records."""
+    import dataclasses
+    v = x.get("model.gradient_accumulation_fusion", x.get("gradient_accumulation_fusion"))
+    over = system_.memory_overhead
+    if v is None or flag(v) or over is None:
+        return system_
+    return dataclasses.replace(system_, memory_overhead=dataclasses.replace(
+        over, dummy_wgrad=False, wgrad_accumulation_fusion=False))
+

@@ -27,7 +27,10 @@ defaults, Bridge's recipe defaults):
 * ``offload``: ``cpu_activations:layers=N`` (Megatron-Core's
   ``cpu_offloading`` of the first N layers' activations) ->
   ``activation_offload_blocks`` N (``cpu_offload_layers``); other
-  offloading (fine-grained activation offloading of modules): Skip.
+  offloading: Skip (the rows that offload modules, fine-grained, are MoE
+  rows: ``recipes_moe.fine_offload_modules``).
+* ``model.gradient_accumulation_fusion`` False: no TE dummy weight
+  gradients (``recipe_table.without_wgrad_fusion``).
 * ``extra``: ``ddp.use_megatron_fsdp`` with ``optim_grads_params`` ->
   ``weight_sharding``; ``ddp.num_distributed_optimizer_instances`` ->
   ``sharding_group``; ``grad_reduce_in_fp32`` -> ``fp32_grads``;
@@ -76,7 +79,7 @@ from autopar.studies import recipes_moe
 from autopar.studies.recipe_table import (CSV, CSVS, FP8, FRAMEWORK, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
                                           moment_bytes, read, with_cuda_graphs,
-                                          with_userbuffers_rs)
+                                          with_userbuffers_rs, without_wgrad_fusion)
 
 # The dense and hybrid models of autopar's models/ the recipes name.
 DENSE_MODELS = ("llama3-8B", "llama3-70B", "llama3-405B", "nemotron-h-8B", "nemotron-h-47B",
@@ -208,7 +211,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # No vocabulary preset by the model: the tokenizer's, padded.
         vocab = int_cell(x.get("tokenizer.vocab_size"), m.vocab_size)
         m = dataclasses.replace(m, vocab_size=padded_vocab(vocab, tp))
-    sy = P.system(sys_name, FRAMEWORK)
+    sy = without_wgrad_fusion(P.system(sys_name, FRAMEWORK), x)
     if primary_weights_off(row, FP8[precision]):
         sy = dataclasses.replace(sy, memory_overhead=dataclasses.replace(
             sy.memory_overhead, fp8_primary_weights=False))

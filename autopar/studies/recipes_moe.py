@@ -35,9 +35,13 @@ What a recipe sets and autopar counts:
   captured graph keeps (``recipe_table.cuda_graph_mode``,
   ``memory_overhead.cuda_graphs``; docs/validation.md, "CUDA graphs and TE
   userbuffers: memory, counted").
+* fine-grained activation offloading (``offload`` ``fine_grained:<modules>``
+  / ``activations:<modules>``) -> ``activation_offload_modules``
+  (``fine_offload_modules``; a module autopar does not count: Skip);
+  ``gradient_accumulation_fusion`` false -> no TE dummy weight gradients
+  (``recipe_table.without_wgrad_fusion``).
 * Not counted (the layout is predicted without them; the docs say which
-  rows they touch): CUDA graphs' time, fine-grained activation offloading (its
-  activations counted on the GPU), paged stashing / expert capacity padding
+  rows they touch): CUDA graphs' time, paged stashing / expert capacity padding
   for CUDA graphs, fp8 primary weights / fp8 parameter gather.
 
 Megatron-FSDP (``ddp.use_megatron_fsdp`` with ``optim_grads_params``) is
@@ -58,13 +62,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from autopar.io.layouts import parse_layout
+from autopar.io.layouts import (OFFLOAD_MODULES_NOT_COUNTED, offload_modules_value,
+                                 parse_layout)
 from autopar.model.pipeline import stage_split
 from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
 from autopar.studies.recipe_table import (COLUMNS, FP8, RECIPES, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
-                                          moment_bytes, read, with_cuda_graphs)
+                                          moment_bytes, read, with_cuda_graphs,
+                                          without_wgrad_fusion)
 
 CSV = RECIPES / "bridge_moe.csv"
 FRAMEWORK = "megatron-bridge"
@@ -175,6 +181,31 @@ def pipeline_layout_fields(layout: str | None, num_blocks: int, pp: int, vp: int
     return {"pipeline_layout": layout}
 
 
+def fine_offload_modules(cell) -> str:
+    """The recipe's ``offload`` cell as ``activation_offload_modules``:
+    ``fine_grained:<module>;<module>`` (Megatron-Core's
+    ``fine_grained_activation_offloading`` with those ``offload_modules``, as
+    the DeepSeek-V3 GB300 recipes set ``core_attn`` and ``attn_proj``; the
+    dense table writes ``activations:<module>``) -> the
+    field's value; empty -> "none"; anything else: the reason, starting
+    "offloading".  A module autopar does not count
+    (``OFFLOAD_MODULES_NOT_COUNTED``, such as the Nemotron 3 Ultra recipes'
+    ``fused_group_mlp``) is left out: its activations are counted on the
+    GPU, so the predicted peak errs high, never low."""
+    cell = str(cell).strip()
+    if not cell or cell == "nan":
+        return "none"
+    kind, _, rest = cell.partition(":")
+    # (the MoE table writes "fine_grained:", the dense one "activations:")
+    if kind not in ("fine_grained", "activations"):
+        return f"offloading {cell}: not fine-grained offloading of modules"
+    value = offload_modules_value([m for m in rest.split(";")
+                                   if m and m not in OFFLOAD_MODULES_NOT_COUNTED])
+    if isinstance(value, tuple):
+        return f"offloading {cell}: {value[1]}"
+    return value
+
+
 def recipe_case(row) -> "P.PublishedCase | P.Skip":
     label = str(row["recipe"])
     name = str(row["model"])
@@ -194,7 +225,8 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     fp8 = RECIPE_FP8.get(precision)
     if fp8 is None:
         return P.Skip(f"precision {precision} is no autopar recipe", label)
-    sy = with_cuda_graphs(P.system(sys_name, FRAMEWORK), row["cuda_graph"])
+    sy = with_cuda_graphs(without_wgrad_fusion(P.system(sys_name, FRAMEWORK), x),
+                          row["cuda_graph"])
     seq = int_cell(row["seq"], 4096)
     changes = {"seq_size": seq}
     base = P.model(name)
@@ -229,6 +261,9 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # virtual_pipeline_model_parallel_size from the layout; a different
         # one set beside it fails its assertion)
         vp = len(parse_layout(layout)) // pp
+    modules = fine_offload_modules(row["offload"])
+    if isinstance(modules, str) and modules.startswith("offloading"):
+        return P.Skip(modules, label)
     ep, etp = int_cell(row["ep"], 1), int_cell(row["etp"], 1)
     mbs, gbs = int_cell(row["mbs"], 1), int_cell(row["gbs"])
     if n is None or gbs is None or n % (tp * pp * cp):
@@ -313,4 +348,6 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     if isinstance(split, str):
         return P.Skip(split, label)
     ex.update(split)
+    if modules != "none":
+        ex["activation_offload_modules"] = modules
     return P.PublishedCase(m, sy, ex, {}, label)

@@ -149,6 +149,11 @@ def write(model, execution) -> str:
             lines.append(f"optimizer.use_distributed_optimizer={_value(v)}")
     lines.append("mixed_precision="
                  + PRECISION[(execution["datatype"], execution.get("fp8_recipe", "none"))])
+    if s.get("model.fine_grained_activation_offloading"):
+        # (Megatron-LM's validate_args asserts it with TE >= 2.10; Bridge's
+        # recipes that offload set it in their env_vars)
+        lines[3:3] = ["# environment: NVTE_CPU_OFFLOAD_V1=1 (fine-grained activation "
+                      "offloading on Transformer Engine's v1 offload path)"]
     if execution.get("adapter", "none") == "lora":
         # ConfigContainer.peft: the recipe loaded in its lora mode (run_recipe.py's
         # mode option, a launcher flag and not an override) builds LoRA()

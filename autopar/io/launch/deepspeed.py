@@ -71,6 +71,7 @@ EXPRESSIBLE = {
     "tensor_par_overlap": ("none",),
     "activations_offload": (False,),
     "activation_offload_blocks": (0,),
+    "activation_offload_modules": ("none",),
     "fp8_recipe": ("none",),
     "expert_tensor_par": (1,),
     "moe_dispatcher": ("alltoall",),
@@ -92,6 +93,11 @@ WHY = {"optimizer": "SGD would be torch.optim.SGD under ZeRO's untested-optimize
                                  "parameters",
        "adapter": "DeepSpeed's LoRA (deepspeed/linear/config.py LoRAConfig, "
                   "OptimizedLinear) is set up in the training script, not in ds_config",
+       "activation_offload_modules": "ds_config has no per-module activation offloading: "
+                                     "activation_checkpointing.cpu_checkpointing moves every "
+                                     "layer's checkpoint under recompute (deepspeed/runtime/"
+                                     "activation_checkpointing/config.py), not the saved "
+                                     "inputs of chosen modules",
        "activation_offload_blocks": "ds_config offloads activations only as "
                                     "activation_checkpointing.cpu_checkpointing, every "
                                     "layer's checkpoint under recompute (deepspeed/runtime/"
@@ -117,7 +123,8 @@ def refuse_model(model) -> str | None:
 def refuse_space(model, space) -> str | None:
     return refuse_values(NAME, space, {f: EXPRESSIBLE[f] for f in (
         "optimizer", "adapter", "activation_recompute", "pipeline_layout",
-        "activations_offload", "activation_offload_blocks", "fp8_recipe", "sharding_group",
+        "activations_offload", "activation_offload_blocks", "activation_offload_modules",
+        "fp8_recipe", "sharding_group",
         "tensor_par_overlap")}, WHY)
 
 
@@ -244,6 +251,7 @@ def read(text: str, source: str) -> Imported:
                 "embedding_in_split": False, "loss_in_split": False, "first_stage_blocks": 0,
                 "last_stage_blocks": 0, "sharding_group": 0, "tensor_par_overlap": "none",
                 "activations_offload": False, "activation_offload_blocks": 0,
+                "activation_offload_modules": "none",
                 "fp8_recipe": "none", "expert_tensor_par": 1,
                 "moe_dispatcher": "alltoall", "moe_overlap": False,
                 "param_gather_overlap": False, "pipeline_interleaving": 1}

@@ -34,7 +34,7 @@ from typing import Mapping
 from autopar.io.errors import SpecError
 from autopar.io.launch.base import SYSTEM_DERIVED
 from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, is_explicit_layout, layout_problem,
-                                layout_stage_blocks, parse_layout)
+                                layout_stage_blocks, offload_modules_value, parse_layout)
 
 # Execution fields that are not a framework setting (see the module docstring).
 NOT_SETTINGS = ("tensor_par_net", "pipeline_par_net", "data_par_net", "context_par_net",
@@ -251,6 +251,12 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
         if why:
             return refusal("activation_offload_blocks", k, fmt, "Megatron-Core's cpu_offloading: "
                            + why)
+    if _get(ex, "activation_offload_modules") not in (None, "none") \
+            and not _get(ex, "fused_norm"):
+        # megatron/training/arguments.py validate_args (NVIDIA/Megatron-LM@2a75ac1)
+        return refusal("activation_offload_modules", _get(ex, "activation_offload_modules"),
+                       fmt, "Megatron-Core's fine-grained activation offloading runs with "
+                       "the transformer_engine implementation only (fused_norm true)")
     if _get(ex, "recompute_layers") and ex.get("activation_recompute") != "full":
         return refusal("recompute_layers", _get(ex, "recompute_layers"), fmt,
                        "recompute_num_layers with recompute_method block is full recompute only")
@@ -505,6 +511,13 @@ def settings(model, ex: Mapping) -> dict:
         s["model.cpu_offloading_num_layers"] = int(off)
         s["model.cpu_offloading_activations"] = True
         s["model.cpu_offloading_weights"] = False
+    # Fine-grained activation offloading: TransformerConfig's
+    # fine_grained_activation_offloading with offload_modules (Megatron-LM's
+    # --fine-grained-activation-offloading --offload-modules a b ...)
+    mods = _get(ex, "activation_offload_modules")
+    s["model.fine_grained_activation_offloading"] = mods not in (None, "none")
+    if mods not in (None, "none"):
+        s["model.offload_modules"] = mods.split("+")
     s["optimizer.optimizer_cpu_offload"] = bool(ex["optimizer_offload"])
     if ex["optimizer_offload"]:
         s["optimizer.optimizer_offload_fraction"] = 1.0
@@ -800,6 +813,7 @@ def layout(r: Reader, framework_defaults: bool) -> tuple[dict, dict]:
     put("param_gather_overlap", r.bool("ddp.overlap_param_gather", False if d else None))
     put("fp32_grads", r.bool("ddp.grad_reduce_in_fp32", None))
     _read_cpu_offload(r, ex, d)
+    _read_fine_offload(r, ex, d)
     put("optimizer_offload", r.bool("optimizer.optimizer_cpu_offload", False if d else None))
     if ex.get("optimizer_offload") and \
             r.float("optimizer.optimizer_offload_fraction", 1.0) != 1.0:
@@ -935,6 +949,28 @@ def _read_cpu_offload(r: Reader, ex: dict, d: bool) -> None:
         return
     acts = r.bool("model.cpu_offloading_activations", True)
     ex["activation_offload_blocks"] = (k or 0) if on and acts else 0
+
+
+def _read_fine_offload(r: Reader, ex: dict, d: bool) -> None:
+    """``activation_offload_modules`` from Megatron-Core's
+    ``fine_grained_activation_offloading`` and ``offload_modules``: off ->
+    "none"; on -> the modules (TransformerConfig ``__post_init__`` asserts
+    some are named; a module autopar does not count, or attn_proj without
+    core_attn, names ``offload_modules``)."""
+    on = r.bool("model.fine_grained_activation_offloading", False if d else None)
+    if on is None:
+        return
+    if not on:
+        ex["activation_offload_modules"] = "none"
+        return
+    mods = r.list("model.offload_modules") or []
+    value = offload_modules_value(mods)
+    if isinstance(value, tuple):
+        r.fail("model.offload_modules", value[1])
+    if value == "none":
+        r.fail("model.offload_modules", "fine-grained activation offloading needs modules to "
+               "offload (TransformerConfig asserts offload_modules is not empty)")
+    ex["activation_offload_modules"] = value
 
 
 def _read_sharding(r: Reader, ex: dict, d: bool) -> None:

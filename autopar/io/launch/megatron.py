@@ -149,6 +149,10 @@ def write(model, execution) -> str:
     elif (s["model.tensor_model_parallel_size"] > 1 or s["model.context_parallel_size"] > 1) \
             and not s.get("model.overlap_moe_expert_parallel_comm"):
         head.append("export CUDA_DEVICE_MAX_CONNECTIONS=1   # TP/CP before Blackwell")
+    if s.get("model.fine_grained_activation_offloading"):
+        # validate_args asserts it with Transformer Engine >= 2.10 (TE's v1
+        # offload path, which leaves the weights on the GPU)
+        head.append("export NVTE_CPU_OFFLOAD_V1=1   # fine-grained activation offloading")
     head += [f"NUM_GPUS={n}", "GPUS_PER_NODE=${GPUS_PER_NODE:-8}",
              'torchrun --nproc-per-node "$GPUS_PER_NODE" '
              '--nnodes $((NUM_GPUS / GPUS_PER_NODE)) \\',
@@ -188,7 +192,7 @@ def _arg_keys() -> dict:
         "model.seq_length", "checkpoint.ckpt_format", "model.hybrid_layer_pattern",
         "model.mamba_num_heads", "model.mamba_head_dim", "model.mamba_state_dim",
         "model.mamba_num_groups", "optimizer.muon_tp_mode", "optimizer.muon_num_ns_steps",
-        "model.cpu_offloading_num_layers", "model.moe_latent_size",
+        "model.cpu_offloading_num_layers", "model.moe_latent_size", "model.offload_modules",
         "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype"]
     for k in names:
         keys[arg_name(k)] = (k, "value")
@@ -199,7 +203,8 @@ def _arg_keys() -> dict:
               "model.gated_linear_unit",
               "model.overlap_moe_expert_parallel_comm", "model.multi_latent_attention",
               "model.account_for_embedding_in_pipeline_split",
-              "model.account_for_loss_in_pipeline_split", "model.mtp_use_repeated_layer"):
+              "model.account_for_loss_in_pipeline_split", "model.mtp_use_repeated_layer",
+              "model.fine_grained_activation_offloading"):
         keys[arg_name(k)] = (k, "on")
     for k, a in OFF_FLAGS.items():
         keys[a] = (k, "off")

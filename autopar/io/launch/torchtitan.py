@@ -73,6 +73,7 @@ EXPRESSIBLE = {
     "unsharded_grads": (False,),
     "activations_offload": (False,),
     "activation_offload_blocks": (0,),
+    "activation_offload_modules": ("none",),
     "tensor_par_overlap": ("none", "ring"),
     "context_par_comm": ("p2p",),
     "moe_dispatcher": ("alltoall", "deepep"),
@@ -98,6 +99,11 @@ WHY = {"optimizer": "torchtitan 0.2.2's build_optimizers has Adam and AdamW "
                                  "(torch/optim/adam.py _init_group)",
        "adapter": "torchtitan 0.2.2 has no LoRA; later releases' LoRA converter "
                   "(torchtitan/components/lora.py) is configured in Python, not TOML",
+       "activation_offload_modules": "torchtitan offloads no module's saved activations: "
+                                     "its CPU offload (training.enable_cpu_offload, "
+                                     "torchtitan/config/configs.py) is FSDP's of parameters, "
+                                     "gradients and optimizer state, and its activation "
+                                     "checkpointing recomputes rather than offloads",
        "activation_offload_blocks": "torchtitan offloads no activations: its CPU offload "
                                     "(training.enable_cpu_offload, torchtitan/config/"
                                     "configs.py) is FSDP's of parameters, gradients and "
@@ -125,7 +131,7 @@ def refuse_space(model, space) -> str | None:
     return refuse_model(model) or refuse_values(NAME, space, {
         f: EXPRESSIBLE[f] for f in ("optimizer", "adapter", "attention_impl", "fp32_grads",
                                     "activation_recompute", "activations_offload",
-                                    "activation_offload_blocks")}, WHY)
+                                    "activation_offload_blocks", "activation_offload_modules")}, WHY)
 
 
 def split_counts(model, ex) -> list[int]:
@@ -321,6 +327,7 @@ def read(text: str, source: str, num_procs: int | None = None) -> Imported:
                 "training": True, "attention_type": "multihead", "attention_impl": "flash_v2",
                 "fp32_grads": True, "unsharded_grads": False,
                 "activations_offload": False, "activation_offload_blocks": 0,
+                "activation_offload_modules": "none",
                 "moe_overlap": False, "recompute_layers": 0,
                 "param_gather_overlap": False,
                 "first_stage_blocks": 0, "last_stage_blocks": 0}
