@@ -37,8 +37,8 @@ from autopar.model.mamba import mamba_mixer
 from autopar.model.memory import whole_pipeline_grads
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
-                                  fp8_gemm, gelu, layer, linear, projections, residual, rotary,
-                                  softmax, swiglu)
+                                  fp8_gemm, gelu, layer, linear, original_input, projections,
+                                  residual, rotary, softmax, swiglu)
 
 
 def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
@@ -307,9 +307,10 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
     ]
     seq += core_layers
     seq += [
-        (g(linear(ctx, B, H * d / tp, h, **full)), separate),
+        (original_input(ctx, g(linear(ctx, B, H * d / tp, h, **full))), separate),
         (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), separate),
-        (g(tp_overlapped_linear(ctx, B, H * d, h, True, x.recompute_full, x.recompute_full)),
+        (original_input(ctx, g(tp_overlapped_linear(ctx, B, H * d, h, True, x.recompute_full,
+                                                    x.recompute_full))),
          overlapped),
     ]
     seq += adapter_layers(ctx, B, (("o", H * d / tp, h),), **full)
