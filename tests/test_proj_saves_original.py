@@ -67,3 +67,25 @@ def test_bridge_turns_it_on_and_bad_input_is_one_line():
     bad["memory_overhead"] = {"proj_saves_original": "yes"}
     with pytest.raises(SpecError, match="proj_saves_original"):
         load(bad)
+
+
+def test_hand_count_mla_projection_input():
+    # DeepSeek-V2's multi-latent attention: MultiLatentAttention sets
+    # save_original_input on its linear_proj as Attention does; its input
+    # is heads x v_head_dim wide (128 x 128), a block's delta the same
+    # per-element count as the dense block's
+    model = dataclasses.replace(load_model("models/deepseek-v2.json"), seq_size=SEQ,
+                                num_blocks=2)
+    mla = model.mla
+    system = with_framework(B200, BRIDGE)
+    # (room for the whole model: only the per-block count is read)
+    system = dataclasses.replace(system, mem1=dataclasses.replace(system.mem1, GiB=1e5))
+
+    def storage(on):
+        sy = dataclasses.replace(system, memory_overhead=dataclasses.replace(
+            system.memory_overhead, proj_saves_original=on))
+        row = autopar.evaluate(model, sy, [{**LAYOUT, "fp8_recipe": "tensorwise"}]).iloc[0]
+        return float(row["block_act_storage_space"])
+
+    elements = SEQ * model.attn_heads * mla.v_head_dim / TP
+    assert storage(True) - storage(False) == pytest.approx(elements * 1.0, rel=1e-9)

@@ -334,7 +334,8 @@ def original_input(ctx, L: dict) -> dict:
     cast.  Megatron-Core sets ``save_original_input`` on ``linear_proj`` for
     every fp8 recipe but delayed scaling and for fp4
     (NVIDIA/Megatron-LM@2a75ac1 megatron/core/transformer/attention.py
-    ``Attention.__init__``: "the output of the fused core_attn is saved by
+    ``Attention.__init__``, and multi_latent_attention.py
+    ``MultiLatentAttention.__init__`` the same: "the output of the fused core_attn is saved by
     itself, and linear_proj also saves the quantized tensor of this
     output"), and Transformer Engine's ``Linear`` then keeps ``inp`` itself
     (NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/module/
