@@ -335,6 +335,7 @@ MEMORY_VALUES = {
     "backward_transient": "op", "moe_probs_in_activation": True,
     "cp_a2a_output_copy": True, "pipeline_grads": "whole", "logits_kept": "pipelined",
     "selective_saves": "op_eager", "fp8_weight_copy": False, "fp8_primary_weights": True,
+    "proj_saves_original": True,
     "optimizer_step_bytes": 8.0, "adapter_saved_bytes": 3.0, "pipeline_in_flight": "capped",
     "pipeline_recv_buffers": True, "wgrad_accumulation_fusion": True,
     "te_userbuffers": True, "te_userbuffers_rs": "ring_exchange", "cuda_graphs": "scoped",

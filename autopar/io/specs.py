@@ -325,6 +325,17 @@ class MemoryOverhead:
     # Only with ``fp8_weight_copy``; False (the count without this field): the
     # quantized copy beside the working-precision weight.
     fp8_primary_weights: bool = False
+    # Whether, under an fp8 / fp4 recipe, the attention's output projection
+    # keeps its input in the working precision (the tensor the attention
+    # core already saves for its own backward) instead of its quantized
+    # cast: Megatron-Core's ``Attention.__init__`` calls
+    # ``set_save_original_input(self.linear_proj)`` for fp8 recipes other
+    # than delayed scaling (TE >= 2.6) and for fp4 (TE >= 2.7)
+    # (NVIDIA/Megatron-LM@2a75ac1 megatron/core/transformer/attention.py;
+    # TE's ``Linear`` then saves ``inp``: NVIDIA/TransformerEngine@d0067d0
+    # transformer_engine/pytorch/module/linear.py ``save_original_input``).
+    # False (the count without this field): the quantized cast is saved.
+    proj_saves_original: bool = False
     # Bytes per trained parameter that the optimizer step allocates as
     # temporaries, after the batch's last backward (activations, logits and
     # the loss's buffers freed): a second peak, the static state and these
@@ -1227,7 +1238,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                          "backward_transient", "moe_probs_in_activation",
                          "cp_a2a_output_copy", "pipeline_grads",
                          "logits_kept", "selective_saves", "fp8_weight_copy",
-                         "fp8_primary_weights", "optimizer_step_bytes",
+                         "fp8_primary_weights", "proj_saves_original",
+                         "optimizer_step_bytes",
                          "adapter_saved_bytes", "pipeline_in_flight",
                          "pipeline_recv_buffers", "te_userbuffers", "te_userbuffers_rs",
                          "cuda_graphs", "head_weights_sharded"))
@@ -1257,6 +1269,8 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                      SELECTIVE_SAVES)
     fp8_copy = c.bool(o.get("fp8_weight_copy", True), f"{path}.fp8_weight_copy")
     fp8_primary = c.bool(o.get("fp8_primary_weights", False), f"{path}.fp8_primary_weights")
+    proj_original = c.bool(o.get("proj_saves_original", False),
+                           f"{path}.proj_saves_original")
     step = c.within(o.get("optimizer_step_bytes", 0.0), f"{path}.optimizer_step_bytes", 0, 64,
                     "bytes a parameter")
     saved = c.within(o.get("adapter_saved_bytes", 0.0), f"{path}.adapter_saved_bytes", 0, 64,
@@ -1274,6 +1288,7 @@ def read_memory_overhead(c: "Checker", o, path: str = "memory_overhead") -> Memo
                           moe_probs_in_activation=probs, cp_a2a_output_copy=a2a_copy,
                           pipeline_grads=grads, logits_kept=kept, selective_saves=saves,
                           fp8_weight_copy=fp8_copy, fp8_primary_weights=fp8_primary,
+                          proj_saves_original=proj_original,
                           optimizer_step_bytes=step, adapter_saved_bytes=saved,
                           pipeline_in_flight=in_flight, pipeline_recv_buffers=recv,
                           wgrad_accumulation_fusion=fusion, te_userbuffers=ub,
@@ -1423,6 +1438,8 @@ def memory_overhead_json(o: MemoryOverhead) -> dict:
         out["fp8_weight_copy"] = False
     if o.fp8_primary_weights:
         out["fp8_primary_weights"] = True
+    if o.proj_saves_original:
+        out["proj_saves_original"] = True
     if o.optimizer_step_bytes:
         out["optimizer_step_bytes"] = _num(o.optimizer_step_bytes)
     if o.adapter_saved_bytes:

@@ -39,8 +39,8 @@ from autopar.model.memory import whole_pipeline_grads
 from autopar.model.moe import mla_attention, routed_experts
 from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
                                   offload_group,
-                                  fp8_gemm, gelu, layer, linear, projections, residual, rotary,
-                                  softmax, swiglu)
+                                  fp8_gemm, gelu, layer, linear, original_input, projections,
+                                  residual, rotary, softmax, swiglu)
 
 
 def block(ctx: LayoutContext, cols: dict, kind: str = "dense"):
@@ -309,10 +309,11 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
     ]
     seq += offload_group(core_layers, "core_attn")
     seq += [
-        (offload_group(g(linear(ctx, B, H * d / tp, h, **full)), "attn_proj"), separate),
+        (offload_group(original_input(ctx, g(linear(ctx, B, H * d / tp, h, **full))),
+                       "attn_proj"), separate),
         (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), separate),
-        (offload_group(g(tp_overlapped_linear(ctx, B, H * d, h, True, x.recompute_full,
-                                              x.recompute_full)), "attn_proj"),
+        (offload_group(original_input(ctx, g(tp_overlapped_linear(
+            ctx, B, H * d, h, True, x.recompute_full, x.recompute_full))), "attn_proj"),
          overlapped),
     ]
     seq += adapter_layers(ctx, B, (("o", H * d / tp, h),), **full)

@@ -196,6 +196,9 @@ class LayoutContext:
         self.fp8_weight_copy = mo.fp8_weight_copy
         # ... and whether that copy is the only one (layers.fp8_gemm).
         self.fp8_primary_weights = bool(mo.fp8_primary_weights)
+        # ... and whether the output projection saves its unquantized input
+        # (layers.original_input).
+        self.proj_saves_original = bool(mo.proj_saves_original)
         # Bytes a LoRA adapter keeps per input element beyond the base
         # layer's saved input (adapters.adapter_layers).
         self.adapter_saved_bytes = mo.adapter_saved_bytes

@@ -327,6 +327,31 @@ def fp8_gemm(ctx, L: dict) -> dict:
     return L
 
 
+def original_input(ctx, L: dict) -> dict:
+    """The attention's output projection (an ``fp8_gemm`` layer) under
+    ``memory_overhead.proj_saves_original``: on the rows with an fp8 / fp4
+    recipe it saves its input in the working precision, not its quantized
+    cast.  Megatron-Core sets ``save_original_input`` on ``linear_proj`` for
+    every fp8 recipe but delayed scaling and for fp4
+    (NVIDIA/Megatron-LM@2a75ac1 megatron/core/transformer/attention.py
+    ``Attention.__init__``, and multi_latent_attention.py
+    ``MultiLatentAttention.__init__`` the same: "the output of the fused core_attn is saved by
+    itself, and linear_proj also saves the quantized tensor of this
+    output"), and Transformer Engine's ``Linear`` then keeps ``inp`` itself
+    (NVIDIA/TransformerEngine@d0067d0 transformer_engine/pytorch/module/
+    linear.py: ``if save_original_input: inputmat = inp``).  That input is
+    the attention core's output, which the core saves for its own backward
+    and autopar counts once, through the projection (``flash_attention``
+    counts q, k, v): the block then keeps it in the working precision
+    (``act`` x the element bytes), as without the recipe, where the
+    quantized cast (``fp8_gemm``: 1 byte, fp4 ``NVFP4_BYTES``) under-counted
+    the core's saved output.  Rows without a recipe are unchanged."""
+    if ctx.fp8 is None or not getattr(ctx, "proj_saves_original", False):
+        return L
+    L["act_b"] = np.where(ctx.fp8, L["act"] * ctx.elem_bytes, L["act_b"])
+    return L
+
+
 def projections(L: dict, widths) -> dict:
     """Mark a linear layer as the fusion of projections of these output
     widths (q, k, v; a gated MLP's gate and up): a framework that runs them

@@ -57,7 +57,7 @@ from autopar.model.pipeline import chunk_spans, chunk_split, distinct_splits, un
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
                                   offload_group,
                                   fp8_gemm, gelu, grouped_linear, layer, linear, no_tp_comm,
-                                  rms_norm, rotary, softmax, swiglu)
+                                  original_input, rms_norm, rotary, softmax, swiglu)
 
 # Vector FLOPs per score of the router: the score function (softmax: exp,
 # sum, divide; sigmoid: exp, add, divide, plus normalising the chosen ones)
@@ -341,7 +341,10 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
     ]
     seq += offload_group(core_layers, "core_attn")
     seq += [
-        (offload_group(g(linear(ctx, B, heads_tp * dv, h, **full)), "attn_proj"), True),
+        # (MultiLatentAttention sets save_original_input on its linear_proj
+        # as Attention does: layers.original_input)
+        (offload_group(original_input(ctx, g(linear(ctx, B, heads_tp * dv, h, **full))),
+                       "attn_proj"), True),
         (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), True),
     ]
     return seq, core_layers, heads_tp * dqk, heads_tp * dqk
