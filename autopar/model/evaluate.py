@@ -38,7 +38,7 @@ from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, o
                                   partial_offload_exposed, recompute_share)
 from autopar.model.gated_delta import pace_weights
 from autopar.model.mamba import hybrid_kinds
-from autopar.model.moe import BF16, bf16_blocks, mix, stage_counts
+from autopar.model.moe import BF16, bf16_blocks, mix, mixed_rows, stage_counts
 from autopar.model.finetune import real_tokens
 from autopar.model.optimizers import newton_schulz
 from autopar.model.overhead import launch_time
@@ -310,7 +310,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             caches = _block_caches(model, system, valid, datatypes)
             blocks = next(iter(caches.values()))
-            sched = schedule(valid, model.num_blocks)
+            sched = schedule(valid, model.num_blocks, mixed_rows(model, valid))
             direct = direct_block_stats(model) and len(caches) == 1
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))
