@@ -38,7 +38,8 @@ from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, o
                                   partial_offload_exposed, recompute_share)
 from autopar.model.gated_delta import pace_weights
 from autopar.model.mamba import hybrid_kinds
-from autopar.model.moe import BF16, bf16_blocks, mix, mixed_rows, stage_counts
+from autopar.model.moe import (BF16, bf16_blocks, mix, mixed_rows, mtp_layer_count,
+                               stage_counts)
 from autopar.model.finetune import real_tokens
 from autopar.model.optimizers import newton_schulz
 from autopar.model.overhead import launch_time
@@ -230,7 +231,7 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
                                   or cols["weight_sharding"].any()
                                   or cols["param_gather_overlap"].any()):
         total = total + cp_exposed + S["weight_gather_exposed_time"]
-    slack = last_stage_slack(sched, chunk)
+    slack = last_stage_slack(sched, chunk, mtp_layer_count(ctx.model))
     if slack is not None and head_per_mb is not None:
         # An uneven last stage runs the output layer in its spare time.
         head_per_mb = np.maximum(head_per_mb - slack, 0.0)

@@ -478,14 +478,20 @@ def bubble(sched: Schedule, chunk: dict):
     return (stages - 1) * chunk_time + (extra * chunk_time - saved)
 
 
-def last_stage_slack(sched: Schedule, chunk: dict):
+def last_stage_slack(sched: Schedule, chunk: dict, extra_last: int = 0):
     """Seconds per micro-batch the last stage has to spare against the
     pacing stage (its ``blocks_per_stage - blocks_last`` fewer blocks at the
     average block's forward and backward time), in which the output layer
     and its loss run (Megatron's ``num_layers_in_last_pipeline_stage`` /
     ``account_for_loss_in_pipeline_split`` exist to give it this room); None
-    where every stage is even."""
+    where every stage is even.  ``extra_last``: the layers the last stage
+    runs beside its decoder blocks (the multi-token-prediction modules'
+    transformer layers, ``autopar.model.moe.mtp_layer_count``: Megatron-Core
+    builds them on the last pipeline stage, NVIDIA/Megatron-LM@2a75ac1
+    multi_token_prediction.py ``mtp_on_this_rank``, gpt_model.py
+    ``GPTModel.__init__`` ``mtp_process``), which take from that spare
+    time; none is left where they fill it."""
     if not sched.uneven:
         return None
-    fewer = sched.blocks_per_stage - sched.blocks_last
+    fewer = np.maximum(sched.blocks_per_stage - sched.blocks_last - extra_last, 0)
     return fewer * (chunk["fw"] + chunk["bw"]) / sched.blocks_per_chunk
