@@ -134,12 +134,22 @@ def test_searched_rows_that_do_not_fit_get_a_reason(gpt, flat):
     assert REASONS[out["reason_code"][2]].startswith("invalid: bf16_first_blocks")
 
 
+def _pipeline_columns(pp: list) -> dict:
+    """The pipeline columns of rows on ``pp`` stages at the default split
+    (stage_counts counts stages whose blocks differ one by one:
+    autopar.model.pipeline.uneven_rows)."""
+    from autopar.io.layouts import SPLIT_FIELDS
+    n = len(pp)
+    return {"pipeline_par": np.array(pp), "pipeline_interleaving": np.ones(n, dtype=np.int64),
+            **{f: np.zeros(n, dtype=np.int64) for f in SPLIT_FIELDS}}
+
+
 def test_stage_counts_of_bf16_kinds_moe_and_hybrid():
     from tests.test_mamba import tiny
     m = tiny("MM*-M--*")
     on = np.array([4, 4, 0], dtype=np.int8)              # nvfp4, nvfp4, no recipe
     cols = {"fp8_recipe": on, "bf16_first_blocks": np.array([1, 0, 1]),
-            "bf16_last_blocks": np.array([2, 2, 2])}
+            "bf16_last_blocks": np.array([2, 2, 2]), **_pipeline_columns([2, 2, 2])}
     c = stage_counts(m, np.array([2, 2, 2]), cols)
     # row 0: first stage M(bf16) M * -, last stage M - -(bf16) *(bf16)
     assert c["first_mamba_bf16"].tolist() == [1, 0, 0]
@@ -152,7 +162,7 @@ def test_stage_counts_of_bf16_kinds_moe_and_hybrid():
     short = dataclasses.replace(moe_model, num_blocks=4, mtp=0,
                                 moe=dataclasses.replace(moe_model.moe, first_dense=1))
     cols = {"fp8_recipe": np.array([1], dtype=np.int8), "bf16_first_blocks": np.array([1]),
-            "bf16_last_blocks": np.array([1])}
+            "bf16_last_blocks": np.array([1]), **_pipeline_columns([2])}
     c = stage_counts(short, np.array([2]), cols)
     assert (c["first_dense_bf16"][0], c["first_dense"][0], c["first_moe"][0]) == (1, 0, 1)
     assert (c["last_moe_bf16"][0], c["last_moe"][0]) == (1, 1)

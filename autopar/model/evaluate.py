@@ -39,7 +39,8 @@ from autopar.model.memory import (MEMORY_PARTS, footprints, offload_bandwidth, o
                                   fine_offload_exposed)
 from autopar.model.gated_delta import pace_weights
 from autopar.model.mamba import hybrid_kinds
-from autopar.model.moe import BF16, bf16_blocks, mix, stage_counts
+from autopar.model.moe import (BF16, bf16_blocks, mix, mixed_rows, mtp_layer_count,
+                               stage_counts)
 from autopar.model.finetune import real_tokens
 from autopar.model.optimizers import newton_schulz
 from autopar.model.overhead import launch_time
@@ -238,7 +239,7 @@ def batch_time(ctx: LayoutContext, cols: dict, sums: BlockSums, acts: Activation
                                   or cols["weight_sharding"].any()
                                   or cols["param_gather_overlap"].any()):
         total = total + cp_exposed + S["weight_gather_exposed_time"]
-    slack = last_stage_slack(sched, chunk)
+    slack = last_stage_slack(sched, chunk, mtp_layer_count(ctx.model))
     if slack is not None and head_per_mb is not None:
         # An uneven last stage runs the output layer in its spare time.
         head_per_mb = np.maximum(head_per_mb - slack, 0.0)
@@ -318,7 +319,7 @@ def evaluate_columns(model: ModelSpec, system: SystemSpec, cols: Mapping,
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             caches = _block_caches(model, system, valid, datatypes)
             blocks = next(iter(caches.values()))
-            sched = schedule(valid, model.num_blocks)
+            sched = schedule(valid, model.num_blocks, mixed_rows(model, valid))
             direct = direct_block_stats(model) and len(caches) == 1
             for i in range(0, m, CHUNK):
                 sl = slice(i, min(i + CHUNK, m))

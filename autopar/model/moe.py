@@ -378,6 +378,38 @@ def bf16_blocks(cols: dict | None):
     return first, last
 
 
+def mixed_rows(model, cols: dict | None = None):
+    """Whether a row's pipeline stages can hold blocks of different kinds
+    (True, False, or a bool a row): a model with ``moe`` whose first
+    ``first_dense`` blocks (some, not all) keep the dense MLP, a model with
+    ``mtp`` modules (on the last stage: ``mtp_layers``), a hybrid pattern of
+    more than one kind (``autopar.model.mamba.layer_kinds``), and the rows
+    that keep the recipe's first or last blocks in BF16 (``bf16_blocks``).
+    Such rows count their stages one by one at the default split as well
+    (``autopar.model.pipeline.uneven_rows``); a model whose blocks are all
+    alike keeps Calculon's count."""
+    N = model.num_blocks
+    if model.mtp:
+        return True
+    if model.moe is not None and 0 < model.moe.first_dense < N:
+        return True
+    if model.hybrid_pattern and len(set(layer_kinds(model))) > 1:
+        return True
+    bf = bf16_blocks(cols)
+    if bf is None:
+        return False
+    return (bf[0] > 0) | (bf[1] > 0)
+
+
+def mtp_layer_count(model) -> int:
+    """The layers the ``mtp`` modules add to the last stage (``mtp_layers``,
+    every kind together): blocks it runs beside its decoder blocks."""
+    if not model.mtp:
+        return 0
+    kinds = hybrid_kinds(model) if model.hybrid_pattern else ("dense", "moe")
+    return int(sum(mtp_layers(model, kinds)[0]))
+
+
 def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
                  pace_weights: dict | None = None) -> dict:
     """Blocks of each kind (``{who}_{kind}``) of the first stage, the last
@@ -396,7 +428,10 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
     count those as kinds of their own (each kind with ``BF16`` appended);
     the pace counts a BF16 block as its kind and, between stages of equal
     work, is the one with more BF16 blocks (the same work without the
-    recipe's faster GEMMs)."""
+    recipe's faster GEMMs).  Rows whose stages hold blocks of different
+    kinds (``mixed_rows``) count their stages so at the default split too
+    (Calculon's ceil split, ``autopar.model.pipeline.ceil_chunks``), with
+    the second stage's counts and each stage's blocks."""
     N = model.num_blocks
     if model.hybrid_pattern:
         per_block, kinds = layer_kinds(model), hybrid_kinds(model)
@@ -425,7 +460,7 @@ def stage_counts(model, stages: np.ndarray, cols: dict | None = None,
     add = list(add) + [0] * (len(all_kinds) - nk)
     held_add = list(held_add) + [0] * (len(all_kinds) - nk)
     repeated = add != held_add
-    split = uneven_rows(cols) if cols is not None else None
+    split = uneven_rows(cols, mixed_rows(model, cols)) if cols is not None else None
     whos = ("first", "last", "pace") + (("second",) if split is not None else ())
     out = {f"{w}_{t}": np.zeros(len(stages)) for w in whos for t in all_kinds}
     if repeated:

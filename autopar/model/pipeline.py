@@ -21,6 +21,14 @@ memory can be the largest (the first holds the most micro-batches in
 flight, the second the most after it, the last the output layer); a chunk
 holds ``blocks_per_stage / chunks`` blocks on average.  At the defaults all
 are Calculon's ``ceil(num_blocks / stages)``.
+
+A model whose stages hold blocks of different kinds (``mixed``: dense first
+blocks and MoE ones, multi-token-prediction modules on the last stage, a
+hybrid pattern, a recipe's BF16 blocks; ``autopar.model.moe.mixed_rows``)
+takes the same stage-by-stage path at the defaults, with Calculon's ceil
+split as its split (``ceil_chunks``): its default layout and the explicit
+layout that states the same stages give the same figures.  A model whose
+blocks are all alike keeps Calculon's arithmetic exactly.
 """
 from __future__ import annotations
 
@@ -66,7 +74,10 @@ class Schedule:
                         else tuple(c[sl] for c in self.in_flight))
 
 
-def schedule(cols: dict, num_blocks: int) -> Schedule:
+def schedule(cols: dict, num_blocks: int, mixed=False) -> Schedule:
+    """The rows' schedule.  ``mixed`` (a bool, or one a row): the rows whose
+    stages hold blocks of different kinds, which count their stages one by
+    one at the defaults too (``uneven_rows``)."""
     stages, interleaving = cols["pipeline_par"], cols["pipeline_interleaving"]
 
     def per_stage(p):
@@ -92,7 +103,7 @@ def schedule(cols: dict, num_blocks: int) -> Schedule:
     base_blocks = (blocks_per_chunk - 1).astype(float)
     first = second = last = blocks_per_stage
     in_flight = None
-    split = uneven_rows(cols)
+    split = uneven_rows(cols, mixed)
     if split is not None:
         # Megatron's splits (only where a row asks for one): the pacing
         # stage's blocks, the missing ones, the three stages' blocks; chunks
@@ -129,16 +140,22 @@ def _put(col, rows, values):
     return out
 
 
-def uneven_rows(cols: dict):
-    """The rows that set a field of the pipeline split (``SPLIT_FIELDS``),
-    or None where none does (every default is 0: one ``any`` a column)."""
-    present = [cols[f] for f in SPLIT_FIELDS if f in cols and cols[f].any()]
+def uneven_rows(cols: dict, mixed=False):
+    """The rows whose stages are counted one by one: those that set a field
+    of the pipeline split (``SPLIT_FIELDS``) and, with ``mixed`` (a bool, or
+    one a row: stages whose blocks differ in kind), those with more than one
+    stage at the defaults (their split is Calculon's ceil split,
+    ``ceil_chunks``); None where there are none (every default is 0: one
+    ``any`` a column)."""
+    present = [cols[f] != 0 for f in SPLIT_FIELDS if f in cols and cols[f].any()]
+    if np.any(mixed):
+        present.append(np.asarray(mixed, dtype=bool) & (cols["pipeline_par"] > 1))
     if not present:
         return None
-    mask = present[0] != 0
+    mask = present[0]
     for c in present[1:]:
-        mask = mask | (c != 0)
-    return mask
+        mask = mask | c
+    return mask if mask.any() else None
 
 
 def stage_split(num_blocks: int, p: int, v: int, first: int, last: int, embedding: bool,
@@ -188,7 +205,8 @@ def chunk_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
     its ``v`` chunks), but the first virtual stage builds one block fewer
     where the embedding is counted and the last where the loss is: with one
     layer a virtual stage, the first rank's chunk 0 holds only the
-    embedding and the last rank's last chunk only the loss."""
+    embedding and the last rank's last chunk only the loss.  With every
+    field at its default it is Calculon's ceil split (``ceil_chunks``)."""
     e, l_ = int(embedding), int(loss)
     if min(first, last) < 0:
         return "invalid: first_stage_blocks and last_stage_blocks must be >= 0"
@@ -233,6 +251,8 @@ def chunk_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
         if last:
             per[-1] = last
         return [[n // v] * v for n in per]
+    if not (e or l_):
+        return ceil_chunks(num_blocks, p, v)
     layers = num_blocks + e + l_
     if layers % p:
         return ("infeasible: blocks with the embedding and loss counted must be divisible "
@@ -244,6 +264,25 @@ def chunk_split(num_blocks: int, p: int, v: int, first: int, last: int, embeddin
     chunks[0][0] -= e
     chunks[-1][-1] -= l_
     return chunks
+
+
+def ceil_chunks(num_blocks: int, p: int, v: int):
+    """Calculon's split (every split field at its default) as chunks:
+    ``ceil(num_blocks / p)`` blocks a stage, ``1 / v`` of them a chunk, in
+    Megatron's interleaved order (virtual stage ``k = j * p + s``, chunk
+    ``j`` of stage ``s``, holds blocks ``[k b, (k + 1) b)`` of the model,
+    ``b = ceil(num_blocks / p) / v``), the last virtual stages lacking the
+    blocks the model does not have (Calculon's ``missing_blocks``; the
+    layout ``Etttt|...|tttt|tmL`` Megatron-Bridge's DeepSeek-V3 recipes
+    state for 61 blocks on 16 virtual stages).  Calculon's rule that ``v``
+    divides a stage's blocks (``autopar.model.rules``) is the reason where
+    it does not."""
+    share = -(-num_blocks // p)
+    if share % v:
+        return "infeasible: pipeline_interleaving must divide the blocks per processor"
+    b = share // v
+    return [[min(b, max(num_blocks - (j * p + s) * b, 0)) for j in range(v)]
+            for s in range(p)]
 
 
 def layout_chunks(stages, num_blocks: int, p: int, v: int):
@@ -439,14 +478,20 @@ def bubble(sched: Schedule, chunk: dict):
     return (stages - 1) * chunk_time + (extra * chunk_time - saved)
 
 
-def last_stage_slack(sched: Schedule, chunk: dict):
+def last_stage_slack(sched: Schedule, chunk: dict, extra_last: int = 0):
     """Seconds per micro-batch the last stage has to spare against the
     pacing stage (its ``blocks_per_stage - blocks_last`` fewer blocks at the
     average block's forward and backward time), in which the output layer
     and its loss run (Megatron's ``num_layers_in_last_pipeline_stage`` /
     ``account_for_loss_in_pipeline_split`` exist to give it this room); None
-    where every stage is even."""
+    where every stage is even.  ``extra_last``: the layers the last stage
+    runs beside its decoder blocks (the multi-token-prediction modules'
+    transformer layers, ``autopar.model.moe.mtp_layer_count``: Megatron-Core
+    builds them on the last pipeline stage, NVIDIA/Megatron-LM@2a75ac1
+    multi_token_prediction.py ``mtp_on_this_rank``, gpt_model.py
+    ``GPTModel.__init__`` ``mtp_process``), which take from that spare
+    time; none is left where they fill it."""
     if not sched.uneven:
         return None
-    fewer = sched.blocks_per_stage - sched.blocks_last
+    fewer = np.maximum(sched.blocks_per_stage - sched.blocks_last - extra_last, 0)
     return fewer * (chunk["fw"] + chunk["bw"]) / sched.blocks_per_chunk

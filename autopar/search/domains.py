@@ -219,15 +219,18 @@ def _split(c, s, first=0, last=0, embedding=None, loss=None, balanced=None):
     bal = s["pipeline_layout"] == "balanced" if balanced is None else balanced
     p, v = s["pipeline_par"], s["pipeline_interleaving"]
     if not (first or last or e or l_ or bal):
-        return _calculon_split(c.blocks, p) if -(-c.blocks // p) % v == 0 else None
+        return _calculon_split(c.blocks, p, v)
     per = stage_split(c.blocks, p, v, first, last, e, l_, bal)
     return None if isinstance(per, str) else per
 
 
 @lru_cache(maxsize=1024)
-def _calculon_split(blocks: int, p: int) -> list:
-    share = -(-blocks // p)
-    return [min((i + 1) * share, blocks) - min(i * share, blocks) for i in range(p)]
+def _calculon_split(blocks: int, p: int, v: int) -> list | None:
+    """Calculon's ceil split (every split field at its default) as the
+    model counts it (``stage_split``, ``autopar.model.pipeline.ceil_chunks``),
+    or None where the interleaving does not divide a stage's blocks."""
+    per = stage_split(blocks, p, v, 0, 0, False, False, 0)
+    return None if isinstance(per, str) else per
 
 
 def _new_split(c, s, **kw) -> bool:
