@@ -102,3 +102,33 @@ def test_shipped_blackwell_files_hold_the_curves():
         spec = json.loads((REPO_ROOT / "systems" / f"{f}.json").read_text())
         for dt, curve in curves.items():
             assert spec["matrix"][dt]["gflops_efficiency"] == curve, (f, dt)
+
+
+def test_evidence_sets_and_variants():
+    """benchmarks/blackwell_curves_evidence.py: the three sets of curves it
+    compares, and the system variant it predicts a row on."""
+    spec = importlib.util.spec_from_file_location(
+        "blackwell_curves_evidence", REPO_ROOT / "benchmarks" / "blackwell_curves_evidence.py")
+    ev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ev)
+    sets = ev.curve_sets()
+    assert set(sets) == {"h100", "best-shape", "simumax-shape"}
+    # the H100 set is what the Blackwell files carried before: 0.8 / 0.72
+    assert sets["h100"]["gb300_nvl72"]["bfloat16"][0] == [256, 0.8]
+    assert sets["h100"]["b200_nvl8"]["nvfp4"][0] == [256, 0.72]
+    # the shape set takes b200_nvl8_megatron's measured bf16 curve on B200
+    ship = json.loads((REPO_ROOT / "systems" / "b200_nvl8_megatron.json").read_text())
+    assert sets["simumax-shape"]["b200_nvl8"]["bfloat16"] == ship["matrix"]["bfloat16"]["gflops_efficiency"]
+    from autopar.studies.published_base import system
+    sy = system("b200_nvl8", "megatron-bridge")
+    v = ev.variant(sy, sets["h100"], (0.36, 0.35))
+    assert v.matrix["float8"].gflops_efficiency[0] == (256, 0.72)
+    assert v.matrix["float8"].tflops == sy.matrix["float8"].tflops
+    # attention at a rate of the peak: speed = rate / plateau; the backward
+    # on the model's count (3 forwards) of FlashAttention's (2.5)
+    assert v.time_overhead.attention_speed == pytest.approx(0.36 / 0.8, abs=1e-4)
+    assert v.time_overhead.attention_backward_speed == pytest.approx(0.35 * 3 / 2.5 / 0.8, abs=1e-4)
+    assert v.time_overhead.moe_host_op_s == sy.time_overhead.moe_host_op_s
+    # other systems pass through unchanged
+    h100 = system("h100_80g_nvl8", "megatron-bridge")
+    assert ev.variant(h100, sets["h100"], (0.36, 0.35)) is h100
