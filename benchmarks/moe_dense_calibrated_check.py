@@ -3,8 +3,10 @@
 The SimuMax B200 table (``../shared/reference/measured/published/
 simumax_b200_measured.csv``) measures dense Llama 3 rows and DeepSeek-V2/V3
 MoE rows on the same 8 B200 with the same Megatron-LM.  The shipped
-``systems/b200_nvl8.json`` is not calibrated (its matrix-efficiency curve is
-the H100 files' assumption), so both kinds are predicted too fast.  This
+``systems/b200_nvl8.json`` is not calibrated (its matrix-efficiency curve was
+the H100 files' assumption; its plateau is now the published best-shape
+matmul rate, systems/README.md, still above what SimuMax's machine reached
+on Megatron-LM's shapes), so both kinds are predicted too fast.  This
 script scales the bfloat16 matrix-efficiency curve by one factor fitted on
 the *dense* rows only (median signed tokens/s error = 0, by bisection), then
 predicts the MoE rows, which the fit never saw, and prints their errors.

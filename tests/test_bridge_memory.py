@@ -136,14 +136,20 @@ def test_bridge_tables_throughput_held(reference):
     # docs/validation.md "Long-context attention under context parallelism,
     # counted": 28.2% / 64.1%; since the NeMo 24.03 rows run FlashAttention-2
     # as the launcher's NVTE_FUSED_ATTN=0 made them, "Long-context rows,
-    # round 2": 6.6% / 28.6%, the worst a B200 row)
+    # round 2": 6.6% / 28.6%, the worst a B200 row; 6.6% / 27.1% since the
+    # Blackwell files' matrix plateaus are the published best-shape rates,
+    # "Blackwell system files: measured kernel efficiencies")
     assert nemo.tok_error.abs().median() == pytest.approx(0.066, abs=0.002)
-    assert nemo.tok_error.abs().max() == pytest.approx(0.286, abs=0.002)
+    assert nemo.tok_error.abs().max() == pytest.approx(0.271, abs=0.002)
     # (the Qwen3 rows' figures since the MoE host time is counted per op
     # after the sync, docs/validation.md "MoE host time, counted": 4.8% /
-    # 93.9% / best 24.9% with the flat per-block constant before)
+    # 93.9% / best 24.9% with the flat per-block constant before; 9.8% /
+    # 91.8% / best 24.2% on the H100-shaped Blackwell curves at 19.5 us;
+    # 9.8% / 93.8% / best 24.2% on the best-shape plateaus with the host
+    # time refitted there, 18.5 us: "Blackwell system files: measured
+    # kernel efficiencies")
     assert qwen.tok_error.abs().median() == pytest.approx(0.098, abs=0.002)
-    assert qwen.tok_error.abs().max() == pytest.approx(0.918, abs=0.002)
+    assert qwen.tok_error.abs().max() == pytest.approx(0.938, abs=0.002)
     assert nemo.best_tok_error.abs().median() == pytest.approx(0.074, abs=0.002)  # 0.287 before
     assert qwen.best_tok_error.abs().median() == pytest.approx(0.242, abs=0.002)
     # the Qwen3 rows' predicted peaks fell by the counted terms; the 25.11
