@@ -44,6 +44,7 @@ from autopar.studies.published_base import (  # noqa: F401  (the registry, read 
     register, system, system_attention_at, tiers)
 from autopar.studies import published_foundry  # noqa: F401  (registers its tables)
 from autopar.studies import published_finetune  # noqa: F401  (registers its table)
+from autopar.studies import published_release  # noqa: F401  (registers its table)
 from autopar.studies.published_moe import bridge_qwen3, simumax_moe
 
 
