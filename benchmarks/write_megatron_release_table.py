@@ -23,6 +23,9 @@ arguments) beside ``golden_values_<env>_<machine>.json`` (per logged step
   release case, so ``n_gpus`` is blank and the source says so;
 * ``tokenizer``: the file name of ``--tokenizer-model`` (its path is a
   shell variable), which states the vocabulary the arguments leave out;
+* ``copy_of``: the case file whose golden values are byte-identical to
+  this one's (the same git blob; a copy, not a run of this case's
+  arguments), blank otherwise;
 * measured peak memory: ``mem-max-allocated-bytes`` is
   ``torch.cuda.memory_stats()["allocated_bytes.all.peak"]``, written by
   ``training_log`` (megatron/training/training.py) through the TensorBoard
@@ -68,7 +71,7 @@ N_GPUS_SOURCE = ("not stated: release recipes are in the private megatron-lm-con
 MEM_RANK = "world_size-1 (global_vars.py _set_tensorboard_writer)"
 COLUMNS = ("case", "family", "environment", "machine", "gbs", "n_gpus", "n_gpus_source",
            "mem_rank", "steady_after_step", "peak_mem_bytes", "resting_mem_bytes",
-           "iteration_time_s", "time_steps", "tokenizer", "megatron_args", "source")
+           "iteration_time_s", "time_steps", "tokenizer", "copy_of", "megatron_args", "source")
 
 
 def git(mirror: Path, *args: str) -> str:
@@ -133,6 +136,7 @@ def steady(series: dict) -> tuple[int, list[tuple[int, float]]]:
 
 def rows(mirror: Path, commit: str) -> list[dict]:
     out = []
+    seen: dict[str, str] = {}          # blob -> the first case/file holding it
     for case, files in release_files(mirror, commit).items():
         family, name = case.split("/")
         cfg = yaml.safe_load(git(mirror, "show", f"{commit}:{CASES_DIR}/{case}/model_config.yaml"))
@@ -141,11 +145,14 @@ def rows(mirror: Path, commit: str) -> list[dict]:
             if not (f.startswith("golden_values_") and f.endswith(".json")):
                 continue
             env, _, machine = f[len("golden_values_"):-len(".json")].partition("_")
+            blob = git(mirror, "rev-parse", f"{commit}:{CASES_DIR}/{case}/{f}").strip()
+            copy_of = seen.setdefault(blob, f"{case}/{f}")
             gold = json.loads(git(mirror, "show", f"{commit}:{CASES_DIR}/{case}/{f}"))
             after, peak = steady(gold["mem-max-allocated-bytes"])
             _, rest = steady(gold["mem-allocated-bytes"])
             _, times = steady(gold["iteration-time"])
             last = max(int(k) for k in gold["mem-max-allocated-bytes"]["values"])
+            tokenizer = str(margs.get("--tokenizer-model", "")).rsplit("/", 1)[-1]
             out.append({
                 "case": name, "family": family, "environment": env, "machine": machine,
                 "gbs": batch_size(margs, last) or "", "n_gpus": "",
@@ -156,7 +163,8 @@ def rows(mirror: Path, commit: str) -> list[dict]:
                 "iteration_time_s": round(statistics.median(v for _, v in times), 5)
                 if times else "",
                 "time_steps": len(times),
-                "tokenizer": str(margs.get("--tokenizer-model", "")).rsplit("/", 1)[-1],
+                "tokenizer": tokenizer if "$" not in tokenizer else "",
+                "copy_of": "" if copy_of == f"{case}/{f}" else copy_of,
                 "megatron_args": command_line(margs),
                 "source": f"NVIDIA/Megatron-LM@{commit[:10]} {CASES_DIR}/{case}/{f}"})
     return out

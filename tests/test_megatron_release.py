@@ -55,6 +55,10 @@ def test_every_row_predicted_or_skipped_with_a_reason():
     assert (rows.status == "skipped").all()
     nemotron = rows[rows.label.str.startswith("nemotron3_super")]
     assert len(nemotron) == 2 and nemotron.reason.str.contains("importer refuses").all()
+    # the tp4/pp2 case's A100 file is the same blob as the tp8 case's: a copy
+    copy = rows[rows.label == "gpt3_15b_8t_release_sm_gb200 lts dgx_a100"]
+    assert copy.reason.str.contains("byte-identical to gpt/gpt3_15b_8t_release_sm/").all()
+    assert rows.reason.str.startswith("GPU count not stated").sum() == 18
 
 
 def test_rows_with_a_gpu_count_are_predicted(tmp_path, monkeypatch):
@@ -66,14 +70,24 @@ def test_rows_with_a_gpu_count_are_predicted(tmp_path, monkeypatch):
     frame = pd.read_csv(tmp_path / "megatron_release.csv", dtype=str, keep_default_na=False)
     gpt = frame.case == "gpt3_15b_8t_release"
     frame.loc[gpt, "n_gpus"] = "64"
+    pp2 = (frame.case == "gpt3_15b_8t_release_sm_gb200") & (frame.machine == "dgx_gb200")
+    frame.loc[pp2, "n_gpus"] = "64"
     frame.to_csv(tmp_path / "megatron_release.csv", index=False)
     monkeypatch.setenv("AUTOPAR_PUBLISHED", str(tmp_path))
     from autopar.studies.published import TABLES, cases, predict
     rows = predict(TABLES["megatron_release"], rank=False)
     done = rows[rows.status == "predicted"]
-    assert len(done) == gpt.sum() == 2
+    assert len(done) == gpt.sum() + pp2.sum() == 3
     assert done.feasible.all() and done.pred_mem_gib.gt(0).all()
     got = [c for _, c in cases(TABLES["megatron_release"]) if hasattr(c, "execution")]
+    # the last rank's peak is compared with the last pipeline stage's need,
+    # which on the tp4/pp2 row is below the fuller (first) stage's
+    from autopar.model import evaluate_one
+    last = next(c for c in got if c.execution["pipeline_par"] == 2)
+    fuller = evaluate_one(last.model, last.system, last.execution)["proc_mem_tier1_cap_req"]
+    pred = float(done[done.label.str.startswith("gpt3_15b_8t_release_sm_gb200")].pred_mem_gib.iloc[0])
+    assert pred * 1024 ** 3 < fuller
+    got = [c for c in got if c.execution["pipeline_par"] == 1]
     ex, m = got[0].execution, got[0].model
     assert (ex["tensor_par"], ex["data_par"], ex["batch_size"], ex["microbatch_size"]) == \
         (8, 8, 384, 4)

@@ -10,7 +10,8 @@ measured peak allocated memory of rank ``world_size - 1`` (the last pipeline
 stage) and the median steady step time.  A row is a ``Skip`` where the
 importer refuses its arguments (the reason is the importer's), where the
 number of GPUs is not stated (the release recipes are not public: the CSV's
-``n_gpus_source``), where its machine has no system file, or where the model
+``n_gpus_source``), where its golden values are a byte-identical copy of
+another case's (``copy_of``), where its machine has no system file, or where the model
 needs what the table does not give (the vocabulary of a tokenizer not in
 ``TOKENIZER_VOCAB``).  Nothing here is fitted to the table.
 """
@@ -67,6 +68,10 @@ def release_row(row) -> "P.PublishedCase | P.Skip":
         imp = megatron_launch.read(text, f"megatron_release.csv: {row.case}")
     except SpecError as e:
         return P.Skip(f"the Megatron-LM importer refuses it: {e.message}", label)
+    copy_of = row.get("copy_of")
+    if isinstance(copy_of, str) and copy_of:
+        return P.Skip(f"golden values byte-identical to {copy_of} (a copy, not a run of "
+                      "these arguments)", label)
     if n is None:
         return P.Skip(f"GPU count {row.n_gpus_source}", label)
     sys_name = RELEASE_SYSTEMS.get(str(row.machine))
@@ -98,7 +103,9 @@ def release_row(row) -> "P.PublishedCase | P.Skip":
     step = float(row.iteration_time_s)
     tok = gbs * m.seq_size / step / n
     return P.PublishedCase(m, sy, ex, {"tokens_per_s_per_gpu": tok,
-                                       "peak_mem_gib": float(row.peak_mem_bytes) / P.GIB}, label)
+                                       "peak_mem_gib": float(row.peak_mem_bytes) / P.GIB,
+                                       # the last rank's: compared with the last stage
+                                       "mem_stage": "last"}, label)
 
 
 P.register(P.Table(
