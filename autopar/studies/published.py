@@ -44,6 +44,7 @@ from autopar.studies.published_base import (  # noqa: F401  (the registry, read 
     register, system, system_attention_at, tiers)
 from autopar.studies import published_foundry  # noqa: F401  (registers its tables)
 from autopar.studies import published_finetune  # noqa: F401  (registers its table)
+from autopar.studies import published_release  # noqa: F401  (registers its table)
 from autopar.studies.published_moe import bridge_qwen3, simumax_moe
 
 
@@ -81,7 +82,7 @@ def predict(table: Table, rank: bool = True, space=None, partial: bool = False,
                "tokens_per_s_per_gpu": tok, "pred_tokens_per_s_per_gpu": pred_tok,
                "tok_error": (pred_tok - tok) / tok,
                "peak_mem_gib": c.measured.get("peak_mem_gib", np.nan),
-               "pred_mem_gib": s["proc_mem_tier1_cap_req"] / GIB}
+               "pred_mem_gib": _predicted_memory(c, s) / GIB}
         rec["mem_error"] = (rec["pred_mem_gib"] - rec["peak_mem_gib"]) / rec["peak_mem_gib"]
         if rank and s["feasible"]:
             rec.update(_rank(table, c, s["sample_rate"], space))
@@ -94,6 +95,23 @@ def predict(table: Table, rank: bool = True, space=None, partial: bool = False,
     if partial:
         cols += list(PARTIAL_COLUMNS)
     return pd.DataFrame(recs).reindex(columns=cols)
+
+
+def _predicted_memory(case: PublishedCase, s: dict) -> float:
+    """The predicted tier-1 need to compare with the case's measured peak:
+    the fuller stage's (``proc_mem_tier1_cap_req``), or the last pipeline
+    stage's where the measurement is the last rank's
+    (``measured["mem_stage"] == "last"``: Megatron-LM logs memory from rank
+    world_size - 1 only, megatron/training/global_vars.py
+    ``_set_tensorboard_writer``), by ``autopar.model.memory.stage_needs``."""
+    if case.measured.get("mem_stage") != "last":
+        return s["proc_mem_tier1_cap_req"]
+    from autopar.io.layouts import to_columns
+    from autopar.model import STATS, evaluate_columns
+    from autopar.model.memory import MEMORY_PARTS, stage_needs
+    out = evaluate_columns(case.model, case.system, to_columns([case.execution]),
+                           stats=tuple(STATS) + tuple(MEMORY_PARTS))
+    return float(stage_needs(out, case.system.memory_overhead)[1][0])
 
 
 PARTIAL_COLUMNS = ("feasible_any", "completions", "feasible_completions",
