@@ -19,6 +19,7 @@ from autopar.io.specs import SpecError, load_execution, load_model, load_system
 from autopar.model import REASONS, evaluate_columns, evaluate_one
 
 from conftest import REPO_ROOT, one_proc_execution
+from test_launch_cpu_offload import _layout as cpu_offload_layout
 
 MODEL = REPO_ROOT / "models/gpt3-13B.json"          # 40 blocks, GPT, unfused attention
 SYSTEM = REPO_ROOT / "systems/a100_80g.json"
@@ -230,20 +231,10 @@ def test_cli_refuses_in_one_line(tmp_path, capsys):
 # launch formats
 
 def _layout(**kw):
-    """Llama 2 7B on 8 GPUs, one stage, the attention core and projection
-    offloaded."""
-    ex = {"num_procs": 8, "tensor_par": 2, "pipeline_par": 1, "data_par": 4,
-          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 1, "batch_size": 32,
-          "microbatch_size": 1, "datatype": "bfloat16", "fused_activation": True,
-          "attention_type": "multihead", "activation_recompute": "none",
-          "pipeline_interleaving": 1, "optimizer_sharding": True,
-          "tensor_par_comm_type": "rs_ag", "tensor_par_overlap": "none",
-          "seq_par_ag_redo": False, "data_par_overlap": True, "weight_offload": False,
-          "activations_offload": False, "optimizer_offload": False, "training": True,
-          "attention_impl": "flash_v2", "fused_norm": True, "unsharded_grads": True,
-          "fp32_grads": True, "activation_offload_modules": "core_attn+attn_proj"}
-    ex.update(kw)
-    return ex
+    """Llama 2 7B on 8 GPUs, one stage (the partial-offload tests' layout),
+    the attention core and projection offloaded instead of whole blocks."""
+    return cpu_offload_layout(**{"activation_offload_blocks": 0,
+                                 "activation_offload_modules": "core_attn+attn_proj", **kw})
 
 
 @pytest.mark.parametrize("fmt", ["megatron", "bridge"])

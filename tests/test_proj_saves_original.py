@@ -15,21 +15,13 @@ import autopar
 from autopar.io.errors import SpecError
 from autopar.io.frameworks import load_framework, with_framework
 from autopar.io.specs import load_model, load_system
+from test_te_memory import LAYOUT as TE_LAYOUT
 
 BRIDGE = load_framework("megatron-bridge")
 B200 = load_system("systems/b200_nvl8.json")
 SEQ, TP = 4096, 2
-LAYOUT = {"num_procs": 8, "tensor_par": TP, "pipeline_par": 1, "data_par": 4,
-          "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0,
-          "batch_size": 8, "microbatch_size": 1, "datatype": "bfloat16",
-          "fused_activation": True, "attention_type": "multihead",
-          "activation_recompute": "none", "pipeline_interleaving": 1,
-          "optimizer_sharding": True, "unsharded_grads": True,
-          "tensor_par_comm_type": "rs_ag", "tensor_par_overlap": "none",
-          "seq_par_ag_redo": True, "data_par_overlap": False,
-          "weight_offload": False, "activations_offload": False,
-          "optimizer_offload": False, "training": True, "attention_impl": "flash_v2",
-          "fused_norm": True, "fp32_grads": True}
+# (TE's one-stage layout: tensor_par 2, the distributed optimizer over 4)
+LAYOUT = TE_LAYOUT
 
 
 def _storage(on: bool, **kw) -> float:

@@ -27,7 +27,7 @@ import json
 import math
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, fields as dataclass_fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -1407,55 +1407,16 @@ def read_memory_headroom(c: "Checker", o, capacity_GiB: float | None = None,
 
 
 def memory_overhead_json(o: MemoryOverhead) -> dict:
+    """MemoryOverhead -> its JSON record: the four Calculon-era fields always,
+    every later field only where it differs from its default (a file that
+    predates a field reads the same), in declaration order."""
     out = {"reserved_GiB": _num(o.reserved_GiB), "fraction": o.fraction,
            "logits_fp32_copies": _num(o.logits_fp32_copies),
            "logits_gathered": o.logits_gathered}
-    if o.checkpoint_split:
-        out["checkpoint_split"] = True
-    if o.master_weight_bytes != 4.0:
-        out["master_weight_bytes"] = _num(o.master_weight_bytes)
-    if o.autograd_inputs:
-        out["autograd_inputs"] = True
-    if o.fsdp_reshard != "always":
-        out["fsdp_reshard"] = o.fsdp_reshard
-    if o.dummy_wgrad:
-        out["dummy_wgrad"] = True
-    if o.wgrad_accumulation_fusion:
-        out["wgrad_accumulation_fusion"] = True
-    if o.backward_transient != "block":
-        out["backward_transient"] = o.backward_transient
-    if o.moe_probs_in_activation:
-        out["moe_probs_in_activation"] = True
-    if o.cp_a2a_output_copy:
-        out["cp_a2a_output_copy"] = True
-    if o.pipeline_grads != "sharded":
-        out["pipeline_grads"] = o.pipeline_grads
-    if o.logits_kept != "always":
-        out["logits_kept"] = o.logits_kept
-    if o.selective_saves != "layers":
-        out["selective_saves"] = o.selective_saves
-    if not o.fp8_weight_copy:
-        out["fp8_weight_copy"] = False
-    if o.fp8_primary_weights:
-        out["fp8_primary_weights"] = True
-    if o.proj_saves_original:
-        out["proj_saves_original"] = True
-    if o.optimizer_step_bytes:
-        out["optimizer_step_bytes"] = _num(o.optimizer_step_bytes)
-    if o.adapter_saved_bytes:
-        out["adapter_saved_bytes"] = _num(o.adapter_saved_bytes)
-    if o.pipeline_in_flight != "calculon":
-        out["pipeline_in_flight"] = o.pipeline_in_flight
-    if o.pipeline_recv_buffers:
-        out["pipeline_recv_buffers"] = True
-    if o.te_userbuffers:
-        out["te_userbuffers"] = True
-    if o.te_userbuffers_rs != "pipeline":
-        out["te_userbuffers_rs"] = o.te_userbuffers_rs
-    if o.cuda_graphs != "none":
-        out["cuda_graphs"] = o.cuda_graphs
-    if o.head_weights_sharded:
-        out["head_weights_sharded"] = True
+    for f in dataclass_fields(MemoryOverhead)[4:]:
+        v = getattr(o, f.name)
+        if v != f.default:
+            out[f.name] = _num(v) if isinstance(v, float) else v
     return out
 
 
