@@ -137,3 +137,31 @@ def test_glm5_file_against_its_published_size(h100):
     data["mtp"] = 0
     total = parameter_counts(load_model(data), h100)["total"]
     assert abs(total / 744e9 - 1) < 0.03, total
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "bridge"])
+def test_launch_writers_state_dsa_and_read_it_back(fmt):
+    """Megatron-LM arguments / Bridge overrides carry the indexer
+    (experimental_attention_variant dsa, dsa_indexer_*), the sparse loss and
+    the fused kernels autopar counts; reading them back gives the model's
+    sparse_index."""
+    from conftest import launch_round_trip
+    m = load_model(ROOT / "models" / "glm-5.json")
+    ex = execution(attention_impl="flash_v2", fused_norm=True, fp32_grads=True)
+    text, back = launch_round_trip(fmt, m, ex)
+    for key in ("experimental", "dsa_indexer_n_heads", "dsa_indexer_topk", "dsa_kernel_backend"):
+        assert key.replace("_", "-") in text or key in text, key
+    assert back.model["mla"]["sparse_index"] == {"n_heads": 32, "head_dim": 128, "topk": 2048,
+                                                 "loss": True}
+    untrained = load_model(dict(model_to_json(m), mla=dict(
+        model_to_json(m)["mla"], sparse_index={"n_heads": 32, "head_dim": 128, "topk": 2048,
+                                               "loss": False})))
+    _, back = launch_round_trip(fmt, untrained, ex)
+    assert back.model["mla"]["sparse_index"]["loss"] is False
+
+
+def test_torchtitan_refuses_dsa():
+    from autopar.io.launch import get
+    why = get("torchtitan").refuse_model(load_model(ROOT / "models" / "glm-5.json"))
+    assert why and "sparse_index" in why
+    assert get("torchtitan").refuse_model(load_model(ROOT / "models" / "deepseek-v3.json")) is None
