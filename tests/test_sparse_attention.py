@@ -165,3 +165,58 @@ def test_torchtitan_refuses_dsa():
     why = get("torchtitan").refuse_model(load_model(ROOT / "models" / "glm-5.json"))
     assert why and "sparse_index" in why
     assert get("torchtitan").refuse_model(load_model(ROOT / "models" / "deepseek-v3.json")) is None
+
+
+# GLM-5's config.json keys (GlmMoeDsaConfig; the values the GLM-5 report and
+# Megatron-Bridge's glm5 bridge test state), as `autopar import --format hf` reads them.
+GLM5_CONFIG = {
+    "model_type": "glm_moe_dsa", "hidden_size": 6144, "intermediate_size": 12288,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 78, "num_attention_heads": 64,
+    "num_key_value_heads": 64, "n_shared_experts": 1, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "kv_lora_rank": 512,
+    "q_lora_rank": 2048, "qk_rope_head_dim": 192, "qk_nope_head_dim": 192, "qk_head_dim": 256,
+    "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
+    "hidden_act": "silu", "max_position_embeddings": 202752, "vocab_size": 154880,
+    "scoring_func": "sigmoid", "num_nextn_predict_layers": 1}
+
+
+def _import(cfg):
+    from autopar.io.launch import get
+    return get("hf").read(json.dumps(cfg), "config.json")
+
+
+def test_hf_import_is_the_shipped_file():
+    """glm_moe_dsa's config (its rope width recovered from qk_head_dim, as
+    GLM-5.2's normalised qk_rope_head_dim needs) gives models/glm-5.json's
+    shape; deepseek_v32 is DeepSeek-V3's import plus the indexer."""
+    got = load_model(dict(_import(GLM5_CONFIG).model, seq_size=131072))
+    want = load_model(ROOT / "models" / "glm-5.json")
+    assert model_to_json(got) == {k: v for k, v in model_to_json(want).items()
+                                  if k not in ("description", "name")}
+    v32 = dict(GLM5_CONFIG, model_type="deepseek_v32", qk_rope_head_dim=64)
+    del v32["qk_head_dim"]
+    assert _import(v32).model["mla"]["sparse_index"] == {"n_heads": 32, "head_dim": 128,
+                                                         "topk": 2048}
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"index_topk_freq": 4}, "index_topk_freq"),
+    ({"index_topk": 0}, "index_topk"),
+    ({"qk_head_dim": 100}, "qk_head_dim"),
+])
+def test_hf_import_bad_values(change, field):
+    with pytest.raises(SpecError) as e:
+        _import(dict(GLM5_CONFIG, **change))
+    assert e.value.field == field
+
+
+def test_deepseek_v32_file_against_its_published_size(h100):
+    """models/deepseek-v3.2.json: 685B published (deepseek-ai/DeepSeek-V3.2-Exp,
+    with the MTP module), within 3%; the indexer adds to DeepSeek-V3's count
+    exactly 61 + 1 (MTP) blocks of its weights."""
+    m = load_model(ROOT / "models" / "deepseek-v3.2.json")
+    total = parameter_counts(m, h100)["total"]
+    assert abs(total / 685e9 - 1) < 0.03, total
+    v3 = parameter_counts(load_model(ROOT / "models" / "deepseek-v3.json"), h100)["total"]
+    per_block = 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64
+    assert total - v3 == 62 * per_block
