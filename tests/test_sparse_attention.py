@@ -220,3 +220,21 @@ def test_deepseek_v32_file_against_its_published_size(h100):
     v3 = parameter_counts(load_model(ROOT / "models" / "deepseek-v3.json"), h100)["total"]
     per_block = 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64
     assert total - v3 == 62 * per_block
+
+
+def test_estimate_names_the_sparse_attention(tmp_path):
+    """`autopar estimate` prints the indexer in the MoE model's line (the
+    line that names MLA)."""
+    import subprocess
+    import sys
+    ex = tmp_path / "ex.json"
+    ex.write_text(json.dumps(execution(attention_impl="flash_v2", fused_norm=True)))
+    model = tmp_path / "m.json"
+    moe = {"experts": 4, "top_k": 2, "expert_feedforward": 32}
+    model.write_text(json.dumps(model_to_json(tiny(moe=moe))))
+    out = subprocess.run([sys.executable, "-m", "autopar.cli", "estimate", str(model),
+                          str(ROOT / "systems" / "h100_80g_nvl8.json"), str(ex)],
+                         capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "MLA with sparse attention (indexer 2 x 8, top 8)" in out.stdout
