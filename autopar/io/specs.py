@@ -1684,7 +1684,7 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
 
     Extensions (optional): ``attention_impl`` (unfused | fused_softmax |
     flash_v1 | flash_v2), ``fused_norm`` (bool), ``context_par`` (>= 1),
-    ``context_par_net``, ``context_par_comm`` (p2p | a2a), ``weight_sharding``
+    ``context_par_net``, ``context_par_comm`` (p2p | a2a | allgather: DSA models only), ``weight_sharding``
     (bool), ``sharding_group`` and ``recompute_layers`` (>= 0), ``fp8_recipe``
     (none | tensorwise | rowwise | mxfp8 | nvfp4 | mxfp4) (see
     ``autopar.io.layouts``), and the pair some Calculon forks write:
