@@ -284,6 +284,9 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
             + (f", first {mo.first_dense} blocks dense" if mo.first_dense else "")
             + (f", on a latent of {mo.latent_size}" if mo.latent_size else "")
             + (", MLA" if model.mla is not None else "")
+            + (f" with sparse attention (indexer {model.mla.sparse_index.n_heads} x "
+               f"{model.mla.sparse_index.head_dim}, top {model.mla.sparse_index.topk})"
+               if model.mla is not None and model.mla.sparse_index is not None else "")
             + (f", {model.mtp} MTP" if model.mtp else "")
             + (f" '{model.mtp_pattern}'" if model.mtp and model.mtp_pattern else "")
             + (" (one module repeated)" if model.mtp and model.mtp_repeated else ""))

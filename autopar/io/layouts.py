@@ -116,7 +116,7 @@ EXT_DEFAULTS.update({"context_par": 1, "context_par_net": 0, "context_par_comm":
                      "weight_sharding": False, "sharding_group": 0,
                      "recompute_layers": 0, "fp8_recipe": "none", "fp32_grads": False,
                      "param_gather_overlap": False})
-CHOICES["context_par_comm"] = ("p2p", "a2a")
+CHOICES["context_par_comm"] = ("p2p", "a2a", "allgather")
 CHOICES["fp8_recipe"] = ("none", "tensorwise", "rowwise", "mxfp8", "nvfp4", "mxfp4")
 BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding", "fp32_grads", "param_gather_overlap"}
 EXT_INT_FIELDS = frozenset({"context_par", "context_par_net", "sharding_group",

@@ -89,10 +89,31 @@ class MLASpec:
     qk_rope_head_dim: int
     v_head_dim: int
     q_lora_rank: int = 0
+    # DeepSeek Sparse Attention (``mla.sparse_index``; None: every query
+    # attends to every earlier key, as DeepSeek-V3's MLA)
+    sparse_index: "SparseIndexSpec | None" = None
 
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class SparseIndexSpec:
+    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2, GLM-5;
+    the ``mla.sparse_index`` object; Megatron-Core's
+    ``experimental_attention_variant "dsa"`` with ``dsa_indexer_n_heads``,
+    ``dsa_indexer_head_dim``, ``dsa_indexer_topk``; Hugging Face's
+    ``index_n_heads``, ``index_head_dim``, ``index_topk``).  The indexer
+    scores every earlier key for each query with ``n_heads`` small heads of
+    ``head_dim``; the attention then runs over the ``topk`` best keys only.
+    ``loss``: the indexer is trained by its KL loss against the attention's
+    scores (Megatron's ``dsa_indexer_loss_coeff`` > 0; Bridge's GLM-5
+    bridge sets 0.001); false: it runs without gradients."""
+    n_heads: int
+    head_dim: int
+    topk: int
+    loss: bool = True
 
 
 @dataclass(frozen=True)
@@ -582,7 +603,9 @@ MOE_OPTIONAL_KEYS = ("shared_experts", "shared_feedforward", "first_dense", "rou
                      "capacity_factor", "imbalance", "latent_size")
 ROUTERS = ("softmax", "sigmoid")
 MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-MLA_OPTIONAL_KEYS = ("q_lora_rank",)
+MLA_OPTIONAL_KEYS = ("q_lora_rank", "sparse_index")
+SPARSE_INDEX_KEYS = ("n_heads", "head_dim", "topk")
+SPARSE_INDEX_OPTIONAL_KEYS = ("loss",)
 BLOCK_TYPES = ("gpt", "llama")
 SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks")
 SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhead",
@@ -1008,13 +1031,36 @@ def _moe(c: Checker, v, vals: dict) -> MoESpec:
 
 def _mla(c: Checker, v) -> MLASpec:
     c.keys(v, "mla", MLA_KEYS, MLA_OPTIONAL_KEYS)
+    a = _mla_fields(c, v)
+    d = a.sparse_index
+    if d is not None and d.head_dim < a.qk_rope_head_dim:
+        # the indexer rotates the first qk_rope_head_dim of its head
+        # (megatron/core/transformer/experimental_attention_variant/dsa.py
+        # DSAIndexer._apply_rope)
+        c.fail("mla.sparse_index.head_dim",
+               f"must be >= mla.qk_rope_head_dim ({a.qk_rope_head_dim})")
+    return a
+
+
+def _mla_fields(c: Checker, v) -> MLASpec:
     return MLASpec(kv_lora_rank=c.int(v["kv_lora_rank"], "mla.kv_lora_rank", minimum=1),
                    qk_nope_head_dim=c.int(v["qk_nope_head_dim"], "mla.qk_nope_head_dim",
                                           minimum=1),
                    qk_rope_head_dim=c.int(v["qk_rope_head_dim"], "mla.qk_rope_head_dim",
                                           minimum=0),
                    v_head_dim=c.int(v["v_head_dim"], "mla.v_head_dim", minimum=1),
-                   q_lora_rank=c.int(v.get("q_lora_rank", 0), "mla.q_lora_rank", minimum=0))
+                   q_lora_rank=c.int(v.get("q_lora_rank", 0), "mla.q_lora_rank", minimum=0),
+                   sparse_index=(_sparse_index(c, v["sparse_index"])
+                                 if v.get("sparse_index") is not None else None))
+
+
+def _sparse_index(c: Checker, v) -> SparseIndexSpec:
+    f = "mla.sparse_index"
+    c.keys(v, f, SPARSE_INDEX_KEYS, SPARSE_INDEX_OPTIONAL_KEYS)
+    return SparseIndexSpec(n_heads=c.int(v["n_heads"], f + ".n_heads", minimum=1),
+                           head_dim=c.int(v["head_dim"], f + ".head_dim", minimum=1),
+                           topk=c.int(v["topk"], f + ".topk", minimum=1),
+                           loss=c.bool(v.get("loss", True), f + ".loss"))
 
 
 def model_to_json(model: ModelSpec) -> dict:
@@ -1050,6 +1096,12 @@ def model_to_json(model: ModelSpec) -> dict:
                       "qk_rope_head_dim": a.qk_rope_head_dim, "v_head_dim": a.v_head_dim}
         if a.q_lora_rank:
             out["mla"]["q_lora_rank"] = a.q_lora_rank
+        if a.sparse_index is not None:
+            d = a.sparse_index
+            out["mla"]["sparse_index"] = {"n_heads": d.n_heads, "head_dim": d.head_dim,
+                                          "topk": d.topk}
+            if not d.loss:
+                out["mla"]["sparse_index"]["loss"] = False
     if model.mtp:
         out["mtp"] = model.mtp
     if model.hybrid_pattern:
@@ -1610,7 +1662,7 @@ def load_execution(path_or_dict, system: SystemSpec | None = None,
 
     Extensions (optional): ``attention_impl`` (unfused | fused_softmax |
     flash_v1 | flash_v2), ``fused_norm`` (bool), ``context_par`` (>= 1),
-    ``context_par_net``, ``context_par_comm`` (p2p | a2a), ``weight_sharding``
+    ``context_par_net``, ``context_par_comm`` (p2p | a2a | allgather: DSA models only), ``weight_sharding``
     (bool), ``sharding_group`` and ``recompute_layers`` (>= 0), ``fp8_recipe``
     (none | tensorwise | rowwise | mxfp8 | nvfp4 | mxfp4) (see
     ``autopar.io.layouts``), and the pair some Calculon forks write:

@@ -253,12 +253,26 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
     bw_link = np.where(a2a, a2a_t, steps * step_bw)
     fw_exp = np.where(a2a, a2a_t, ring_fw_exp)
     bw_exp = np.where(a2a, a2a_t, ring_bw_exp)
+    fw_size = np.where(a2a, qkvo, steps * chunk)
+    ag = cols["context_par_comm"] == 2
+    if ag.any():
+        # All-gather (``allgather``; DeepSeek Sparse Attention only, rules):
+        # DSAttention gathers the keys over the context-parallel group before
+        # the indexer and the kernel (dsa.py ``gather_from_sequence_parallel_
+        # region`` on the indexer's key and the latent key), not overlapped;
+        # autograd's backward of the gather reduce-scatters their gradients.
+        whole = cp * chunk
+        ag_fw = net.time("all_gather", whole, peers)
+        ag_bw = net.time("reduce_scatter", whole, peers)
+        fw_link, fw_exp = np.where(ag, ag_fw, fw_link), np.where(ag, ag_fw, fw_exp)
+        bw_link, bw_exp = np.where(ag, ag_bw, bw_link), np.where(ag, ag_bw, bw_exp)
+        fw_size = np.where(ag, steps * chunk, fw_size)
     z = ctx.zeros
     return ContextExchange(
         fw_link=np.where(multi, fw_link, z), fw_exp=np.where(multi, fw_exp, z),
         bw_link=np.where(multi, bw_link, z), bw_exp=np.where(multi, bw_exp, z),
         re_exp=np.where(multi & recompute_attn, fw_exp, z),
-        fw_size=np.where(multi, np.where(a2a, qkvo, steps * chunk), z))
+        fw_size=np.where(multi, fw_size, z))
 
 
 # ----------------------------------------------------------------------------

@@ -472,7 +472,8 @@ _FLASH_CAUSAL = 0.5
 _FLASH_SPEED = {"flash_v1": 0.6, "flash_v2": 0.75}
 
 
-def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=None, **kw):
+def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=None,
+                    causal=True, **kw):
     """FlashAttention: QK^T, softmax and PV in one kernel; the s x s scores
     never reach memory and are recomputed in the backward pass.  With
     context parallelism ``s`` is the local queries and ``sk`` the keys they
@@ -511,11 +512,17 @@ def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=No
     if ctx.attention_speed:
         # The framework's kernel as stated (time_overhead.attention_speed).
         speed = np.full_like(speed, ctx.attention_speed, dtype=float)
-    causal = _FLASH_CAUSAL
-    if ctx.attention_tile:
+    if not causal:
+        # ``sk`` already counts the keys each query attends to (a sparse
+        # kernel's chosen keys: autopar.model.sparse_attention): the kernel
+        # executes what is counted.
+        causal = 1.0
+    elif ctx.attention_tile:
         # A tile on the diagonal is computed whole (time_overhead.attention_tile).
         tiles = np.ceil(sk / ctx.attention_tile)
         causal = _FLASH_CAUSAL * (1.0 + 1.0 / tiles)
+    else:
+        causal = _FLASH_CAUSAL
     # Scale the executed flops into the time the kernel takes.
     L["time_scale"] = causal / speed
     if ctx.attention_backward_speed:

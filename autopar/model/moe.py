@@ -53,6 +53,7 @@ from autopar.io.specs import HYBRID_SYMBOLS
 from autopar.model.context import LayoutContext
 from autopar.model.mamba import hybrid_kinds, layer_kinds
 from autopar.model.overhead import moe_sync_ops
+from autopar.model.sparse_attention import indexer_layers, sparse_core
 from autopar.model.pipeline import chunk_spans, chunk_split, distinct_splits, uneven_rows
 from autopar.model.layers import (STAGES, batched_matmul, finish, flash_attention, fork,
                                   offload_group,
@@ -332,13 +333,29 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
                 stored=kept_qkv), True),
     ]
     core, kept = x.core, ~x.recompute_attn
-    core_layers = [
-        (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=kept), core),
-        (softmax(ctx, heads_tp * sq * s * mbs, x.impl, True, **attn, out_stored=kept), core),
-        (batched_matmul(ctx, mbs * heads_tp, sq, s, dv, **full), core),
-        (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, x.impl, sk=x.span, dv=dv,
-                         kv_v=heads_tp * dv, **full, stored=kept_qkv), x.flash),
-    ]
+    if a.sparse_index is not None:
+        # DeepSeek Sparse Attention (autopar.model.sparse_attention): the
+        # indexer on every local token, then the attention over the chosen
+        # keys, whatever attention_impl the row names (DSA has its own kernels)
+        idx = a.sparse_index
+        rows = mbs * sq
+        core_layers = [(L, True) for L in indexer_layers(ctx, rows, sq, x.span, mbs, **attn)]
+        core_layers += [(L, True) for L in sparse_core(ctx, mbs, heads_tp, sq, x.span, x.impl,
+                                                       kept_qkv, **full)]
+        # The context-parallel all-gather: the one latent key/value of
+        # kv_lora_rank + rope (no heads) and the indexer's key
+        # (context_exchange counts K and V, 2 x kv_width).
+        q_width = heads_tp * (kvr + rope)
+        kv_width = (kvr + rope + float(idx.head_dim)) / 2
+    else:
+        core_layers = [
+            (batched_matmul(ctx, mbs * heads_tp, sq, dqk, s, **attn, out_stored=kept), core),
+            (softmax(ctx, heads_tp * sq * s * mbs, x.impl, True, **attn, out_stored=kept), core),
+            (batched_matmul(ctx, mbs * heads_tp, sq, s, dv, **full), core),
+            (flash_attention(ctx, mbs, heads_tp, sq, dqk, heads_tp * dqk, x.impl, sk=x.span,
+                             dv=dv, kv_v=heads_tp * dv, **full, stored=kept_qkv), x.flash),
+        ]
+        q_width = kv_width = heads_tp * dqk
     seq += offload_group(core_layers, "core_attn")
     seq += [
         # (MultiLatentAttention sets save_original_input on its linear_proj
@@ -347,7 +364,7 @@ def mla_attention(ctx: LayoutContext, x: BlockInputs):
                        "attn_proj"), True),
         (tp_collective(ctx, A, True, recomm=x.recompute_full, stored=False), True),
     ]
-    return seq, core_layers, heads_tp * dqk, heads_tp * dqk
+    return seq, core_layers, q_width, kv_width
 
 
 # ----------------------------------------------------------------------------

@@ -155,6 +155,12 @@ REASONS = REASONS + (
     "invalid: an explicit pipeline_layout must hold the embedding first and the loss and "
     "the model's MTP layers last",
 )
+# DeepSeek Sparse Attention's all-gather context parallelism (megatron/core/
+# transformer/experimental_attention_variant/dsa.py, DSAttention.forward).
+REASONS = REASONS + (
+    "invalid: context_par_comm allgather is modelled for DeepSeek Sparse Attention "
+    "(mla.sparse_index) only",
+)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -513,6 +519,11 @@ def _check_moe(model: ModelSpec, system: SystemSpec, cols: dict, flag, tp1, dp1,
                               "tensor_par_comm_type rs_ag (sequence parallelism)")
         flag(moe.shared_feedforward % tp1 != 0,
              "invalid: shared_feedforward must be divisible by tensor_par")
+    if model.mla is None or model.mla.sparse_index is None:
+        flag((cols["context_par"] > 1)
+             & (cols["context_par_comm"] == CHOICES["context_par_comm"].index("allgather")),
+             "invalid: context_par_comm allgather is modelled for DeepSeek Sparse Attention "
+             "(mla.sparse_index) only")
     if model.mla is not None:
         flag(cols["tensor_par_overlap"] != 0,
              "invalid: latent attention (mla) is modelled with tensor_par_overlap none")

@@ -88,7 +88,9 @@ def _r_cpcomm(c, s):
         return ("p2p",), "must be p2p when context_par is 1"
     if c.heads % (s["tensor_par"] * s["context_par"]):
         return ("p2p",), "a2a needs tensor_par * context_par to divide attn_heads"
-    return CHOICES["context_par_comm"], None
+    # (allgather is an execution's choice, not searched: autopar models it for
+    # DeepSeek Sparse Attention only)
+    return ("p2p", "a2a"), None
 
 
 def _r_pgo(c, s):

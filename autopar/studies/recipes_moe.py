@@ -85,16 +85,27 @@ RECIPE_SYSTEMS, RECIPE_FP8, RECOMPUTE_CHOICE = SYSTEMS, FP8, SELECTIVE
 # from each released Hugging Face config (docs/validation.md, "Megatron-Bridge
 # performance recipes: model files (Nemotron 3, ...)").
 NOT_EXPRESSED = {
-    # models/glm_moe_dsa/glm5_bridge.py: experimental_attention_variant "dsa"
-    "glm5":
-        "GLM-5 attends through DeepSeek Sparse Attention: MLA whose keys are chosen per query "
-        "by a lightning indexer (index_n_heads, index_head_dim, index_topk); autopar's MLA "
-        "attends to every key and has no indexer",
     # models/deepseek/deepseek_v4_bridge.py: HyperConnectionModule, CompressedSparseAttention
     "deepseek-v4":
         "DeepSeek-V4 (Flash / Pro) uses hyper-connections (4 residual streams mixed per layer), "
         "compressed sparse attention (compressor and indexer, compress ratios 4 and 128, "
         "sliding-window layers) and hash-routed MoE layers; autopar has none of the three",
+}
+
+
+# Recipe tables' model names whose models/ file is named otherwise.
+MODEL_FILES = {"glm5": "glm-5"}
+
+# Recipes of an expressed model that use what autopar lacks (recipe-name
+# prefix -> the Skip reason).
+NOT_EXPRESSED_RECIPES = {
+    # Megatron-Bridge@067f987 models/glm_moe_dsa/glm5_bridge.py reads GLM-5.2's
+    # index_topk_freq / index_skip_topk_offset (dsa_indexer_topk_freq,
+    # dsa_indexer_skip_topk_offset: Megatron-Core dsa.py is_dsa_skip_topk_layer)
+    "glm52_":
+        "GLM-5.2 shares DeepSeek Sparse Attention's top-k (IndexShare: the indexer runs on "
+        "one layer in four and the next three reuse its keys); autopar's mla.sparse_index "
+        "runs the indexer on every layer",
 }
 
 
@@ -211,6 +222,10 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     name = str(row["model"])
     if name in NOT_EXPRESSED:
         return P.Skip(NOT_EXPRESSED[name], label)
+    for prefix, reason in NOT_EXPRESSED_RECIPES.items():
+        if label.startswith(prefix):
+            return P.Skip(reason, label)
+    name = MODEL_FILES.get(name, name)
     if not (P.MODELS / f"{name}.json").is_file():
         return P.Skip(f"no model file for {name}", label)
     gpu = str(row["gpu"])
@@ -298,7 +313,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     dist_opt = not (x.get("ddp.use_distributed_optimizer") == "false")
     dp_overlap = x.get("ddp.overlap_grad_reduce") != "false"
     cp_comm = x.get("cp_comm_type", "p2p")      # Megatron-Core's default: p2p
-    if cp > 1 and cp_comm not in ("p2p", "a2a"):
+    if cp > 1 and cp_comm not in ("p2p", "a2a", "allgather"):
         return P.Skip(f"context parallel communication {cp_comm} is not modelled", label)
     ex = P.megatron_execution(sy, n=n, tp=tp, pp=pp, dp=dp, cp=cp, gbs=gbs, mbs=mbs, vp=vp,
                               cp_comm=cp_comm if cp > 1 else "p2p",

@@ -58,7 +58,10 @@ from autopar.io.launch.expressible import Keys, json_object
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt_oss",
-       "qwen3_next")
+       "qwen3_next", "deepseek_v32", "glm_moe_dsa")
+# DeepSeek-V3's architecture with DeepSeek Sparse Attention's indexer
+# (DeepSeek-V3.2; GLM-5's GlmMoeDsaConfig)
+SPARSE = ("deepseek_v32", "glm_moe_dsa")
 HYBRID = ("nemotron_h",)
 MODEL_TYPES = DENSE + MOE + HYBRID
 ACTIVATIONS = ("silu", "swiglu")
@@ -90,8 +93,10 @@ def read(text: str, source: str) -> Imported:
     if act not in ACTIVATIONS:
         k.fail("hidden_act", f"{act!r}: autopar's LLaMA-style block is a gated SiLU MLP")
     _window(k, mt, notes)
-    if mt in ("deepseek_v2", "deepseek_v3"):
+    if mt in ("deepseek_v2", "deepseek_v3") + SPARSE:
         _deepseek(k, model, layers)
+        if mt in SPARSE:
+            _sparse_index(k, model)
     else:
         kv = k.int("num_key_value_heads", heads, minimum=1)
         if heads % kv:
@@ -219,6 +224,28 @@ def _deepseek(k: Keys, model: dict, layers: int) -> None:
     mtp = k.int("num_nextn_predict_layers", 0, minimum=0)
     if mtp:
         model["mtp"] = mtp
+
+
+def _sparse_index(k: Keys, model: dict) -> None:
+    """DeepSeek Sparse Attention's indexer: ``index_n_heads``,
+    ``index_head_dim``, ``index_topk`` (``mla.sparse_index``).  GLM-5's
+    config may normalise ``qk_rope_head_dim`` to ``head_dim``; the rotary
+    width is then ``qk_head_dim - qk_nope_head_dim`` (as Megatron-Bridge's
+    glm5_bridge.py recovers it).  IndexShare (``index_topk_freq`` > 1,
+    GLM-5.2: the top-k reused by the next layers) is refused: autopar runs
+    the indexer on every block."""
+    mla = model["mla"]
+    if k.raw("qk_head_dim") is not None:
+        mla["qk_rope_head_dim"] = k.int("qk_head_dim", minimum=1) - mla["qk_nope_head_dim"]
+        if mla["qk_rope_head_dim"] < 0:
+            k.fail("qk_head_dim", "is smaller than qk_nope_head_dim")
+    freq = k.int("index_topk_freq", 1, minimum=1)
+    if freq > 1:
+        k.fail("index_topk_freq", f"{freq}: the indexer's top-k shared across layers "
+               "(IndexShare) is not modelled; autopar runs the indexer on every block")
+    mla["sparse_index"] = {"n_heads": k.int("index_n_heads", minimum=1),
+                           "head_dim": k.int("index_head_dim", minimum=1),
+                           "topk": k.int("index_topk", minimum=1)}
 
 
 # Nemotron-H's ``layers_block_type`` names -> hybrid_override_pattern symbols

@@ -113,6 +113,10 @@ def refuse_model(model, fmt: str, chunk_setting: bool = False) -> str | None:
     return None
 
 
+# The indexer loss coefficient written for a trained DSA indexer: Megatron-
+# Bridge@067f987 models/glm_moe_dsa/glm5_bridge.py (dsa_indexer_loss_coeff).
+DSA_LOSS_COEFF = 0.001
+
 # MambaMixer's fixed convolution kernel and SSD chunk (mamba_mixer.py __init__)
 MAMBA_CONV_KERNEL, MAMBA_CHUNK = 4, 128
 
@@ -624,6 +628,21 @@ def model_settings(model, ex: Mapping) -> dict:
         s["model.qk_head_dim"] = a.qk_nope_head_dim
         s["model.qk_pos_emb_head_dim"] = a.qk_rope_head_dim
         s["model.v_head_dim"] = a.v_head_dim
+        if a.sparse_index is not None:
+            # DeepSeek Sparse Attention (TransformerConfig's dsa_* fields,
+            # Megatron-LM arguments generated from them): the fused kernels
+            # autopar counts (dsa_kernel_backend; "none" would run the
+            # unfused path that materialises every score), the indexer's
+            # sparse KL loss at Megatron-Bridge's GLM-5 coefficient (0.001,
+            # glm5_bridge.py) where the indexer is trained, else none.
+            d = a.sparse_index
+            s["model.experimental_attention_variant"] = "dsa"
+            s["model.dsa_indexer_n_heads"] = d.n_heads
+            s["model.dsa_indexer_head_dim"] = d.head_dim
+            s["model.dsa_indexer_topk"] = d.topk
+            s["model.dsa_indexer_loss_coeff"] = DSA_LOSS_COEFF if d.loss else 0.0
+            s["model.dsa_indexer_use_sparse_loss"] = True
+            s["model.dsa_kernel_backend"] = "cudnn"
     if model.mtp:
         s["model.mtp_num_layers"] = model.mtp
         if getattr(model, "mtp_repeated", False):
@@ -1078,6 +1097,15 @@ def _read_model(r: Reader) -> dict:
                     "qk_nope_head_dim": r.int("model.qk_head_dim", 128),
                     "qk_rope_head_dim": r.int("model.qk_pos_emb_head_dim", 64, minimum=0),
                     "v_head_dim": r.int("model.v_head_dim", 128)}
+        if r.v.get("model.experimental_attention_variant") == "dsa":
+            coeff = r.float("model.dsa_indexer_loss_coeff", 0.0)
+            idx = {}
+            for f in ("n_heads", "head_dim", "topk"):
+                key = f"model.dsa_indexer_{f}"
+                idx[f] = r.int(key, None)
+                if idx[f] is None:
+                    r.fail(key, "missing: experimental_attention_variant dsa needs it")
+            m["mla"]["sparse_index"] = dict(idx, loss=bool(coeff and coeff > 0))
     return m
 
 

@@ -193,7 +193,10 @@ def _arg_keys() -> dict:
         "model.mamba_num_heads", "model.mamba_head_dim", "model.mamba_state_dim",
         "model.mamba_num_groups", "optimizer.muon_tp_mode", "optimizer.muon_num_ns_steps",
         "model.cpu_offloading_num_layers", "model.moe_latent_size", "model.offload_modules",
-        "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype"]
+        "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype",
+        "model.experimental_attention_variant", "model.dsa_indexer_n_heads",
+        "model.dsa_indexer_head_dim", "model.dsa_indexer_topk",
+        "model.dsa_indexer_loss_coeff", "model.dsa_kernel_backend"]
     for k in names:
         keys[arg_name(k)] = (k, "value")
     for k in ("model.sequence_parallel", "model.tp_comm_overlap", "model.first_last_layers_bf16",

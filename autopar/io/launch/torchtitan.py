@@ -124,6 +124,12 @@ def refuse_model(model) -> str | None:
     if getattr(model, "hybrid_pattern", ""):
         return (f"{NAME}: the model {model.name or ''} has hybrid_override_pattern; torchtitan's "
                 "models are decoder blocks of attention and MLP / MoE only")
+    mla = getattr(model, "mla", None)
+    if mla is not None and mla.sparse_index is not None:
+        # (pytorch/torchtitan's models/deepseek_v3 attends to every key: no
+        # lightning indexer, no top-k selection)
+        return (f"{NAME}: the model {model.name or ''} has mla.sparse_index (DeepSeek Sparse "
+                "Attention); torchtitan's DeepSeek-V3 model has no indexer")
     return None
 
 
