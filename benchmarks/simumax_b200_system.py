@@ -48,10 +48,16 @@ published); fp16 and fp32 matrix on the bf16 curve.
 
     PYTHONPATH=$PWD python benchmarks/simumax_b200_system.py PATH/b200_bf16_ceperm.json
     PYTHONPATH=$PWD python benchmarks/simumax_b200_system.py --write   # the Blackwell files' curves
+    PYTHONPATH=$PWD python benchmarks/simumax_b200_system.py --write-attention PATH/b200_bf16_ceperm.json
+
+``attention_record`` turns the same file's measured TE attention (causal,
+32 shapes) into the system files' ``attention`` record (kernel rates by the
+size of a call and head size; ``ATTENTION_FILES``).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import sys
@@ -137,6 +143,66 @@ def shape_curves(measured) -> dict:
             for f, gpu in BLACKWELL_FILES.items()}
 
 
+# The files that take SimuMax's measured B200 attention (``attention_record``):
+# the B200 ones only (docs/validation.md, "Attention kernel rates by shape
+# (hardware record)"; systems/README.md).
+ATTENTION_FILES = ("b200_nvl8_megatron", "b200_nvl8")
+
+
+def attention_shape(key: str) -> tuple[int, float]:
+    """(query/key head size, executed forward GFLOP) of one of SimuMax's
+    measured causal attention calls: its ``test_fa_efficiency.py`` counts the
+    forward as ``2 * b * s^2 * h * (qk_head_dim + v_head_dim)`` (the whole
+    square); the causal kernel executes half of it."""
+    f = dict(re.findall(r"(\w+)=([\w.]+)", key))
+    b, s, h = int(f["batch"]), int(f["seq_len"]), int(f["head_num"])
+    dq, dv = int(f["qk_head_dim"]), int(f["v_head_dim"])
+    return dq, b * s * s * h * (dq + dv) / 1e9
+
+
+def attention_record(cfg: dict) -> dict:
+    """The system file's ``attention`` record from SimuMax's measured TE
+    attention (``sdp_fwd`` / ``sdp_bwd``, rates of the whole-square count):
+    per query/key head size, each pass's rate on the executed (causal) work
+    (the measured rate / 2) at each measured call size, the mean of the
+    calls of one size (q/k/v contiguous or not; GQA groupings of one head
+    count), as a descending GFLOP table whose smallest size reads as 0."""
+    op = cfg["accelerator"]["op"]
+    out: dict = {}
+    for name, p in (("sdp_fwd", "fwd"), ("sdp_bwd", "bwd")):
+        pts: dict = {}
+        for key, eff in op[name]["accurate_efficient_factor"].items():
+            dq, g = attention_shape(key)
+            # floored to 0.01 GFLOP: the measured call itself reads its own rate
+            pts.setdefault(dq, {}).setdefault(math.floor(g * 100) / 100, []).append(eff / 2)
+        for dq, by_size in pts.items():
+            table = [[g, round(statistics.mean(v), 4)]
+                     for g, v in sorted(by_size.items(), reverse=True)]
+            table[-1][0] = 0
+            out.setdefault(str(dq), {})[p] = table
+    return {"bfloat16": dict(sorted(out.items()))}
+
+
+def check_attention(path: str, write: bool = False) -> bool:
+    """Print the attention record, whether each of ``ATTENTION_FILES`` holds
+    it, and with ``write`` put it there."""
+    rec = attention_record(json.loads(Path(path).read_text()))
+    for dq, passes in rec["bfloat16"].items():
+        for p, table in passes.items():
+            print(f"attention head size {dq} {p} (GFLOP, rate):", table)
+    ok = True
+    for f in ATTENTION_FILES:
+        p = Path("systems") / f"{f}.json"
+        spec = json.loads(p.read_text())
+        holds = spec.get("attention") == rec
+        print(f"{f}: holds the attention record: {holds}")
+        if write and not holds:
+            spec["attention"] = rec
+            p.write_text(json.dumps(spec, indent=2))
+        ok &= holds
+    return ok
+
+
 def check_blackwell(write: bool = False) -> bool:
     """Print the Blackwell files' curves, whether each file holds them, and
     with ``write`` put them there."""
@@ -178,12 +244,15 @@ def main(path: str) -> None:
             and ship["networks"][0]["latency"] == d["nvlink_latency_s"])
     print("systems/b200_nvl8_megatron.json holds these figures:", same)
     check_blackwell()
+    check_attention(path)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 3 and sys.argv[1] == "--write-attention":
+        check_attention(sys.argv[2], write=True)
+    elif len(sys.argv) != 2:
         sys.exit(__doc__)
-    if sys.argv[1] == "--write":
+    elif sys.argv[1] == "--write":
         check_blackwell(write=True)
     else:
         main(sys.argv[1])

@@ -138,9 +138,12 @@ def test_bridge_tables_throughput_held(reference):
     # as the launcher's NVTE_FUSED_ATTN=0 made them, "Long-context rows,
     # round 2": 6.6% / 28.6%, the worst a B200 row; 6.6% / 27.1% since the
     # Blackwell files' matrix plateaus are the published best-shape rates,
-    # "Blackwell system files: measured kernel efficiencies")
+    # "Blackwell system files: measured kernel efficiencies"; 6.6% / 26.9%
+    # since the B200 files carry SimuMax's measured attention rates by call
+    # size, "Attention kernel rates by shape (hardware record)": the worst
+    # row, B200 32k, +27.1% -> +26.9%)
     assert nemo.tok_error.abs().median() == pytest.approx(0.066, abs=0.002)
-    assert nemo.tok_error.abs().max() == pytest.approx(0.271, abs=0.002)
+    assert nemo.tok_error.abs().max() == pytest.approx(0.269, abs=0.002)
     # (the Qwen3 rows' figures since the MoE host time is counted per op
     # after the sync, docs/validation.md "MoE host time, counted": 4.8% /
     # 93.9% / best 24.9% with the flat per-block constant before; 9.8% /

@@ -79,8 +79,13 @@ def test_nemo1_launcher_rows_run_flash_attention_2():
 def test_long_cp_h100_rows_within_the_bar_and_b200_rows_still_fast():
     """With FlashAttention-2 the H100 rows' error no longer grows with the
     attention's share (+8% at 4k to +64% at 1M before): every row within
-    7%.  The B200 rows are left as they were, +21% to +29% fast on every
-    row (not long-context attention: the 8k row has no CP)."""
+    7%.  The B200 rows: +21% to +27% fast on every row on the model's
+    one attention rate; with the B200 files' measured attention rates by
+    call size (``attention`` record, SimuMax's TE measurements; docs/
+    validation.md "Attention kernel rates by shape (hardware record)")
+    +12% to +27%, the long rows (256k-1M: 64k-token local blocks of 8
+    heads per rank, 8.8 TFLOP a call, read at the 4.4 TFLOP measurement:
+    58% / 44% of the peak forward / backward) +12% to +15%."""
     from autopar.studies.published import predict
     rows = predict(TABLES["nemo_long_cp"], rank=False)
     assert len(rows) == 17 and rows.feasible.all()
@@ -88,4 +93,6 @@ def test_long_cp_h100_rows_within_the_bar_and_b200_rows_still_fast():
     b200 = rows[rows.label.str.contains("B200")]
     assert len(h100) == 9 and len(b200) == 8
     assert h100.tok_error.abs().max() < 0.07
-    assert (b200.tok_error > 0.20).all() and (b200.tok_error < 0.30).all()
+    assert (b200.tok_error > 0.10).all() and (b200.tok_error < 0.28).all()
+    longest = b200[b200.label.str.contains(r"seq (?:262144|524288|1048576) ")]
+    assert len(longest) == 3 and (longest.tok_error < 0.15).all()

@@ -255,7 +255,12 @@ def test_left_out_moe_host_time_is_refitted_on_the_second_table(reference):
              if isinstance(c, P.PublishedCase))
     assert c.system.time_overhead.moe_host_op_s == M.MOE_HOST_OP_S
     assert c.system.time_overhead.moe_block_s == 0
-    assert t(c).system.time_overhead.moe_host_op_s == refit != M.MOE_HOST_OP_S
+    # (the refit was 17.5 us against the shipped 18.5; since the B200 files
+    # carry SimuMax's measured attention rates by call size the DeepSeek
+    # rows' own fit is 18.5 us too, docs/validation.md "Attention kernel
+    # rates by shape (hardware record)": the transform still puts the refit
+    # in, whatever its value)
+    assert t(c).system.time_overhead.moe_host_op_s == refit > 0
     assert X.left_out_transform("nemo_h100") == (None, [])
 
 

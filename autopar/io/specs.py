@@ -572,6 +572,9 @@ class SystemSpec:
     time_overhead: TimeOverhead | None = None
     # Extension: the default memory headroom and the uncertainty of the need.
     memory_headroom: MemoryHeadroom | None = None
+    # Extension: measured fused-attention kernel rates by the size of a call
+    # (None: the matrix curve's, as Calculon; ``read_attention``).
+    attention: dict | None = None
 
     @property
     def datatypes(self) -> tuple[str, ...]:
@@ -609,7 +612,7 @@ SPARSE_INDEX_OPTIONAL_KEYS = ("loss",)
 BLOCK_TYPES = ("gpt", "llama")
 SYSTEM_KEYS = ("matrix", "vector", "mem1", "mem2", "processing_mode", "networks")
 SYSTEM_EXTENSION_KEYS = ("name", "description", "memory_overhead", "time_overhead",
-                         "memory_headroom")
+                         "memory_headroom", "attention")
 PROCESSING_MODES = ("roofline", "no_overlap")
 FSDP_RESHARD = ("always", "never", "unless_pipelined")
 BACKWARD_TRANSIENT = ("block", "op")
@@ -1226,10 +1229,12 @@ def load_system(path_or_dict, source: str | None = None) -> SystemSpec:
         if "time_overhead" in data else None
     headroom = read_memory_headroom(c, data["memory_headroom"], mem1.GiB) \
         if "memory_headroom" in data else None
+    attention = read_attention(c, data["attention"]) if "attention" in data else None
     spec = SystemSpec(matrix=matrix, vector=vector, mem1=mem1, mem2=mem2,
                       processing_mode=mode, networks=networks, name=name,
                       source=src, description=desc, memory_overhead=overhead,
-                      time_overhead=time_overhead, memory_headroom=headroom)
+                      time_overhead=time_overhead, memory_headroom=headroom,
+                      attention=attention)
     if not spec.datatypes:
         c.fail("vector", "no datatype is listed in both matrix and vector")
     return spec
@@ -1274,7 +1279,48 @@ def system_to_json(system: SystemSpec) -> dict:
         out["time_overhead"] = time_overhead_json(system.time_overhead)
     if system.memory_headroom is not None:
         out["memory_headroom"] = memory_headroom_json(system.memory_headroom)
+    if system.attention is not None:
+        out["attention"] = attention_json(system.attention)
     return out
+
+
+ATTENTION_PASSES = ("fwd", "bwd")
+
+
+def read_attention(c: "Checker", o, path: str = "attention") -> dict:
+    """A system's ``attention`` record -> ``{datatype: {head_dim: {"fwd":
+    table, "bwd": table}}}``: the fused (causal) attention kernel's measured
+    rate, a fraction of the datatype's matrix peak on the work it executes
+    (FlashAttention's count: forward 2 x (d + dv) x b x h x s^2 / 2, backward
+    2.5 x the forward), by the GFLOP of one forward call (that executed
+    forward work), per query/key head size ``head_dim``.  Tables as the
+    matrix curves' (descending GFLOP thresholds ending at 0).  A row whose
+    datatype or head size the record does not list keeps the matrix curve's
+    rate (``layers.flash_attention``)."""
+    if not isinstance(o, Mapping) or not o:
+        c.fail(path, f"expected an object of datatypes, got {_show(o)}")
+    out = {}
+    for dt, by_dim in o.items():
+        f = f"{path}.{dt}"
+        if dt not in CHOICES["datatype"]:
+            c.fail(f, f"unknown datatype (expected one of: {', '.join(CHOICES['datatype'])})")
+        if not isinstance(by_dim, Mapping) or not by_dim:
+            c.fail(f, f"expected an object of head sizes, got {_show(by_dim)}")
+        out[dt] = {}
+        for dim, passes in by_dim.items():
+            g = f"{f}.{dim}"
+            if not (isinstance(dim, str) and dim.isdigit() and int(dim) > 0):
+                c.fail(g, f"expected a positive head size, got {_show(dim)}")
+            c.keys(passes, g, ATTENTION_PASSES)
+            out[dt][int(dim)] = {p: c.table(passes[p], f"{g}.{p}", "GFLOP")
+                                 for p in ATTENTION_PASSES}
+    return out
+
+
+def attention_json(a: dict) -> dict:
+    """The ``attention`` record as its file writes it."""
+    return {dt: {str(d): {p: [[_num(t), e] for t, e in tab[p]] for p in ATTENTION_PASSES}
+                 for d, tab in by_dim.items()} for dt, by_dim in a.items()}
 
 
 # --------------------------------------------------------------------------

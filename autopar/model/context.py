@@ -15,7 +15,7 @@ import numpy as np
 
 from autopar.io.layouts import BYTES_PER_ELEMENT, CHOICES, EXT_DEFAULTS
 from autopar.io.specs import FP8_MATRIX, MemoryOverhead, ModelSpec, SystemSpec, TimeOverhead
-from autopar.model.hardware import ComputeEngine, MemoryTier, NetworkTier
+from autopar.model.hardware import ComputeEngine, MemoryTier, NetworkTier, efficiency_curve
 
 
 def is_choice(column: np.ndarray, field: str, value: str) -> np.ndarray:
@@ -163,6 +163,16 @@ class LayoutContext:
         # ... its backward's speed and its causal tile, where stated.
         self.attention_backward_speed = t.attention_backward_speed
         self.attention_tile = t.attention_tile
+        # The system's measured attention kernel rates, where it lists them:
+        # {datatype code: {head size: {pass: (thresholds in FLOP, rates)}}}
+        # (SystemSpec.attention; layers.flash_attention).
+        self.attention_rates = {
+            CHOICES["datatype"].index(dt): {
+                d: {p: (th * 1e9, eff) for p, (th, eff) in
+                    ((p, efficiency_curve(tab)) for p, tab in passes.items())}
+                for d, passes in by_dim.items()}
+            for dt, by_dim in (system.attention or {}).items()
+            if CHOICES["datatype"].index(dt) in datatypes}
         # Weight-gradient accumulation outside the GEMM, bytes per weight and
         # micro-batch (layers.layer: the weight-gradient pass's memory time),
         # not on the linear layers where their GEMMs accumulate in place.

@@ -20,6 +20,7 @@ import numpy as np
 from autopar.io.layouts import CHOICES
 from autopar.model.context import LayoutContext
 from autopar.model.finetune import frozen_layer, quantized_weights
+from autopar.model.hardware import efficiency_at
 from autopar.model.optimizers import layer_state
 
 # The passes of a layer, in order.
@@ -529,7 +530,53 @@ def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=No
         # The kernel's backward at its own rate (time_overhead.attention_backward_speed).
         L["time_scale_agrad"] = causal / ctx.attention_backward_speed + ctx.zeros
     L["agrad_extra"] = fw                                      # recomputed forward
+    if ctx.attention_rates and not ctx.attention_speed:
+        # The system's measured kernel rates by the size of a call (system
+        # file ``attention``), for the fused kernel: the framework's stated
+        # kernel (time_overhead.attention_speed) wins.
+        measured_attention(ctx, L, fw * causal * s / sk, fw * causal,
+                           d, impl != CHOICES["attention_impl"].index("flash_v1"))
     return L
+
+
+# FlashAttention's count of the backward's work, in forwards (the input
+# gradients' 4 matmuls and the recomputed scores: flash-attention's
+# benchmarks/benchmark_flash_attention.py ``flops()``; SimuMax's
+# simu_tools/efficency_test/test_fa_efficiency.py counts the same,
+# ``bwd_flops = 5 * base_flops`` over a ``2 * base_flops`` forward), which
+# the system's measured backward rates are rates of.
+_FLASH_BACKWARD_WORK = 2.5
+
+
+def measured_attention(ctx, L, call, executed, d, rows):
+    """Time the flash layer ``L`` at the system's measured kernel rates
+    (``SystemSpec.attention``) on ``rows``: forward ``executed`` FLOPs at the
+    forward rate and 2.5 x them at the backward rate, each a fraction of the
+    datatype's matrix peak, read at the GFLOP of one kernel ``call`` (the
+    executed forward work of one call: under context parallelism each ring
+    step's call is a causal-equivalent block of the local queries, TE
+    ``AttnFuncWithCPAndKVP2P``) for head size ``d``.  Rows of a datatype or
+    head size the record does not list keep their time."""
+    scale = {s: L.get("time_scale_" + s, L["time_scale"]) + ctx.zeros for s in ("fw", "agrad")}
+    work = {"fw": executed + ctx.zeros,
+            "agrad": _FLASH_BACKWARD_WORK * executed + ctx.zeros}
+    counted = {"fw": L["fw"] + ctx.zeros, "agrad": L["agrad"] + L["agrad_extra"] + ctx.zeros}
+    call = call + ctx.zeros
+    dtype = ctx.matrix.datatype + np.zeros(ctx.n, dtype=int)
+    peak = ctx.matrix.peak + ctx.zeros
+    for dt, by_dim in ctx.attention_rates.items():
+        curves = by_dim.get(int(d))
+        on = rows & (dtype == dt) & (counted["fw"] > 0)
+        if curves is None or not on.any():
+            continue
+        for s, p in (("fw", "fwd"), ("agrad", "bwd")):
+            rate = efficiency_at(*curves[p], call[on])
+            # time_scale multiplies the matrix curve's time of the counted work.
+            curve_time = ctx.matrix.time(counted[s])[on]
+            scale[s][on] = work[s][on] / (peak[on] * rate) / curve_time
+    L["time_scale"] = scale["fw"]
+    L["time_scale_fw"] = scale["fw"]
+    L["time_scale_agrad"] = scale["agrad"]
 
 
 def dropout(ctx, size, **kw):
