@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Callable
 
 from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, MOMENT_BYTES, is_explicit_layout,
-                                parse_layout)
+                                parse_layout, placement_problem)
 from autopar.io.spaces import DERIVED, PARAMS
 from autopar.model.pipeline import stage_split
 
@@ -250,10 +250,20 @@ def _r_layout(c, s):
         return ("even",), "needs pipeline_par > 1"
     p, v = s["pipeline_par"], s["pipeline_interleaving"]
     # (an explicit layout, where a space names one: only on the pipeline
-    # sizes it was written for)
+    # sizes it was written for and for a model whose layers it places; the
+    # layouts registered in this process for other models are not proposed)
     return tuple(x for x in CHOICES["pipeline_layout"]
                  if x == "even" or (x == "balanced" and c.blocks >= p * v)
-                 or (is_explicit_layout(x) and len(parse_layout(x)) == p * v)), None
+                 or (is_explicit_layout(x) and _layout_fits(x, p * v, c))), None
+
+
+def _layout_fits(x: str, stages: int, c) -> bool:
+    """Whether explicit layout ``x`` has ``stages`` virtual stages and places
+    the layers of the case's model (``placement_problem`` for one of its
+    decoder-layer counts and its MTP layers)."""
+    parsed = parse_layout(x)
+    return len(parsed) == stages and any(placement_problem(parsed, n, c.mtp) is None
+                                         for n in c.layer_counts)
 
 
 def _r_embedding(c, s):

@@ -28,7 +28,8 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from autopar.io.layouts import ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, SPLIT_FIELDS
+from autopar.io.layouts import (ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, SPLIT_FIELDS,
+                                decoder_layer_counts)
 from autopar.io.spaces import (BATCH_POLICIES, DEFAULT_SKELETON, DERIVED,  # noqa: F401
                                NET_FIELDS, OPTIONAL, PARAMS, Allowed, SpaceSpec, read_space,
                                value_kind)
@@ -74,6 +75,10 @@ class _Ctx:
     # gcd of the Mamba heads and groups and the Gated DeltaNet key and value
     # heads, which tensor_par must divide (0: no such layers)
     mamba_tp: int = 0
+    # the decoder-layer counts an explicit pipeline layout of the model may
+    # hold (autopar.io.layouts.decoder_layer_counts) and its MTP layers
+    layer_counts: tuple = ()
+    mtp: int = 0
 
 
 def _check_case(case: Case, source: str = "case") -> None:
@@ -125,6 +130,7 @@ def layout_context(case: Case, space: "Space") -> _Ctx:
                 mla=getattr(m, "mla", None) is not None,
                 hybrid=bool(getattr(m, "hybrid_pattern", "")),
                 mamba_tp=_mixer_heads_gcd(m),
+                layer_counts=decoder_layer_counts(m), mtp=int(getattr(m, "mtp", 0) or 0),
                 uneven=any(f in space.allowed or space.fixed.get(f, EXT_DEFAULTS[f])
                            != EXT_DEFAULTS[f] for f in SPLIT_FIELDS))
 
