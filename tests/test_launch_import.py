@@ -513,3 +513,17 @@ def test_deepspeed_names_its_spec_only_within_the_specs_options(tmp_path):
     cfg["autopar_launcher"].update(tensor_model_parallel_size=1, world_size=8)
     p.write_text(json.dumps(cfg))
     assert read_config(p)[1].framework == "deepspeed-zero1"
+
+
+def test_megatron_squared_relu_hybrid_is_the_gpt_block():
+    """Megatron-LM's Nemotron 3 scripts: --normalization RMSNorm with
+    --squared-relu (no --swiglu) on a hybrid model reads as the gpt block
+    (Nemotron-H's squared-ReLU MLP, as the Hugging Face nemotron_h import);
+    on a plain GPT model the pair is still refused."""
+    base = ("torchrun pretrain_mamba.py --num-layers 4 --hidden-size 256 "
+            "--num-attention-heads 4 --ffn-hidden-size 512 --seq-length 1024 "
+            "--normalization RMSNorm --squared-relu ")
+    m = get("megatron").read(base + "--is-hybrid-model --hybrid-layer-pattern 'M-M*'", "r.sh").model
+    assert m["block"] == "gpt" and m["hybrid_override_pattern"] == "M-M*"
+    with pytest.raises(SpecError, match="--normalization"):
+        get("megatron").read(base, "r.sh")

@@ -119,6 +119,31 @@ def test_model_file_is_the_megatron_lm_example(name):
 
 
 @pytest.mark.skipif(not MEGATRON.is_dir(), reason="no Megatron-LM mirror (CI): the files are committed")
+@pytest.mark.parametrize("name", [SUPER, ULTRA])
+def test_autopar_import_reads_the_megatron_lm_example(tmp_path, name):
+    """`autopar import` of the example script's arguments (RMSNorm with
+    --squared-relu on a hybrid model: Nemotron-H's MLP, the gpt block) gives
+    the model file but what the script does not state: MTP and the
+    tokenizer's vocabulary."""
+    import json
+
+    from autopar.cli import main
+    a = _model_args(_git_show(MEGATRON, MEGATRON_COMMIT, EXAMPLES[name]))
+    args = " ".join(f"--{k}" if v is True else f"--{k} {shlex.quote(str(v))}"
+                    for k, v in a.items() if "$" not in str(v))
+    if "num-layers" not in a:
+        args += f" --num-layers {model(name).num_blocks}"
+    (tmp_path / "run.sh").write_text(f"torchrun pretrain_mamba.py {args}\n")
+    assert main(["import", str(tmp_path / "run.sh"), "--model-out", str(tmp_path / "m.json")]) == 0
+    got = json.loads((tmp_path / "m.json").read_text())
+    want = json.loads((ROOT / "models" / f"{name}.json").read_text())
+    unstated = {"description", "mtp", "mtp_hybrid_override_pattern", "mtp_use_repeated_layer",
+                "vocab_size"}
+    assert {k: v for k, v in got.items() if k not in unstated and v is not None} == \
+        {k: v for k, v in want.items() if k not in unstated}
+
+
+@pytest.mark.skipif(not MEGATRON.is_dir(), reason="no Megatron-LM mirror (CI): the files are committed")
 def test_super_file_is_the_release_test_with_its_mtp_depths():
     """tests/functional_tests/test_cases/nemotron/nemotron3_super_release_gb200:
     88 layers, the pattern with two '/*E' MTP depths (hybrid_layer_allocation

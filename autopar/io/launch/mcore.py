@@ -1064,6 +1064,12 @@ def _read_model(r: Reader) -> dict:
         m["attn_size"] = m["hidden"] // m["attn_heads"]
     glu = r.bool("model.gated_linear_unit", None)
     norm = r.choice("model.normalization", ("LayerNorm", "RMSNorm"), None)
+    if norm == "RMSNorm" and not glu and r.has("_squared_relu") and m.get("hybrid_override_pattern"):
+        # Nemotron-H (Megatron-LM's Nemotron 3 examples: --normalization RMSNorm
+        # --squared-relu, no --swiglu): a squared-ReLU MLP, not gated, which
+        # autopar models as the gpt block (as the Hugging Face nemotron_h
+        # import does; models/README.md)
+        norm = "LayerNorm"
     if glu is not None or norm is not None:
         llama = bool(glu) and norm == "RMSNorm"
         if bool(glu) != (norm == "RMSNorm"):

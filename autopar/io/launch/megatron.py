@@ -222,6 +222,7 @@ def _arg_keys() -> dict:
     keys["--recompute-activations"] = ("_recompute_activations", "on")
     keys["--disable-bias-linear"] = ("model.add_bias_linear", "off")
     keys["--group-query-attention"] = ("_group_query_attention", "on")
+    keys["--squared-relu"] = ("_squared_relu", "on")
     keys["--hybrid-override-pattern"] = ("model.hybrid_override_pattern", "value")
     return keys
 
