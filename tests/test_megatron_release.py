@@ -53,12 +53,14 @@ def test_every_row_predicted_or_skipped_with_a_reason():
     # the CSV states no GPU count (the release recipes are not public)
     assert frame.n_gpus.isna().all()
     assert (rows.status == "skipped").all()
+    # (Nemotron 3 Super reads since the importer takes RMSNorm with
+    # --squared-relu on a hybrid model: its two rows lack only the GPU count)
     nemotron = rows[rows.label.str.startswith("nemotron3_super")]
-    assert len(nemotron) == 2 and nemotron.reason.str.contains("importer refuses").all()
+    assert len(nemotron) == 2 and nemotron.reason.str.startswith("GPU count not stated").all()
     # the tp4/pp2 case's A100 file is the same blob as the tp8 case's: a copy
     copy = rows[rows.label == "gpt3_15b_8t_release_sm_gb200 lts dgx_a100"]
     assert copy.reason.str.contains("byte-identical to gpt/gpt3_15b_8t_release_sm/").all()
-    assert rows.reason.str.startswith("GPU count not stated").sum() == 18
+    assert rows.reason.str.startswith("GPU count not stated").sum() == 20
 
 
 def test_rows_with_a_gpu_count_are_predicted(tmp_path, monkeypatch):
