@@ -173,3 +173,28 @@ def test_non_cp_row_unchanged_and_cp_row_slower(monkeypatch):
         assert with_term[k]["total_time"] < 1.05 * without[k]["total_time"]
     for k in rows:
         assert with_term[k]["proc_mem_tier1_cap_req"] == without[k]["proc_mem_tier1_cap_req"]
+
+
+def test_ring_backward_transfers_by_hand(h100):
+    """The ring's link time under CP 4 (TE AttnFuncWithCPAndKVP2P): forward
+    three K/V transfers; backward four, one per step: K/V at step 0, K/V
+    with the dK/dV accumulated so far at steps 1 and 2, dK/dV at step 3."""
+    from autopar.io.specs import load_model
+    from autopar.model.evaluate import evaluate_one
+    from conftest import one_proc_execution
+
+    gpt = load_model({"name": "gpt-small", "hidden": 1024, "feedforward": 4096,
+                      "seq_size": 4096, "attn_heads": 16, "attn_size": 64, "num_blocks": 8})
+    net = h100.networks[0]
+    ex = one_proc_execution(num_procs=8, data_par=2, context_par=4, context_par_comm="p2p",
+                            batch_size=16, microbatch_size=1, datatype="bfloat16",
+                            data_par_net=0, context_par_net=0)
+    s = evaluate_one(gpt, h100, ex)
+    assert s["feasible"], s
+    chunk = 2 * 1 * 1024 * 1024 * 2      # K and V of 1024 local tokens, 1024 wide, bf16
+    one = net.latency + chunk / (net.bandwidth * 1e9 * net.efficiency)
+    two = net.latency + 2 * chunk / (net.bandwidth * 1e9 * net.efficiency)
+    passes = 8 * 8                        # blocks x micro-batches (batch 16 / dp 2)
+    assert s["cp_comm_link_time"] == pytest.approx(passes * (3 * one + 2 * one + 2 * two),
+                                                   rel=1e-12)
+    assert 0 <= s["cp_comm_exposed_time"] <= s["cp_comm_link_time"]
