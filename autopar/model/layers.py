@@ -630,7 +630,9 @@ def measured_attention(ctx, L, call, executed, d, rows):
     datatype's matrix peak, read at the GFLOP of one kernel ``call`` (the
     executed forward work of one call: under context parallelism each ring
     step's call is a causal-equivalent block of the local queries, TE
-    ``AttnFuncWithCPAndKVP2P``) for head size ``d``.  Rows of a datatype or
+    ``AttnFuncWithCPAndKVP2P``; under all-to-all one causal call over the
+    whole sequence with heads / cp, ``AttnFuncWithCPAndQKVOA2A``) for head
+    size ``d``.  Rows of a datatype or
     head size the record does not list keep their time."""
     scale = {s: L.get("time_scale_" + s, L["time_scale"]) + ctx.zeros for s in ("fw", "agrad")}
     work = {"fw": executed + ctx.zeros,
