@@ -141,9 +141,11 @@ def test_bridge_tables_throughput_held(reference):
     # "Blackwell system files: measured kernel efficiencies"; 6.6% / 26.9%
     # since the B200 files carry SimuMax's measured attention rates by call
     # size, "Attention kernel rates by shape (hardware record)": the worst
-    # row, B200 32k, +27.1% -> +26.9%)
+    # row, B200 32k, +27.1% -> +26.9%; 6.6% / 25.5% since TE's context-
+    # parallel merges and copies are counted, "The context-parallel ring,
+    # step by step, counted": B200 32k +26.9% -> +25.5%)
     assert nemo.tok_error.abs().median() == pytest.approx(0.066, abs=0.002)
-    assert nemo.tok_error.abs().max() == pytest.approx(0.269, abs=0.002)
+    assert nemo.tok_error.abs().max() == pytest.approx(0.255, abs=0.002)
     # (the Qwen3 rows' figures since the MoE host time is counted per op
     # after the sync, docs/validation.md "MoE host time, counted": 4.8% /
     # 93.9% / best 24.9% with the flat per-block constant before; 9.8% /

@@ -123,7 +123,13 @@ def test_allgather_context_parallelism_only_with_dsa(h100):
     ag = run(tiny(), h100, context_par_comm="allgather", **kw)
     ring = run(tiny(), h100, context_par_comm="p2p", **kw)
     assert ag["feasible"] and ring["feasible"]
-    assert ag["cp_comm_exposed_time"] > ring["cp_comm_exposed_time"]
+    # (the gather is exposed whole; the ring's transfers hide behind the
+    # attention in part.  Compared with each one's own link time: on this
+    # tiny model the ring's backward, two transfers under CP 2 as TE posts
+    # them, each with its latency, exposes more in seconds than the gather,
+    # docs/validation.md "The context-parallel ring, step by step, counted")
+    assert ag["cp_comm_exposed_time"] == pytest.approx(ag["cp_comm_link_time"], rel=1e-12)
+    assert ring["cp_comm_exposed_time"] < ring["cp_comm_link_time"]
 
 
 def test_glm5_file_against_its_published_size(h100):

@@ -37,7 +37,7 @@ from autopar.model.gated_delta import gdn_mixer
 from autopar.model.mamba import mamba_mixer
 from autopar.model.memory import whole_pipeline_grads
 from autopar.model.moe import mla_attention, routed_experts
-from autopar.model.layers import (batched_matmul, dropout, finish, flash_attention, fork,
+from autopar.model.layers import (batched_matmul, context_parallel_elementwise, dropout, finish, flash_attention, fork,
                                   offload_group,
                                   fp8_gemm, gelu, layer, linear, original_input, projections,
                                   residual, rotary, softmax, swiglu)
@@ -308,6 +308,10 @@ def _attention(ctx: LayoutContext, x: BlockInputs):
         (flash_attention(ctx, mbs, heads_tp, sq, d, kv, x.impl, sk=x.span, **full), x.flash),
     ]
     seq += offload_group(core_layers, "core_attn")
+    # Context parallelism's merges and copies beside the kernel (TE's CP
+    # attention function; after the ring, so not hiding its transfers).
+    seq.append((context_parallel_elementwise(ctx, mbs, heads_tp, sq, d, kv, **full),
+                x.flash & (ctx.cp > 1)))
     seq += [
         (offload_group(original_input(ctx, g(linear(ctx, B, H * d / tp, h, **full))),
                        "attn_proj"), separate),

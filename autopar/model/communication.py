@@ -228,7 +228,8 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
     steps each processor passes the K/V chunk it holds to the next while it
     attends to the current one, so each step's transfer hides behind 1/cp of
     the attention compute; in backward K/V and their gradients travel (twice
-    the bytes) behind the attention's backward.  All-to-all (``a2a``): Q, K
+    the bytes; the first of the cp steps K/V only, the last dK/dV only, each
+    step's behind 1/cp of the attention's backward).  All-to-all (``a2a``): Q, K
     and V are re-split from sequence to heads before attention and the output
     back after it, not overlapped; backward moves their gradients likewise.
     Returns link and exposed times of forward, backward and recompute (the
@@ -244,13 +245,22 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
     step_fw = net.time("p2p", chunk, 2)
     step_bw = net.time("p2p", 2 * chunk, 2)
     ring_fw_exp = steps * np.maximum(step_fw - attn_fw / cp, 0.0)
-    ring_bw_exp = steps * np.maximum(step_bw - attn_bw / cp, 0.0)
+    # Backward (TE AttnFuncWithCPAndKVP2P.backward): each of the cp steps
+    # posts its send/receive before its attention backward and waits for it
+    # before adding its dK/dV into the received buffer, so each transfer
+    # hides behind 1/cp of the attention backward: step 0 sends K/V only,
+    # steps 1..cp-2 K/V and the dK/dV accumulated so far, the last step the
+    # dK/dV only (received whole before the last add: the exposed receive).
+    middle = np.maximum(cp - 2, 0)
+    ring_bw_link = 2 * step_fw + middle * step_bw
+    ring_bw_exp = (2 * np.maximum(step_fw - attn_bw / cp, 0.0)
+                   + middle * np.maximum(step_bw - attn_bw / cp, 0.0))
     qkvo = mbs * sq * (2 * q_width + 2 * kv_width) * b       # Q, K, V in; O out
     peers = np.maximum(cp, 2)
     a2a_t = net.time("all_gather", qkvo, peers)              # (cp-1)/cp of it leaves
     a2a = cols["context_par_comm"] == 1
     fw_link = np.where(a2a, a2a_t, steps * step_fw)
-    bw_link = np.where(a2a, a2a_t, steps * step_bw)
+    bw_link = np.where(a2a, a2a_t, ring_bw_link)
     fw_exp = np.where(a2a, a2a_t, ring_fw_exp)
     bw_exp = np.where(a2a, a2a_t, ring_bw_exp)
     fw_size = np.where(a2a, qkvo, steps * chunk)

@@ -504,9 +504,7 @@ def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=No
         # ``memory_overhead.cp_a2a_output_copy``: all-to-all context
         # parallelism keeps the output in the head-split layout too
         # (TransformerEngine AttnFuncWithCPAndQKVOA2A saves ``out_part``).
-        a2a = (ctx.cp > 1) & (ctx._ext("context_par_comm", 0)
-                              == CHOICES["context_par_comm"].index("a2a"))
-        L["keep_b"] = L["keep_b"] + np.where(a2a, L["outputs"] * ctx.elem_bytes, 0.0)
+        L["keep_b"] = L["keep_b"] + np.where(_cp_a2a(ctx), L["outputs"] * ctx.elem_bytes, 0.0)
     L["mem_agrad"] = 2 * L["mem_fw"]
     speed = np.where(impl == CHOICES["attention_impl"].index("flash_v1"),
                      _FLASH_SPEED["flash_v1"], _FLASH_SPEED["flash_v2"])
@@ -533,9 +531,86 @@ def flash_attention(ctx, mbs, heads_t, s, d, kv, impl, sk=None, dv=None, kv_v=No
     if ctx.attention_rates and not ctx.attention_speed:
         # The system's measured kernel rates by the size of a call (system
         # file ``attention``), for the fused kernel: the framework's stated
-        # kernel (time_overhead.attention_speed) wins.
-        measured_attention(ctx, L, fw * causal * s / sk, fw * causal,
+        # kernel (time_overhead.attention_speed) wins.  One call: the ring
+        # (p2p) calls the kernel once per step on a causal-equivalent block
+        # of the local queries (s^2 / 2 of the executed s x sk / 2); the
+        # all-to-all path (a2a) once, causal, on the whole sequence with
+        # heads / cp: the whole executed work (context_parallel_elementwise).
+        call = np.where(_cp_a2a(ctx), fw * causal, fw * causal * s / sk)
+        measured_attention(ctx, L, call, fw * causal,
                            d, impl != CHOICES["attention_impl"].index("flash_v1"))
+    return L
+
+
+def _cp_a2a(ctx):
+    """Rows whose context parallelism re-splits Q, K, V by heads
+    (``context_par_comm: a2a``, TE ``AttnFuncWithCPAndQKVOA2A``)."""
+    return (ctx.cp > 1) & (ctx._ext("context_par_comm", 0)
+                           == CHOICES["context_par_comm"].index("a2a"))
+
+
+def _cp_ring(ctx):
+    """Rows whose context parallelism passes K/V round a ring
+    (``context_par_comm: p2p``, TE ``AttnFuncWithCPAndKVP2P``)."""
+    return (ctx.cp > 1) & (ctx._ext("context_par_comm", 0)
+                           == CHOICES["context_par_comm"].index("p2p"))
+
+
+def context_parallel_elementwise(ctx, mbs, heads_t, s, d, kv, dv=None, kv_v=None, **kw):
+    """The elementwise passes Transformer Engine's context-parallel attention
+    runs beside the kernel, per block and micro-batch, as one memory-bound
+    layer (sizes: ``s`` local queries, ``heads_t`` query heads and ``kv`` /
+    ``kv_v`` K / V widths per rank; ``dv`` the value head size).  Zero on
+    rows without context parallelism.  Counted from
+    NVIDIA/TransformerEngine ``attention/dot_product_attention/
+    context_parallel.py`` (v2.11; ``pytorch/attention.py`` at bee4649, 2.2,
+    alike), causal, bf16/fp16, sbhd/bshd, for the rank of the ring that does
+    the most (rank cp - 1: every ring step of its forward and backward
+    covers all its queries; the next layer's ring waits for it):
+
+    * ring (p2p), ``AttnFuncWithCPAndKVP2P.forward``: K and V concatenated
+      into the first send buffer (read + write K, V); the first step's
+      log-sum-exp cloned, each later step's merged into it
+      (``flash_attn_fwd_softmax_lse_correction``: two fp32 reads, one
+      write); after the loop the output assembled from the cp steps' partial
+      outputs (``flash_attn_fwd_out_correction_init``: read O_0, write O;
+      ``flash_attn_fwd_out_correction`` per later step: read O and O_i,
+      write O; each reads the two lse).  ``backward``: K, V copied into the
+      ring buffer; dQ copied at step 0 and added at every later step
+      (``dq.add_``: read, read, write); dK/dV of the first local chunk
+      copied at step 0 and added at steps 1..cp-2, the whole dK/dV added at
+      the last (diagonal) step.
+    * all-to-all (a2a), ``AttnFuncWithCPAndQKVOA2A``:
+      ``flash_attn_a2a_communicate`` makes three contiguous copies of each
+      tensor it re-splits (``movedim(...).contiguous()`` before the
+      exchange, and after it ``reorder_seq_chunks_for_a2a_*``'s
+      ``contiguous`` and ``index_select``), read + write each: Q, K, V and
+      O in the forward, dO, dQ, dK, dV in the backward.
+
+    The kernel's own work is the flash layer's; the K/V / all-to-all
+    transfers are ``communication.context_exchange``'s."""
+    b = ctx.elem_bytes
+    cp = ctx.cp
+    dv = d if dv is None else dv
+    kv_v = kv if kv_v is None else kv_v
+    t = mbs * s
+    Q, O = t * heads_t * d * b, t * heads_t * dv * b
+    KV = t * (kv + kv_v) * b
+    lse = t * heads_t * 4.0                                   # fp32 per query and head
+    steps = np.maximum(cp - 1, 0)
+    ring_fw = 2 * KV + 2 * lse + 2 * O + 2 * lse + steps * (3 * O + 2 * lse + 3 * lse)
+    ring_bw = (2 * KV + 2 * Q + steps * 3 * Q
+               + KV + np.maximum(cp - 2, 0) * 1.5 * KV + 3 * KV)
+    a2a_fw = a2a_bw = 6 * (Q + KV + O)
+    ring, a2a = _cp_ring(ctx), _cp_a2a(ctx)
+    mem_fw = np.where(ring, ring_fw, np.where(a2a, a2a_fw, 0.0))
+    mem_bw = np.where(ring, ring_bw, np.where(a2a, a2a_bw, 0.0))
+    # Memory traffic only: the merges' arithmetic (a multiply-add per
+    # element against 6 bytes moved) is not counted, so the block's FLOPs
+    # stay the layers' matrix and elementwise counts.
+    L = layer(ctx, **kw)
+    L["mem_fw"] = mem_fw + ctx.zeros
+    L["mem_agrad"] = mem_bw + ctx.zeros
     return L
 
 
@@ -555,7 +630,9 @@ def measured_attention(ctx, L, call, executed, d, rows):
     datatype's matrix peak, read at the GFLOP of one kernel ``call`` (the
     executed forward work of one call: under context parallelism each ring
     step's call is a causal-equivalent block of the local queries, TE
-    ``AttnFuncWithCPAndKVP2P``) for head size ``d``.  Rows of a datatype or
+    ``AttnFuncWithCPAndKVP2P``; under all-to-all one causal call over the
+    whole sequence with heads / cp, ``AttnFuncWithCPAndQKVOA2A``) for head
+    size ``d``.  Rows of a datatype or
     head size the record does not list keep their time."""
     scale = {s: L.get("time_scale_" + s, L["time_scale"]) + ctx.zeros for s in ("fw", "agrad")}
     work = {"fw": executed + ctx.zeros,
