@@ -40,7 +40,18 @@ def shard_counts(cols: dict):
     whole (ZeRO-1); ``weight_sharding`` divides the weights too (ZeRO-3 /
     FSDP).  With context parallelism the data-parallel group is data_par x
     context_par (Megatron reduces gradients over both); ``sharding_group`` > 0
-    shards over that many data-parallel ranks only (hybrid sharding)."""
+    shards over that many data-parallel ranks only (hybrid sharding).
+
+    ``optimizer_outer_sharding`` (with hybrid sharding) divides the optimizer
+    state, fp32 master weights included, over the whole data_par x
+    context_par group while the weights and gradients stay divided over the
+    instance's ``sharding_group`` x context_par ranks: Megatron-FSDP's
+    ``outer_dp_sharding_strategy="optim"`` (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py,
+    ``ParamAndGradBuffer`` docstring of the HFSDP helper buffers: the
+    persistent parameters and gradients live in ``hfsdp_helper_wbuf`` /
+    ``hfsdp_helper_gbuf`` in the inner-DP layout, the optimizer states are
+    "fully sharded" over the DP group)."""
     group = cols["data_par"]
     sg, cp = np.asarray(_col(cols, "sharding_group")), np.asarray(_col(cols, "context_par"))
     if sg.any():
@@ -49,8 +60,11 @@ def shard_counts(cols: dict):
         group = group * cp
     shards = choose(cols["optimizer_sharding"], group, 1)
     optim = shards.astype(float)
+    outer = np.asarray(_col(cols, "optimizer_outer_sharding"))
+    if outer.any():
+        optim = choose(outer & (sg > 0), cols["data_par"] * cp, shards).astype(float)
     ug = _col(cols, "unsharded_grads")
-    grad = choose(ug, 1, shards).astype(float) if np.any(ug) else optim
+    grad = choose(ug, 1, shards).astype(float) if np.any(ug) or outer.any() else optim
     ws = np.asarray(_col(cols, "weight_sharding"))
     weight = choose(ws, shards, 1).astype(float) if ws.any() else np.ones_like(optim)
     return optim, grad, weight

@@ -50,7 +50,7 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "fused_activation", "attention_type", "training", "tensor_par_net",
                  "optimizer_sharding", "data_par", "context_par", "context_par_net",
                  "context_par_comm", "fp8_recipe", "sharding_group", "unsharded_grads",
-                 "weight_sharding", "fp32_grads",
+                 "weight_sharding", "fp32_grads", "optimizer_outer_sharding",
                  "expert_par", "expert_tensor_par", "expert_par_net",
                  "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
                  "optimizer", "adapter", "adapter_rank", "adapter_targets", "attention_span",
@@ -179,6 +179,7 @@ class BlockCache:
         sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
         sub["sharding_group"] = np.zeros(len(idx1), dtype=np.int64)
         sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
+        sub["optimizer_outer_sharding"] = np.zeros(len(idx1), dtype=bool)
         self.shard_counts = shard_counts(cols)
         shard, grad_shard, weight_shard = self.shard_counts
         key2 = [cols["datatype"], t, cols["attention_type"], cols["tensor_par_overlap"] != 0,
