@@ -222,3 +222,24 @@ def test_a_space_offers_it_only_with_hybrid_weight_sharding(gpt, h100):
         assert (~outer | (cols["weight_sharding"] & (g > 0) & (g < dp))).all()
         on += int(outer.sum())
     assert on > 0
+
+
+def test_expert_divisors_under_outer_sharding():
+    import numpy as np
+
+    from autopar.model.context import expert_shard_counts, shard_counts
+    # data_par 8, EP 4: an expert-data-parallel group of 2; 4 instances of
+    # 2 ranks hold 1 expert-data-parallel rank each
+    cols = {"data_par": np.array([8, 8]), "tensor_par": np.array([1, 1]),
+            "context_par": np.array([1, 1]), "expert_par": np.array([4, 4]),
+            "expert_tensor_par": np.array([1, 1]),
+            "optimizer_sharding": np.array([True, True]),
+            "unsharded_grads": np.array([False, False]),
+            "weight_sharding": np.array([True, True]), "sharding_group": np.array([2, 2]),
+            "optimizer_outer_sharding": np.array([True, False])}
+    optim, grad, weight = shard_counts(cols)
+    assert optim.tolist() == [8, 2] and grad.tolist() == [2, 2] and weight.tolist() == [2, 2]
+    x_optim, x_grad = expert_shard_counts(cols, weight)
+    # outer: the experts' optimizer over the whole expert group (2), their
+    # gradients over the instance's expert group (1 rank)
+    assert x_optim.tolist() == [2, 2] and x_grad.tolist() == [1, 2]

@@ -109,6 +109,33 @@ def expert_weight_shards(cols: dict, weight_shards):
     return np.where(weight_shards > 1, inner, 1.0)
 
 
+def expert_shard_counts(cols: dict, weight_shards):
+    """How many ways data-parallel sharding divides the routed experts'
+    (optimizer state, weight gradients), per row: the expert-data-parallel
+    group (``optimizer_sharding``; gradients whole with ``unsharded_grads``).
+    With ``optimizer_outer_sharding`` (Megatron-FSDP's outer strategy
+    ``optim``) the optimizer state keeps that whole group (the expert device
+    mesh is ``outer_fsdp_dp`` x the instance's expert group,
+    mcore_fsdp_adapter.py ``_init_dist_index``) while the gradients stay on
+    the instance's expert group (``expert_weight_shards``):
+    param_and_grad_buffer.py keeps them in ``hfsdp_helper_gbuf``, on
+    ``get_fsdp_group(is_expert_parallel=True)``, the partial expert group
+    of ``get_expert_data_parallel_group(partial_expert_data_parallel=True)``.
+    (Hybrid sharding without it keeps autopar's earlier divisors: see
+    docs/validation.md, "Megatron-FSDP hybrid sharding with outer optimizer
+    sharding, counted".)  ``weight_shards``: the dense weights' divisor
+    (``shard_counts``)."""
+    edp = expert_data_parallel(cols)
+    optim = np.where(cols["optimizer_sharding"], edp, 1.0)
+    grad = np.where(_col(cols, "unsharded_grads"), 1.0, optim)
+    outer = np.asarray(_col(cols, "optimizer_outer_sharding"))
+    if np.any(outer):
+        on = outer & np.asarray(_col(cols, "weight_sharding")) \
+            & (np.asarray(_col(cols, "sharding_group")) > 0)
+        grad = np.where(on, expert_weight_shards(cols, weight_shards), grad)
+    return optim, grad
+
+
 def grad_scale(cols):
     """Weight-gradient bytes relative to the working datatype: 4 / its bytes
     where ``fp32_grads`` (Megatron's fp32 main_grad), else 1; None where no
@@ -332,12 +359,19 @@ class LayoutContext:
         return np.broadcast_to(expert_weight_shards(self._cols, self.weight_shards), (self.n,))
 
     @cached_property
+    def _expert_shards(self):
+        optim, grad = expert_shard_counts(self._cols, self.weight_shards)
+        return np.broadcast_to(optim, (self.n,)), np.broadcast_to(grad, (self.n,))
+
+    @cached_property
     def expert_optim_shards(self):
-        return np.where(self._cols["optimizer_sharding"], self.edp, 1.0)
+        """``expert_shard_counts``' optimizer-state divisor of the rows."""
+        return self._expert_shards[0]
 
     @cached_property
     def expert_grad_shards(self):
-        return np.where(self._cols.get("unsharded_grads", False), 1.0, self.expert_optim_shards)
+        """``expert_shard_counts``' gradient divisor of the rows."""
+        return self._expert_shards[1]
 
     @cached_property
     def ep_net(self):

@@ -35,8 +35,8 @@ from autopar.io.specs import ModelSpec
 from autopar.model.block import block, head_microbatch_time
 from autopar.model.block_inputs import activation_sizes
 from autopar.model.block_sums import CALCULON, BlockSums
-from autopar.model.context import (LayoutContext, expert_weight_shards, grad_scale, masked,
-                                   shard_counts)
+from autopar.model.context import (LayoutContext, expert_shard_counts, expert_weight_shards,
+                                   grad_scale, masked, shard_counts)
 from autopar.model.lookup import distinct, pack
 
 # Rows of the batch level computed at once.
@@ -188,11 +188,8 @@ class BlockCache:
         # them gives what dividing by the same integers gives)
         x_shard, x_grad_shard = shard, grad_shard
         if kind == "moe":
-            edp = np.maximum(cols["data_par"] * t * cols["context_par"]
-                             // (cols["expert_par"] * cols["expert_tensor_par"]), 1)
-            x_shard = np.where(cols["optimizer_sharding"], edp, 1)
-            x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
-            key2 += [x_shard] + moe_key
+            x_shard, x_grad_shard = expert_shard_counts(cols, weight_shard)
+            key2 += [x_shard.astype(np.int64)] + moe_key
         key2 += tune_key
         idx2, inv2 = distinct(*pack(key2))
         # Both tables' blocks in one evaluation (the block is row by row):
