@@ -89,6 +89,9 @@ BAD = [
     ("execution-float-int", "execution", set_key("batch_size", 1536.0), "batch_size"),
     ("execution-zero", "execution", set_key("num_procs", 0), "num_procs"),
     ("execution-string-bool", "execution", set_key("training", "true"), "training"),
+    # Megatron-FSDP's outer optimizer sharding without hybrid weight sharding
+    ("execution-outer-sharding-alone", "execution",
+     set_key("optimizer_outer_sharding", True), "optimizer_outer_sharding"),
 ]
 
 

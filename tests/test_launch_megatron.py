@@ -343,7 +343,8 @@ NAMES_AS_FACTS = {
     "--pipeline-model-parallel-layout", "--use-distributed-optimizer",
     "--overlap-grad-reduce", "--overlap-param-gather", "--accumulate-allreduce-grads-in-fp32",
     "--main-grads-dtype", "--data-parallel-sharding-strategy",
-    "--num-distributed-optimizer-instances", "--cp-comm-type", "--ckpt-format", "--optimizer-cpu-offload",
+    "--num-distributed-optimizer-instances", "--outer-dp-sharding-strategy",
+    "--cp-comm-type", "--ckpt-format", "--optimizer-cpu-offload",
     "--optimizer-offload-fraction", "--use-precision-aware-optimizer",
     "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
     "--no-bias-swiglu-fusion", "--swiglu", "--num-experts", "--group-query-attention",
@@ -377,7 +378,10 @@ def test_written_megatron_names_are_documented(llama):
                       activation_recompute="none", activation_offload_blocks=8),
                _plain(context_par=2, data_par=1, context_par_comm="a2a",
                                 fp8_recipe="mxfp8", tensor_par_overlap="ring",
-                                weight_sharding=True, unsharded_grads=False)):
+                                weight_sharding=True, unsharded_grads=False),
+               _plain(pipeline_par=1, pipeline_interleaving=1, data_par=4,
+                      weight_sharding=True, unsharded_grads=False, sharding_group=2,
+                      optimizer_outer_sharding=True)):
         text = get("megatron").write(llama, ex)
         for arg in set(re.findall(r"(--[a-z0-9-]+)", text)):
             assert arg in NAMES_AS_FACTS or arg in model_args, arg

@@ -17,8 +17,9 @@ from autopar.studies import recipes_moe as R
 
 ROOT = Path(__file__).resolve().parent.parent
 MIRROR = Path(os.environ.get("BRIDGE_MIRROR", "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"))
-# The count predicted to fit (held: may rise, must not fall).
-FITS_AT_LEAST = 144
+# The count predicted to fit (held: may rise, must not fall; 145 with
+# DeepSeek-V3's hybrid-sharded recipe, optimizer_outer_sharding).
+FITS_AT_LEAST = 145
 # The recipes predicted not to fit, each with what the recipe turns on that
 # autopar does not count (docs/validation.md, "Megatron-Bridge performance
 # recipes: do they fit? (MoE)"): none.  The last, the 64-GPU DeepSeek-V3

@@ -310,7 +310,7 @@ def report(model, system, execution, stats: dict, headroom: float = 0.0) -> str:
                           "data_par_overlap", "weight_offload", "activations_offload",
                           "optimizer_offload") if e[f]]
     flags += [f for f in ("unsharded_grads", "weight_sharding", "fp32_grads",
-                          "param_gather_overlap") if e.get(f)]
+                          "param_gather_overlap", "optimizer_outer_sharding") if e.get(f)]
     flags += [f"{f}={e[f]}" for f in ("sharding_group", "recompute_layers", "fp8_recipe",
                                       "attention_impl", "pipeline_layout",
                                       "first_stage_blocks", "last_stage_blocks",

@@ -112,13 +112,20 @@ BOOL_FIELDS = BOOL_FIELDS | {"fused_norm", "unsharded_grads"}
 #   and runs block by block during the next step's first forward pass, each
 #   block's gather hidden behind the forward of the one before (Megatron's
 #   overlap_param_gather).
+# * ``optimizer_outer_sharding``: with hybrid sharding (``weight_sharding``
+#   and 0 < ``sharding_group`` < data_par) the optimizer state and fp32 master
+#   weights are sharded over the whole data-parallel group too, while weights
+#   and gradients stay sharded within an instance (Megatron-FSDP's
+#   ``outer_dp_sharding_strategy: optim``, "HFSDP"; autopar.model.context
+#   ``shard_counts``).  False: replicated across the instances (HSDP).
 EXT_DEFAULTS.update({"context_par": 1, "context_par_net": 0, "context_par_comm": "p2p",
                      "weight_sharding": False, "sharding_group": 0,
                      "recompute_layers": 0, "fp8_recipe": "none", "fp32_grads": False,
-                     "param_gather_overlap": False})
+                     "param_gather_overlap": False, "optimizer_outer_sharding": False})
 CHOICES["context_par_comm"] = ("p2p", "a2a", "allgather")
 CHOICES["fp8_recipe"] = ("none", "tensorwise", "rowwise", "mxfp8", "nvfp4", "mxfp4")
-BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding", "fp32_grads", "param_gather_overlap"}
+BOOL_FIELDS = BOOL_FIELDS | {"weight_sharding", "fp32_grads", "param_gather_overlap",
+                             "optimizer_outer_sharding"}
 EXT_INT_FIELDS = frozenset({"context_par", "context_par_net", "sharding_group",
                             "recompute_layers"})
 # Mixture-of-experts execution (issue 14; only meaningful for a model with

@@ -45,6 +45,7 @@ PARAMS: tuple[str, ...] = (
     "attention_impl", "fused_norm", "unsharded_grads",
     "context_par_net", "context_par_comm", "fp8_recipe", "bf16_first_blocks", "bf16_last_blocks",
     "fp32_grads", "param_gather_overlap", "recompute_moe_act", "recompute_mla_up_proj",
+    "optimizer_outer_sharding",
     # mixture of experts (neutral for a dense model)
     "expert_par_net", "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
 )

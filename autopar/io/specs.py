@@ -1799,6 +1799,16 @@ def _check_execution(data: dict, src: str, system: SystemSpec | None,
     _check_counts(c, out, model)
     _check_offload_blocks(c, out, model)
     _check_fine_offload(c, out, model)
+    if out.get("optimizer_outer_sharding"):
+        # Megatron-FSDP's outer_dp_sharding_strategy "optim" needs full
+        # sharding within an instance and more than one instance.
+        g, dp = out.get("sharding_group", 0), out.get("data_par")
+        if not out.get("weight_sharding") or g <= 0 or (isinstance(dp, int) and g >= dp):
+            c.fail("optimizer_outer_sharding",
+                   "true needs weight_sharding true and 0 < sharding_group < data_par "
+                   "(the optimizer state sharded across instances of sharded weights; "
+                   f"here weight_sharding {bool(out.get('weight_sharding'))}, "
+                   f"sharding_group {g}, data_par {dp})")
     if out.get("sequence_fill", 100) > 100:
         c.fail("sequence_fill", f"{out['sequence_fill']} exceeds 100 (the percentage of a "
                                 f"sequence's tokens that are real)")

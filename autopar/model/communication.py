@@ -346,10 +346,46 @@ def weight_gathers(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, netwo
     blocks = sched.blocks_per_stage
     link = np.where(on, micro * blocks * 2 * g, 0.0)
     exposed = np.where(on, micro * ((blocks - 1) * (fw_hidden + bw_hidden) + 2 * g), 0.0)
+    outer = cols.get("optimizer_outer_sharding")
+    if outer is not None and np.any(outer & on):
+        go = outer_weight_gather(ctx, sums, net)
+        # Once a step, before the first micro-batch's forward, each block's
+        # gather starts with the gather over the instances: the block's
+        # inner gather waits for it, and both hide behind the block before.
+        first_hidden = np.maximum(g + go - sums.fw_time, 0.0)
+        on_outer = outer & on
+        link = link + np.where(on_outer, blocks * go, 0.0)
+        exposed = exposed + np.where(on_outer, (blocks - 1) * (first_hidden - fw_hidden) + go,
+                                     0.0)
     # Megatron's overlap_param_gather: once a step, during the first forward.
     link = np.where(pgo, blocks * g, link)
     exposed = np.where(pgo, (blocks - 1) * fw_hidden + g, exposed)
     return {"link": link, "exposed": exposed}
+
+
+def outer_weight_gather(ctx: LayoutContext, sums: BlockSums, net: NetworkTier):
+    """Seconds of one block's all-gather over the distributed-optimizer
+    instances under ``optimizer_outer_sharding`` (Megatron-FSDP's
+    ``outer_dp_sharding_strategy="optim"``): the optimizer updated a
+    1 / data_par x context_par shard, and each instance's inner-DP shard (the
+    block's gathered bytes / ``weight_shards``; the experts' / their
+    ``expert_weight_shards``) is gathered from the instances' pieces
+    (NVIDIA/Megatron-LM@2a75ac1 megatron/core/distributed/fsdp/src/
+    megatron_fsdp/megatron_fsdp.py ``_all_gather_module_weights``:
+    ``outer_fsdp_group_param_gather`` when ``microbatch_count == 0``;
+    param_and_grad_buffer.py ``AllGatherPipeline.all_gather_params``:
+    ``all_gather_into_tensor`` of ``hfsdp_helper_wbuf`` over the outer
+    group, dense and expert bucket groups one after the other, before the
+    inner gather).  The instances: ``optim_shards / weight_shards``."""
+    inst = np.maximum(ctx.optim_shards / np.maximum(ctx.weight_shards, 1.0), 2.0)
+    dense = gathered_bytes(sums, sums.weight_space_full)
+    xw = sums.x_weight_space
+    if xw is None or not np.any(np.asarray(xw) > 0):
+        return net.time("all_gather", dense / ctx.weight_shards, inst)
+    x_bytes = gathered_bytes(sums, xw, expert=True)
+    experts = np.where(x_bytes > 0, net.time(
+        "all_gather", x_bytes / np.maximum(ctx.expert_weight_shards, 1.0), inst), 0.0)
+    return net.time("all_gather", (dense - x_bytes) / ctx.weight_shards, inst) + experts
 
 
 def parameter_bytes(sums: BlockSums, weights, expert=False):
@@ -465,6 +501,18 @@ def data_parallel_sync(ctx: LayoutContext, cols: dict, sums: BlockSums, sched, c
         # Gradients reduced in fp32 move 4 bytes an element.
         scale = grad_scale(cols)
         grad_bytes = block_bytes if scale is None else block_bytes * scale
+        if "optimizer_outer_sharding" in cols and np.any(cols["optimizer_outer_sharding"]):
+            # Megatron-FSDP's outer_dp_sharding_strategy "optim": on the last
+            # micro-batch the instance's reduced gradient shard is
+            # reduce-scattered over the instances (the optimizer's shard of
+            # the whole data-parallel group) instead of all-reduced
+            # (megatron_fsdp/param_and_grad_buffer.py
+            # ``GradReducePipeline._bucket_group_gradient_reduce``,
+            # ``outer_fsdp_group_grad_reduce``); the updated weights come
+            # back by the gather over the instances in the next step's first
+            # forward (``outer_weight_gather``).
+            cross = np.where(hybrid & cols["optimizer_outer_sharding"],
+                             net.time("reduce_scatter", grad_bytes / inner, replicas), cross)
         block_time = np.where(active, np.where(
             sharded, net.time("reduce_scatter", grad_bytes, inner) + gather + cross,
             net.time("all_reduce", grad_bytes, peers)), 0.0)

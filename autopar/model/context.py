@@ -40,7 +40,18 @@ def shard_counts(cols: dict):
     whole (ZeRO-1); ``weight_sharding`` divides the weights too (ZeRO-3 /
     FSDP).  With context parallelism the data-parallel group is data_par x
     context_par (Megatron reduces gradients over both); ``sharding_group`` > 0
-    shards over that many data-parallel ranks only (hybrid sharding)."""
+    shards over that many data-parallel ranks only (hybrid sharding).
+
+    ``optimizer_outer_sharding`` (with hybrid sharding) divides the optimizer
+    state, fp32 master weights included, over the whole data_par x
+    context_par group while the weights and gradients stay divided over the
+    instance's ``sharding_group`` x context_par ranks: Megatron-FSDP's
+    ``outer_dp_sharding_strategy="optim"`` (NVIDIA/Megatron-LM@2a75ac1
+    megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py,
+    ``ParamAndGradBuffer`` docstring of the HFSDP helper buffers: the
+    persistent parameters and gradients live in ``hfsdp_helper_wbuf`` /
+    ``hfsdp_helper_gbuf`` in the inner-DP layout, the optimizer states are
+    "fully sharded" over the DP group)."""
     group = cols["data_par"]
     sg, cp = np.asarray(_col(cols, "sharding_group")), np.asarray(_col(cols, "context_par"))
     if sg.any():
@@ -49,8 +60,11 @@ def shard_counts(cols: dict):
         group = group * cp
     shards = choose(cols["optimizer_sharding"], group, 1)
     optim = shards.astype(float)
+    outer = np.asarray(_col(cols, "optimizer_outer_sharding"))
+    if outer.any():
+        optim = choose(outer & (sg > 0), cols["data_par"] * cp, shards).astype(float)
     ug = _col(cols, "unsharded_grads")
-    grad = choose(ug, 1, shards).astype(float) if np.any(ug) else optim
+    grad = choose(ug, 1, shards).astype(float) if np.any(ug) or outer.any() else optim
     ws = np.asarray(_col(cols, "weight_sharding"))
     weight = choose(ws, shards, 1).astype(float) if ws.any() else np.ones_like(optim)
     return optim, grad, weight
@@ -93,6 +107,33 @@ def expert_weight_shards(cols: dict, weight_shards):
     # (instances = dp x cp / weight_shards where the weights are sharded)
     inner = np.maximum(np.floor(edp * weight_shards / (dp * cp)), 1.0)
     return np.where(weight_shards > 1, inner, 1.0)
+
+
+def expert_shard_counts(cols: dict, weight_shards):
+    """How many ways data-parallel sharding divides the routed experts'
+    (optimizer state, weight gradients), per row: the expert-data-parallel
+    group (``optimizer_sharding``; gradients whole with ``unsharded_grads``).
+    With ``optimizer_outer_sharding`` (Megatron-FSDP's outer strategy
+    ``optim``) the optimizer state keeps that whole group (the expert device
+    mesh is ``outer_fsdp_dp`` x the instance's expert group,
+    mcore_fsdp_adapter.py ``_init_dist_index``) while the gradients stay on
+    the instance's expert group (``expert_weight_shards``):
+    param_and_grad_buffer.py keeps them in ``hfsdp_helper_gbuf``, on
+    ``get_fsdp_group(is_expert_parallel=True)``, the partial expert group
+    of ``get_expert_data_parallel_group(partial_expert_data_parallel=True)``.
+    (Hybrid sharding without it keeps autopar's earlier divisors: see
+    docs/validation.md, "Megatron-FSDP hybrid sharding with outer optimizer
+    sharding, counted".)  ``weight_shards``: the dense weights' divisor
+    (``shard_counts``)."""
+    edp = expert_data_parallel(cols)
+    optim = np.where(cols["optimizer_sharding"], edp, 1.0)
+    grad = np.where(_col(cols, "unsharded_grads"), 1.0, optim)
+    outer = np.asarray(_col(cols, "optimizer_outer_sharding"))
+    if np.any(outer):
+        on = outer & np.asarray(_col(cols, "weight_sharding")) \
+            & (np.asarray(_col(cols, "sharding_group")) > 0)
+        grad = np.where(on, expert_weight_shards(cols, weight_shards), grad)
+    return optim, grad
 
 
 def grad_scale(cols):
@@ -318,12 +359,19 @@ class LayoutContext:
         return np.broadcast_to(expert_weight_shards(self._cols, self.weight_shards), (self.n,))
 
     @cached_property
+    def _expert_shards(self):
+        optim, grad = expert_shard_counts(self._cols, self.weight_shards)
+        return np.broadcast_to(optim, (self.n,)), np.broadcast_to(grad, (self.n,))
+
+    @cached_property
     def expert_optim_shards(self):
-        return np.where(self._cols["optimizer_sharding"], self.edp, 1.0)
+        """``expert_shard_counts``' optimizer-state divisor of the rows."""
+        return self._expert_shards[0]
 
     @cached_property
     def expert_grad_shards(self):
-        return np.where(self._cols.get("unsharded_grads", False), 1.0, self.expert_optim_shards)
+        """``expert_shard_counts``' gradient divisor of the rows."""
+        return self._expert_shards[1]
 
     @cached_property
     def ep_net(self):

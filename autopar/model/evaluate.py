@@ -454,7 +454,7 @@ def typed_columns(c: dict) -> dict:
               "optimizer_offload", "training", "fused_norm", "unsharded_grads",
               "weight_sharding", "fp32_grads", "param_gather_overlap", "moe_overlap",
               "embedding_in_split", "loss_in_split", "recompute_moe_act",
-              "recompute_mla_up_proj"):
+              "recompute_mla_up_proj", "optimizer_outer_sharding"):
         typed[f] = c[f].astype(bool, copy=False)
     for f in ("datatype", "attention_type", "activation_recompute", "tensor_par_comm_type",
               "tensor_par_overlap", "attention_impl", "context_par_comm", "fp8_recipe",

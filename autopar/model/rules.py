@@ -161,6 +161,13 @@ REASONS = REASONS + (
     "invalid: context_par_comm allgather is modelled for DeepSeek Sparse Attention "
     "(mla.sparse_index) only",
 )
+# Megatron-FSDP's outer optimizer sharding (NVIDIA/Megatron-LM@2a75ac1
+# megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:
+# "Optimizer fully-sharded HFSDP is only supported with full-sharding on
+# DP-Shard"; it needs num_distributed_optimizer_instances > 1).
+REASONS = REASONS + (
+    "invalid: optimizer_outer_sharding needs weight_sharding and 0 < sharding_group < data_par",
+)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
 _NET_BIG = REASON_CODE["infeasible: network tier0 isn't big enough"]
 _NET_FILL = REASON_CODE["infeasible: network tier0 isn't fully used"]
@@ -333,6 +340,11 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
                                    | by_value(lambda d, x: d % np.maximum(x, 1) != 0, dp, g,
                                             ranges=ranges))),
              "invalid: sharding_group must divide data_par and needs optimizer_sharding")
+    outer = cols["optimizer_outer_sharding"]
+    if outer.any():
+        flag(outer & (~ws | (g <= 0) | (g >= dp)),
+             "invalid: optimizer_outer_sharding needs weight_sharding and 0 < sharding_group "
+             "< data_par")
     pgo = cols["param_gather_overlap"]
     if pgo.any():
         flag(pgo & (~cols["optimizer_sharding"] | ws),

@@ -35,8 +35,8 @@ from autopar.io.specs import ModelSpec
 from autopar.model.block import block, head_microbatch_time
 from autopar.model.block_inputs import activation_sizes
 from autopar.model.block_sums import CALCULON, BlockSums
-from autopar.model.context import (LayoutContext, expert_weight_shards, grad_scale, masked,
-                                   shard_counts)
+from autopar.model.context import (LayoutContext, expert_shard_counts, expert_weight_shards,
+                                   grad_scale, masked, shard_counts)
 from autopar.model.lookup import distinct, pack
 
 # Rows of the batch level computed at once.
@@ -50,7 +50,7 @@ _BLOCK_FIELDS = ("attention_impl", "fused_norm",
                  "fused_activation", "attention_type", "training", "tensor_par_net",
                  "optimizer_sharding", "data_par", "context_par", "context_par_net",
                  "context_par_comm", "fp8_recipe", "sharding_group", "unsharded_grads",
-                 "weight_sharding", "fp32_grads",
+                 "weight_sharding", "fp32_grads", "optimizer_outer_sharding",
                  "expert_par", "expert_tensor_par", "expert_par_net",
                  "expert_tensor_par_net", "moe_dispatcher", "moe_overlap",
                  "optimizer", "adapter", "adapter_rank", "adapter_targets", "attention_span",
@@ -179,6 +179,7 @@ class BlockCache:
         sub["unsharded_grads"] = np.zeros(len(idx1), dtype=bool)
         sub["sharding_group"] = np.zeros(len(idx1), dtype=np.int64)
         sub["weight_sharding"] = np.zeros(len(idx1), dtype=bool)
+        sub["optimizer_outer_sharding"] = np.zeros(len(idx1), dtype=bool)
         self.shard_counts = shard_counts(cols)
         shard, grad_shard, weight_shard = self.shard_counts
         key2 = [cols["datatype"], t, cols["attention_type"], cols["tensor_par_overlap"] != 0,
@@ -187,11 +188,8 @@ class BlockCache:
         # them gives what dividing by the same integers gives)
         x_shard, x_grad_shard = shard, grad_shard
         if kind == "moe":
-            edp = np.maximum(cols["data_par"] * t * cols["context_par"]
-                             // (cols["expert_par"] * cols["expert_tensor_par"]), 1)
-            x_shard = np.where(cols["optimizer_sharding"], edp, 1)
-            x_grad_shard = np.where(cols["unsharded_grads"], 1, x_shard)
-            key2 += [x_shard] + moe_key
+            x_shard, x_grad_shard = expert_shard_counts(cols, weight_shard)
+            key2 += [x_shard.astype(np.int64)] + moe_key
         key2 += tune_key
         idx2, inv2 = distinct(*pack(key2))
         # Both tables' blocks in one evaluation (the block is row by row):

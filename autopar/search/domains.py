@@ -99,6 +99,12 @@ def _r_pgo(c, s):
     return _TF, None
 
 
+def _r_outer(c, s):
+    if not s["weight_sharding"] or not 0 < s["sharding_group"] < s["data_par"]:
+        return (False,), "needs weight_sharding and 0 < sharding_group < data_par"
+    return _TF, None
+
+
 def _r_fp32grads(c, s):
     if not c.training:
         return (False,), "needs training"
@@ -533,6 +539,8 @@ RULES: tuple[Rule, ...] = (
     Rule("param_gather_overlap", ("optimizer_sharding", "weight_sharding"), _r_pgo, ""),
     Rule("recompute_moe_act", ("activation_recompute",), _r_recompute_moe_act, ""),
     Rule("recompute_mla_up_proj", ("activation_recompute",), _r_recompute_up_proj, ""),
+    Rule("optimizer_outer_sharding", ("data_par", "weight_sharding", "sharding_group"),
+         _r_outer, ""),
     Rule("expert_par_net", ("expert_par",), _r_net("expert_par"), "network tier"),
     Rule("expert_tensor_par_net", ("expert_tensor_par",), _r_net("expert_tensor_par"),
           "network tier"),

@@ -101,22 +101,27 @@ def megatron_fsdp(x: dict) -> "bool | str":
     gradients and optimizer state sharded: ``weight_sharding``; with
     expert parallelism the experts' over the expert-data-parallel group,
     ``autopar.model.context.expert_weight_shards``), or the reason autopar
-    does not express what it runs: another sharding strategy, or hybrid
-    sharding (``num_distributed_optimizer_instances`` > 1) whose
-    ``outer_dp_sharding_strategy`` shards the optimizer state across the
-    instances too (autopar's ``sharding_group`` keeps it within one)."""
+    does not express what it runs: another sharding strategy, or an outer
+    strategy other than Megatron-FSDP's two (``no_shard``: HSDP;
+    ``optim``: ``outer_optimizer_sharding``)."""
     if not flag(x.get("ddp.use_megatron_fsdp")):
         return False
     strategy = x.get("ddp.data_parallel_sharding_strategy", "optim_grads_params")
     if strategy != "optim_grads_params":
         return f"Megatron FSDP sharding {strategy} is not modelled"
-    inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
     outer = x.get("ddp.outer_dp_sharding_strategy", "no_shard")
-    if inst > 1 and outer != "no_shard":
-        return (f"Megatron FSDP hybrid sharding over {inst} instances with "
-                f"outer_dp_sharding_strategy {outer} (optimizer state sharded across the "
-                f"instances too): autopar's sharding_group shards within an instance only")
+    if outer not in ("no_shard", "optim"):
+        return f"Megatron FSDP outer_dp_sharding_strategy {outer} is not modelled"
     return True
+
+
+def outer_optimizer_sharding(x: dict) -> bool:
+    """Whether a Megatron-FSDP recipe shards the optimizer state across its
+    distributed-optimizer instances too (``num_distributed_optimizer_instances``
+    > 1 with ``outer_dp_sharding_strategy`` optim, "HFSDP"): the execution's
+    ``optimizer_outer_sharding`` (autopar.model.context ``shard_counts``)."""
+    inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
+    return inst > 1 and x.get("ddp.outer_dp_sharding_strategy", "no_shard") == "optim"
 
 
 # Megatron-Core CUDA-graph scopes whose capture holds one of a block's two

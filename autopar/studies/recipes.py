@@ -33,7 +33,8 @@ defaults, Bridge's recipe defaults):
   gradients (``recipe_table.without_wgrad_fusion``).
 * ``extra``: ``ddp.use_megatron_fsdp`` with ``optim_grads_params`` ->
   ``weight_sharding``; ``ddp.num_distributed_optimizer_instances`` ->
-  ``sharding_group``; ``grad_reduce_in_fp32`` -> ``fp32_grads``;
+  ``sharding_group`` (with ``outer_dp_sharding_strategy`` optim,
+  ``optimizer_outer_sharding``); ``grad_reduce_in_fp32`` -> ``fp32_grads``;
   ``ddp.overlap_*`` -> the overlaps; ``comm_overlap.tp_comm_overlap`` ->
   ``tensor_par_overlap: ring`` (with sequence parallelism);
   ``account_for_embedding/loss_in_pipeline_split`` -> ``embedding_in_split``
@@ -78,7 +79,8 @@ from autopar.studies import published_base as P
 from autopar.studies import recipes_moe
 from autopar.studies.recipe_table import (CSV, CSVS, FP8, FRAMEWORK, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
-                                          moment_bytes, read, with_cuda_graphs,
+                                          moment_bytes, outer_optimizer_sharding, read,
+                                          with_cuda_graphs,
                                           with_userbuffers_rs, without_wgrad_fusion)
 
 # The dense and hybrid models of autopar's models/ the recipes name.
@@ -244,6 +246,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
     inst = int_cell(x.get("ddp.num_distributed_optimizer_instances"), 1)
     if inst > 1:
         ex["sharding_group"] = dp * cp // inst
+        ex["optimizer_outer_sharding"] = bool(fsdp) and outer_optimizer_sharding(x)
     ex["embedding_in_split"] = flag(x.get("model.account_for_embedding_in_pipeline_split")) \
         and pp > 1
     ex["loss_in_split"] = flag(x.get("model.account_for_loss_in_pipeline_split")) and pp > 1

@@ -51,9 +51,9 @@ docs/validation.md, "Megatron-FSDP with expert parallelism, counted").
 
 Skipped: models whose blocks autopar cannot express (``NOT_EXPRESSED``: the
 reason names what it lacks), models without a file in ``models/``, Megatron
-FSDP strategies other than ``optim_grads_params`` and hybrid sharding whose
-outer strategy shards the optimizer across instances (``megatron_fsdp``),
-and layouts whose pipeline split autopar cannot build.
+FSDP strategies other than ``optim_grads_params`` (``megatron_fsdp``; hybrid
+sharding with outer strategy optim is ``optimizer_outer_sharding``), and
+layouts whose pipeline split autopar cannot build.
 """
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ from autopar.studies import published_base as P
 from autopar.studies.published_moe import expert_fields
 from autopar.studies.recipe_table import (COLUMNS, FP8, RECIPES, SELECTIVE,  # noqa: F401
                                           SYSTEMS, extra, flag, int_cell, megatron_fsdp,
-                                          moment_bytes, read, with_cuda_graphs,
+                                          moment_bytes, outer_optimizer_sharding, read,
+                                          with_cuda_graphs,
                                           without_wgrad_fusion)
 
 CSV = RECIPES / "bridge_moe.csv"
@@ -351,6 +352,7 @@ def recipe_case(row) -> "P.PublishedCase | P.Skip":
         # Megatron-FSDP's hybrid sharding: each of the instances shards
         # over its own data_par x context_par / instances ranks
         ex["sharding_group"] = dp // inst
+        ex["optimizer_outer_sharding"] = outer_optimizer_sharding(x)
     if fp8 != "none" and flag(x.get("mp.first_last_layers_bf16")):
         ex["bf16_first_blocks"] = int_cell(x.get("mp.num_layers_at_start_in_bf16"), 0)
         ex["bf16_last_blocks"] = int_cell(x.get("mp.num_layers_at_end_in_bf16"), 0)

@@ -67,6 +67,8 @@ EXPRESSIBLE = {
     "loss_in_split": (False,),
     "first_stage_blocks": (0,),
     "last_stage_blocks": (0,),
+    # (before sharding_group: the more telling reason for a hybrid layout)
+    "optimizer_outer_sharding": (False,),
     "sharding_group": (0,),
     "tensor_par_overlap": ("none",),
     "activations_offload": (False,),
@@ -85,7 +87,15 @@ EXPRESSIBLE = {
     "optimizer": ("adam", "muon", "adafactor"),
 }
 # the framework's reasons for issue 28's recipe fields (DeepSpeed@edaa722)
-WHY = {"optimizer": "SGD would be torch.optim.SGD under ZeRO's untested-optimizer "
+WHY = {"optimizer_outer_sharding": "ZeRO's hybrid forms differ: ZeRO++ hpZ "
+                                   "(zero_hpz_partition_size) keeps a secondary copy of the "
+                                   "weights within a node while ZeRO-3 shards everything over "
+                                   "the whole data-parallel group, and MiCS (mics_shard_size) "
+                                   "shards weights, gradients and optimizer state within a "
+                                   "group and replicates all three across groups "
+                                   "(deepspeed/runtime/zero/config.py, mics.py); neither "
+                                   "shards only the optimizer state across the groups",
+       "optimizer": "SGD would be torch.optim.SGD under ZeRO's untested-optimizer "
                     "switch, which autopar does not write",
        "optimizer_moment_bytes": "ds_config has no setting for the dtype of Adam's "
                                  "moments: ZeRO steps the fp32 master partition, whose "
@@ -254,7 +264,8 @@ def read(text: str, source: str) -> Imported:
                 "activation_offload_modules": "none",
                 "fp8_recipe": "none", "expert_tensor_par": 1,
                 "moe_dispatcher": "alltoall", "moe_overlap": False,
-                "param_gather_overlap": False, "pipeline_interleaving": 1}
+                "param_gather_overlap": False, "optimizer_outer_sharding": False,
+                "pipeline_interleaving": 1}
     L = LAUNCHER + "."
     launcher = k.table(LAUNCHER)
     if not launcher:

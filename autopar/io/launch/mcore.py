@@ -138,7 +138,8 @@ def cut_space(space) -> dict:
     from autopar.io.launch.expressible import space_values
     if space_values(space, "optimizer") == ("muon",):
         return {"unsharded_grads": (True,), "weight_sharding": (False,),
-                "sharding_group": (0,), "optimizer_offload": (False,)}
+                "sharding_group": (0,), "optimizer_offload": (False,),
+                "optimizer_outer_sharding": (False,)}
     return {}
 
 
@@ -220,6 +221,12 @@ def refuse_layout(model, ex: Mapping, fmt: str, unexpressed: Mapping = UNEXPRESS
                        f"divide data_par ({ex.get('data_par')})")
     if g and not ex.get("optimizer_sharding"):
         return refusal("sharding_group", g, fmt, "without optimizer_sharding nothing is sharded")
+    if _get(ex, "optimizer_outer_sharding") and not (
+            _get(ex, "weight_sharding") and 0 < g < ex.get("data_par", 1)):
+        return refusal("optimizer_outer_sharding", "true", fmt, "outer_dp_sharding_strategy "
+                       "optim needs Megatron-FSDP's optim_grads_params (weight_sharding) and "
+                       "more than one distributed-optimizer instance (0 < sharding_group < "
+                       "data_par; megatron_fsdp/param_and_grad_buffer.py)")
     if _get(ex, "weight_sharding") and not ex.get("optimizer_sharding"):
         return refusal("weight_sharding", "true", fmt, "Megatron-FSDP shards the weights "
                        "together with the optimizer state (optimizer_sharding)")
@@ -502,6 +509,10 @@ def settings(model, ex: Mapping) -> dict:
         s["checkpoint.ckpt_format"] = "fsdp_dtensor"
     g = _get(ex, "sharding_group")
     s["ddp.num_distributed_optimizer_instances"] = ex["data_par"] // g if g else 1
+    if _get(ex, "optimizer_outer_sharding"):
+        # Megatron-FSDP's HFSDP: the optimizer state sharded across the
+        # instances too (--outer-dp-sharding-strategy, arguments.py)
+        s["ddp.outer_dp_sharding_strategy"] = "optim"
     s["ddp.overlap_grad_reduce"] = bool(ex["data_par_overlap"])
     s["ddp.overlap_param_gather"] = bool(_get(ex, "param_gather_overlap"))
     s["ddp.grad_reduce_in_fp32"] = bool(_get(ex, "fp32_grads"))
@@ -1023,6 +1034,18 @@ def _read_sharding(r: Reader, ex: dict, d: bool) -> None:
         else:
             r.fail("ddp.num_distributed_optimizer_instances",
                    "needs the number of GPUs to know the data-parallel size")
+    outer = r.choice("ddp.outer_dp_sharding_strategy", ("no_shard", "optim"),
+                     "no_shard" if d else None)
+    if outer == "optim":
+        # Megatron-FSDP (param_and_grad_buffer.py) runs it only on full
+        # sharding within an instance, with more than one instance.
+        if not (ex.get("weight_sharding") and 0 < ex.get("sharding_group", 0)):
+            r.fail("ddp.outer_dp_sharding_strategy",
+                   "optim needs use_megatron_fsdp with data_parallel_sharding_strategy "
+                   "optim_grads_params and num_distributed_optimizer_instances > 1")
+        ex["optimizer_outer_sharding"] = True
+    elif outer == "no_shard":
+        ex["optimizer_outer_sharding"] = False
 
 
 def _read_model(r: Reader) -> dict:

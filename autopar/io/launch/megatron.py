@@ -176,6 +176,7 @@ def _arg_keys() -> dict:
         "train.global_batch_size", "model.recompute_granularity", "model.recompute_method",
         "model.recompute_num_layers", "model.recompute_modules",
         "ddp.data_parallel_sharding_strategy", "ddp.num_distributed_optimizer_instances",
+        "ddp.outer_dp_sharding_strategy",
         "optimizer.optimizer_offload_fraction", "model.fp8", "model.fp8_recipe",
         "model.fp4", "model.fp4_recipe", "optimizer.optimizer",
         "model.num_layers_at_start_in_bf16", "model.num_layers_at_end_in_bf16",

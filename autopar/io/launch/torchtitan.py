@@ -79,6 +79,7 @@ EXPRESSIBLE = {
     "moe_dispatcher": ("alltoall", "deepep"),
     "moe_overlap": (False,),
     "param_gather_overlap": (False,),
+    "optimizer_outer_sharding": (False,),
     "first_stage_blocks": (0,),
     "last_stage_blocks": (0,),
     "training": (True,),
@@ -108,6 +109,14 @@ WHY = {"optimizer": "torchtitan 0.2.2's build_optimizers has Adam and AdamW "
                                     "(training.enable_cpu_offload, torchtitan/config/"
                                     "configs.py) is FSDP's of parameters, gradients and "
                                     "optimizer state",
+       "optimizer_outer_sharding": "torchtitan's HSDP (parallelism."
+                                   "data_parallel_replicate_degree, torchtitan/distributed/"
+                                   "parallel_dims.py dp_replicate x dp_shard) applies FSDP2's "
+                                   "fully_shard over the 2-D mesh: parameters, gradients and "
+                                   "the optimizer state that follows them are sharded over "
+                                   "dp_shard and replicated over dp_replicate; it has no "
+                                   "setting that shards the optimizer state across the "
+                                   "replicas",
        "fp8_recipe": "autopar writes its quantize converters as float8 tensorwise / "
                      "rowwise and MX mxfp8 (quantize.linear.mx.recipe_name is a torchao "
                      "recipe name; an fp4 training recipe of the torchao 0.2.2 pins was "
@@ -335,7 +344,7 @@ def read(text: str, source: str, num_procs: int | None = None) -> Imported:
                 "activations_offload": False, "activation_offload_blocks": 0,
                 "activation_offload_modules": "none",
                 "moe_overlap": False, "recompute_layers": 0,
-                "param_gather_overlap": False,
+                "param_gather_overlap": False, "optimizer_outer_sharding": False,
                 "first_stage_blocks": 0, "last_stage_blocks": 0}
     P = "parallelism."
     tp = k.int(P + "tensor_parallel_degree", 1, minimum=1)
