@@ -155,3 +155,31 @@ def test_export_import_round_trip(fmt):
     # other modules export no op-fuser flag
     plain = lf.write(model, _qwen_layout(activation_offload_modules="expert_fc1"))
     assert "op-fuser" not in plain and "op_fuser" not in plain
+
+
+def test_a_table_agrees_with_single_rows():
+    """90 rows (above the block cache's 64): expert parallelism, hybrid
+    sharding with and without the outer strategy, the offloaded modules and
+    the micro-batch varied; the shared-table path gives each row's memory
+    and step time as evaluating it alone does."""
+    import itertools
+
+    import numpy as np
+
+    from autopar.io.layouts import to_columns
+    from test_fsdp_experts import fsdp_execution, tiny_moe as fsdp_moe
+    model, system = fsdp_moe(), _system(32)
+    rows = [load_execution(fsdp_execution(expert_par=ep, sharding_group=sg,
+                                          optimizer_outer_sharding=outer,
+                                          activation_offload_modules=mods,
+                                          microbatch_size=mb), model=model)
+            for ep, sg, outer, mods, mb in itertools.product(
+                [1, 2, 4], [0, 2, 4], [False, True],
+                ["none", "fused_group_mlp", "expert_fc1"], [1, 2]) if sg or not outer]
+    assert len(rows) > 64
+    out = M.evaluate_columns(model, system, to_columns(rows))
+    for i, r in enumerate(rows):
+        s = M.evaluate_one(model, system, r)
+        for k in ("proc_mem_tier1_cap_req", "proc_mem_tier2_cap_req", "total_time",
+                  "optimizer_space", "weight_grad_space", "act_space"):
+            assert np.isclose(out[k][i], s[k], rtol=1e-9, equal_nan=True), (i, k)
