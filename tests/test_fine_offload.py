@@ -305,9 +305,14 @@ def test_deepseek_gb300_recipes_offload_and_fit():
     assert R.fine_offload_modules("fine_grained:core_attn;attn_proj") == "core_attn+attn_proj"
     assert R.fine_offload_modules("activations:expert_fc1") == "expert_fc1"
     assert R.fine_offload_modules("").startswith("none")
-    # a module autopar does not count stays on the GPU (the peak errs high)
-    assert R.fine_offload_modules("fine_grained:fused_group_mlp") == "none"
-    assert R.fine_offload_modules("activations:expert_fc1;fused_group_mlp") == "expert_fc1"
+    # a module autopar does not count stays on the GPU (the peak errs high);
+    # fused_group_mlp is counted (tests/test_fused_group_mlp_offload.py), and
+    # Megatron-Core refuses it beside expert_fc1
+    assert R.fine_offload_modules("fine_grained:qkv_linear") == "none"
+    assert R.fine_offload_modules("activations:expert_fc1;qkv_linear") == "expert_fc1"
+    assert R.fine_offload_modules("fine_grained:fused_group_mlp") == "fused_group_mlp"
+    assert R.fine_offload_modules("activations:expert_fc1;fused_group_mlp").startswith(
+        "offloading")
     assert R.fine_offload_modules("cpu:weights").startswith("offloading")
 
 

@@ -205,3 +205,28 @@ def test_many_rows_count_as_one_row_does(roomy):
         for k in ("proc_mem_tier1_cap_req", "block_weight_space", "weight_gather_link_time",
                   "dp_comm_link_time", "total_time"):
             assert float(out[k][i]) == pytest.approx(one[k], rel=1e-12), (i, k)
+
+
+@pytest.mark.parametrize("group, inner", [(2, 1), (4, 2)])
+def test_hybrid_sharding_experts_per_instance_hand_count(roomy, group, inner):
+    """Hybrid sharding without the outer strategy (``sharding_group`` alone,
+    Megatron-FSDP's ``outer_dp_sharding_strategy="no_shard"``): EP 2 over
+    data_par 8 in 8 / ``group`` instances.  The experts' weights, gradients
+    and Adam state are all divided by the instance's expert group, 4 / (8 /
+    group) ranks (``inner``), the dense ones by ``group``
+    (NVIDIA/Megatron-LM@2a75ac1 param_and_grad_buffer.py: without HFSDP
+    helper buffers the main buffers sit on ``get_fsdp_group``, the partial
+    expert-data-parallel group of mcore_fsdp_adapter.py ``_init_dist_index``).
+    Before this count the experts' gradients and state were divided by the
+    whole expert-data-parallel group of 4."""
+    s = run(roomy, sharding_group=group)
+    assert s["feasible"]
+    experts = 2 * 3 * H * F
+    held = experts / inner + DENSE / group
+    assert s["block_weight_space"] == pytest.approx(2 * held)
+    assert s["block_weight_grad_space"] == pytest.approx(2 * held)
+    assert s["block_optimizer_space"] == pytest.approx(12 * held)
+    # with the outer strategy the state spreads over the whole groups again
+    o = run(roomy, sharding_group=group, optimizer_outer_sharding=True)
+    assert o["block_optimizer_space"] == pytest.approx(12 * (experts / 4 + DENSE / 8))
+    assert o["block_weight_grad_space"] == pytest.approx(2 * held)

@@ -38,6 +38,14 @@ DENSE_FITS = 107
 # shard.  It is the 256-GPU preset's layout (which fits, 183.5 GiB) at half
 # the data parallelism; their docstrings name TP 4 PP 8 CP 2.
 NOT_FITTING = {
+    # Megatron-FSDP's hybrid sharding (4 instances, no outer strategy) holds
+    # the experts' Adam state and gradients whole where the instance's expert
+    # group is one rank (TP 2 x DP 128 / EP 64 = 4 over 4 instances):
+    # optimizer 28.9 -> 97.8 GiB, gradients 5.6 -> 17.0 GiB, with the
+    # recipe's fused_group_mlp offloading counted (activations 58.3 -> 50.0
+    # GiB); docs/validation.md, "Megatron-FSDP expert shards per instance and
+    # fused_group_mlp offloading, counted".  (Its GB300 twin fits: 237.5 of 268.)
+    "nemotron_3_ultra_pretrain_256gpu_gb200_fp8mx_config": 187.8,
     # (each + 3.0 GiB of TE userbuffers: 12 x 2 bytes x 8192 x 16384,
     # memory_overhead.te_userbuffers)
     "llama31_405b_pretrain_128gpu_b200_bf16_config": 204.3,

@@ -199,7 +199,15 @@ NANO_FITS = 14
 # models/nemotron3-ultra-550B-A55B.json (docs/validation.md, "Nemotron 3 Super
 # and Ultra model files (Megatron-LM examples), counted").
 SUPER, ULTRA = "nemotron3-super-120B-A12B", "nemotron3-ultra-550B-A55B"
-SUPER_FITS, ULTRA_FITS = 13, 2
+# ULTRA_FITS 2 -> 1 (docs/validation.md, "Megatron-FSDP expert shards per
+# instance and fused_group_mlp offloading, counted"): Megatron-FSDP's hybrid
+# sharding without the outer strategy shards the experts' optimizer state
+# and gradients over the instance's expert group only (NVIDIA/Megatron-LM@
+# 2a75ac1 param_and_grad_buffer.py, "DP-Shard only"; mcore_fsdp_adapter.py
+# _init_dist_index: the partial expert-data-parallel group), one rank on the
+# GB200 recipe (TP 2, EP 64, DP 128 in 4 instances): 187.8 GiB of 184 with
+# fused_group_mlp offloaded (tests/test_recipes.py NOT_FITTING).
+SUPER_FITS, ULTRA_FITS = 13, 1
 # Skipped for blocks autopar cannot express: model -> recipes.
 NOT_EXPRESSED_COUNTS = {"deepseek-v4": 3}
 # GLM-5.1's recipes predicted and fitting with models/glm-5.json (DeepSeek
@@ -414,6 +422,8 @@ def test_nemotron_3_super_and_ultra_recipes_fit_with_latent_moe_and_mtp():
             assert m.moe.latent_size in (1024, 2048) and m.moe.experts == 512
             s = evaluate_one(m, c.system, c.execution)
             fits += bool(s["feasible"])
+            if not s["feasible"]:
+                continue        # (the Ultra GB200 recipe: ULTRA_FITS)
             assert 0.10 <= float(s["total_efficiency"]) <= 0.70, row.recipe
             bare = evaluate_one(dataclasses.replace(m, mtp=0, mtp_pattern="", mtp_repeated=False),
                                 c.system, c.execution)

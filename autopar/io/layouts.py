@@ -477,9 +477,16 @@ def is_explicit_layout(value) -> bool:
 # the saved tensors of the module's layers (``autopar.model.block``), less two
 # blocks' worth kept on tier 1 (``autopar.model.memory.fine_offload``).
 # "none" (the default): nothing offloaded, Calculon's meaning.
-OFFLOAD_MODULES = ("core_attn", "attn_proj", "expert_fc1", "moe_act")
+# ``fused_group_mlp``: the routed experts' whole fused grouped MLP (fc1, the
+# probability-scaled activation, fc2: megatron/core/transformer/moe/experts.py
+# ``TEGroupedMLP._fused_forward``, the offload context around the Transformer
+# Engine op-fuser call), never beside ``expert_fc1`` or ``moe_act``
+# (transformer_config.py ``__post_init__`` raises).
+OFFLOAD_MODULES = ("core_attn", "attn_proj", "expert_fc1", "moe_act", "fused_group_mlp")
 # Megatron-Core's other offload modules, which autopar does not count.
-OFFLOAD_MODULES_NOT_COUNTED = ("attn_norm", "qkv_linear", "mlp_norm", "fused_group_mlp")
+OFFLOAD_MODULES_NOT_COUNTED = ("attn_norm", "qkv_linear", "mlp_norm")
+# The modules of the routed experts (a model without them cannot offload them).
+EXPERT_OFFLOAD_MODULES = ("expert_fc1", "moe_act", "fused_group_mlp")
 
 
 def _offload_module_sets() -> tuple[str, ...]:
@@ -490,6 +497,8 @@ def _offload_module_sets() -> tuple[str, ...]:
     for bits in range(1, 2 ** n):
         names = [OFFLOAD_MODULES[i] for i in range(n) if bits >> i & 1]
         if "attn_proj" in names and "core_attn" not in names:
+            continue
+        if "fused_group_mlp" in names and {"expert_fc1", "moe_act"} & set(names):
             continue
         out.append("+".join(names))
     return tuple(out)
@@ -517,6 +526,9 @@ def offload_modules_value(v) -> "str | tuple[str, str]":
         return ("error", "attn_proj needs core_attn (Megatron-Core refuses attn_proj alone: "
                          "its input is the core attention's output, which core_attn's "
                          "backward needs)")
+    if "fused_group_mlp" in names and {"expert_fc1", "moe_act"} & set(names):
+        return ("error", "fused_group_mlp offloads the whole fused grouped MLP and cannot be "
+                         "named beside expert_fc1 or moe_act (Megatron-Core refuses it)")
     chosen = [m for m in OFFLOAD_MODULES if m in names]
     return "+".join(chosen) if chosen else "none"
 

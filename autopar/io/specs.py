@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from autopar.io.errors import SpecError, brief  # noqa: F401  (re-exported)
 from autopar.io.layouts import (ALL_FIELDS, BOOL_FIELDS, CHOICES, EXT_DEFAULTS, FIELDS,
-                               MOMENT_BYTES, offload_modules_value,
+                               MOMENT_BYTES, offload_modules_value, EXPERT_OFFLOAD_MODULES,
                                 GEMM_ONLY_DATATYPES, INT_FIELDS, decoder_layer_counts,
                                layout_code, layout_problem, parse_layout)
 
@@ -1646,7 +1646,7 @@ def _check_fine_offload(c: "Checker", out: dict, model: ModelSpec | None) -> Non
         why = ("cannot be set with activation_recompute full (a recomputed block saves only "
                "its input; autopar counts the modules' saved tensors of blocks that keep them)")
     elif model is not None and model.moe is None and (
-            {"expert_fc1", "moe_act"} & set(mods.split("+"))):
+            set(EXPERT_OFFLOAD_MODULES) & set(mods.split("+"))):
         why = f"{mods} names expert modules, and the model has no routed experts"
     if why:
         c.fail("activation_offload_modules", why)

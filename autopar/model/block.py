@@ -497,7 +497,7 @@ def accumulate(ctx: LayoutContext, cols: dict, seq, recompute_full,
             add(acc.act_storage, L["keep_b"])
             add(acc.act_working, L["keep_b"])
         if group:
-            rows = _rows_of(pt & offload[group])
+            rows = _rows_of(pt & np.logical_or.reduce([offload[m] for m in group]))
             add(acc.act_offload, acc.act_storage - before, rows)
             add(acc.bw_offload, L["time_agrad"] + L["time_wgrad"], rows)
         add(acc.wgrad_space, L["wgrad_sh"], on_t)

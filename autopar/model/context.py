@@ -121,18 +121,26 @@ def expert_shard_counts(cols: dict, weight_shards):
     param_and_grad_buffer.py keeps them in ``hfsdp_helper_gbuf``, on
     ``get_fsdp_group(is_expert_parallel=True)``, the partial expert group
     of ``get_expert_data_parallel_group(partial_expert_data_parallel=True)``.
-    (Hybrid sharding without it keeps autopar's earlier divisors: see
-    docs/validation.md, "Megatron-FSDP hybrid sharding with outer optimizer
-    sharding, counted".)  ``weight_shards``: the dense weights' divisor
-    (``shard_counts``)."""
+    Hybrid sharding without it (``outer_dp_sharding_strategy="no_shard"``:
+    ``weight_sharding`` with ``sharding_group`` > 0 alone) divides both the
+    optimizer state and the gradients by the instance's expert group only:
+    with no HFSDP helper buffers the main weight and gradient buffers, and
+    the optimizer state over the main weights, sit on
+    ``get_fsdp_group(is_expert_parallel=True)`` ("DP-Shard only, since we're
+    not sharding on DP-Outer", ``ParamAndGradBuffer``'s buffer set-up), which
+    ``_init_dist_index`` makes the partial expert-data-parallel group whenever
+    ``num_distributed_optimizer_instances`` > 1.  ``weight_shards``: the
+    dense weights' divisor (``shard_counts``)."""
     edp = expert_data_parallel(cols)
     optim = np.where(cols["optimizer_sharding"], edp, 1.0)
     grad = np.where(_col(cols, "unsharded_grads"), 1.0, optim)
-    outer = np.asarray(_col(cols, "optimizer_outer_sharding"))
-    if np.any(outer):
-        on = outer & np.asarray(_col(cols, "weight_sharding")) \
-            & (np.asarray(_col(cols, "sharding_group")) > 0)
-        grad = np.where(on, expert_weight_shards(cols, weight_shards), grad)
+    hybrid = np.asarray(_col(cols, "weight_sharding")) \
+        & (np.asarray(_col(cols, "sharding_group")) > 0)
+    if np.any(hybrid):
+        inner = expert_weight_shards(cols, weight_shards)
+        outer = np.asarray(_col(cols, "optimizer_outer_sharding"))
+        optim = np.where(hybrid & ~outer & np.asarray(cols["optimizer_sharding"]), inner, optim)
+        grad = np.where(hybrid, inner, grad)
     return optim, grad
 
 

@@ -707,10 +707,10 @@ def offload_group(layers, module: str):
     """``layers`` (one layer dict, or (layer, present) pairs) tagged as
     Megatron-Core's fine-grained offload group ``module``
     (``autopar.io.layouts.OFFLOAD_MODULES``): what autograd saves inside the
-    group is what its layers store (``accumulate``: ``act_offload``)."""
-    if isinstance(layers, dict):
-        layers["offload_module"] = module
-        return layers
-    for L, _ in layers:
-        L["offload_module"] = module
+    group is what its layers store (``accumulate``: ``act_offload``).  A
+    layer inside two groups (an expert GEMM is in ``expert_fc1`` and in the
+    whole ``fused_group_mlp``; Megatron-Core never offloads both) carries
+    both names: it offloads where a row offloads either."""
+    for L in ([layers] if isinstance(layers, dict) else [L for L, _ in layers]):
+        L["offload_module"] = L.get("offload_module", ()) + (module,)
     return layers

@@ -251,9 +251,19 @@ def routed_experts(ctx: LayoutContext, cols: dict, x: BlockInputs) -> list:
     own = T * h * b
     dispatch = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=False)
     back = _ep_comm(ctx, sent, own, half, x.recompute_full, combine=True)
+    # Fine-grained offload groups: ``expert_fc1`` and ``moe_act`` the first
+    # GEMM and the activation; ``fused_group_mlp`` all three, what the
+    # Transformer Engine op fuser's grouped MLP saves inside Megatron-Core's
+    # offload context (NVIDIA/Megatron-LM@2a75ac1 megatron/core/transformer/
+    # moe/experts.py ``TEGroupedMLP._fused_forward``: the context wraps the
+    # fused fc1 -> scaled activation -> fc2 call; TransformerEngine
+    # ops/fused/grouped_mlp.py saves fc1's input, the activation's input
+    # and fc2's input).
+    offload_group(fc1, "expert_fc1")
+    offload_group(act_fn, "moe_act")
+    offload_group([(fc1, True), (act_fn, True), (fc2, True)], "fused_group_mlp")
     seq = [(router, True), (scores, True), (dispatch, True), (permute, True),
-           (offload_group(fc1, "expert_fc1"), True), (offload_group(act_fn, "moe_act"), True),
-           (fc2, True), (back, True), (combine, True)]
+           (fc1, True), (act_fn, True), (fc2, True), (back, True), (combine, True)]
     if down is not None:
         # (Megatron-Core's MoELayer.preprocess projects down before the
         # dispatcher's permutation; postprocess projects up after the combine)

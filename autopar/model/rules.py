@@ -15,6 +15,7 @@ import numpy as np
 
 from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, EXT_INT_FIELDS, FIELDS, SPLIT_FIELDS,
                                 decoder_layer_counts, explicit_layout, offload_module_mask,
+                                EXPERT_OFFLOAD_MODULES,
                                 placement_problem)
 from autopar.io.specs import FP8_MATRIX, ModelSpec, SystemSpec
 from autopar.model.hardware import MAX_TIERS
@@ -136,8 +137,8 @@ REASONS = REASONS + (
 REASONS = REASONS + (
     "invalid: activation_offload_modules needs training, no full activation recompute, "
     "no activations_offload and no activation_offload_blocks",
-    "invalid: activation_offload_modules names expert_fc1 or moe_act for a model without "
-    "routed experts",
+    "invalid: activation_offload_modules names an expert module (expert_fc1, moe_act, "
+    "fused_group_mlp) for a model without routed experts",
 )
 # Gated DeltaNet layers (autopar.model.gated_delta).
 REASONS = REASONS + (
@@ -371,9 +372,10 @@ def _check(model: ModelSpec, system: SystemSpec, cols: dict) -> tuple[np.ndarray
              "invalid: activation_offload_modules needs training, no full activation "
              "recompute, no activations_offload and no activation_offload_blocks")
         if model.moe is None:
-            flag(offload_module_mask(fine, "expert_fc1") | offload_module_mask(fine, "moe_act"),
-                 "invalid: activation_offload_modules names expert_fc1 or moe_act for a "
-                 "model without routed experts")
+            flag(np.logical_or.reduce([offload_module_mask(fine, m)
+                                       for m in EXPERT_OFFLOAD_MODULES]),
+                 "invalid: activation_offload_modules names an expert module (expert_fc1, "
+                 "moe_act, fused_group_mlp) for a model without routed experts")
     recipe = cols["fp8_recipe"]
     for f in ("bf16_first_blocks", "bf16_last_blocks"):
         b = cols[f]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-from autopar.io.layouts import (CHOICES, EXT_DEFAULTS, MOMENT_BYTES, is_explicit_layout,
+from autopar.io.layouts import (CHOICES, EXPERT_OFFLOAD_MODULES, EXT_DEFAULTS, MOMENT_BYTES, is_explicit_layout,
                                 parse_layout, placement_problem)
 from autopar.io.spaces import DERIVED, PARAMS
 from autopar.model.pipeline import stage_split
@@ -393,7 +393,8 @@ def _r_offload_modules(c, s):
         return ("none",), "needs a second memory tier (mem2) and training"
     values = CHOICES["activation_offload_modules"]
     if not c.experts:
-        values = tuple(v for v in values if "expert_fc1" not in v and "moe_act" not in v)
+        values = tuple(v for v in values
+                       if not set(EXPERT_OFFLOAD_MODULES) & set(v.split("+")))
     return values, None
 
 

@@ -201,9 +201,10 @@ def fine_offload_modules(cell) -> str:
     dense table writes ``activations:<module>``) -> the
     field's value; empty -> "none"; anything else: the reason, starting
     "offloading".  A module autopar does not count
-    (``OFFLOAD_MODULES_NOT_COUNTED``, such as the Nemotron 3 Ultra recipes'
-    ``fused_group_mlp``) is left out: its activations are counted on the
-    GPU, so the predicted peak errs high, never low."""
+    (``OFFLOAD_MODULES_NOT_COUNTED``: ``attn_norm``, ``qkv_linear``,
+    ``mlp_norm``) is left out: its activations are counted on the GPU, so
+    the predicted peak errs high, never low.  (The Nemotron 3 Ultra recipes'
+    ``fused_group_mlp`` is counted.)"""
     cell = str(cell).strip()
     if not cell or cell == "nan":
         return "none"

@@ -533,6 +533,11 @@ def settings(model, ex: Mapping) -> dict:
     s["model.fine_grained_activation_offloading"] = mods not in (None, "none")
     if mods not in (None, "none"):
         s["model.offload_modules"] = mods.split("+")
+        if "fused_group_mlp" in mods.split("+"):
+            # the whole fused grouped MLP is the Transformer Engine op
+            # fuser's (transformer_config.py __post_init__ raises without it;
+            # Megatron-LM's --use-transformer-engine-op-fuser)
+            s["model.use_transformer_engine_op_fuser"] = True
     s["optimizer.optimizer_cpu_offload"] = bool(ex["optimizer_offload"])
     if ex["optimizer_offload"]:
         s["optimizer.optimizer_offload_fraction"] = 1.0
@@ -1000,6 +1005,10 @@ def _read_fine_offload(r: Reader, ex: dict, d: bool) -> None:
     if value == "none":
         r.fail("model.offload_modules", "fine-grained activation offloading needs modules to "
                "offload (TransformerConfig asserts offload_modules is not empty)")
+    if "fused_group_mlp" in value.split("+") and \
+            r.bool("model.use_transformer_engine_op_fuser", False if d else None) is False:
+        r.fail("model.offload_modules", "fused_group_mlp needs use_transformer_engine_op_fuser "
+               "(TransformerConfig.__post_init__ raises without it)")
     ex["activation_offload_modules"] = value
 
 

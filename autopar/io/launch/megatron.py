@@ -208,7 +208,8 @@ def _arg_keys() -> dict:
               "model.overlap_moe_expert_parallel_comm", "model.multi_latent_attention",
               "model.account_for_embedding_in_pipeline_split",
               "model.account_for_loss_in_pipeline_split", "model.mtp_use_repeated_layer",
-              "model.fine_grained_activation_offloading"):
+              "model.fine_grained_activation_offloading",
+              "model.use_transformer_engine_op_fuser"):
         keys[arg_name(k)] = (k, "on")
     for k, a in OFF_FLAGS.items():
         keys[a] = (k, "off")
