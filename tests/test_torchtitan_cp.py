@@ -169,3 +169,20 @@ def test_cp_ring_impl_bad_value_is_a_spec_error(tmp_path, value):
         load_framework(str(p))
     assert "time_overhead.cp_ring_impl" in str(e.value)
     assert str(p) in str(e.value) or "bad.json" in str(e.value)
+
+
+def test_alltoall_rotation_by_hand_cp4():
+    """``torch_alltoall``: one permute of the local (repeated) K/V per step,
+    cp - 1 in each pass, beside the backward's cp fp32 dK/dV transfers."""
+    from autopar.model.communication import context_exchange
+
+    cp, s = 4, 16384
+    ctx, cols = _ctx(cp, "torch_alltoall")
+    chunk = 2 * (s / cp) * 32 * 128 * 2
+    step = float(ctx.cp_net.time("p2p", chunk, 2)[0])
+    dkv = float(ctx.cp_net.time("p2p", 2 * chunk, 2)[0])
+    z = ctx.zeros
+    cx = context_exchange(ctx, cols, 1.0, s / cp, 32 * 128.0, 8 * 128.0, z, z, z.astype(bool))
+    assert float(cx.fw_link[0]) == pytest.approx((cp - 1) * step, rel=1e-12)
+    assert float(cx.fw_exp[0]) == pytest.approx((cp - 1) * step, rel=1e-12)
+    assert float(cx.bw_link[0]) == pytest.approx((cp - 1) * step + cp * dkv, rel=1e-12)
