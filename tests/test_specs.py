@@ -347,7 +347,7 @@ TIME_VALUES = {
     "tp_overlap_chunks": True, "tp_gather_fp8": True,
     "fp8_linear_speedup": (("rowwise", (1024.0, 4096.0), (4096.0,), (4096.0, 8192.0),
                             (1.1, 1.2, 1.3, 1.4)),),
-    "separate_projections": True}
+    "separate_projections": True, "cp_ring_impl": "torch_alltoall"}
 # The file's key where it is not the field's name.
 TIME_KEYS = {"adapter_bytes": "adapter_elementwise_bytes"}
 

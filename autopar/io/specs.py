@@ -526,7 +526,16 @@ class TimeOverhead:
     own per-rank chunks under ``tp_overlap_chunks``), and a published
     ``fp8_linear_speedup`` is read at each one's shape, combined by its
     share of the work; False: one GEMM of the model's (fused where the model
-    fuses them, Calculon's meaning)."""
+    fuses them, Calculon's meaning).
+    ``cp_ring_impl``: whose ring attention runs a ``context_par_comm: p2p``
+    row's context parallelism.  ``te`` (the default): Transformer Engine's
+    ``AttnFuncWithCPAndKVP2P`` (Megatron-Core's, Calculon's ring);
+    ``torch_allgather`` / ``torch_alltoall``: PyTorch's own
+    (``torch.distributed.tensor.experimental.context_parallel``,
+    ``_templated_ring_attention``), which rotates K/V by one all-gather or by
+    an all-to-all permute per step, merges the steps' outputs in fp32 and
+    passes the fp32 dK/dV round the ring in backward
+    (``communication.context_exchange``, ``layers.context_parallel_elementwise``)."""
     pipeline_fraction: float = 0.0
     moe_block_s: float = 0.0
     launch_s: float = 0.0
@@ -541,6 +550,11 @@ class TimeOverhead:
     fp8_linear_speedup: tuple = ()
     separate_projections: bool = False
     moe_host_op_s: float = 0.0
+    cp_ring_impl: str = "te"
+
+
+# ``TimeOverhead.cp_ring_impl``: whose context-parallel ring runs.
+CP_RING_IMPLS = ("te", "torch_allgather", "torch_alltoall")
 
 
 @dataclass(frozen=True)
@@ -1400,7 +1414,7 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
                          "attention_backward_speed", "attention_tile", "grad_accum_bytes",
                          "grad_accum_in_gemm", "adapter_elementwise_bytes", "tp_overlap_chunks",
                          "tp_gather_fp8", "fp8_linear_speedup", "separate_projections",
-                         "moe_host_op_s"))
+                         "moe_host_op_s", "cp_ring_impl"))
     frac = c.within(o.get("pipeline_fraction", 0.0), f"{path}.pipeline_fraction", 0, 1,
                     high_open=True)
     moe_s = c.within(o.get("moe_block_s", 0.0), f"{path}.moe_block_s", 0, 1, "seconds",
@@ -1429,12 +1443,13 @@ def read_time_overhead(c: "Checker", o, path: str = "time_overhead") -> TimeOver
     tables = read_fp8_linear_speedup(c, o.get("fp8_linear_speedup", {}),
                                      f"{path}.fp8_linear_speedup")
     split = c.bool(o.get("separate_projections", False), f"{path}.separate_projections")
+    ring = c.choice(o.get("cp_ring_impl", "te"), f"{path}.cp_ring_impl", CP_RING_IMPLS)
     return TimeOverhead(frac, moe_s, launch, speed, attention_backward_speed=bw,
                         attention_tile=tile, grad_accum_bytes=accum,
                         grad_accum_in_gemm=in_gemm, adapter_bytes=ab,
                         tp_overlap_chunks=chunks, tp_gather_fp8=gather8,
                         fp8_linear_speedup=tables, separate_projections=split,
-                        moe_host_op_s=moe_op)
+                        moe_host_op_s=moe_op, cp_ring_impl=ring)
 
 
 # The fp8 recipes ``time_overhead.fp8_linear_speedup`` may hold a table for.
@@ -1535,6 +1550,8 @@ def time_overhead_json(t: TimeOverhead) -> dict:
         out["tp_gather_fp8"] = True
     if t.separate_projections:
         out["separate_projections"] = True
+    if t.cp_ring_impl != "te":
+        out["cp_ring_impl"] = t.cp_ring_impl
     if t.fp8_linear_speedup:
         out["fp8_linear_speedup"] = {
             r: {"M": list(ms), "K": list(ks), "N": list(ns),

@@ -264,6 +264,13 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
     fw_exp = np.where(a2a, a2a_t, ring_fw_exp)
     bw_exp = np.where(a2a, a2a_t, ring_bw_exp)
     fw_size = np.where(a2a, qkvo, steps * chunk)
+    if ctx.cp_ring_impl != "te":
+        ring = cols["context_par_comm"] == 0
+        t_link, t_exp, t_fw_link, t_fw_exp, t_size = torch_ring_exchange(
+            ctx, net, cp, mbs, sq, q_width, attn_fw, attn_bw)
+        fw_link, fw_exp = np.where(ring, t_fw_link, fw_link), np.where(ring, t_fw_exp, fw_exp)
+        bw_link, bw_exp = np.where(ring, t_link, bw_link), np.where(ring, t_exp, bw_exp)
+        fw_size = np.where(ring, t_size, fw_size)
     ag = cols["context_par_comm"] == 2
     if ag.any():
         # All-gather (``allgather``; DeepSeek Sparse Attention only, rules):
@@ -283,6 +290,50 @@ def context_exchange(ctx: LayoutContext, cols: dict, mbs, sq, q_width, kv_width,
         bw_link=np.where(multi, bw_link, z), bw_exp=np.where(multi, bw_exp, z),
         re_exp=np.where(multi & recompute_attn, fw_exp, z),
         fw_size=np.where(multi, fw_size, z))
+
+
+def torch_ring_exchange(ctx: LayoutContext, net, cp, mbs, sq, q_width, attn_fw, attn_bw):
+    """PyTorch's ring attention's K/V traffic (``TimeOverhead.cp_ring_impl``
+    ``torch_allgather`` / ``torch_alltoall``), per block and micro-batch:
+    (backward link, backward exposed, forward link, forward exposed,
+    forward bytes).  Counted from ``torch/distributed/tensor/experimental/
+    _attention.py`` of late 2024 (``_templated_ring_attention`` and its
+    backward; ``_AllGatherRotater`` / ``_AllToAllRotater``):
+
+    * K and V travel at the query heads' width (torchtitan's Llama calls
+      SDPA on ``repeat_kv``'s K/V: torchtitan/models/llama/model.py at
+      9dec370), in the working precision.
+    * all-gather: the forward issues one all-gather of every rank's K/V
+      before its first SDPA call and waits for it before the second, so it
+      hides behind step 0's attention (1/cp of it); the backward gathers
+      K/V again, likewise behind step 0's attention backward.
+    * all-to-all: one ``permute_tensor`` of the local K/V per step (cp - 1),
+      each behind one step's attention, as TE's ring.
+    * backward, both: the accumulated dK/dV travel in fp32 (``accum_dtype``
+      float32 under ``convert_to_f32``) by ``permute_tensor`` after every
+      one of the cp steps, each waited for after the next step's SDPA
+      backward (behind 1/cp of it); the last is waited for after the loop:
+      exposed whole."""
+    b = ctx.elem_bytes
+    steps = cp - 1
+    chunk = 2 * mbs * sq * q_width * b                      # local K and V, heads repeated
+    peers = np.maximum(cp, 2)
+    gather = net.time("all_gather", cp * chunk, peers)
+    step = net.time("p2p", chunk, 2)
+    dkv = net.time("p2p", chunk * 4.0 / b, 2)               # fp32 dK, dV
+    if ctx.cp_ring_impl == "torch_allgather":
+        fw_link = gather
+        fw_exp = np.maximum(gather - attn_fw / cp, 0.0)
+        kv_bw_link, kv_bw_exp = gather, np.maximum(gather - attn_bw / cp, 0.0)
+        fw_size = steps * chunk
+    else:
+        fw_link = steps * step
+        fw_exp = steps * np.maximum(step - attn_fw / cp, 0.0)
+        kv_bw_link, kv_bw_exp = fw_link, steps * np.maximum(step - attn_bw / cp, 0.0)
+        fw_size = steps * chunk
+    bw_link = kv_bw_link + cp * dkv
+    bw_exp = kv_bw_exp + steps * np.maximum(dkv - attn_bw / cp, 0.0) + dkv
+    return bw_link, bw_exp, fw_link, fw_exp, fw_size
 
 
 # ----------------------------------------------------------------------------

@@ -212,6 +212,10 @@ class LayoutContext:
         # ... its backward's speed and its causal tile, where stated.
         self.attention_backward_speed = t.attention_backward_speed
         self.attention_tile = t.attention_tile
+        # Whose context-parallel ring runs the ``p2p`` rows (TimeOverhead.
+        # cp_ring_impl: "te", or PyTorch's "torch_allgather" / "torch_alltoall";
+        # communication.context_exchange, layers.context_parallel_elementwise).
+        self.cp_ring_impl = t.cp_ring_impl
         # The system's measured attention kernel rates, where it lists them:
         # {datatype code: {head size: {pass: (thresholds in FLOP, rates)}}}
         # (SystemSpec.attention; layers.flash_attention).

@@ -602,6 +602,8 @@ def context_parallel_elementwise(ctx, mbs, heads_t, s, d, kv, dv=None, kv_v=None
     ring_bw = (2 * KV + 2 * Q + steps * 3 * Q
                + KV + np.maximum(cp - 2, 0) * 1.5 * KV + 3 * KV)
     a2a_fw = a2a_bw = 6 * (Q + KV + O)
+    if ctx.cp_ring_impl != "te":
+        ring_fw, ring_bw = torch_ring_elementwise(cp, Q, O, t * heads_t * d * b, lse, b)
     ring, a2a = _cp_ring(ctx), _cp_a2a(ctx)
     mem_fw = np.where(ring, ring_fw, np.where(a2a, a2a_fw, 0.0))
     mem_bw = np.where(ring, ring_bw, np.where(a2a, a2a_bw, 0.0))
@@ -612,6 +614,58 @@ def context_parallel_elementwise(ctx, mbs, heads_t, s, d, kv, dv=None, kv_v=None
     L["mem_fw"] = mem_fw + ctx.zeros
     L["mem_agrad"] = mem_bw + ctx.zeros
     return L
+
+
+def torch_ring_elementwise(cp, Q, O, kv_head_bytes, lse, b):
+    """Bytes PyTorch's ring attention moves beside its SDPA calls, per block
+    and micro-batch, forward and backward (``TimeOverhead.cp_ring_impl``
+    ``torch_*``): ``Q`` / ``O`` the local queries' / output's bytes,
+    ``kv_head_bytes`` one of K, V at the query heads' width (torchtitan's
+    Llama repeats the K/V heads before SDPA: ``repeat_kv`` in
+    torchtitan/models/llama/model.py at 9dec370), ``lse`` the fp32
+    log-sum-exp bytes, ``b`` bytes an element.  Counted from
+    ``torch/distributed/tensor/experimental/_attention.py`` of late 2024
+    (``_templated_ring_attention``, ``_SDPAMerger``,
+    ``_templated_ring_attention_backward``; ``convert_to_f32`` and
+    ``enable_load_balance`` on, the defaults), for the rank that does the
+    most, rank cp - 1 (every step after the first is ``i <= rank``: all its
+    queries against the first half of the received K/V, merged whole):
+
+    * forward: ``key.contiguous()`` / ``value.contiguous()`` (the SDPA
+      inputs are ``transpose(1, 2)`` views: a copy, read + write K, V);
+      ``torch.cat([key.flatten(), value.flatten()])`` before every send
+      (cp - 1 of them, read + write K, V); each step's output cast to fp32
+      (``out.to(torch.float32)``: read O, write 2 O); every later step's
+      merge as eager elementwise kernels on the fp32 out and lse:
+      ``block_lse - lse``, ``sigmoid``, ``out - block_out``, the product,
+      ``out - ...`` (3 + 2 + 3 + 2 + 3 lse, 3 + 2 + 3 fp32 O, the
+      product's broadcast lse read once), ``lse - block_lse``,
+      ``logsigmoid``, ``lse - ...`` (3 + 2 + 3 lse); the result cast back
+      (read fp32 O, write O).
+    * backward: fp32 ``zeros_like`` of dQ, dK, dV (write); K, V made
+      contiguous again and concatenated before each of the cp - 1 sends;
+      step 0's ``grad_key += grad_key_`` (and V: read fp32 + bf16, write
+      fp32); each later step's ``_partial_update(..., add=True)`` on the
+      first half (the add on half, then ``torch.cat`` of the chunks: read +
+      write the whole fp32 dK, dV); every step's ``torch.cat`` of the fp32
+      dK, dV to send; every step's ``grad_query += grad_query_`` (read fp32
+      + bf16, write fp32); the final casts of dQ and the received dK/dV to
+      bf16.
+
+    The transfers are ``communication.context_exchange``'s."""
+    f = 4.0 / b                                               # fp32 over the working bytes
+    KV = 2 * kv_head_bytes
+    steps = np.maximum(cp - 1, 0)
+    merge = 8 * f * O + 14 * lse                              # one later step's merge
+    fw = 2 * KV + steps * 2 * KV + (O + f * O) + steps * (O + f * O + merge) + (f * O + O)
+    bw = (f * Q + f * KV                                      # zeros_like
+          + 2 * KV + steps * 2 * KV                           # contiguous, cats to send
+          + (2 * f * KV + KV)                                 # step 0's dK/dV add
+          + steps * (0.5 * (2 * f * KV + KV) + 2 * f * KV)    # half add, then cat
+          + cp * 2 * f * KV                                   # dK/dV cat to send
+          + cp * (2 * f * Q + Q)                              # dQ add
+          + (f * Q + Q) + (f * KV + KV))                      # casts back to bf16
+    return fw, bw
 
 
 # FlashAttention's count of the backward's work, in forwards (the input
