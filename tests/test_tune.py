@@ -173,7 +173,9 @@ def test_killed_run_resumes_to_exactly_t_trials(tmp_path, repo_root):
     """A run killed mid-way (SIGKILL: trials left RUNNING) and run again ends with T."""
     db = tmp_path / "study.db"
     url = f"sqlite:///{db}"
-    trials = 30
+    # (enough trials that the run cannot finish them all between two polls
+    # of a loaded machine: the kill must land mid-way)
+    trials = 300
     cmd = [sys.executable, "-m", "autopar.cli", "tune", MODEL, SYSTEM, "--num-procs", "1024",
            "--max-batch-size", "1536", "--datatype", "float16", "--sampler", "random",
            "--trials", str(trials), "--seed", "5", "--storage", url, "--study-name", "k",
