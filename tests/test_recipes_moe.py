@@ -292,19 +292,27 @@ def test_writer_names_the_nano_provider_and_lightning_by_its_checkpoint():
                          "model.hidden_size": 8192}) == "nemotron-h-56B"
 
 
-@pytest.mark.skipif(not MIRROR.is_dir(), reason="no Megatron-Bridge mirror (CI): the CSV is committed")
-def test_nano_model_file_is_the_recipes_provider():
-    """models/nemotron3-nano-30B-A3B.json against the HybridModelProvider that
-    recipes/nemotronh/h100/nemotron_3_nano.py builds (the perf recipes' base)."""
+def _nano_recipe_model_settings(name: str) -> tuple[str, dict]:
+    """Function ``name`` of recipes/nemotronh/h100/nemotron_3_nano.py, run by
+    the recipe table's writer on the mirror: the model file the writer names
+    for it and its ``model.`` settings (prefix dropped)."""
     import ast
-    import json
     W = _writer()
     src = W.Source(MIRROR, W.COMMIT)
     path = "src/megatron/bridge/recipes/nemotronh/h100/nemotron_3_nano.py"
     fn = next(n for n in src.tree(path).body if isinstance(n, ast.FunctionDef)
-              and n.name == "nemotron_3_nano_pretrain_8gpu_h100_bf16_config")
+              and n.name == name)
     flat = W.flatten(W.Interpreter(src).call_function(path, fn, [], {}))
-    g = {k[len("model."):]: v for k, v in flat.items() if k.startswith("model.")}
+    return W.model_name(flat), {k[len("model."):]: v for k, v in flat.items()
+                                if k.startswith("model.")}
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="no Megatron-Bridge mirror (CI): the CSV is committed")
+def test_nano_model_file_is_the_recipes_provider():
+    """models/nemotron3-nano-30B-A3B.json against the HybridModelProvider that
+    recipes/nemotronh/h100/nemotron_3_nano.py builds (the perf recipes' base)."""
+    import json
+    named, g = _nano_recipe_model_settings("nemotron_3_nano_pretrain_8gpu_h100_bf16_config")
     f = json.loads((P.MODELS / f"{NANO}.json").read_text())
     assert g["hybrid_layer_pattern"] == f["hybrid_override_pattern"]
     assert (g["num_layers"], g["hidden_size"], g["seq_length"]) == \
@@ -321,7 +329,7 @@ def test_nano_model_file_is_the_recipes_provider():
          moe["router"])
     assert g["ffn_hidden_size"] == f["feedforward"] and g["activation_func"] == "squared_relu"
     assert "mtp_num_layers" not in g            # the Nano has none; Lightning adds them
-    assert W.model_name(flat) == NANO
+    assert named == NANO
 
 
 def test_models_autopar_cannot_express_are_skipped_with_what_it_lacks():
@@ -482,21 +490,14 @@ def test_lightning_model_file_is_the_recipes_provider():
     """models/nemotron3.5-lightning-30B-A3B.json's MTP keys against what
     recipes/nemotronh/h100/nemotron_3_nano.py nemotron_3_5_lightning_pretrain_config
     sets on the Nano provider (its other fields: the Nano test above)."""
-    import ast
     import json
-    W = _writer()
-    src = W.Source(MIRROR, W.COMMIT)
-    path = "src/megatron/bridge/recipes/nemotronh/h100/nemotron_3_nano.py"
-    fn = next(n for n in src.tree(path).body if isinstance(n, ast.FunctionDef)
-              and n.name == "nemotron_3_5_lightning_pretrain_config")
-    flat = W.flatten(W.Interpreter(src).call_function(path, fn, [], {}))
-    g = {k[len("model."):]: v for k, v in flat.items() if k.startswith("model.")}
+    named, g = _nano_recipe_model_settings("nemotron_3_5_lightning_pretrain_config")
     f = json.loads((P.MODELS / f"{LIGHTNING}.json").read_text())
     assert (g["mtp_num_layers"], g["mtp_hybrid_override_pattern"],
             g["mtp_use_repeated_layer"]) == \
         (f["mtp"], f["mtp_hybrid_override_pattern"], f["mtp_use_repeated_layer"])
     assert g["hybrid_layer_pattern"] == f["hybrid_override_pattern"]
-    assert W.model_name(flat) == LIGHTNING
+    assert named == LIGHTNING
 
 
 def test_precision_aware_bf16_moments_mapped():

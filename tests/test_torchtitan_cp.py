@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import pytest
+from test_cp_ring import _te_ring_calls
 
 H100 = "systems/h100_96g_nvl8.json"
 MIB = 2.0 ** 20
@@ -37,27 +38,10 @@ def _ctx(cp, impl="torch_allgather", seq=16384):
     return LayoutContext(m, sy, cols, [2]), cols
 
 
-def _torch_ring_calls(cp, s):
-    """torch ``_templated_ring_attention`` with load balancing, causal,
-    written out by hand: rank r holds chunks r and 2cp-1-r (c tokens each);
-    step 0: its 2c queries against its 2c keys, causal; step i <= rank: all
-    2c queries against the first c of the received keys; step i > rank: the
-    second c queries against all 2c received keys.  Per rank, the
-    (queries, keys, causal, query-key pairs) of each call."""
-    c = s // (2 * cp)
-    ranks = []
-    for rank in range(cp):
-        calls = []
-        for i in range(cp):
-            if i == 0:
-                q, k, causal = 2 * c, 2 * c, True
-            elif i <= rank:
-                q, k, causal = 2 * c, c, False
-            else:
-                q, k, causal = c, 2 * c, False
-            calls.append((q, k, causal, q * k // 2 if causal else q * k))
-        ranks.append(calls)
-    return ranks
+# torch's _templated_ring_attention with load balancing makes the calls TE's
+# AttnFuncWithCPAndKVP2P makes: rank r holds chunks r and 2cp-1-r, step 0
+# causal over its own 2c keys, every later step c x 2c or 2c x c unmasked
+_torch_ring_calls = _te_ring_calls
 
 
 def test_per_step_calls_by_hand_cp4():
